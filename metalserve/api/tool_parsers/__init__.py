@@ -1,0 +1,1 @@
+"""metalserve.api.tool_parsers."""

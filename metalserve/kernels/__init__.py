@@ -1,0 +1,1 @@
+"""metalserve.kernels."""

@@ -1,0 +1,1 @@
+"""Paged KV block allocation with hash-chained prefix caching (no MLX imports)."""

@@ -1,0 +1,77 @@
+"""The engine's view of one request: its tokens, its progress and its state."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from metalserve.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    FINISHED_STOPPED = enum.auto()  # EOS or a stop token id
+    FINISHED_LENGTH = enum.auto()  # max_tokens or the context limit
+    FINISHED_ABORTED = enum.auto()
+
+    @property
+    def finished(self) -> bool:
+        return self in _FINISHED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH_REASONS.get(self)
+
+
+_FINISHED = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass(eq=False)
+class Request:
+    """One sequence. `num_computed_tokens` catches up to `num_tokens`; there is no prefill or decode phase."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_ids: frozenset[int] = frozenset()
+    arrival_time: float = field(default_factory=time.monotonic)
+    priority: int = 0
+    cache_salt: str | None = None
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    # Tokens found in the prefix cache when the request was first scheduled (reported as cached_tokens).
+    num_cached_tokens: int = -1
+    num_preemptions: int = 0
+    stop_reason: int | str | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished

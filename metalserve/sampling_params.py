@@ -1,0 +1,67 @@
+"""Per-request sampling parameters, validated once when the request is made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Bounds the sampler and the API agree on.
+MAX_LOGPROBS = 20
+
+
+@dataclass
+class SamplingParams:
+    """What to generate and how. Defaults follow the OpenAI API (temperature 1, top_p 1)."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: disabled
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    max_tokens: int | None = 16  # None: up to the context limit
+    min_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None: no logprobs; k >= 0: sampled token's logprob plus top-k
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if self.top_k == -1:
+            self.top_k = 0
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad field."""
+        checks: list[tuple[bool, str]] = [
+            (self.n >= 1, "n must be at least 1"),
+            (self.temperature >= 0.0, "temperature must be >= 0"),
+            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
+            (self.top_k >= 0, "top_k must be -1, 0 or a positive integer"),
+            (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty must be in [-2, 2]"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty must be in [-2, 2]"),
+            (self.repetition_penalty > 0.0, "repetition_penalty must be > 0"),
+            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be at least 1"),
+            (self.min_tokens >= 0, "min_tokens must be >= 0"),
+            (
+                self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+                f"logprobs must be between 0 and {MAX_LOGPROBS}",
+            ),
+            (
+                all(-100.0 <= b <= 100.0 for b in self.logit_bias.values()),
+                "logit_bias values must be in [-100, 100]",
+            ),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

@@ -1,0 +1,1 @@
+"""The V1 token-budget scheduler (no MLX imports)."""

@@ -1,0 +1,51 @@
+"""What crosses the scheduler -> runner boundary each step, and what comes back.
+
+New requests carry their full data; running ones only the diff. A preempted request is dropped by
+the runner and, when it resumes, is sent again as a new request with all its tokens so far.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from metalserve.outputs import TokenLogprob
+from metalserve.sampling_params import SamplingParams
+
+
+@dataclass
+class NewRequestData:
+    request_id: str
+    token_ids: list[int]  # the prompt, plus any output tokens already generated (a resumed request)
+    num_prompt_tokens: int
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int  # tokens already in the KV cache (prefix cache hit)
+
+
+@dataclass
+class CachedRequestData:
+    request_id: str
+    new_block_ids: list[int]  # appended to the runner's block table for this request
+    num_computed_tokens: int
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: list[CachedRequestData]
+    num_scheduled_tokens: dict[str, int]  # request id -> tokens to run this step
+    total_num_scheduled_tokens: int
+    finished_req_ids: set[str] = field(default_factory=set)  # finished or aborted since the last step
+    preempted_req_ids: set[str] = field(default_factory=set)
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0
+
+
+@dataclass
+class ModelRunnerOutput:
+    """Per scheduled request: the sampled token ids (empty while its prompt is still being prefilled)."""
+
+    sampled_token_ids: dict[str, list[int]]
+    logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)
