@@ -18,6 +18,7 @@ and each prefill chunk runs as its own call: no request is padded to the longest
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -59,8 +60,10 @@ class AttentionPlan:
 
 
 def _slots(block_row: np.ndarray, length: int, block_size: int) -> np.ndarray:
+    """Slot of each position `0..length-1`; positions past the row's pages reuse its last page (masked)."""
     positions = np.arange(length)
-    return block_row[positions // block_size] * block_size + positions % block_size
+    pages = np.minimum(positions // block_size, len(block_row) - 1)
+    return np.asarray(block_row)[pages] * block_size + positions % block_size
 
 
 def _window_mask(q_positions: np.ndarray, length: int, window: int | None) -> np.ndarray:
@@ -74,13 +77,16 @@ def _window_mask(q_positions: np.ndarray, length: int, window: int | None) -> np
 
 
 def build_plan(
-    block_tables: np.ndarray,
+    block_tables: Sequence[np.ndarray] | np.ndarray,
     cu_seqlens_q: np.ndarray,
     seq_lens: np.ndarray,
     block_size: int,
     sliding_window: int | None = None,
 ) -> AttentionPlan:
-    """Group the step's requests: leading single-query requests form the decode group."""
+    """Group the step's requests: leading single-query requests form the decode group.
+
+    `block_tables` rows may be ragged (each request's own block ids) or a padded 2-D array.
+    """
     num_reqs = len(seq_lens)
     q_lens = np.diff(cu_seqlens_q)
     num_decodes = 0

@@ -1,0 +1,62 @@
+"""The per-step attention metadata, set around one forward by the runner and read by attention layers.
+
+It is passed through a context manager that refuses nesting, not through patched globals: exactly one
+forward is in flight per process, and a layer called outside a forward fails loudly.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from metalserve.kernels.reference import AttentionPlan
+
+# A backend with the contract of metalserve.kernels.reference.paged_attention.
+AttentionFn = Callable[..., mx.array]
+
+
+@dataclass
+class LayerKV:
+    """One layer's K and V pools, `[num_slots, Hkv, D]`; replaced (not copied) by each step's write."""
+
+    k: mx.array
+    v: mx.array
+
+
+@dataclass(frozen=True)
+class ForwardContext:
+    positions: mx.array  # [T] int32, each token's position in its request
+    slot_mapping: mx.array  # [T] int32, where each token's K/V is written
+    kv: list[LayerKV]
+    block_size: int
+    plan: AttentionPlan | None  # the portable path's plan; None when a kernel backend runs
+    # What a kernel backend needs (see the contract in metalserve/kernels/reference.py).
+    block_tables: mx.array | None = None
+    cu_seqlens_q: mx.array | None = None
+    seq_lens: mx.array | None = None
+    attention_fn: AttentionFn | None = None
+
+
+_local = threading.local()
+
+
+@contextmanager
+def forward_context(ctx: ForwardContext) -> Iterator[ForwardContext]:
+    if getattr(_local, "ctx", None) is not None:
+        raise RuntimeError("a forward is already in flight: forward contexts do not nest")
+    _local.ctx = ctx
+    try:
+        yield ctx
+    finally:
+        _local.ctx = None
+
+
+def current_context() -> ForwardContext:
+    ctx: ForwardContext | None = getattr(_local, "ctx", None)
+    if ctx is None:
+        raise RuntimeError("paged attention was called outside a forward_context")
+    return ctx

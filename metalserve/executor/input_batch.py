@@ -1,0 +1,41 @@
+"""The runner's own per-request state (a persistent batch): a step sends only diffs for known requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from metalserve.sampling_params import SamplingParams
+
+
+@dataclass
+class CachedRequestState:
+    request_id: str
+    token_ids: list[int]  # prompt + every output token so far
+    num_prompt_tokens: int
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+    eos_token_ids: frozenset[int] = frozenset()
+    _block_array: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    def add_blocks(self, block_ids: list[int]) -> None:
+        if block_ids:
+            self.block_ids.extend(block_ids)
+            self._block_array = None
+
+    @property
+    def block_array(self) -> np.ndarray:
+        """The block ids as an int64 array, rebuilt only when blocks were added."""
+        if self._block_array is None:
+            self._block_array = np.asarray(self.block_ids, dtype=np.int64)
+        return self._block_array

@@ -1,0 +1,52 @@
+"""Our attention layer: mlx-lm's projections, norms and RoPE, with K/V kept in paged pools.
+
+It takes over an mlx-lm attention module's weights, so every token-wise layer around it stays mlx-lm's.
+The packed batch arrives as one sequence `[1, T, hidden]`; RoPE runs per token at its own position.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from metalserve.executor.context import current_context
+from metalserve.kernels.reference import AttentionOptions, paged_attention_planned, write_kv
+
+
+class PagedAttention(nn.Module):
+    """Replaces one layer's `self_attn`; `mask` and `cache` from the mlx-lm layer are ignored."""
+
+    def __init__(self, inner: nn.Module, layer_idx: int, sliding_window: int | None = None) -> None:
+        super().__init__()
+        self.inner = inner
+        self.layer_idx = layer_idx
+        self.n_heads: int = inner.n_heads
+        self.n_kv_heads: int = inner.n_kv_heads
+        self.options = AttentionOptions(scale=float(inner.scale), sliding_window=sliding_window)
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        ctx = current_context()
+        attn = self.inner
+        t = x.shape[1]
+        q = attn.q_proj(x).reshape(t, self.n_heads, -1)
+        k = attn.k_proj(x).reshape(t, self.n_kv_heads, -1)
+        v = attn.v_proj(x).reshape(t, self.n_kv_heads, -1)
+        if hasattr(attn, "q_norm"):  # qwen3-style per-head norms before RoPE
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        # RoPE sees each token as its own batch row with its own offset: [T, H, 1, D].
+        q = attn.rope(q[:, :, None, :], offset=ctx.positions)[:, :, 0, :]
+        k = attn.rope(k[:, :, None, :], offset=ctx.positions)[:, :, 0, :]
+        pools = ctx.kv[self.layer_idx]
+        pools.k, pools.v = write_kv(pools.k, pools.v, k, v, ctx.slot_mapping)
+        if ctx.attention_fn is not None:
+            out = ctx.attention_fn(
+                q, pools.k, pools.v, ctx.block_tables, ctx.cu_seqlens_q, ctx.seq_lens,
+                block_size=ctx.block_size, scale=self.options.scale,
+                sliding_window=self.options.sliding_window,
+            )  # fmt: skip
+        else:
+            assert ctx.plan is not None
+            out = paged_attention_planned(q, pools.k, pools.v, ctx.plan, self.options)
+        return attn.o_proj(out.reshape(1, t, -1))

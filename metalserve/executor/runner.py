@@ -1,0 +1,120 @@
+"""The model runner: SchedulerOutput -> packed inputs -> one forward -> sampled tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from metalserve.executor.context import AttentionFn, ForwardContext, LayerKV, forward_context
+from metalserve.executor.input_batch import CachedRequestState
+from metalserve.executor.models.adapter import PagedModel
+from metalserve.executor.step_inputs import StepInputs, pack_step
+from metalserve.kernels.reference import build_plan
+from metalserve.scheduler.output import ModelRunnerOutput, SchedulerOutput
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: mx.Dtype
+    block_size: int
+    num_blocks: int
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+
+SamplerFn = Callable[[mx.array, Sequence[CachedRequestState]], object]
+
+
+class ModelRunner:
+    """Keeps a persistent batch of request states and the paged KV pools; runs one mixed step at a time."""
+
+    def __init__(
+        self,
+        model: PagedModel,
+        spec: KVCacheSpec,
+        *,
+        eos_token_ids: frozenset[int] = frozenset(),
+        sampler: SamplerFn | None = None,
+        attention_fn: AttentionFn | None = None,
+    ) -> None:
+        self.model = model
+        self.spec = spec
+        self.eos_token_ids = eos_token_ids
+        self.attention_fn = attention_fn
+        if sampler is None:
+            from metalserve.executor.sampler import Sampler
+
+            sampler = Sampler()
+        self.sampler = sampler
+        shape = (spec.num_slots, spec.num_kv_heads, spec.head_dim)
+        self.kv = [LayerKV(mx.zeros(shape, spec.dtype), mx.zeros(shape, spec.dtype)) for _ in range(spec.num_layers)]
+        mx.eval([(layer.k, layer.v) for layer in self.kv])
+        self.requests: dict[str, CachedRequestState] = {}
+
+    def _update_states(self, so: SchedulerOutput) -> None:
+        for rid in so.finished_req_ids | so.preempted_req_ids:
+            self.requests.pop(rid, None)
+        for new in so.scheduled_new_reqs:
+            self.requests[new.request_id] = CachedRequestState(
+                request_id=new.request_id,
+                token_ids=list(new.token_ids),
+                num_prompt_tokens=new.num_prompt_tokens,
+                sampling_params=new.sampling_params,
+                block_ids=list(new.block_ids),
+                num_computed_tokens=new.num_computed_tokens,
+                eos_token_ids=self.eos_token_ids,
+            )
+        for cached in so.scheduled_cached_reqs:
+            state = self.requests[cached.request_id]
+            state.add_blocks(cached.new_block_ids)
+            state.num_computed_tokens = cached.num_computed_tokens
+
+    def _context(self, step: StepInputs) -> ForwardContext:
+        common = dict(
+            positions=mx.array(step.positions),
+            slot_mapping=mx.array(step.slot_mapping),
+            kv=self.kv,
+            block_size=self.spec.block_size,
+        )
+        if self.attention_fn is None:
+            plan = build_plan(step.block_rows, step.cu_seqlens_q, step.seq_lens, self.spec.block_size)
+            return ForwardContext(plan=plan, **common)  # type: ignore[arg-type]
+        return ForwardContext(
+            plan=None,
+            block_tables=mx.array(step.padded_block_tables()),
+            cu_seqlens_q=mx.array(step.cu_seqlens_q),
+            seq_lens=mx.array(step.seq_lens),
+            attention_fn=self.attention_fn,
+            **common,  # type: ignore[arg-type]
+        )
+
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        self._update_states(so)
+        if so.total_num_scheduled_tokens == 0:
+            return ModelRunnerOutput(sampled_token_ids={})
+        step = pack_step(self.requests, so.num_scheduled_tokens, self.spec.block_size)
+        with forward_context(self._context(step)):
+            logits = self.model(mx.array(step.token_ids), mx.array(step.logits_indices))
+        sampling = [self.requests[step.request_ids[i]] for i in step.sampling_rows]
+        result = self.sampler(logits, sampling) if sampling else None
+        # Evaluate the pools with the logits so the scatters run now and release the old buffers.
+        mx.eval([(layer.k, layer.v) for layer in self.kv])
+        sampled: dict[str, list[int]] = {rid: [] for rid in step.request_ids}
+        logprobs = {}
+        for rid in step.request_ids:
+            self.requests[rid].num_computed_tokens += so.num_scheduled_tokens[rid]
+        for j, state in enumerate(sampling):
+            token = result.token_ids[j]  # type: ignore[union-attr]
+            state.token_ids.append(token)
+            sampled[state.request_id] = [token]
+            lp = result.logprobs[j]  # type: ignore[union-attr]
+            if lp is not None:
+                logprobs[state.request_id] = [lp]
+        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs)

@@ -1,0 +1,71 @@
+"""Packing one step: every scheduled token of every request on one token axis, decodes first."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from metalserve.executor.input_batch import CachedRequestState
+
+
+@dataclass
+class StepInputs:
+    """Host-side arrays for one forward, in packed order."""
+
+    request_ids: list[str]  # packed order: single-query requests first
+    token_ids: np.ndarray  # [T]
+    positions: np.ndarray  # [T]
+    slot_mapping: np.ndarray  # [T]
+    cu_seqlens_q: np.ndarray  # [R + 1]
+    seq_lens: np.ndarray  # [R]
+    block_rows: list[np.ndarray]  # each request's block ids (ragged)
+    sampling_rows: list[int]  # indices into request_ids of requests that sample this step
+    logits_indices: np.ndarray  # [S] each sampling request's last query row
+
+    def padded_block_tables(self) -> np.ndarray:
+        width = max(len(r) for r in self.block_rows)
+        table = np.zeros((len(self.block_rows), width), dtype=np.int32)
+        for i, row in enumerate(self.block_rows):
+            table[i, : len(row)] = row
+        return table
+
+
+def pack_step(
+    states: dict[str, CachedRequestState], num_scheduled: dict[str, int], block_size: int
+) -> StepInputs:
+    """Lay out the step: requests with one query first (they form the batched decode group)."""
+    order = sorted(num_scheduled, key=lambda rid: num_scheduled[rid] != 1)
+    tokens, positions, slots, rows = [], [], [], []
+    cu = [0]
+    seq_lens, sampling_rows, logits_indices = [], [], []
+    for i, rid in enumerate(order):
+        state, n = states[rid], num_scheduled[rid]
+        start = state.num_computed_tokens
+        end = start + n
+        if end > len(state.token_ids):
+            raise ValueError(f"request {rid}: scheduled past its known tokens ({end} > {len(state.token_ids)})")
+        pos = np.arange(start, end)
+        blocks = state.block_array
+        if (end + block_size - 1) // block_size > len(blocks):
+            raise ValueError(f"request {rid}: {len(blocks)} blocks cannot hold {end} tokens")
+        tokens.append(state.token_ids[start:end])
+        positions.append(pos)
+        slots.append(blocks[pos // block_size] * block_size + pos % block_size)
+        rows.append(blocks)
+        cu.append(cu[-1] + n)
+        seq_lens.append(end)
+        if end == len(state.token_ids):  # caught up with every known token: sample the next one
+            sampling_rows.append(i)
+            logits_indices.append(cu[-1] - 1)
+    return StepInputs(
+        request_ids=order,
+        token_ids=np.fromiter((t for chunk in tokens for t in chunk), dtype=np.int32),
+        positions=np.concatenate(positions).astype(np.int32),
+        slot_mapping=np.concatenate(slots).astype(np.int32),
+        cu_seqlens_q=np.asarray(cu, dtype=np.int32),
+        seq_lens=np.asarray(seq_lens, dtype=np.int32),
+        block_rows=rows,
+        sampling_rows=sampling_rows,
+        logits_indices=np.asarray(logits_indices, dtype=np.int32),
+    )
