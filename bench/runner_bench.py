@@ -1,0 +1,135 @@
+"""Prefill and decode speed of metalserve's packed paged step vs mlx-lm's own forward, same weights.
+
+    .venv/bin/python bench/runner_bench.py [--model PATH] [--batches 1 8 32] [--context 256]
+
+Prints one table with both and their ratio (metalserve / mlx-lm throughput; > 1 means metalserve is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import metalserve  # noqa: F401  (loads the optimized BLAS before MLX)
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import make_prompt_cache
+
+from metalserve.executor.models.adapter import PagedModel
+from metalserve.executor.runner import KVCacheSpec, ModelRunner
+from metalserve.executor.sampler import Sampler
+from metalserve.loader import LoadedModel, load_model
+from metalserve.sampling_params import SamplingParams
+from metalserve.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
+
+
+def median_time(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def mlx_lm_prefill(loaded: LoadedModel, n: int, repeats: int) -> float:
+    prompt = mx.array(np.random.default_rng(0).integers(0, 1000, size=(1, n)))
+
+    def run() -> None:
+        cache = make_prompt_cache(loaded.model)
+        mx.eval(mx.argmax(loaded.model(prompt, cache=cache)[:, -1], axis=-1))
+
+    run()
+    return n / median_time(run, repeats)
+
+
+def mlx_lm_decode(loaded: LoadedModel, batch: int, context: int, steps: int) -> float:
+    cache = make_prompt_cache(loaded.model)
+    prompt = mx.array(np.random.default_rng(1).integers(0, 1000, size=(batch, context)))
+    tok = mx.argmax(loaded.model(prompt, cache=cache)[:, -1:], axis=-1)
+    mx.eval(tok)
+
+    def step() -> None:
+        nonlocal tok
+        tok = mx.argmax(loaded.model(tok, cache=cache)[:, -1:], axis=-1)
+        mx.eval(tok)
+
+    step()
+    return median_time(step, steps)
+
+
+def paged_runner(loaded: LoadedModel, model: PagedModel, num_tokens: int, block_size: int = 16) -> ModelRunner:
+    blocks = -(-num_tokens // block_size) + 64
+    spec = KVCacheSpec(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, block_size, blocks)
+    return ModelRunner(model, spec, eos_token_ids=frozenset(), sampler=Sampler(0))
+
+
+def ours_prefill(loaded: LoadedModel, model: PagedModel, n: int, repeats: int) -> float:
+    prompt = np.random.default_rng(0).integers(0, 1000, size=n).tolist()
+    runner = paged_runner(loaded, model, n)
+    params = SamplingParams(temperature=0, max_tokens=1)
+    counter = iter(range(1 << 30))
+
+    def run() -> None:
+        rid = f"p{next(counter)}"
+        new = NewRequestData(rid, prompt, n, params, list(range(-(-n // 16))), 0)
+        runner.execute_model(SchedulerOutput([new], [], {rid: n}, n))
+        runner.execute_model(SchedulerOutput([], [], {}, 0, finished_req_ids={rid}))
+
+    run()
+    return n / median_time(run, repeats)
+
+
+def ours_decode(loaded: LoadedModel, model: PagedModel, batch: int, context: int, steps: int) -> float:
+    bs = 16
+    per_req = -(-(context + steps + 8) // bs)
+    runner = paged_runner(loaded, model, batch * per_req * bs)
+    rng = np.random.default_rng(1)
+    params = SamplingParams(temperature=0, max_tokens=1 << 20, ignore_eos=True)
+    news = [
+        NewRequestData(f"r{i}", rng.integers(0, 1000, size=context).tolist(), context, params,
+                       list(range(i * per_req, (i + 1) * per_req)), 0)
+        for i in range(batch)
+    ]  # fmt: skip
+    runner.execute_model(SchedulerOutput(news, [], {n.request_id: context for n in news}, batch * context))
+    computed = {n.request_id: context for n in news}
+
+    def step() -> None:
+        cached = [CachedRequestData(rid, [], computed[rid]) for rid in computed]
+        runner.execute_model(SchedulerOutput([], cached, dict.fromkeys(computed, 1), batch))
+        for rid in computed:
+            computed[rid] += 1
+
+    step()
+    return median_time(step, steps)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--prefill-tokens", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=10)
+    args = ap.parse_args()
+    reference = load_model(args.model)
+    ours = load_model(args.model)  # a second copy: PagedModel takes over its attention layers
+    paged = PagedModel(ours.model, ours.model_type)
+    print(reference.describe())
+    rows = []
+    a = mlx_lm_prefill(reference, args.prefill_tokens, 3)
+    b = ours_prefill(ours, paged, args.prefill_tokens, 3)
+    rows.append((f"prefill {args.prefill_tokens} tok (tok/s)", a, b, b / a))
+    for batch in args.batches:
+        ta = mlx_lm_decode(reference, batch, args.context, args.steps)
+        tb = ours_decode(ours, paged, batch, args.context, args.steps)
+        rows.append((f"decode batch {batch} @ {args.context} ctx (ms/step)", ta * 1e3, tb * 1e3, ta / tb))
+        rows.append((f"decode batch {batch} (tok/s)", batch / ta, batch / tb, ta / tb))
+    print(f"\n| measure | mlx-lm | metalserve | ratio (metalserve speed / mlx-lm) |\n|---|---|---|---|")
+    for name, x, y, r in rows:
+        print(f"| {name} | {x:.1f} | {y:.1f} | {r:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

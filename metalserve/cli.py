@@ -1,0 +1,67 @@
+"""`metalserve serve | generate | bench serve`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from metalserve import __version__
+
+
+def _generate_args(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("generate", help="generate text for prompts or chat messages (no server)")
+    p.add_argument("model", nargs="?", default=None, help="GGUF file, model directory or hub id (default: embedded)")
+    p.add_argument("--prompt", action="append", default=[], help="a raw prompt (repeatable)")
+    p.add_argument("--chat", action="append", default=[], help="a user message, sent through the chat template")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--weights", choices=["auto", "dequantize", "quantized"], default="auto")
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from metalserve.generate import encode_chat, generate
+    from metalserve.loader import ModelLoadError, load_model
+    from metalserve.sampling_params import SamplingParams
+
+    if not args.prompt and not args.chat:
+        print("metalserve generate: give at least one --prompt or --chat", file=sys.stderr)
+        return 2
+    try:
+        params = SamplingParams(
+            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+            max_tokens=args.max_tokens,
+        )  # fmt: skip
+        loaded = load_model(args.model, weights=args.weights)
+        logging.getLogger("metalserve").info(loaded.describe())
+        prompts = [loaded.tokenizer.encode(p) for p in args.prompt] + [encode_chat(loaded, m) for m in args.chat]
+        results = generate(loaded, prompts, params)
+    except (ModelLoadError, ValueError) as e:
+        print(f"metalserve generate: error: {e}", file=sys.stderr)
+        return 1
+    for text, result in zip(args.prompt + args.chat, results, strict=True):
+        print(f"### {text}\n{result.text}\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="metalserve", description="An OpenAI-compatible LLM server on MLX.")
+    parser.add_argument("--version", action="version", version=f"metalserve {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _generate_args(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    if args.command == "generate":
+        return run_generate(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

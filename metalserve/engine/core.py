@@ -1,0 +1,142 @@
+"""The engine core: schedule -> execute -> update, one step at a time, no asyncio inside."""
+
+from __future__ import annotations
+
+import logging
+
+import mlx.core as mx
+
+from metalserve.config import ConfigError, EngineConfig
+from metalserve.engine.memory import format_bytes, kv_budget_bytes
+from metalserve.executor.models.adapter import PagedModel
+from metalserve.executor.runner import KVCacheSpec, ModelRunner
+from metalserve.executor.sampler import Sampler
+from metalserve.kvcache.sizing import kv_bytes_per_block, num_blocks_for_budget
+from metalserve.loader import LoadedModel, load_model
+from metalserve.outputs import EngineCoreOutput
+from metalserve.request import Request, RequestStatus
+from metalserve.sampling_params import SamplingParams
+from metalserve.scheduler.output import NewRequestData, SchedulerOutput
+from metalserve.scheduler.scheduler import Scheduler, SchedulerStats
+
+logger = logging.getLogger("metalserve.engine")
+
+# MLX keeps freed buffers for reuse; cap that cache so memory does not creep while serving.
+BUFFER_CACHE_FRACTION = 0.1
+
+
+class EngineCore:
+    """Owns the scheduler (with its KV manager) and the model runner."""
+
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner, max_model_len: int) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        self.max_model_len = max_model_len
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> tuple[EngineCore, LoadedModel]:
+        loaded = load_model(
+            config.model,
+            weights=config.weights,
+            dequantize_max_bytes=config.dequantize_max_bytes,
+            chat_template=config.chat_template,
+        )
+        logger.info(loaded.describe())
+        return cls.from_loaded(config, loaded), loaded
+
+    @classmethod
+    def from_loaded(cls, config: EngineConfig, loaded: LoadedModel) -> EngineCore:
+        max_model_len = resolve_max_model_len(config, loaded.max_model_len)
+        model = PagedModel(loaded.model, loaded.model_type)
+        attention_fn = select_attention(config.attention_backend)
+        per_block = kv_bytes_per_block(
+            loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype.size, config.block_size
+        )
+        budget = config.kv_cache_memory
+        if budget is None:
+            peak = measure_step_peak(model, loaded, config, attention_fn)
+            budget = kv_budget_bytes(config.gpu_memory_utilization, peak)
+            logger.info(
+                "warm-up step of %d tokens: weights + activations peak %s; KV budget %s (%.0f%% of memory)",
+                config.max_num_batched_tokens, format_bytes(peak), format_bytes(budget),
+                100 * config.gpu_memory_utilization,
+            )  # fmt: skip
+        num_blocks = num_blocks_for_budget(
+            budget, loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype.size,
+            config.block_size, max_model_len,
+        )  # fmt: skip
+        spec = KVCacheSpec(
+            loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, config.block_size, num_blocks
+        )
+        runner = ModelRunner(
+            model, spec, eos_token_ids=loaded.eos_token_ids, sampler=Sampler(config.seed), attention_fn=attention_fn
+        )
+        mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * max(budget, per_block * num_blocks)))
+        tokens = num_blocks * config.block_size
+        logger.info(
+            "KV cache: %d blocks of %d tokens (%s), %d tokens; max concurrency at %d tokens/request: %.1fx",
+            num_blocks, config.block_size, format_bytes(per_block * num_blocks), tokens, max_model_len,
+            tokens / max_model_len,
+        )  # fmt: skip
+        return cls(Scheduler(config, num_blocks, max_model_len), runner, max_model_len)
+
+    def add_request(self, request: Request) -> None:
+        if request.num_prompt_tokens > self.max_model_len:
+            raise ValueError(
+                f"the prompt has {request.num_prompt_tokens} tokens, more than max_model_len={self.max_model_len}"
+            )
+        self.scheduler.add_request(request)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self.scheduler.abort_requests(request_ids)
+
+    def finish_requests(self, request_ids: list[str]) -> None:
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_STOPPED)
+
+    def step(self) -> list[EngineCoreOutput]:
+        scheduler_output = self.scheduler.schedule()
+        runner_output = self.runner.execute_model(scheduler_output)
+        return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def make_stats(self) -> SchedulerStats:
+        return self.scheduler.make_stats()
+
+
+def resolve_max_model_len(config: EngineConfig, model_len: int) -> int:
+    if config.max_model_len is None:
+        return model_len
+    if config.max_model_len > model_len:
+        raise ConfigError(
+            f"--max-model-len {config.max_model_len} is longer than the model's context ({model_len} tokens)"
+        )
+    return config.max_model_len
+
+
+def select_attention(backend: str):  # type: ignore[no-untyped-def]
+    """None means the portable path with a per-step plan; otherwise a kernel with the contract signature."""
+    if backend == "reference" or (backend == "auto" and not mx.metal.is_available()):
+        return None
+    if not mx.metal.is_available():
+        raise ConfigError("--attention-backend metal needs a Metal device (none is available here)")
+    from metalserve.kernels.metal import paged_attention
+
+    return paged_attention
+
+
+def measure_step_peak(model: PagedModel, loaded: LoadedModel, config: EngineConfig, attention_fn) -> int:  # type: ignore[no-untyped-def]
+    """Run one prefill of max_num_batched_tokens tokens on a throw-away pool and return MLX's peak memory."""
+    n = config.max_num_batched_tokens
+    blocks = -(-n // config.block_size)
+    spec = KVCacheSpec(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, config.block_size, blocks)
+    mx.reset_peak_memory()
+    runner = ModelRunner(model, spec, sampler=Sampler(0), attention_fn=attention_fn)
+    params = SamplingParams(temperature=0, max_tokens=1)
+    new = NewRequestData("warmup", [0] * n, n, params, list(range(blocks)), 0)
+    runner.execute_model(SchedulerOutput([new], [], {"warmup": n}, n))
+    peak = mx.get_peak_memory()
+    del runner
+    mx.clear_cache()
+    return int(peak)
