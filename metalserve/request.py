@@ -6,6 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from metalserve.kvcache.hashing import BlockHash
 from metalserve.sampling_params import SamplingParams
 
 
@@ -52,6 +53,9 @@ class Request:
     num_cached_tokens: int = -1
     num_preemptions: int = 0
     stop_reason: int | str | None = None
+    # Hash chain of this request's full blocks, extended lazily by the KV cache manager. Tokens never
+    # change once appended, so the hashes stay valid across preemption.
+    block_hashes: list[BlockHash] = field(default_factory=list, repr=False)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -68,6 +72,15 @@ class Request:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    def token_ids_between(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + output, without building the whole concatenation."""
+        n_prompt = len(self.prompt_token_ids)
+        if end <= n_prompt:
+            return self.prompt_token_ids[start:end]
+        if start >= n_prompt:
+            return self.output_token_ids[start - n_prompt : end - n_prompt]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - n_prompt]
 
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

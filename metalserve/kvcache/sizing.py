@@ -1,0 +1,60 @@
+"""From a memory budget and the model's KV shape to a number of KV blocks."""
+
+from __future__ import annotations
+
+from metalserve.config import ConfigError
+from metalserve.kvcache.block_pool import NUM_RESERVED_BLOCKS
+
+
+def kv_bytes_per_block(
+    num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int, block_size: int
+) -> int:
+    """Bytes of one block across all layers: K and V, `block_size` tokens each."""
+    for name, value in [
+        ("num_layers", num_layers),
+        ("num_kv_heads", num_kv_heads),
+        ("head_dim", head_dim),
+        ("dtype_bytes", dtype_bytes),
+        ("block_size", block_size),
+    ]:
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes * block_size
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, scale in [("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)]:
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+def num_blocks_for_budget(
+    budget_bytes: int,
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype_bytes: int,
+    block_size: int,
+    max_model_len: int,
+) -> int:
+    """How many blocks fit in `budget_bytes`, counting the reserved null block (block 0).
+
+    Raises ConfigError when the budget cannot hold one request of `max_model_len` tokens plus the
+    null block, saying how much memory is missing and which flags change it.
+    """
+    if max_model_len < 1:
+        raise ConfigError(f"--max-model-len must be at least 1, got {max_model_len}")
+    per_block = kv_bytes_per_block(num_layers, num_kv_heads, head_dim, dtype_bytes, block_size)
+    num_blocks = max(budget_bytes, 0) // per_block
+    needed = -(-max_model_len // block_size) + NUM_RESERVED_BLOCKS
+    if num_blocks < needed:
+        missing = needed * per_block - max(budget_bytes, 0)
+        raise ConfigError(
+            f"The KV cache budget of {_fmt_bytes(max(budget_bytes, 0))} holds {num_blocks} blocks of "
+            f"{block_size} tokens ({_fmt_bytes(per_block)} each), but one request of max_model_len="
+            f"{max_model_len} tokens needs {needed} blocks ({_fmt_bytes(needed * per_block)}, including "
+            f"the reserved null block): {_fmt_bytes(missing)} missing. Raise --kv-cache-memory or "
+            f"--gpu-memory-utilization, or lower --max-model-len."
+        )
+    return num_blocks

@@ -1,0 +1,314 @@
+"""The V1 token-budget scheduler: one rule, `num_computed_tokens` catches up to `num_tokens`.
+
+Each step spends one token budget: running requests first (in order), then waiting ones in policy
+order while budget, `max_num_seqs` and KV blocks last. A prompt longer than the remaining budget
+is cut to it (chunked prefill). When a running request cannot grow, the lowest-priority /
+latest-arrived running request is preempted by recompute and put back at the head of the queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from metalserve.config import ConfigError, EngineConfig
+from metalserve.kvcache.block_pool import NUM_RESERVED_BLOCKS
+from metalserve.kvcache.manager import KVCacheManager
+from metalserve.outputs import EngineCoreOutput
+from metalserve.request import Request, RequestStatus
+from metalserve.scheduler.output import (
+    CachedRequestData,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
+from metalserve.scheduler.queues import make_queue
+from metalserve.scheduler.stats import SchedulerStats
+from metalserve.scheduler.stop import check_stop
+
+
+@dataclass
+class _Step:
+    """What one schedule() call decided so far."""
+
+    budget: int
+    num_tokens: dict[str, int] = field(default_factory=dict)
+    new_block_ids: dict[str, list[int]] = field(default_factory=dict)
+    new_reqs: list[Request] = field(default_factory=list)
+    cached_reqs: list[Request] = field(default_factory=list)
+    preempted: set[str] = field(default_factory=set)
+
+    def add(self, request: Request, num_tokens: int, new_block_ids: list[int], is_new: bool) -> None:
+        self.num_tokens[request.request_id] = num_tokens
+        self.new_block_ids[request.request_id] = new_block_ids
+        (self.new_reqs if is_new else self.cached_reqs).append(request)
+        self.budget -= num_tokens
+
+    def undo(self, request: Request) -> None:
+        """Take back a request preempted after it was scheduled in this same step."""
+        n = self.num_tokens.pop(request.request_id, None)
+        if n is None:
+            return
+        self.budget += n
+        del self.new_block_ids[request.request_id]
+        self.cached_reqs = [r for r in self.cached_reqs if r is not request]
+
+
+class Scheduler:
+    """Token-budget continuous batching over a paged KV cache; see the module docstring.
+
+    Call `update_from_output` after every `schedule()`, also for an empty step: that is where aborted
+    requests' outputs are delivered.
+    """
+
+    def __init__(self, config: EngineConfig, num_blocks: int, max_model_len: int) -> None:
+        needed = -(-max_model_len // config.block_size) + NUM_RESERVED_BLOCKS
+        if num_blocks < needed:
+            raise ConfigError(
+                f"{num_blocks} KV blocks cannot hold one request of {max_model_len} tokens "
+                f"({needed} blocks needed): raise --kv-cache-memory or lower --max-model-len"
+            )
+        self.config = config
+        self.max_model_len = max_model_len
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.requests: dict[str, Request] = {}
+        self.waiting = make_queue(config.scheduling_policy)
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+        self._finished_ids: set[str] = set()
+        self._pending_finish: dict[str, RequestStatus] = {}
+        self._pending_outputs: list[EngineCoreOutput] = []
+        if config.scheduling_policy == "priority":
+            self._victim_key = lambda r: (r.priority, r.arrival_time)
+        else:
+            self._victim_key = lambda r: (0, r.arrival_time)
+
+    # ---- requests in and out -------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in the scheduler")
+        if not request.prompt_token_ids:
+            raise ValueError(f"request {request.request_id!r} has an empty prompt")
+        if request.num_tokens > self.max_model_len:
+            raise ValueError(
+                f"request {request.request_id!r} has {request.num_tokens} tokens, more than "
+                f"max_model_len={self.max_model_len}"
+            )
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.add(request)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> None:
+        """Abort at the next step boundary; each gets an output with finish_reason "abort"."""
+        self.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def finish_requests(self, request_ids: Iterable[str] | str, status: RequestStatus) -> None:
+        """Finish requests for reasons found outside (stop strings); applied at the next step boundary."""
+        if not status.finished:
+            raise ValueError(f"{status} is not a finished status")
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        for request_id in request_ids:
+            if request_id in self.requests:
+                self._pending_finish.setdefault(request_id, status)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests) or bool(self._pending_outputs)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    def make_stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_cache_usage=self.kv.usage,
+            prefix_cache_queries=self.kv.prefix_cache_queries,
+            prefix_cache_hits=self.kv.prefix_cache_hits,
+            num_preemptions=self.num_preemptions,
+            num_free_blocks=self.kv.num_free_blocks,
+            num_total_blocks=self.kv.pool.num_usable_blocks,
+        )
+
+    # ---- one step --------------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        self._apply_pending_finishes()
+        step = _Step(budget=self.config.max_num_batched_tokens)
+        self._schedule_running(step)
+        # After a preemption the pool is tight: admitting new work would only thrash.
+        if not step.preempted:
+            self._schedule_waiting(step)
+        return self._make_output(step)
+
+    def _num_new_tokens(self, request: Request, budget: int) -> int:
+        n = request.num_tokens - request.num_computed_tokens
+        threshold = self.config.long_prefill_token_threshold
+        if 0 < threshold < n:
+            n = threshold
+        return min(n, budget, self.max_model_len - request.num_computed_tokens)
+
+    def _schedule_running(self, step: _Step) -> None:
+        i = 0
+        while i < len(self.running) and step.budget > 0:
+            request = self.running[i]
+            n = self._num_new_tokens(request, step.budget)
+            if n <= 0:
+                i += 1
+                continue
+            new_ids = self.kv.allocate_slots(request, n)
+            while new_ids is None:
+                victim = max(self.running, key=self._victim_key)
+                if self.running.index(victim) < i:
+                    i -= 1
+                self._preempt(victim, step)
+                if victim is request:
+                    break
+                new_ids = self.kv.allocate_slots(request, n)
+            if new_ids is not None:
+                step.add(request, n, new_ids, is_new=False)
+                i += 1
+
+    def _preempt(self, request: Request, step: _Step) -> None:
+        self.running.remove(request)
+        step.undo(request)
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.prepend(request)
+        step.preempted.add(request.request_id)
+
+    def _schedule_waiting(self, step: _Step) -> None:
+        while self.waiting and step.budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting.peek()
+            hit = self.kv.get_computed_blocks(request)
+            request.num_computed_tokens = hit.num_tokens
+            n = self._num_new_tokens(request, step.budget)
+            new_ids = self.kv.allocate_slots(request, n, hit) if n > 0 else None
+            if new_ids is None:
+                # Admission control: it waits at the head (nothing is dropped) until blocks free up.
+                request.num_computed_tokens = 0
+                break
+            self.waiting.pop()
+            self.running.append(request)
+            request.status = RequestStatus.RUNNING
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = hit.num_tokens
+            step.add(request, n, new_ids, is_new=True)
+
+    def _make_output(self, step: _Step) -> SchedulerOutput:
+        new_data = [
+            NewRequestData(
+                request_id=r.request_id,
+                token_ids=r.all_token_ids,
+                num_prompt_tokens=r.num_prompt_tokens,
+                sampling_params=r.sampling_params,
+                block_ids=self.kv.get_block_ids(r.request_id),
+                num_computed_tokens=r.num_computed_tokens,
+            )
+            for r in step.new_reqs
+        ]
+        new_block_ids = step.new_block_ids
+        cached_data = [
+            CachedRequestData(r.request_id, new_block_ids[r.request_id], r.num_computed_tokens)
+            for r in step.cached_reqs
+        ]
+        # The scheduler advances at schedule time: the next step assumes this one ran.
+        num_tokens = step.num_tokens
+        for r in step.new_reqs:
+            r.num_computed_tokens += num_tokens[r.request_id]
+        for r in step.cached_reqs:
+            r.num_computed_tokens += num_tokens[r.request_id]
+        finished, self._finished_ids = self._finished_ids, set()
+        return SchedulerOutput(
+            scheduled_new_reqs=new_data,
+            scheduled_cached_reqs=cached_data,
+            num_scheduled_tokens=num_tokens,
+            total_num_scheduled_tokens=self.config.max_num_batched_tokens - step.budget,
+            finished_req_ids=finished,
+            preempted_req_ids=step.preempted,
+        )
+
+    # ---- after the runner -----------------------------------------------------------------------
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> list[EngineCoreOutput]:
+        """Append sampled tokens, check stops, free finished requests; one output per touched request."""
+        outputs, self._pending_outputs = self._pending_outputs, []
+        sampled = runner_output.sampled_token_ids
+        any_finished = False
+        for request_id in scheduler_output.num_scheduled_tokens:
+            token_ids = sampled.get(request_id)
+            request = self.requests.get(request_id)
+            if not token_ids or request is None or request.status is not RequestStatus.RUNNING:
+                continue
+            output = self._append_tokens(request, token_ids, runner_output)
+            outputs.append(output)
+            if output.finish_reason is not None:
+                any_finished = True
+        if any_finished:
+            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        return outputs
+
+    def _append_tokens(
+        self, request: Request, token_ids: list[int], runner_output: ModelRunnerOutput
+    ) -> EngineCoreOutput:
+        if request.num_computed_tokens < request.num_tokens:
+            raise ValueError(
+                f"the runner sampled for {request.request_id!r} before its prompt was fully computed"
+            )
+        status = None
+        num_new = 0
+        for token_id in token_ids:
+            request.output_token_ids.append(token_id)
+            num_new += 1
+            status = check_stop(request, self.max_model_len)
+            if status is not None:
+                break
+        logprobs = runner_output.logprobs.get(request.request_id)
+        output = EngineCoreOutput(
+            request_id=request.request_id,
+            new_token_ids=token_ids[:num_new] if num_new < len(token_ids) else token_ids,
+            new_logprobs=logprobs[:num_new] if logprobs is not None else None,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+        )
+        if status is not None:
+            request.status = status
+            self._free_request(request)
+            output.finish_reason = status.finish_reason
+            output.stop_reason = request.stop_reason
+        return output
+
+    def _free_request(self, request: Request) -> None:
+        self.kv.free(request)
+        del self.requests[request.request_id]
+        self._finished_ids.add(request.request_id)
+
+    def _apply_pending_finishes(self) -> None:
+        if not self._pending_finish:
+            return
+        pending, self._pending_finish = self._pending_finish, {}
+        ids = set(pending)
+        self.running = [r for r in self.running if r.request_id not in ids]
+        self.waiting.remove(ids)
+        for request_id, status in pending.items():
+            request = self.requests.get(request_id)
+            if request is None:
+                continue
+            request.status = status
+            self._free_request(request)
+            if status is RequestStatus.FINISHED_ABORTED:
+                self._pending_outputs.append(
+                    EngineCoreOutput(
+                        request_id=request_id,
+                        new_token_ids=[],
+                        finish_reason=status.finish_reason,
+                        num_prompt_tokens=request.num_prompt_tokens,
+                        num_cached_tokens=max(request.num_cached_tokens, 0),
+                    )
+                )
