@@ -1,1 +1,37 @@
-"""metalserve.loader."""
+"""Model loading: GGUF files, MLX/HF directories, hub ids and the embedded default model.
+
+Importing this package does not import MLX, so `metalserve/__init__.py` can load the BLAS first.
+"""
+
+from __future__ import annotations
+
+from metalserve.loader.errors import ModelLoadError, PromptTooLongError, check_prompt_length
+from metalserve.loader.loaded import SUPPORTED_MODEL_TYPES, LoadedModel
+
+__all__ = [
+    "SUPPORTED_MODEL_TYPES",
+    "LoadedModel",
+    "ModelLoadError",
+    "PromptTooLongError",
+    "check_prompt_length",
+    "load_model",
+]
+
+
+def load_model(
+    model: str | None,
+    *,
+    weights: str = "auto",
+    dequantize_max_bytes: int = 4 << 30,
+    chat_template: str | None = None,
+) -> LoadedModel:
+    """Load `model`: None (the embedded default), a .gguf file, a model directory or a hub repo id.
+
+    `weights`: "auto" (fp32 on CPU when it fits in `dequantize_max_bytes`), "dequantize" or "quantized".
+    `chat_template` overrides the model's own. Every user-facing failure is a ModelLoadError.
+    """
+    from metalserve.loader.load import load  # heavy (MLX, transformers): only when a model is loaded
+
+    return load(
+        model, weights=weights, dequantize_max_bytes=dequantize_max_bytes, chat_template=chat_template
+    )

@@ -1,0 +1,112 @@
+"""load_model: resolve the model argument, read it, pick the weights path, and describe what was done."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from metalserve.loader.blas import blas_description
+from metalserve.loader.build import build_model
+from metalserve.loader.directory import load_directory
+from metalserve.loader.embedded import default_model_path
+from metalserve.loader.eos import eos_token_ids
+from metalserve.loader.errors import ModelLoadError
+from metalserve.loader.gguf_loader import load_gguf
+from metalserve.loader.hub import download, looks_like_repo_id
+from metalserve.loader.loaded import LoadedModel, RawModel
+from metalserve.loader.weights_mode import (
+    WEIGHTS_MODES,
+    activation_dtype,
+    cast_floats,
+    dequantize_model,
+    fp32_bytes,
+    should_dequantize,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def _read(model: str | None) -> tuple[RawModel, str]:
+    """The model's raw parts and a description of where they came from."""
+    if model is None:
+        path = default_model_path()
+        return load_gguf(path), f"embedded default: {path}"
+    path = Path(model).expanduser()
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelLoadError(f"{path} is a file but not a .gguf; pass a .gguf file or a model directory.")
+        return load_gguf(path), str(path)
+    if path.is_dir():
+        return load_directory(path), str(path)
+    if looks_like_repo_id(model):
+        return load_directory(download(model)), model
+    raise ModelLoadError(
+        f"{model!r} is neither an existing file or directory nor a Hugging Face repo id (org/name); "
+        "check the path."
+    )
+
+
+def _choose_weights(model: nn.Module, stored_as: str, weights: str, max_bytes: int) -> str:
+    """Dequantize to fp32 or keep the stored weights; return the description for the start-up log."""
+    on_metal = mx.metal.is_available()
+    size = fp32_bytes(model)
+    packed = (nn.QuantizedLinear, nn.QuantizedEmbedding)
+    quantized = any(isinstance(m, packed) for _, m in model.named_modules())
+    if should_dequantize(weights, size, max_bytes, on_metal):
+        dequantize_model(model)
+        cast_floats(model, mx.float32)
+        verb = "dequantized from" if quantized else "cast from"
+        return f"fp32 ({verb} {stored_as}, {size / 1e6:.0f} MB)"
+    if not on_metal:
+        # The CPU runs fp16/bf16 activations far slower than fp32; packed weights keep their size.
+        cast_floats(model, mx.float32)
+    kind = "quantized" if quantized else "dense"
+    why = ""
+    if weights == "auto":
+        why = " on Metal" if on_metal else f", fp32 would exceed {max_bytes / 1e6:.0f} MB"
+    return f"{kind} {stored_as}{why}"
+
+
+def _kv_shape(model: nn.Module) -> tuple[int, int, int]:
+    """(num_layers, num_kv_heads, head_dim), read off the built model, as the KV cache must match it."""
+    layers = model.model.layers
+    attn = layers[0].self_attn
+    kv_heads = int(attn.n_kv_heads)
+    return len(layers), kv_heads, int(attn.k_proj.weight.shape[0]) // kv_heads
+
+
+def load(
+    model: str | None, *, weights: str, dequantize_max_bytes: int, chat_template: str | None
+) -> LoadedModel:
+    """See metalserve.loader.load_model."""
+    if weights not in WEIGHTS_MODES:
+        raise ModelLoadError(f"weights must be one of {', '.join(WEIGHTS_MODES)}, got {weights!r}")
+    raw, source = _read(model)
+    built = build_model(raw.config, raw.weights)
+    weights_desc = _choose_weights(built, raw.stored_as, weights, dequantize_max_bytes)
+    mx.eval(built.parameters())
+    template = chat_template if chat_template is not None else raw.chat_template
+    if chat_template is not None:
+        raw.tokenizer.chat_template = chat_template
+    num_layers, num_kv_heads, head_dim = _kv_shape(built)
+    loaded = LoadedModel(
+        model=built,
+        tokenizer=raw.tokenizer,
+        model_type=raw.config["model_type"],
+        config=raw.config,
+        max_model_len=int(raw.config.get("max_position_embeddings") or 4096),
+        eos_token_ids=eos_token_ids(raw.tokenizer, raw.config, template),
+        chat_template=template,
+        source=source,
+        weights_desc=weights_desc,
+        blas_desc=blas_description(),
+        num_layers=num_layers,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=activation_dtype(built),
+    )
+    logger.info("%s", loaded.describe())
+    return loaded

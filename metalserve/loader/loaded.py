@@ -1,0 +1,48 @@
+"""What a successful load hands to the rest of the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # keep `import metalserve.loader` free of MLX (the BLAS must load first)
+    import mlx.core as mx
+    import mlx.nn as nn
+    from transformers import PreTrainedTokenizerBase
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@dataclass
+class LoadedModel:
+    """An mlx-lm model with its tokenizer, chat template, EOS ids and the facts the KV cache needs."""
+
+    model: nn.Module  # an mlx-lm model: .model.embed_tokens, .model.layers[i].self_attn, ...
+    tokenizer: PreTrainedTokenizerBase
+    model_type: str  # one of SUPPORTED_MODEL_TYPES
+    config: dict[str, Any]  # HF-style config
+    max_model_len: int
+    eos_token_ids: frozenset[int]
+    chat_template: str | None
+    source: str  # what was loaded: a path, a repo id, or "embedded default: <path>"
+    weights_desc: str  # e.g. "fp32 (dequantized from Q4_1, 540 MB)"
+    blas_desc: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: mx.Dtype  # the activations' dtype (and so the KV cache's)
+
+    def describe(self) -> str:
+        """One line for the start-up log: which model, which weights path, which BLAS."""
+        return f"model {self.source}: {self.model_type}, weights {self.weights_desc}, BLAS {self.blas_desc}"
+
+
+@dataclass
+class RawModel:
+    """A model's parts before an mlx-lm object is built: config, MLX-layout weights and tokenizer."""
+
+    config: dict[str, Any]
+    weights: dict[str, mx.array]
+    tokenizer: PreTrainedTokenizerBase
+    chat_template: str | None
+    stored_as: str  # e.g. "Q4_1" or "4-bit affine (group 64)" or "bfloat16"

@@ -1,0 +1,75 @@
+"""Which weights the forward runs on: fp32 (dequantized at load) or the stored quantized ones.
+
+On MLX's CPU backend quantized matmuls run near 2 GFLOP/s while fp32 matmuls through an optimized BLAS
+run 10-50x faster, so small models are dequantized once at load. On Metal quantized kernels are fast.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map
+
+WEIGHTS_MODES = ("auto", "dequantize", "quantized")
+
+
+def fp32_bytes(model: nn.Module) -> int:
+    """The model's size once every weight is dense fp32 (quantized weights counted unpacked)."""
+    total = 0
+    for _, module in model.named_modules():
+        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            rows, packed = module.weight.shape
+            total += rows * packed * 32 // module.bits
+            if "bias" in module:
+                total += module.bias.size
+        elif not module.children():
+            leaves = dict(tree_flatten(module.parameters())).values()
+            total += sum(int(v.size) for v in leaves)
+    return 4 * total
+
+
+def should_dequantize(mode: str, fp32_size: int, max_bytes: int, on_metal: bool) -> bool:
+    if mode not in WEIGHTS_MODES:
+        raise ValueError(f"weights must be one of {', '.join(WEIGHTS_MODES)}, got {mode!r}")
+    if mode != "auto":
+        return mode == "dequantize"
+    return not on_metal and fp32_size <= max_bytes
+
+
+def _dense(module: nn.Module) -> nn.Module:
+    if isinstance(module, nn.QuantizedLinear):
+        w = mx.dequantize(module.weight, module.scales, module.biases, module.group_size, module.bits)
+        has_bias = "bias" in module
+        out_dims, in_dims = w.shape
+        linear = nn.Linear(in_dims, out_dims, bias=has_bias)
+        linear.weight = w.astype(mx.float32)
+        if has_bias:
+            linear.bias = module.bias.astype(mx.float32)
+        return linear
+    if isinstance(module, nn.QuantizedEmbedding):
+        w = mx.dequantize(module.weight, module.scales, module.biases, module.group_size, module.bits)
+        emb = nn.Embedding(*w.shape)
+        emb.weight = w.astype(mx.float32)
+        return emb
+    return module
+
+
+def dequantize_model(model: nn.Module) -> None:
+    """Replace every quantized layer by its dense fp32 twin, in place."""
+    leaves = tree_map(_dense, model.leaf_modules(), is_leaf=nn.Module.is_module)
+    model.update_modules(leaves)
+
+
+def cast_floats(model: nn.Module, dtype: mx.Dtype) -> None:
+    """Cast every floating-point parameter (norms, scales, biases, dense weights) to `dtype`."""
+
+    def cast(p: mx.array) -> mx.array:
+        return p.astype(dtype) if mx.issubdtype(p.dtype, mx.floating) else p
+
+    model.update(tree_map(cast, model.parameters()))
+
+
+def activation_dtype(model: nn.Module) -> mx.Dtype:
+    """The dtype activations (and so the KV cache) take: that of the embedding's output."""
+    embed = model.model.embed_tokens
+    return embed.scales.dtype if isinstance(embed, nn.QuantizedEmbedding) else embed.weight.dtype
