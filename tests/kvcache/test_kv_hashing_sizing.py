@@ -1,0 +1,102 @@
+"""The hash chain, the sizing function and the no-MLX rule."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from metalserve.config import ConfigError
+from metalserve.kvcache.hashing import BlockHash, block_extra_keys, hash_block_tokens
+from metalserve.kvcache.sizing import kv_bytes_per_block, num_blocks_for_budget
+
+
+def test_hash_is_sha256_and_stable() -> None:
+    h = hash_block_tokens(None, [1, 2, 3, 4])
+    assert len(h) == hashlib.sha256().digest_size
+    assert h == hash_block_tokens(None, [1, 2, 3, 4])
+    assert h != hash_block_tokens(None, [1, 2, 3, 5])
+
+
+def test_hash_covers_parent_and_extra_keys() -> None:
+    tokens = [5, 6, 7, 8]
+    p1 = hash_block_tokens(None, [1, 2, 3, 4])
+    p2 = hash_block_tokens(None, [1, 2, 3, 9])
+    assert hash_block_tokens(p1, tokens) != hash_block_tokens(p2, tokens)
+    assert hash_block_tokens(None, tokens, ("salt", "a")) != hash_block_tokens(None, tokens, ("salt", "b"))
+    # Length-prefixed keys: splitting a string differently gives a different hash.
+    assert hash_block_tokens(None, tokens, ("ab", "c")) != hash_block_tokens(None, tokens, ("a", "bc"))
+    assert hash_block_tokens(None, tokens, (1,)) != hash_block_tokens(None, tokens, ("1",))
+
+
+def test_hash_rejects_odd_keys() -> None:
+    with pytest.raises(TypeError, match="str, int or bytes"):
+        hash_block_tokens(None, [1], (1.5,))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="bool"):
+        hash_block_tokens(None, [1], (True,))
+
+
+def test_extra_keys_put_salt_and_adapter_in_first_block_only() -> None:
+    assert block_extra_keys(0, "s", "lora-1") == ("salt", "s", "adapter", "lora-1")
+    assert block_extra_keys(1, "s", "lora-1") == ()
+    assert block_extra_keys(2, None, None, (b"img",)) == ("mm", b"img")
+    assert isinstance(hash_block_tokens(BlockHash(b"p"), [1], block_extra_keys(0, "s")), bytes)
+
+
+def test_bytes_per_block() -> None:
+    # SmolLM2-135M: 30 layers, 3 KV heads, head_dim 64, fp16, 16 tokens: K and V.
+    assert kv_bytes_per_block(30, 3, 64, 2, 16) == 2 * 30 * 3 * 64 * 2 * 16
+    with pytest.raises(ValueError, match="head_dim"):
+        kv_bytes_per_block(30, 3, 0, 2, 16)
+
+
+def test_num_blocks_for_budget() -> None:
+    per_block = kv_bytes_per_block(2, 2, 8, 2, 16)  # 2048 bytes
+    assert num_blocks_for_budget(per_block * 100 + 5, 2, 2, 8, 2, 16, 1024) == 100
+    # 1024 tokens = 64 blocks, plus the null block.
+    assert num_blocks_for_budget(per_block * 65, 2, 2, 8, 2, 16, 1024) == 65
+
+
+def test_budget_too_small_names_missing_memory_and_flags() -> None:
+    per_block = kv_bytes_per_block(2, 2, 8, 2, 16)
+    with pytest.raises(ConfigError) as err:
+        num_blocks_for_budget(per_block * 64, 2, 2, 8, 2, 16, 1024)
+    msg = str(err.value)
+    assert "2.00 KiB missing" in msg
+    for flag in ("--kv-cache-memory", "--gpu-memory-utilization", "--max-model-len"):
+        assert flag in msg
+
+
+def test_no_module_under_kvcache_or_scheduler_imports_mlx() -> None:
+    root = Path(__file__).resolve().parents[2]
+    modules = [
+        "metalserve." + ".".join(p.relative_to(root / "metalserve").with_suffix("").parts)
+        for sub in ("kvcache", "scheduler")
+        for p in sorted((root / "metalserve" / sub).glob("*.py"))
+    ]
+    assert "metalserve.scheduler.scheduler" in modules
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "bad = sorted(m for m in sys.modules if m == 'mlx' or m.startswith('mlx.'))\n"
+        "assert not bad, bad\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_no_mlx_import_statement_in_kvcache_or_scheduler() -> None:
+    import ast
+
+    root = Path(__file__).resolve().parents[2] / "metalserve"
+    for path in [*(root / "kvcache").glob("*.py"), *(root / "scheduler").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            assert not any(n == "mlx" or n.startswith("mlx.") for n in names), path
