@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from kv_helpers import admit, make_request
 
 from metalserve.kvcache.manager import KVCacheManager
+from tests.kvcache.kv_helpers import admit, make_request
 
 BS = 4
 

@@ -1,6 +1,0 @@
-"""Make the shared helpers importable from this folder."""
-
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))
