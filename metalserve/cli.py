@@ -36,7 +36,6 @@ def run_generate(args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens,
         )  # fmt: skip
         loaded = load_model(args.model, weights=args.weights)
-        logging.getLogger("metalserve").info(loaded.describe())
         prompts = [loaded.tokenizer.encode(p) for p in args.prompt] + [encode_chat(loaded, m) for m in args.chat]
         results = generate(loaded, prompts, params)
     except (ModelLoadError, ValueError) as e:

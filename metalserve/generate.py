@@ -26,8 +26,9 @@ class Generation:
 
 def encode_chat(loaded: LoadedModel, user_message: str) -> list[int]:
     messages = [{"role": "user", "content": user_message}]
-    ids = loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+    text = loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    # The template already wrote the special tokens (BOS, role markers): encode it as is.
+    return list(loaded.tokenizer.encode(text, add_special_tokens=False))
 
 
 def generate(
