@@ -1,0 +1,6 @@
+"""A CPU emulator for metalserve's Metal kernels: the exact MSL that MLX compiles, built with g++."""
+
+from metalserve.kernels.emulator.build import EmulatorBuildError, cache_dir
+from metalserve.kernels.emulator.runner import EmulatorError, emulate, emulate_race_checked
+
+__all__ = ["EmulatorBuildError", "EmulatorError", "cache_dir", "emulate", "emulate_race_checked"]

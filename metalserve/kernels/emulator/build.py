@@ -1,0 +1,123 @@
+"""Compiles a generated kernel with the system g++ into a cached shared library (or an ASan program)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+from metalserve.kernels.emulator.signature import GeneratedKernel, Param
+
+EMULATOR_DIR = Path(__file__).resolve().parent
+CXX_FLAGS = ("-std=c++20", "-O2", "-fPIC", "-Wno-attributes", "-U_FORTIFY_SOURCE", "-pthread")
+ASAN_FLAGS = ("-std=c++20", "-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer",
+              "-Wno-attributes", "-pthread")
+
+# A kernel-scope `threadgroup` array or scalar declaration, e.g. `threadgroup float buf[NSG * D];`.
+_TG_DECL = re.compile(
+    r"(?<![\w:])threadgroup\s+((?:const\s+)?[A-Za-z_][\w:]*(?:\s*<[^;<>]*>)?)\s+"
+    r"([A-Za-z_]\w*)\s*((?:\[[^\]]+\]\s*)*);"
+)
+
+
+class EmulatorBuildError(RuntimeError):
+    """g++ rejected the kernel; the message holds the compiler's output."""
+
+
+def cache_dir() -> Path:
+    """Where built kernels live: $METALSERVE_EMULATOR_CACHE, else ~/.cache/metalserve/emulator."""
+    env = os.environ.get("METALSERVE_EMULATOR_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "metalserve" / "emulator"
+
+
+def compiler() -> str:
+    cxx = os.environ.get("CXX", "g++")
+    if shutil.which(cxx) is None:
+        raise EmulatorBuildError(f"the Metal emulator needs a C++20 compiler; {cxx!r} is not on PATH")
+    return cxx
+
+
+def rewrite_threadgroup_decls(source: str) -> str:
+    """Kernel-scope threadgroup variables become references into the group's shared arena."""
+    return _TG_DECL.sub(
+        lambda m: f"auto& {m.group(2)} = ::msl_rt::tg_var<{m.group(1)}{m.group(3).strip()}>(__LINE__);",
+        source,
+    )
+
+
+def _argument(p: Param, slot: int) -> str:
+    """The launcher's expression for one kernel parameter; `slot` indexes the buffer array."""
+    if p.kind == "attribute":
+        return f"c.{p.ctype}"
+    if p.kind in ("scalar", "ndim"):
+        return f"*reinterpret_cast<const {p.ctype}*>(bufs[{slot}])"
+    const = "" if p.kind == "output" else "const "
+    return f"reinterpret_cast<{const}{p.ctype}*>(bufs[{slot}])"
+
+
+def launcher_source(kernel: GeneratedKernel, asan: bool) -> str:
+    """The generated kernel plus a C entry point that runs it over a grid, and for ASan a main()."""
+    args = []
+    slot = 0
+    for p in kernel.params:
+        args.append(_argument(p, slot))
+        slot += p.kind != "attribute"
+    call = f"{kernel.name}{kernel.template_args}(\n      " + ",\n      ".join(args) + ");"
+    text = '#include "msl.h"\n' + rewrite_threadgroup_decls(kernel.source)
+    text += f"""
+extern "C" int msl_run(void* const* bufs, const unsigned* dims, int reverse, int workers,
+                       unsigned long stack, char* err, int err_len) {{
+  msl_rt::Dims d{{{{dims[0], dims[1], dims[2]}}, {{dims[3], dims[4], dims[5]}}}};
+  std::function<void(const msl_rt::ThreadCtx&)> body = [&](const msl_rt::ThreadCtx& c) {{
+    {call}
+  }};
+  std::string e = msl_rt::launch(d, reverse != 0, workers, stack, body);
+  std::snprintf(err, err_len, "%s", e.c_str());
+  return e.empty() ? 0 : 1;
+}}
+"""
+    if asan:
+        text += '#include "asan_main.inc"\n'
+    return text
+
+
+def _digest(text: str, flags: tuple[str, ...]) -> str:
+    h = hashlib.sha256()
+    for part in (text, " ".join(flags), _headers_text(), compiler()):
+        h.update(part.encode())
+    return h.hexdigest()[:24]
+
+
+@cache
+def _headers_text() -> str:
+    return "".join(p.read_text() for p in sorted(EMULATOR_DIR.glob("*.h")) + [EMULATOR_DIR / "asan_main.inc"])
+
+
+def build(kernel: GeneratedKernel, asan: bool = False) -> Path:
+    """Path of the built library (or ASan program) for `kernel`, compiling it once per content hash."""
+    flags = ASAN_FLAGS if asan else CXX_FLAGS
+    text = launcher_source(kernel, asan)
+    digest = _digest(text, flags)
+    out_dir = cache_dir()
+    target = out_dir / f"{kernel.name[:80]}-{digest}{'.asan' if asan else '.so'}"
+    if target.exists():
+        return target
+    out_dir.mkdir(parents=True, exist_ok=True)
+    src = out_dir / f"{kernel.name[:80]}-{digest}.cpp"
+    src.write_text(text)
+    with tempfile.NamedTemporaryFile(dir=out_dir, suffix=".tmp", delete=False) as tmp:
+        tmp_path = Path(tmp.name)
+    cmd = [compiler(), *flags, "-I", str(EMULATOR_DIR), str(src), "-o", str(tmp_path)]
+    if not asan:
+        cmd.insert(1, "-shared")
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        tmp_path.unlink(missing_ok=True)
+        raise EmulatorBuildError(f"g++ failed on {src}:\n{result.stderr[-6000:]}")
+    os.replace(tmp_path, target)  # atomic: concurrent builders never see a half-written file
+    return target

@@ -1,0 +1,145 @@
+"""Runs a `KernelLaunch` on the CPU: builds it (cached), fills its buffers, calls it through ctypes."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from metalserve.kernels.emulator.build import build
+from metalserve.kernels.emulator.signature import GeneratedKernel, generate
+from metalserve.kernels.launch import KernelLaunch, as_array
+
+STACK_BYTES = 256 * 1024
+
+_NUMPY = {
+    mx.float32: np.float32, mx.float16: np.float16, mx.bfloat16: np.uint16, mx.float64: np.float64,
+    mx.bool_: np.bool_, mx.int8: np.int8, mx.int16: np.int16, mx.int32: np.int32, mx.int64: np.int64,
+    mx.uint8: np.uint8, mx.uint16: np.uint16, mx.uint32: np.uint32, mx.uint64: np.uint64,
+}
+
+
+class EmulatorError(RuntimeError):
+    """The kernel misbehaved under the emulator: divergent barrier, deadlock, race, bad read, ..."""
+
+
+def to_numpy(a: mx.array) -> np.ndarray:
+    """Row-contiguous host copy; bfloat16 travels as its uint16 bits."""
+    if a.dtype == mx.bfloat16:
+        return np.ascontiguousarray(np.array(a.view(mx.uint16)))
+    return np.ascontiguousarray(np.array(a))
+
+
+def from_numpy(a: np.ndarray, dtype: mx.Dtype) -> mx.array:
+    out = mx.array(a)
+    return out.view(mx.bfloat16) if dtype == mx.bfloat16 else out
+
+
+def _buffers(launch: KernelLaunch, kernel: GeneratedKernel) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Buffers in parameter order, and the outputs among them (poisoned with all-ones bytes = NaN)."""
+    arrays = [to_numpy(as_array(v)) for v in launch.inputs]
+    outputs: list[np.ndarray] = []
+    for shape, dtype in zip(launch.output_shapes, launch.output_dtypes, strict=True):
+        out: np.ndarray = np.empty(shape, dtype=_NUMPY[dtype])
+        if launch.init_value is None:
+            out.view(np.uint8)[...] = 0xFF
+        else:
+            out[...] = launch.init_value
+        outputs.append(out)
+    bufs: list[np.ndarray] = []
+    for p in kernel.params:
+        if p.kind in ("input", "scalar"):
+            bufs.append(arrays[p.index])
+        elif p.kind == "shape":
+            bufs.append(np.array(arrays[p.index].shape, dtype=np.int32))
+        elif p.kind == "strides":
+            a = arrays[p.index]
+            bufs.append(np.array([s // a.itemsize for s in a.strides], dtype=np.int64))
+        elif p.kind == "ndim":
+            bufs.append(np.array(arrays[p.index].ndim, dtype=np.int32))
+        elif p.kind == "output":
+            bufs.append(outputs[p.index])
+    return bufs, outputs
+
+
+@cache
+def _load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    lib.msl_run.argtypes = [
+        ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_uint), ctypes.c_int, ctypes.c_int,
+        ctypes.c_ulong, ctypes.c_char_p, ctypes.c_int,
+    ]
+    lib.msl_run.restype = ctypes.c_int
+    return lib
+
+
+def default_workers() -> int:
+    """OS threads for threadgroups: $METALSERVE_EMULATOR_THREADS, else the usable cores (at most 8)."""
+    env = os.environ.get("METALSERVE_EMULATOR_THREADS")
+    return int(env) if env else max(1, min(8, len(os.sched_getaffinity(0))))
+
+
+def _dims(launch: KernelLaunch) -> list[int]:
+    return [*launch.grid, *launch.threadgroup]
+
+
+def _run_in_process(kernel: GeneratedKernel, bufs: list[np.ndarray], launch: KernelLaunch,
+                    reverse: bool) -> None:
+    lib = _load(build(kernel))
+    ptrs = (ctypes.c_void_p * max(1, len(bufs)))(*[b.ctypes.data for b in bufs])
+    dims = (ctypes.c_uint * 6)(*_dims(launch))
+    err = ctypes.create_string_buffer(4096)
+    rc = lib.msl_run(ptrs, dims, int(reverse), default_workers(), STACK_BYTES, err, len(err))
+    if rc != 0:
+        raise EmulatorError(f"{launch.name}: {err.value.decode()}")
+
+
+def _run_asan(kernel: GeneratedKernel, bufs: list[np.ndarray], launch: KernelLaunch, reverse: bool) -> None:
+    exe = build(kernel, asan=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "in.bin", Path(tmp) / "out.bin"
+        with src.open("wb") as f:
+            f.write(np.uint32(len(bufs)).tobytes())
+            for b in bufs:
+                f.write(np.uint64(b.nbytes).tobytes())
+                f.write(b.tobytes())
+            f.write(np.array(_dims(launch), dtype=np.uint32).tobytes())
+            f.write(np.int32(reverse).tobytes())
+        env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0:detect_stack_use_after_return=0")
+        result = subprocess.run([str(exe), str(src), str(dst)], capture_output=True, text=True, env=env)
+        if result.returncode != 0:
+            raise EmulatorError(f"{launch.name} under AddressSanitizer:\n{result.stderr[-4000:]}")
+        data = dst.read_bytes()
+    offset = 0
+    for b in bufs:
+        b.view(np.uint8).reshape(-1)[...] = np.frombuffer(data, np.uint8, b.nbytes, offset)
+        offset += b.nbytes
+
+
+def emulate(launch: KernelLaunch, *, reverse: bool = False, asan: bool = False) -> list[mx.array]:
+    """Run `launch` like `mx.fast.metal_kernel` would on a GPU; returns the outputs.
+
+    `reverse` starts each threadgroup's threads from the highest index, so a missing barrier shows up
+    under one of the two orders; `asan` runs an AddressSanitizer build in a child process.
+    """
+    kernel = generate(launch)
+    bufs, outputs = _buffers(launch, kernel)
+    (_run_asan if asan else _run_in_process)(kernel, bufs, launch, reverse)
+    return [from_numpy(o, d) for o, d in zip(outputs, launch.output_dtypes, strict=True)]
+
+
+def emulate_race_checked(launch: KernelLaunch) -> list[mx.array]:
+    """Run in both thread orders; different bits mean the kernel's result depends on scheduling."""
+    first = emulate(launch)
+    second = emulate(launch, reverse=True)
+    for name, a, b in zip(launch.output_names, first, second, strict=True):
+        if not np.array_equal(to_numpy(a).view(np.uint8), to_numpy(b).view(np.uint8)):
+            raise EmulatorError(f"{launch.name}: output {name!r} depends on thread order (a data race, "
+                                "e.g. a missing threadgroup_barrier)")
+    return first

@@ -1,0 +1,149 @@
+"""Builds the launches of the Metal paged-attention kernel from the backend contract's arguments.
+
+The contract is `reference.paged_attention`'s (see its module docstring). One launch covers the whole
+packed batch; when few threadgroups would run over long contexts, the KV range is split into partitions
+and a second launch merges them. The executor (Metal or the CPU emulator) is passed in, so both run
+exactly the same launches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from metalserve.kernels.launch import KernelLaunch, metal_source
+
+HEAD_DIMS = (64, 80, 96, 128, 256)
+BLOCK_SIZES = (8, 16, 32)
+DTYPES = (mx.float16, mx.bfloat16, mx.float32)
+SIMDGROUPS = 4  # per threadgroup: keys are dealt round-robin to them
+DEFAULT_PARTITION = 256  # keys per threadgroup when the KV range is split
+SPLIT_BELOW_GROUPS = 256  # split only when the unsplit grid would have fewer threadgroups than this
+
+Executor = Callable[[KernelLaunch], list[mx.array]]
+
+
+@dataclass(frozen=True)
+class PagedArgs:
+    """The contract's arguments, checked once."""
+
+    q: mx.array
+    k_pool: mx.array
+    v_pool: mx.array
+    block_tables: mx.array
+    cu_seqlens_q: mx.array
+    seq_lens: mx.array
+    block_size: int
+    scale: float
+    sliding_window: int | None
+    softcap: float | None
+    sinks: mx.array | None
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
+def _validate(a: PagedArgs) -> None:
+    if a.q.ndim != 3 or a.k_pool.ndim != 3 or a.k_pool.shape != a.v_pool.shape:
+        raise ValueError("q must be [total_q, Hq, D] and k_pool, v_pool the same [num_slots, Hkv, D]")
+    hq, d = a.q.shape[1], a.q.shape[2]
+    hkv = a.k_pool.shape[1]
+    if d != a.k_pool.shape[2] or d not in HEAD_DIMS:
+        raise ValueError(f"head dim must match between q and the pools and be one of {HEAD_DIMS}, got {d}")
+    if hq % hkv != 0:
+        raise ValueError(f"query heads ({hq}) must be a multiple of KV heads ({hkv})")
+    if a.block_size not in BLOCK_SIZES:
+        raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {a.block_size}")
+    if a.k_pool.dtype not in DTYPES or a.v_pool.dtype != a.k_pool.dtype:
+        raise ValueError(
+            f"the pools must share one dtype of {DTYPES}, got {a.k_pool.dtype}, {a.v_pool.dtype}"
+        )
+    if a.block_tables.ndim != 2 or a.cu_seqlens_q.shape != (a.seq_lens.shape[0] + 1,):
+        raise ValueError("block_tables must be [num_reqs, max_blocks] and cu_seqlens_q [num_reqs + 1]")
+    if a.block_tables.shape[0] != a.seq_lens.shape[0]:
+        raise ValueError("block_tables needs one row per request")
+    if a.sliding_window is not None and a.sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1, got {a.sliding_window}")
+    if a.softcap is not None and not a.softcap > 0:
+        raise ValueError(f"softcap must be > 0, got {a.softcap}")
+    if a.sinks is not None and a.sinks.shape != (hq,):
+        raise ValueError(f"sinks must be [Hq] = [{hq}], got {a.sinks.shape}")
+
+
+def num_partitions(a: PagedArgs, partition_size: int | None) -> int:
+    """How many KV partitions to use; 1 means a single launch. Decided from static shapes only."""
+    max_context = a.block_tables.shape[1] * a.block_size
+    if partition_size is None:
+        groups = a.q.shape[0] * a.k_pool.shape[1]
+        if groups >= SPLIT_BELOW_GROUPS or max_context <= 2 * DEFAULT_PARTITION:
+            return 1
+        partition_size = DEFAULT_PARTITION
+    if partition_size < 1:
+        raise ValueError(f"partition_size must be >= 1, got {partition_size}")
+    return max(1, math.ceil(max_context / partition_size))
+
+
+def attention_launch(a: PagedArgs, partitions: int, partition_size: int) -> KernelLaunch:
+    """The first (or only) launch: one threadgroup per (query token, KV head, partition)."""
+    total_q, hq, d = a.q.shape
+    hkv = a.k_pool.shape[1]
+    dtype = a.k_pool.dtype
+    split = partitions > 1
+    sinks = a.sinks.astype(mx.float32) if a.sinks is not None else mx.zeros((1,), mx.float32)
+    template: tuple[tuple[str, mx.Dtype | int | bool], ...] = (
+        ("T", dtype), ("O", mx.float32 if split else dtype), ("D", d), ("BS", a.block_size),
+        ("G", hq // hkv), ("NSG", SIMDGROUPS), ("PART", partition_size if split else 0),
+        ("WINDOW", a.sliding_window is not None), ("SOFTCAP", a.softcap is not None),
+        ("SINKS", a.sinks is not None),
+    )
+    out_shape = (partitions, total_q, hq, d) if split else (total_q, hq, d)
+    ml_shape = (partitions, total_q, hq, 2) if split else (1,)
+    return KernelLaunch(
+        name="paged_attention",
+        source=metal_source("paged_attention"),
+        input_names=("q", "k_pool", "v_pool", "block_tables", "cu_seqlens_q", "seq_lens", "sinks",
+                     "num_reqs", "max_blocks", "window", "scale", "softcap"),
+        output_names=("out", "part_ml"),
+        inputs=(a.q.astype(dtype), a.k_pool, a.v_pool, a.block_tables.astype(mx.int32),
+                a.cu_seqlens_q.astype(mx.int32), a.seq_lens.astype(mx.int32), sinks,
+                int(a.seq_lens.shape[0]), int(a.block_tables.shape[1]), int(a.sliding_window or 0),
+                float(a.scale), float(a.softcap or 1.0)),
+        output_shapes=(out_shape, ml_shape),
+        output_dtypes=(mx.float32 if split else dtype, mx.float32),
+        template=template,
+        grid=(total_q * SIMDGROUPS * 32, hkv, partitions),
+        threadgroup=(SIMDGROUPS * 32, 1, 1),
+    )
+
+
+def merge_launch(a: PagedArgs, part_o: mx.array, part_ml: mx.array) -> KernelLaunch:
+    """The second launch of split-KV: one 32-thread threadgroup per (query token, query head)."""
+    partitions, total_q, hq, d = part_o.shape
+    sinks = a.sinks.astype(mx.float32) if a.sinks is not None else mx.zeros((1,), mx.float32)
+    return KernelLaunch(
+        name="paged_attention_merge",
+        source=metal_source("paged_attention_merge"),
+        input_names=("part_o", "part_ml", "sinks", "num_parts"),
+        output_names=("out",),
+        inputs=(part_o, part_ml, sinks, int(partitions)),
+        output_shapes=((total_q, hq, d),),
+        output_dtypes=(a.k_pool.dtype,),
+        template=(("O", a.k_pool.dtype), ("D", d), ("SINKS", a.sinks is not None)),
+        grid=(32 * total_q, hq, 1),
+        threadgroup=(32, 1, 1),
+    )
+
+
+def run_paged_attention(a: PagedArgs, execute: Executor, partition_size: int | None = None) -> mx.array:
+    """Attention for the packed batch through `execute`; returns `[total_q, Hq, D]` in q's dtype."""
+    if a.q.shape[0] == 0:
+        return mx.zeros(a.q.shape, a.q.dtype)
+    partitions = num_partitions(a, partition_size)
+    size = partition_size or DEFAULT_PARTITION
+    out, part_ml = execute(attention_launch(a, partitions, size))
+    if partitions > 1:
+        (out,) = execute(merge_launch(a, out, part_ml))
+    return out.astype(a.q.dtype)
