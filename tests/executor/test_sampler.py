@@ -1,0 +1,147 @@
+"""The sampler's filters: each test fails if the parameter it names is ignored."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from metalserve.executor.sampler import Sampler
+from metalserve.executor.truncation import NUCLEUS_CANDIDATES
+from metalserve.request import Request
+from metalserve.sampling_params import SamplingParams
+
+PROBS = np.array([0.5, 0.3, 0.15, 0.05])
+N = 4000  # rows per statistical check: one call, many independent unseeded draws
+
+
+def req(prompt: list[int] | None = None, output: list[int] | None = None, eos: tuple[int, ...] = (), **kw):
+    return Request(
+        request_id="r",
+        prompt_token_ids=prompt or [0],
+        sampling_params=SamplingParams(**kw),
+        eos_token_ids=frozenset(eos),
+        output_token_ids=list(output or []),
+    )
+
+
+def draw(probs: np.ndarray, n: int = N, seed: int = 0, **kw) -> np.ndarray:
+    """n unseeded draws from one logit row, as token counts per vocabulary entry."""
+    logits = mx.array(np.tile(np.log(probs), (n, 1)).astype(np.float32))
+    tokens = Sampler(seed)(logits, [req(**kw)] * n).token_ids
+    return np.bincount(tokens, minlength=len(probs)) / n
+
+
+def test_rejects_bad_logits() -> None:
+    sampler = Sampler()
+    with pytest.raises(ValueError, match="batch, vocab"):
+        sampler(mx.zeros((4,)), [req()])
+    with pytest.raises(ValueError, match="2 rows but 1 requests"):
+        sampler(mx.zeros((2, 4)), [req()])
+    with pytest.raises(ValueError, match="float"):
+        sampler(mx.zeros((1, 4), dtype=mx.int32), [req()])
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
+def test_greedy_is_argmax_for_every_row(dtype: mx.Dtype) -> None:
+    logits = mx.array(np.random.default_rng(0).normal(size=(5, 37)).astype(np.float32)).astype(dtype)
+    out = Sampler()(logits, [req(temperature=0.0)] * 5)
+    assert out.token_ids == np.argmax(np.array(logits.astype(mx.float32)), axis=-1).tolist()
+    assert out.logprobs == [None] * 5
+
+
+def test_temperature_one_follows_softmax() -> None:
+    assert np.abs(draw(PROBS, temperature=1.0) - PROBS).max() < 0.03
+
+
+def test_temperature_sharpens_and_flattens() -> None:
+    cold = draw(PROBS, temperature=0.05)
+    hot = draw(PROBS, temperature=50.0)
+    assert cold[0] > 0.99
+    assert np.abs(hot - 0.25).max() < 0.03  # nearly uniform
+
+
+def test_top_k_one_is_argmax() -> None:
+    logits = mx.array(np.random.default_rng(1).normal(size=(64, 50)).astype(np.float32))
+    out = Sampler()(logits, [req(temperature=1.0, top_k=1)] * 64)
+    assert out.token_ids == np.argmax(np.array(logits), axis=-1).tolist()
+
+
+def test_top_k_keeps_k_best_renormalised() -> None:
+    freq = draw(PROBS, top_k=2)
+    assert freq[2:].sum() == 0
+    assert abs(freq[0] - 0.5 / 0.8) < 0.03
+
+
+def test_top_p_removes_tail() -> None:
+    freq = draw(PROBS, top_p=0.7)  # 0.5 alone is below 0.7, so the nucleus is tokens 0 and 1
+    assert freq[2:].sum() == 0
+    assert abs(freq[0] - 0.5 / 0.8) < 0.03
+
+
+def test_top_p_keeps_at_least_one_token() -> None:
+    assert draw(PROBS, top_p=0.01)[0] == 1.0
+
+
+def test_top_p_with_top_k_uses_both() -> None:
+    freq = draw(PROBS, top_k=3, top_p=0.9)  # top-3 renormalised: 0.526, 0.316, 0.158 -> 0.842 < 0.9
+    assert freq[3] == 0 and freq[2] > 0.1
+    freq = draw(PROBS, top_k=3, top_p=0.8)  # nucleus now ends at token 1
+    assert freq[2:].sum() == 0
+
+
+def test_top_p_wider_than_candidates_widens_to_vocabulary() -> None:
+    vocab = 4 * NUCLEUS_CANDIDATES
+    logits = np.linspace(0.0, -1.0, vocab)  # nearly flat: the 0.5 nucleus is ~half the vocabulary
+    probs = np.exp(logits) / np.exp(logits).sum()
+    allowed = int(np.sum(np.cumsum(probs) - probs < 0.5))
+    assert allowed > NUCLEUS_CANDIDATES
+    counts = draw(probs, top_p=0.5)
+    assert counts[allowed + 1 :].sum() == 0
+    assert counts[NUCLEUS_CANDIDATES:allowed].sum() > 0.2
+
+
+def test_min_p_removes_tail() -> None:
+    freq = draw(PROBS, min_p=0.2)  # threshold 0.2 * 0.5 = 0.1 drops token 3 only
+    assert freq[3] == 0
+    assert abs(freq[2] - 0.15 / 0.95) < 0.03
+
+
+def test_logit_bias_forces_and_bans() -> None:
+    logits = mx.array(np.log(PROBS)[None].astype(np.float32))
+    assert Sampler()(logits, [req(temperature=0.0, logit_bias={3: 100.0})]).token_ids == [3]
+    assert Sampler()(logits, [req(temperature=1.0, logit_bias={2: 100.0})]).token_ids == [2]
+    assert draw(PROBS, logit_bias={0: -100.0})[0] == 0
+
+
+def test_logit_bias_outside_vocabulary_is_an_error() -> None:
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        Sampler()(mx.zeros((1, 4)), [req(logit_bias={4: 1.0})])
+
+
+def test_min_tokens_masks_eos_and_stop_ids_until_reached() -> None:
+    logits = mx.array([[5.0, 4.0, 3.0, 0.0]])  # EOS (0) then a stop id (1) are the best tokens
+    sampler = Sampler()
+    early = req(eos=(0,), output=[3], temperature=0.0, min_tokens=2, stop_token_ids=[1])
+    assert sampler(logits, [early]).token_ids == [2]
+    done = req(eos=(0,), output=[3, 3], temperature=0.0, min_tokens=2, stop_token_ids=[1])
+    assert sampler(logits, [done]).token_ids == [0]
+    ignore = req(eos=(0,), output=[3], temperature=0.0, min_tokens=2, stop_token_ids=[1], ignore_eos=True)
+    assert sampler(logits, [ignore]).token_ids == [0]
+
+
+def test_min_tokens_masks_in_random_sampling() -> None:
+    freq = draw(PROBS, eos=(0,), min_tokens=1)
+    assert freq[0] == 0 and freq[1] > 0.5
+
+
+def test_mixed_batch_applies_each_rows_own_parameters() -> None:
+    logits = mx.array(np.tile(np.log(PROBS).astype(np.float32), (4, 1)))
+    rows = [
+        req(temperature=0.0),
+        req(temperature=1.0, logit_bias={3: 100.0}),
+        req(temperature=0.0, logit_bias={2: 100.0}),
+        req(temperature=1.0, top_k=1),
+    ]
+    for _ in range(20):
+        assert Sampler()(logits, rows).token_ids == [0, 3, 2, 0]
