@@ -56,7 +56,7 @@ def _run(model: AutoModelForCausalLM, ids: list[int]) -> tuple[list[tuple[int, f
     out = model(torch.tensor([ids]), use_cache=True)
     logits = out.logits[0, -1].float()
     values, indices = torch.topk(logits, TOP_K)
-    top = [(int(i), float(v)) for i, v in zip(indices, values)]
+    top = [(int(i), float(v)) for i, v in zip(indices, values, strict=True)]
     tokens: list[int] = []
     past = out.past_key_values
     for _ in range(NUM_TOKENS):
