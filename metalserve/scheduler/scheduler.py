@@ -142,18 +142,18 @@ class Scheduler:
             self._schedule_waiting(step)
         return self._make_output(step)
 
-    def _num_new_tokens(self, request: Request, budget: int) -> int:
-        n = request.num_tokens - request.num_computed_tokens
+    def _num_new_tokens(self, request: Request, num_computed: int, budget: int) -> int:
+        n = request.num_tokens - num_computed
         threshold = self.config.long_prefill_token_threshold
         if 0 < threshold < n:
             n = threshold
-        return min(n, budget, self.max_model_len - request.num_computed_tokens)
+        return min(n, budget, self.max_model_len - num_computed)
 
     def _schedule_running(self, step: _Step) -> None:
         i = 0
         while i < len(self.running) and step.budget > 0:
             request = self.running[i]
-            n = self._num_new_tokens(request, step.budget)
+            n = self._num_new_tokens(request, request.num_computed_tokens, step.budget)
             if n <= 0:
                 i += 1
                 continue
@@ -185,13 +185,12 @@ class Scheduler:
         while self.waiting and step.budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting.peek()
             hit = self.kv.get_computed_blocks(request)
-            request.num_computed_tokens = hit.num_tokens
-            n = self._num_new_tokens(request, step.budget)
+            n = self._num_new_tokens(request, hit.num_tokens, step.budget)
             new_ids = self.kv.allocate_slots(request, n, hit) if n > 0 else None
             if new_ids is None:
                 # Admission control: it waits at the head (nothing is dropped) until blocks free up.
-                request.num_computed_tokens = 0
                 break
+            request.num_computed_tokens = hit.num_tokens
             self.waiting.pop()
             self.running.append(request)
             request.status = RequestStatus.RUNNING
