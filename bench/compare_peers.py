@@ -1,0 +1,187 @@
+"""Sweep concurrency over metalserve and its peers on the same GGUF weights; JSON, markdown and a PNG.
+
+Each (server, concurrency) gets a fresh server on a free port and fresh prompts. Run by hand (minutes):
+    .venv/bin/python bench/compare_peers.py [--servers metalserve,mlx-lm,...] [--levels 1,2,4,8,16]
+Peers that are not installed are reported as such. Prepare them with the scripts in bench/peers/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from peers.bench_run import RESULTS, run_bench
+from peers.launch import MLX_DIR, RunningServer, ServerStartError
+from peers.servers import SERVERS, availability, spec_for
+
+OUT = RESULTS / "compare_peers"
+
+
+def _bench_args(a: argparse.Namespace, c: int, level_index: int) -> list[str]:
+    # Fresh prompts per level (no server ever sees a prompt twice); the same prompts for every server.
+    return [
+        "--endpoint", "completions", "--tokenizer", str(MLX_DIR), "--dataset-name", "random",
+        "--input-len", str(a.input_len), "--output-len", str(a.output_len), "--ignore-eos",
+        "--temperature", "0", "--num-prompts", str(max(a.min_prompts, a.prompts_per_client * c)),
+        "--max-concurrency", str(c), "--seed", str(a.seed + 1000 * level_index),
+        "--num-warmups", str(a.warmups), "--disable-tqdm",
+    ]  # fmt: skip
+
+
+def run_level(name: str, c: int, level_index: int, a: argparse.Namespace) -> dict[str, Any]:
+    """One fresh server, one bench run; a row with the headline numbers or the error."""
+    spec = spec_for(name, c)
+    row: dict[str, Any] = {"server": name, "concurrency": c, "command": spec.command(0)}
+    args = _bench_args(a, c, level_index) + (["--model", spec.model] if spec.model else [])
+    try:
+        with RunningServer(spec, OUT / "logs" / f"{name}-c{c}.log") as srv:
+            doc = run_bench(srv.base_url, OUT / f"{name}-c{c}.json", args, spec.extra_body)
+    except (ServerStartError, RuntimeError, OSError) as exc:
+        return row | {"error": str(exc)}
+    m = doc["metrics"]
+    return row | {
+        "completed": m["completed"], "failed": m["failed"],
+        "mean_ttft_s": m["ttft_ms"]["mean"] / 1000, "median_ttft_s": m["ttft_ms"]["median"] / 1000,
+        "mean_tpot_ms": m["tpot_ms"]["mean"], "mean_itl_ms": m["itl_ms"]["mean"],
+        "output_tok_s": m["output_throughput"], "total_tok_s": m["total_token_throughput"],
+    }  # fmt: skip
+
+
+def _find(rows: list[dict[str, Any]], server: str, c: int) -> dict[str, Any] | None:
+    return next(
+        (r for r in rows if r["server"] == server and r["concurrency"] == c and "error" not in r), None
+    )
+
+
+def _ratio(rows: list[dict[str, Any]], key: str, c: int, other: str) -> float | None:
+    mine, theirs = _find(rows, "metalserve", c), _find(rows, other, c)
+    if not mine or not theirs or not theirs[key]:
+        return None
+    return float(mine[key]) / float(theirs[key])
+
+
+def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The issue's targets: (what, measured ratio, bound, pass); None where a side is missing."""
+    checks = [
+        ("c=8 output tok/s vs mlx-lm", _ratio(rows, "output_tok_s", 8, "mlx-lm"), ">=", 2.0),
+        (
+            "c=8 output tok/s vs llama-cpp-python",
+            _ratio(rows, "output_tok_s", 8, "llama-cpp-python"),
+            ">=",
+            1.5,
+        ),
+        ("c=8 mean TTFT vs mlx-lm", _ratio(rows, "mean_ttft_s", 8, "mlx-lm"), "<=", 0.5),
+        (
+            "c=8 output tok/s vs llama-server --parallel 8",
+            _ratio(rows, "output_tok_s", 8, "llama-server"),
+            "",
+            None,
+        ),
+        (
+            "c=8 mean TTFT vs llama-server --parallel 8",
+            _ratio(rows, "mean_ttft_s", 8, "llama-server"),
+            "",
+            None,
+        ),
+        ("c=1 TPOT vs llama-server", _ratio(rows, "mean_tpot_ms", 1, "llama-server"), "<=", 1.5),
+        ("c=1 TPOT vs llama-cpp-python", _ratio(rows, "mean_tpot_ms", 1, "llama-cpp-python"), "<=", 1.5),
+    ]
+    out = []
+    for what, value, op, bound in checks:
+        ok = None if value is None or bound is None else (value >= bound if op == ">=" else value <= bound)
+        out.append(
+            {"target": what, "ratio": value, "bound": f"{op} {bound}" if bound else "report", "pass": ok}
+        )
+    return out
+
+
+def markdown(rows: list[dict[str, Any]], checks: list[dict[str, Any]], status: dict[str, str]) -> str:
+    lines = ["| server | concurrency | mean TTFT s | mean TPOT ms | output tok/s | completed/failed |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['server']} | {r['concurrency']} | failed: {r['error'][:80]!r} | | | |")
+        else:
+            nums = f"{r['mean_ttft_s']:.2f} | {r['mean_tpot_ms']:.1f} | {r['output_tok_s']:.1f}"
+            lines.append(f"| {r['server']} | {r['concurrency']} | {nums} | {r['completed']}/{r['failed']} |")
+    lines += ["", "| target | metalserve / peer | bound | pass |", "|---|---|---|---|"]
+    for t in checks:
+        ratio = "n/a" if t["ratio"] is None else f"{t['ratio']:.2f}"
+        lines.append(f"| {t['target']} | {ratio} | {t['bound']} | {t['pass']} |")
+    lines += ["", "Servers:"] + [f"- {k}: {v}" for k, v in status.items()]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for name in dict.fromkeys(r["server"] for r in rows):
+        ok = [r for r in rows if r["server"] == name and "error" not in r]
+        if ok:
+            cs = [r["concurrency"] for r in ok]
+            ax1.plot(cs, [r["mean_ttft_s"] for r in ok], marker="o", label=name)
+            ax2.plot(cs, [r["output_tok_s"] for r in ok], marker="o", label=name)
+    for ax, label in ((ax1, "mean TTFT (s)"), (ax2, "output throughput (tok/s)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+        if ax.lines:
+            ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--servers", default=",".join(SERVERS))
+    p.add_argument("--levels", default="1,2,4,8,16")
+    p.add_argument("--input-len", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--prompts-per-client", type=int, default=2)
+    p.add_argument("--min-prompts", type=int, default=4)
+    p.add_argument("--warmups", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    names = [s.strip() for s in a.servers.split(",") if s.strip()]
+    if unknown := set(names) - set(SERVERS):
+        print(f"error: unknown servers {sorted(unknown)}; choose from {', '.join(SERVERS)}", file=sys.stderr)
+        return 2
+    levels = [int(x) for x in a.levels.split(",")]
+    OUT.mkdir(parents=True, exist_ok=True)
+    status, rows = {}, []
+    for name in names:
+        ok, status[name] = availability(name)
+        print(f"{name}: {status[name]}", flush=True)
+        for i, c in enumerate(levels):
+            row = (
+                run_level(name, c, i, a) if ok else {"server": name, "concurrency": c, "error": status[name]}
+            )
+            print(json.dumps({k: v for k, v in row.items() if k != "command"}), flush=True)
+            rows.append(row)
+    checks = targets(rows)
+    doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "settings": vars(a), "servers": status, "rows": rows,
+           "targets": checks}  # fmt: skip
+    (OUT / "compare_peers.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    md = markdown(rows, checks, status)
+    (OUT / "compare_peers.md").write_text(md, encoding="utf-8")
+    plot(rows, OUT / "compare_peers.png")
+    print(md + f"\nwritten under {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
