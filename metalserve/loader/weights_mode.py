@@ -36,9 +36,15 @@ def should_dequantize(mode: str, fp32_size: int, max_bytes: int, on_metal: bool)
     return not on_metal and fp32_size <= max_bytes
 
 
+def _unpack(module: nn.QuantizedLinear | nn.QuantizedEmbedding) -> mx.array:
+    # fp32 scales and biases: dequantizing in their stored fp16 would round every weight to fp16.
+    scales, biases = module.scales.astype(mx.float32), module.biases.astype(mx.float32)
+    return mx.dequantize(module.weight, scales, biases, module.group_size, module.bits)
+
+
 def _dense(module: nn.Module) -> nn.Module:
     if isinstance(module, nn.QuantizedLinear):
-        w = mx.dequantize(module.weight, module.scales, module.biases, module.group_size, module.bits)
+        w = _unpack(module)
         has_bias = "bias" in module
         out_dims, in_dims = w.shape
         linear = nn.Linear(in_dims, out_dims, bias=has_bias)
@@ -47,7 +53,7 @@ def _dense(module: nn.Module) -> nn.Module:
             linear.bias = module.bias.astype(mx.float32)
         return linear
     if isinstance(module, nn.QuantizedEmbedding):
-        w = mx.dequantize(module.weight, module.scales, module.biases, module.group_size, module.bits)
+        w = _unpack(module)
         emb = nn.Embedding(*w.shape)
         emb.weight = w.astype(mx.float32)
         return emb
