@@ -198,8 +198,7 @@ class AsyncEngine:
             if kind == "stop":
                 return False
             if kind == "add":
-                self._states[payload.request_id] = extra
-                self.core.add_request(payload)
+                self._add(payload, extra)
             elif kind == "abort":
                 ids = [rid for rid in payload if self._states.pop(rid, None) is not None]
                 if ids:
@@ -208,6 +207,16 @@ class AsyncEngine:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return True
+
+    def _add(self, request: Request, state: _RequestState) -> None:
+        try:
+            self.core.add_request(request)
+        except Exception as exc:  # a request the core refuses fails alone
+            failed: list[tuple[_RequestState, RequestOutput | BaseException]] = [(state, exc)]
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(_deliver, failed)
+            return
+        self._states[request.request_id] = state
 
     def _process(self, outputs: list[EngineCoreOutput]) -> None:
         """Detokenize this step's outputs, finish requests that hit a stop string, hand results over."""

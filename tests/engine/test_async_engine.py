@@ -142,3 +142,21 @@ def test_duplicate_request_id_rejected_and_concurrent_requests_separate() -> Non
         await engine.shutdown()
 
     asyncio.run(main())
+
+
+def test_request_refused_by_core_fails_alone() -> None:
+    class _Refusing(FakeCore):
+        def add_request(self, request):  # type: ignore[no-untyped-def]
+            if request.request_id == "bad":
+                raise ValueError("prompt too long")
+            super().add_request(request)
+
+    async def main() -> None:
+        engine = _engine(_Refusing(tiny_tokenizer(), REPLY))
+        with pytest.raises(ValueError, match="too long"):
+            await _collect(engine, SamplingParams(), "bad")
+        outs = await _collect(engine, SamplingParams(max_tokens=2), "good")
+        assert outs[-1].finish_reason == "length" and engine.is_running
+        await engine.shutdown()
+
+    asyncio.run(main())

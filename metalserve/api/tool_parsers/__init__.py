@@ -1,1 +1,40 @@
-"""metalserve.api.tool_parsers."""
+"""Tool-call parsers, selected by `--tool-call-parser`."""
+
+from __future__ import annotations
+
+from metalserve.api.tool_parsers.base import (
+    DeltaMessage,
+    ExtractedToolCalls,
+    ParsedToolCall,
+    StreamingToolParser,
+    ToolCallDelta,
+    ToolParser,
+)
+from metalserve.api.tool_parsers.hermes import HermesToolParser
+from metalserve.api.tool_parsers.llama3 import Llama3JsonToolParser
+
+TOOL_PARSERS: dict[str, type[ToolParser]] = {
+    "hermes": HermesToolParser,
+    "qwen": HermesToolParser,
+    "llama3_json": Llama3JsonToolParser,
+}
+
+
+def get_tool_parser(name: str) -> ToolParser:
+    """The parser registered under `name`; ValueError naming the choices otherwise."""
+    try:
+        return TOOL_PARSERS[name]()
+    except KeyError:
+        raise ValueError(f"unknown tool-call parser {name!r}; choose one of {sorted(TOOL_PARSERS)}") from None
+
+
+__all__ = [
+    "TOOL_PARSERS",
+    "DeltaMessage",
+    "ExtractedToolCalls",
+    "ParsedToolCall",
+    "StreamingToolParser",
+    "ToolCallDelta",
+    "ToolParser",
+    "get_tool_parser",
+]

@@ -1,0 +1,91 @@
+"""Errors in the OpenAI format: {"error": {"message", "type", "param", "code"}} with a matching status."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger(__name__)
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    500: "internal_server_error",
+    503: "service_unavailable",
+}
+
+
+class OpenAIError(Exception):
+    """An error the client should see, with its HTTP status."""
+
+    def __init__(
+        self, message: str, status: int = 400, *, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+        self.code = code
+
+    def to_dict(self) -> dict[str, Any]:
+        return error_body(self.message, self.status, param=self.param, code=self.code)
+
+
+def error_body(
+    message: str, status: int, *, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    err_type = _TYPES.get(status, "invalid_request_error" if status < 500 else "internal_server_error")
+    return {"error": {"message": message, "type": err_type, "param": param, "code": code or str(status)}}
+
+
+def error_response(exc: OpenAIError) -> JSONResponse:
+    return JSONResponse(exc.to_dict(), status_code=exc.status)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return f"malformed JSON body: {first.get('ctx', {}).get('error', first.get('msg'))}", None
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(loc) or None
+    message = str(first.get("msg", "invalid value"))
+    return (f"{param}: {message}" if param else message), param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Map validation errors to 400, HTTP errors to their status, anything else to a logged 500."""
+
+    @app.exception_handler(OpenAIError)
+    async def _openai(_: Request, exc: OpenAIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return error_response(OpenAIError(message, 400, param=param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(OpenAIError(str(exc.detail), exc.status_code))
+
+    @app.exception_handler(json.JSONDecodeError)
+    async def _json(_: Request, exc: json.JSONDecodeError) -> JSONResponse:
+        return error_response(OpenAIError(f"malformed JSON body: {exc}", 400))
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error")
+        return error_response(OpenAIError(f"internal server error: {exc!r}", 500))
