@@ -1,0 +1,87 @@
+"""The pure parts of the hand-run bench scripts: target ratios, batch shapes, metrics parsing, launching."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import compare_peers  # noqa: E402
+import padded_vs_packed  # noqa: E402
+import prefix_cache  # noqa: E402
+from peers.launch import RunningServer, ServerSpec, ServerStartError  # noqa: E402
+from peers.servers import spec_for  # noqa: E402
+
+
+def _row(server: str, c: int, tput: float, ttft: float, tpot: float) -> dict[str, object]:
+    timings = {"output_tok_s": tput, "mean_ttft_s": ttft, "mean_tpot_ms": tpot}
+    return {"server": server, "concurrency": c, "completed": 1, "failed": 0, **timings}
+
+
+def test_targets_compare_metalserve_to_each_peer() -> None:
+    rows = [
+        _row("metalserve", 8, 100.0, 2.0, 50.0),
+        _row("mlx-lm", 8, 40.0, 5.0, 100.0),
+        _row("llama-cpp-python", 8, 80.0, 10.0, 20.0),
+        _row("metalserve", 1, 30.0, 1.0, 20.0),
+        _row("llama-server", 1, 30.0, 1.0, 10.0),
+        {"server": "llama-server", "concurrency": 8, "error": "not built"},
+    ]
+    checks = {t["target"]: t for t in compare_peers.targets(rows)}
+    assert checks["c=8 output tok/s vs mlx-lm"]["ratio"] == pytest.approx(2.5)
+    assert checks["c=8 output tok/s vs mlx-lm"]["pass"] is True
+    assert checks["c=8 output tok/s vs llama-cpp-python"]["pass"] is False
+    assert checks["c=8 mean TTFT vs mlx-lm"]["ratio"] == pytest.approx(0.4)
+    assert checks["c=1 TPOT vs llama-server"]["ratio"] == pytest.approx(2.0)
+    assert checks["c=1 TPOT vs llama-server"]["pass"] is False
+    assert checks["c=8 output tok/s vs llama-server --parallel 8"]["ratio"] is None
+    md = compare_peers.markdown(rows, list(checks.values()), {"llama-server": "not built"})
+    assert "failed: 'not built'" in md and "| 2.50 | >= 2.0 | True |" in md
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    path = tmp_path / "p.png"
+    compare_peers.plot([_row("metalserve", 1, 10.0, 1.0, 5.0), _row("metalserve", 2, 18.0, 1.2, 6.0)], path)
+    assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_padded_batches_have_equal_totals() -> None:
+    a = padded_vs_packed.batch_lengths("A", 1024, 16)
+    b = padded_vs_packed.batch_lengths("B", 1024, 16)
+    assert a == [128] * 8 and b == [912] + [16] * 7 and sum(a) == sum(b)
+    with pytest.raises(ValueError, match="too small"):
+        padded_vs_packed.batch_lengths("B", 100, 16)
+
+
+def test_prometheus_parsing_and_ttft_by_turn() -> None:
+    text = (
+        "# HELP vllm:prefix_cache_hits_total hits\n# TYPE vllm:prefix_cache_hits_total counter\n"
+        'vllm:prefix_cache_hits_total{model_name="m",engine="0"} 96.0\n'
+        'vllm:prefix_cache_hits_total{model_name="m",engine="1"} 4.0\n'
+        'vllm:prefix_cache_queries_total{model_name="m"} 400.0\n'
+    )
+    totals = prefix_cache.parse_prometheus(text)
+    assert totals[prefix_cache.HITS] == 100.0 and totals[prefix_cache.QUERIES] == 400.0
+    doc = {"requests": [{"success": True, "turn": t, "ttft_s": v} for t, v in [(0, 1.0), (1, 0.5), (0, 3.0)]]}
+    doc["requests"].append({"success": False, "turn": 1, "ttft_s": 9.0})
+    assert prefix_cache.ttft_by_turn(doc) == [2.0, 0.5]
+
+
+def test_server_specs_and_a_failed_start_is_reported(tmp_path: Path) -> None:
+    assert "--parallel" in spec_for("llama-server", 8).command(1234)
+    assert (
+        spec_for("metalserve", 1, ["--no-enable-prefix-caching"]).command(99)[-1]
+        == "--no-enable-prefix-caching"
+    )
+    with pytest.raises(ValueError, match="unknown server"):
+        spec_for("nope", 1)
+    spec = ServerSpec("broken", [sys.executable, "-c", "import sys; print('bad flag'); sys.exit(3)"])
+    with (
+        pytest.raises(ServerStartError, match="exited \\(3\\)[\\s\\S]*bad flag"),
+        RunningServer(spec, tmp_path / "l.log"),
+    ):
+        pass
