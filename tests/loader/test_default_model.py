@@ -1,0 +1,73 @@
+"""The embedded default model (SmolLM2-135M-Instruct Q4_1), checked against transformers' GGUF loader.
+
+tests/data/smollm2_reference.json was recorded once by tools/record_gguf_reference.py (torch fp32).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+
+from metalserve.loader import LoadedModel, load_model
+
+REFERENCE = Path(__file__).resolve().parents[1] / "data" / "smollm2_reference.json"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def default_model() -> LoadedModel:
+    return load_model(None, weights="dequantize")
+
+
+def _greedy(loaded: LoadedModel, prompt: list[int], n: int) -> tuple[np.ndarray, list[int]]:
+    """Last-prompt-token logits and n greedy tokens, with mlx-lm's own KV cache (EOS does not stop it)."""
+    cache = make_prompt_cache(loaded.model)
+    logits = loaded.model(mx.array([prompt]), cache=cache)[0, -1]
+    first = np.array(logits)
+    tokens: list[int] = []
+    for _ in range(n):
+        token = int(mx.argmax(logits).item())
+        tokens.append(token)
+        logits = loaded.model(mx.array([[token]]), cache=cache)[0, -1]
+    return first, tokens
+
+
+def test_loads_with_chat_template_and_eos(default_model: LoadedModel) -> None:
+    m = default_model
+    assert m.source.startswith("embedded default: ") and m.model_type == "llama"
+    assert (m.num_layers, m.num_kv_heads, m.head_dim, m.max_model_len) == (30, 3, 64, 8192)
+    assert m.weights_desc.startswith("fp32 (dequantized from Q4_1") and m.dtype == mx.float32
+    assert m.eos_token_ids == frozenset({2})
+    tok = m.tokenizer
+    assert tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"]) == [1, 2]
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    ids = tok.encode(text, add_special_tokens=False)
+    assert tok.decode(ids) == text and ids.count(1) == text.count("<|im_start|>")
+
+
+def test_matches_transformers_reference(default_model: LoadedModel) -> None:
+    reference = json.loads(REFERENCE.read_text())
+    for case in reference["prompts"]:
+        tok = default_model.tokenizer
+        if case["chat"]:
+            messages = [{"role": "user", "content": case["text"]}]
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            ids = tok.encode(text, add_special_tokens=False)
+        else:
+            ids = tok.encode(case["text"])
+        assert ids == case["prompt_ids"], case["text"]
+        logits, tokens = _greedy(default_model, ids, len(case["greedy_tokens"]))
+        top_ids = [i for i, _ in case["top_logits"]]
+        top_values = np.array([v for _, v in case["top_logits"]])
+        assert [int(i) for i in np.argsort(-logits)[: len(top_ids)]] == top_ids, case["text"]
+        np.testing.assert_allclose(logits[top_ids], top_values, atol=0.02)
+        assert tokens == case["greedy_tokens"], case["text"]
