@@ -1,0 +1,188 @@
+"""The emulator itself: it must catch the bugs that a GPU would hide, and agree with MLX's codegen."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from metalserve.kernels.emulator import EmulatorError, emulate, emulate_race_checked
+from metalserve.kernels.emulator.signature import generate
+from metalserve.kernels.launch import KernelLaunch
+from metalserve.kernels.paged import PagedArgs, attention_launch
+from tests.kernels.cases import CASES, make_inputs
+
+
+def launch(source: str, inputs: tuple, n: int = 64, tg: int = 64, out_dtype: mx.Dtype = mx.float32,
+           out_size: int | None = None, **kw: object) -> KernelLaunch:
+    names = ("inp", "scale", "n")[: len(inputs)]
+    return KernelLaunch("t", source, names, ("out",), inputs, ((out_size or n,),), (out_dtype,),
+                        (("T", mx.float32),), (n, 1, 1), (tg, 1, 1), **kw)  # type: ignore[arg-type]
+
+
+ROTATE = """
+    uint i = thread_index_in_threadgroup;
+    threadgroup float buf[64];
+    buf[i] = inp[thread_position_in_grid.x];
+    {barrier}
+    out[thread_position_in_grid.x] = buf[(i + 1) % 64];
+"""
+
+
+def test_barrier_makes_neighbours_visible() -> None:
+    x = mx.arange(128).astype(mx.float32)
+    src = ROTATE.format(barrier="threadgroup_barrier(mem_flags::mem_threadgroup);")
+    (out,) = emulate_race_checked(launch(src, (x,), n=128))
+    want = np.arange(128).reshape(2, 64)
+    np.testing.assert_array_equal(np.array(out), np.roll(want, -1, axis=1).reshape(-1))
+
+
+def test_missing_barrier_is_caught() -> None:
+    x = mx.arange(64).astype(mx.float32)
+    with pytest.raises(EmulatorError, match="depends on thread order"):
+        emulate_race_checked(launch(ROTATE.format(barrier=""), (x,)))
+
+
+def test_threadgroup_memory_starts_as_nan() -> None:
+    src = "threadgroup float buf[64]; out[thread_position_in_grid.x] = buf[thread_index_in_threadgroup];"
+    (out,) = emulate(launch(src, (mx.zeros(64),)))
+    assert np.isnan(np.array(out)).all()
+
+
+def test_barrier_reached_by_part_of_the_group() -> None:
+    src = """
+    if (thread_index_in_threadgroup < 16) { threadgroup_barrier(mem_flags::mem_threadgroup); }
+    out[thread_position_in_grid.x] = inp[0];
+    """
+    with pytest.raises(EmulatorError, match="reached by only 16 of 64"):
+        emulate(launch(src, (mx.zeros(64),)))
+
+
+def test_divergent_barriers_are_caught() -> None:
+    src = """
+    if (thread_index_in_threadgroup % 2) { threadgroup_barrier(mem_flags::mem_threadgroup); }
+    else { threadgroup_barrier(mem_flags::mem_threadgroup); }
+    out[thread_position_in_grid.x] = inp[0];
+    """
+    with pytest.raises(EmulatorError, match="divergent threadgroup_barrier"):
+        emulate(launch(src, (mx.zeros(64),)))
+
+
+def test_simd_op_in_divergent_code_deadlocks() -> None:
+    src = """
+    float v = inp[thread_position_in_grid.x];
+    if (thread_index_in_simdgroup < 16) { v = simd_sum(v); }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    out[thread_position_in_grid.x] = v;
+    """
+    with pytest.raises(EmulatorError, match="deadlock"):
+        emulate(launch(src, (mx.zeros(64),)))
+
+
+def test_threadgroup_memory_over_32_kib() -> None:
+    src = "threadgroup float big[8193]; big[0] = 1; out[thread_position_in_grid.x] = inp[0];"
+    with pytest.raises(EmulatorError, match="over 32 KiB"):
+        emulate(launch(src, (mx.zeros(64),)))
+
+
+def test_out_of_bounds_read_caught_by_asan() -> None:
+    src = "out[thread_position_in_grid.x] = inp[thread_position_in_grid.x + 1];"
+    ok = "out[thread_position_in_grid.x] = inp[thread_position_in_grid.x];"
+    x = mx.arange(64).astype(mx.float32)
+    (out,) = emulate(launch(ok, (x,)), asan=True)
+    np.testing.assert_array_equal(np.array(out), np.arange(64))
+    with pytest.raises(EmulatorError, match="heap-buffer-overflow"):
+        emulate(launch(src, (x,)), asan=True)
+
+
+def test_simd_functions() -> None:
+    src = """
+    uint lane = thread_index_in_simdgroup;
+    float v = inp[thread_position_in_grid.x];
+    uint o = thread_position_in_grid.x * 6;
+    out[o] = simd_sum(v);
+    out[o + 1] = simd_max(v);
+    out[o + 2] = simd_shuffle_xor(v, 1);
+    out[o + 3] = simd_shuffle_down(v, 4);
+    out[o + 4] = simd_broadcast(v, 7);
+    out[o + 5] = simd_prefix_exclusive_sum(v) + float(lane) * 0.0f;
+    """
+    x = np.random.default_rng(1).integers(0, 9, 64).astype(np.float32)
+    (out,) = emulate(launch(src, (mx.array(x),), out_size=64 * 6))
+    got = np.array(out).reshape(2, 32, 6)
+    for s, v in enumerate(x.reshape(2, 32)):
+        lanes = np.arange(32)
+        np.testing.assert_array_equal(got[s, :, 0], v.sum())
+        np.testing.assert_array_equal(got[s, :, 1], v.max())
+        np.testing.assert_array_equal(got[s, :, 2], v[lanes ^ 1])
+        np.testing.assert_array_equal(got[s, :, 3], np.where(lanes + 4 < 32, v[np.minimum(lanes + 4, 31)], v))
+        np.testing.assert_array_equal(got[s, :, 4], v[7])
+        np.testing.assert_array_equal(got[s, :, 5], np.cumsum(v) - v)
+
+
+def test_thread_position_attributes() -> None:
+    src = """
+    uint3 g = thread_position_in_grid;
+    uint idx = g.y * threads_per_grid.x + g.x;
+    out[idx] = float(threadgroup_position_in_grid.x * 1000 + threadgroup_position_in_grid.y * 100
+                     + simdgroup_index_in_threadgroup * 10 + thread_position_in_threadgroup.y);
+    """
+    k = KernelLaunch("attrs", src, ("inp",), ("out",), (mx.zeros(8),), ((64 * 4,),), (mx.float32,), (),
+                     (64, 4, 1), (32, 2, 1))
+    (out,) = emulate(k)
+    got = np.array(out).reshape(4, 64)
+    y, x = np.mgrid[0:4, 0:64]
+    linear = (y % 2) * 32 + x % 32  # index inside the 32 x 2 group
+    want = (x // 32) * 1000 + (y // 2) * 100 + (linear // 32) * 10 + (y % 2)
+    np.testing.assert_array_equal(got, want)
+
+
+def _mlx_generated(k: KernelLaunch, capfd: pytest.CaptureFixture[str], tmp_path: Path) -> str:
+    """MLX's own generated source: metal_kernel traces without Metal inside export_function."""
+    kernel: Any = mx.fast.metal_kernel(name=k.name, input_names=list(k.input_names),
+                                  output_names=list(k.output_names), source=k.source,
+                                  header=k.header, atomic_outputs=k.atomic_outputs)
+    arrays = [v for v in k.inputs if isinstance(v, mx.array)]
+
+    def traced(*xs: mx.array) -> Any:
+        it = iter(xs)
+        inputs = [next(it) if isinstance(v, mx.array) else v for v in k.inputs]
+        return kernel(inputs=inputs, template=list(k.template), grid=k.grid, threadgroup=k.threadgroup,
+                      output_shapes=[list(s) for s in k.output_shapes],
+                      output_dtypes=list(k.output_dtypes), verbose=True)
+
+    capfd.readouterr()
+    mx.export_function(str(tmp_path / "kernel.mlxfn"), traced, *arrays)
+    printed = capfd.readouterr().out
+    match = re.search(r"```\n(.*)\n```", printed, re.S)
+    assert match, printed
+    return match.group(1)
+
+
+def test_signature_matches_mlx_for_every_parameter_kind(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    src = """
+    uint i = thread_position_in_grid.x + simdgroup_index_in_threadgroup * 0 + threads_per_simdgroup * 0;
+    out[i] = T(inp[i] * scale + small[0] + float(n) + float(inp_ndim) + float(inp_shape[0]));
+    """
+    k = KernelLaunch("sig", src, ("inp", "small", "scale", "n"), ("out", "out2"),
+                     (mx.zeros((4, 8)), mx.zeros(3, mx.float16), 0.5, 7), ((32,), (2,)),
+                     (mx.bfloat16, mx.int32), (("T", mx.bfloat16), ("N", 3), ("FLAG", True)),
+                     (32, 1, 1), (32, 1, 1), atomic_outputs=True)
+    assert generate(k).source == _mlx_generated(k, capfd, tmp_path)
+
+
+def test_signature_matches_mlx_for_the_attention_kernel(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    case = CASES[0]
+    x = make_inputs(case)
+    args = PagedArgs(x.q, x.k_pool, x.v_pool, x.block_tables, x.cu_seqlens_q, x.seq_lens, case.block_size,
+                     x.scale, None, None, None)
+    k = attention_launch(args, 1, 256)
+    assert generate(k).source == _mlx_generated(k, capfd, tmp_path)
