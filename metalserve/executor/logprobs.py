@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 import numpy as np
 
+from metalserve.executor.truncation import LOG2E
 from metalserve.outputs import TokenLogprob
 
 
@@ -19,7 +20,10 @@ class PendingLogprobs:
         self.top_n = list(top_n)
         index = mx.array(self.rows)
         raw = logits[index].astype(mx.float32)
-        logprobs = raw - mx.logsumexp(raw, axis=-1, keepdims=True)
+        row_max = mx.max(raw, axis=-1, keepdims=True)
+        # 2**y instead of exp: about twice as fast on MLX's CPU backend (see truncation.py).
+        mass = mx.sum(mx.power(2.0, (raw - row_max) * LOG2E), axis=-1, keepdims=True)
+        logprobs = raw - (row_max + mx.log(mass))
         self.sampled = mx.take_along_axis(logprobs, tokens[index][:, None].astype(mx.int32), axis=-1)[:, 0]
         n = max(self.top_n)
         self.top_ids: mx.array | None = None

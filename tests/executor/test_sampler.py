@@ -90,6 +90,16 @@ def test_top_p_with_top_k_uses_both() -> None:
     assert freq[2:].sum() == 0
 
 
+def test_top_k_and_top_p_rows_batched_with_plain_top_p_rows() -> None:
+    logits = mx.array(np.tile(np.log(PROBS).astype(np.float32), (3 * N, 1)))
+    rows = [req(top_k=3, top_p=0.8), req(top_p=0.9), req(top_k=3)] * N
+    tokens = np.array(Sampler()(logits, rows).token_ids).reshape(N, 3)
+    freq = [np.bincount(tokens[:, j], minlength=4) / N for j in range(3)]
+    assert freq[0][2:].sum() == 0  # top-k 3 then nucleus 0.8: tokens 0 and 1
+    assert freq[1][3] == 0 and freq[1][2] > 0.1  # nucleus 0.9 of the full row: tokens 0, 1, 2
+    assert freq[2][3] == 0 and abs(freq[2][2] - 0.15 / 0.95) < 0.03
+
+
 def test_top_p_wider_than_candidates_widens_to_vocabulary() -> None:
     vocab = 4 * NUCLEUS_CANDIDATES
     logits = np.linspace(0.0, -1.0, vocab)  # nearly flat: the 0.5 nucleus is ~half the vocabulary
