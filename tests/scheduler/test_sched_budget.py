@@ -84,3 +84,17 @@ def test_bad_requests_and_config_raise() -> None:
         s.add_request(make_request("b", 3))
     with pytest.raises(ConfigError, match="--max-model-len"):
         Scheduler(EngineConfig(block_size=8), 4, 64)
+
+
+def test_blocks_computed_this_step_are_not_hit_in_the_same_step() -> None:
+    s = make_scheduler(max_num_batched_tokens=64)
+    s.add_request(make_request("a", 20, max_tokens=4))
+    s.add_request(make_request("b", 20, max_tokens=4))  # same prompt, same step: a's KV is not there yet
+    out, _ = step(s)
+    assert [(n.block_ids, n.num_computed_tokens) for n in out.scheduled_new_reqs] == [
+        ([1, 2, 3], 0),
+        ([4, 5, 6], 0),
+    ]
+    s.add_request(make_request("c", 20, max_tokens=4))  # a step later, a's two full blocks are cached
+    out, _ = step(s)
+    assert [(n.block_ids, n.num_computed_tokens) for n in out.scheduled_new_reqs] == [([1, 2, 7], 16)]
