@@ -37,7 +37,11 @@ def should_dequantize(mode: str, fp32_size: int, max_bytes: int, on_metal: bool)
 
 
 def _unpack(module: nn.QuantizedLinear | nn.QuantizedEmbedding) -> mx.array:
+    mode = getattr(module, "mode", "affine")
+    if mode != "affine":  # mxfp4/nvfp4/mxfp8: uint8 scales, no biases
+        return mx.dequantize(module.weight, module.scales, None, module.group_size, module.bits, mode=mode)
     # fp32 scales and biases: dequantizing in their stored fp16 would round every weight to fp16.
+    assert module.biases is not None
     scales, biases = module.scales.astype(mx.float32), module.biases.astype(mx.float32)
     return mx.dequantize(module.weight, scales, biases, module.group_size, module.bits)
 

@@ -55,3 +55,13 @@ def test_dequantize_model_gives_dense_fp32_layers_with_the_same_output() -> None
     assert type(model.proj) is nn.Linear and type(model.embed) is nn.Embedding
     assert model.proj.weight.dtype == mx.float32 and "bias" in model.proj
     np.testing.assert_allclose(np.array(model.proj(model.embed(x))), np.array(before), atol=1e-5)
+
+
+def test_dequantize_model_handles_mxfp4() -> None:
+    model = _Tiny()
+    nn.quantize(model, group_size=32, bits=4, mode="mxfp4")
+    q = model.proj
+    expected = mx.dequantize(q.weight, q.scales, None, group_size=32, bits=4, mode="mxfp4")
+    dequantize_model(model)
+    assert type(model.proj) is nn.Linear and model.proj.weight.dtype == mx.float32
+    np.testing.assert_array_equal(np.array(model.proj.weight), np.array(expected.astype(mx.float32)))
