@@ -9,10 +9,10 @@ from metalserve.kernels.emulator.build import build_all
 from metalserve.kernels.emulator.signature import generate
 from metalserve.kernels.launch import KernelLaunch
 from metalserve.kernels.paged import PagedArgs, run_paged_attention
-from tests.kernels.cases import CASES, make_inputs
+from tests.kernels.cases import CASES, Case, make_inputs
 
 
-def launches_of(case_list: tuple = CASES) -> list[KernelLaunch]:
+def launches_of(case_list: tuple[Case, ...] = CASES) -> list[KernelLaunch]:
     """Every launch the cases make, found by running them with an executor that only records."""
     seen: list[KernelLaunch] = []
 
@@ -30,5 +30,11 @@ def launches_of(case_list: tuple = CASES) -> list[KernelLaunch]:
 
 @pytest.fixture(scope="session", autouse=True)
 def warm_emulator_cache() -> None:
-    kernels = {k.name: k for k in (generate(launch) for launch in launches_of())}
-    build_all(list(kernels.values()))
+    """Compile every kernel the module needs up front, in parallel (cold CI: minutes -> about one)."""
+    from tests.kernels.test_emulator import ASAN_LAUNCHES, LAUNCHES
+    from tests.kernels.test_paged_attention import asan_case_launches
+
+    pairs = [(launch, False) for launch in [*launches_of(), *LAUNCHES]]
+    pairs += [(launch, True) for launch in [*ASAN_LAUNCHES, *asan_case_launches()]]
+    unique = {(k.source, asan): (k, asan) for k, asan in ((generate(x), a) for x, a in pairs)}
+    build_all(list(unique.values()))

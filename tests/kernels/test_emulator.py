@@ -31,76 +31,7 @@ ROTATE = """
     {barrier}
     out[thread_position_in_grid.x] = buf[(i + 1) % 64];
 """
-
-
-def test_barrier_makes_neighbours_visible() -> None:
-    x = mx.arange(128).astype(mx.float32)
-    src = ROTATE.format(barrier="threadgroup_barrier(mem_flags::mem_threadgroup);")
-    (out,) = emulate_race_checked(launch(src, (x,), n=128))
-    want = np.arange(128).reshape(2, 64)
-    np.testing.assert_array_equal(np.array(out), np.roll(want, -1, axis=1).reshape(-1))
-
-
-def test_missing_barrier_is_caught() -> None:
-    x = mx.arange(64).astype(mx.float32)
-    with pytest.raises(EmulatorError, match="depends on thread order"):
-        emulate_race_checked(launch(ROTATE.format(barrier=""), (x,)))
-
-
-def test_threadgroup_memory_starts_as_nan() -> None:
-    src = "threadgroup float buf[64]; out[thread_position_in_grid.x] = buf[thread_index_in_threadgroup];"
-    (out,) = emulate(launch(src, (mx.zeros(64),)))
-    assert np.isnan(np.array(out)).all()
-
-
-def test_barrier_reached_by_part_of_the_group() -> None:
-    src = """
-    if (thread_index_in_threadgroup < 16) { threadgroup_barrier(mem_flags::mem_threadgroup); }
-    out[thread_position_in_grid.x] = inp[0];
-    """
-    with pytest.raises(EmulatorError, match="reached by only 16 of 64"):
-        emulate(launch(src, (mx.zeros(64),)))
-
-
-def test_divergent_barriers_are_caught() -> None:
-    src = """
-    if (thread_index_in_threadgroup % 2) { threadgroup_barrier(mem_flags::mem_threadgroup); }
-    else { threadgroup_barrier(mem_flags::mem_threadgroup); }
-    out[thread_position_in_grid.x] = inp[0];
-    """
-    with pytest.raises(EmulatorError, match="divergent threadgroup_barrier"):
-        emulate(launch(src, (mx.zeros(64),)))
-
-
-def test_simd_op_in_divergent_code_deadlocks() -> None:
-    src = """
-    float v = inp[thread_position_in_grid.x];
-    if (thread_index_in_simdgroup < 16) { v = simd_sum(v); }
-    threadgroup_barrier(mem_flags::mem_threadgroup);
-    out[thread_position_in_grid.x] = v;
-    """
-    with pytest.raises(EmulatorError, match="deadlock"):
-        emulate(launch(src, (mx.zeros(64),)))
-
-
-def test_threadgroup_memory_over_32_kib() -> None:
-    src = "threadgroup float big[8193]; big[0] = 1; out[thread_position_in_grid.x] = inp[0];"
-    with pytest.raises(EmulatorError, match="over 32 KiB"):
-        emulate(launch(src, (mx.zeros(64),)))
-
-
-def test_out_of_bounds_read_caught_by_asan() -> None:
-    src = "out[thread_position_in_grid.x] = inp[thread_position_in_grid.x + 1];"
-    ok = "out[thread_position_in_grid.x] = inp[thread_position_in_grid.x];"
-    x = mx.arange(64).astype(mx.float32)
-    (out,) = emulate(launch(ok, (x,)), asan=True)
-    np.testing.assert_array_equal(np.array(out), np.arange(64))
-    with pytest.raises(EmulatorError, match="heap-buffer-overflow"):
-        emulate(launch(src, (x,)), asan=True)
-
-
-def test_simd_functions() -> None:
-    src = """
+SIMD_SOURCE = """
     uint lane = thread_index_in_simdgroup;
     float v = inp[thread_position_in_grid.x];
     uint o = thread_position_in_grid.x * 6;
@@ -110,12 +41,98 @@ def test_simd_functions() -> None:
     out[o + 3] = simd_shuffle_down(v, 4);
     out[o + 4] = simd_broadcast(v, 7);
     out[o + 5] = simd_prefix_exclusive_sum(v) + float(lane) * 0.0f;
-    """
-    x = np.random.default_rng(1).integers(0, 9, 64).astype(np.float32)
-    (out,) = emulate(launch(src, (mx.array(x),), out_size=64 * 6))
+"""
+ATTRS_SOURCE = """
+    uint3 g = thread_position_in_grid;
+    uint idx = g.y * threads_per_grid.x + g.x;
+    out[idx] = float(threadgroup_position_in_grid.x * 1000 + threadgroup_position_in_grid.y * 100
+                     + simdgroup_index_in_threadgroup * 10 + thread_position_in_threadgroup.y);
+"""
+SIMD_INPUT = np.random.default_rng(1).integers(0, 9, 64).astype(np.float32)
+ZEROS = mx.zeros(64)
+X64 = mx.arange(64).astype(mx.float32)
+
+# Every launch is built at import, so conftest.py can compile them all in parallel before the tests.
+ROTATE_OK = launch(ROTATE.format(barrier="threadgroup_barrier(mem_flags::mem_threadgroup);"),
+                   (mx.arange(128).astype(mx.float32),), n=128)
+ROTATE_RACY = launch(ROTATE.format(barrier=""), (X64,))
+UNINITIALISED = launch(
+    "threadgroup float buf[64]; out[thread_position_in_grid.x] = buf[thread_index_in_threadgroup];", (ZEROS,))
+PARTIAL_BARRIER = launch("""
+    if (thread_index_in_threadgroup < 16) { threadgroup_barrier(mem_flags::mem_threadgroup); }
+    out[thread_position_in_grid.x] = inp[0];
+    """, (ZEROS,))
+DIVERGENT_BARRIERS = launch("""
+    if (thread_index_in_threadgroup % 2) { threadgroup_barrier(mem_flags::mem_threadgroup); }
+    else { threadgroup_barrier(mem_flags::mem_threadgroup); }
+    out[thread_position_in_grid.x] = inp[0];
+    """, (ZEROS,))
+DIVERGENT_SIMD = launch("""
+    float v = inp[thread_position_in_grid.x];
+    if (thread_index_in_simdgroup < 16) { v = simd_sum(v); }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    out[thread_position_in_grid.x] = v;
+    """, (ZEROS,))
+TOO_MUCH_TG_MEMORY = launch(
+    "threadgroup float big[8193]; big[0] = 1; out[thread_position_in_grid.x] = inp[0];", (ZEROS,))
+COPY_OK = launch("out[thread_position_in_grid.x] = inp[thread_position_in_grid.x];", (X64,))
+COPY_OOB = launch("out[thread_position_in_grid.x] = inp[thread_position_in_grid.x + 1];", (X64,))
+SIMD = launch(SIMD_SOURCE, (mx.array(SIMD_INPUT),), out_size=64 * 6)
+ATTRS = KernelLaunch("attrs", ATTRS_SOURCE, ("inp",), ("out",), (mx.zeros(8),), ((64 * 4,),), (mx.float32,),
+                     (), (64, 4, 1), (32, 2, 1))
+LAUNCHES = (ROTATE_OK, ROTATE_RACY, UNINITIALISED, PARTIAL_BARRIER, DIVERGENT_BARRIERS, DIVERGENT_SIMD,
+            TOO_MUCH_TG_MEMORY, SIMD, ATTRS)
+ASAN_LAUNCHES = (COPY_OK, COPY_OOB)
+
+
+def test_barrier_makes_neighbours_visible() -> None:
+    (out,) = emulate_race_checked(ROTATE_OK)
+    want = np.arange(128).reshape(2, 64)
+    np.testing.assert_array_equal(np.array(out), np.roll(want, -1, axis=1).reshape(-1))
+
+
+def test_missing_barrier_is_caught() -> None:
+    with pytest.raises(EmulatorError, match="depends on thread order"):
+        emulate_race_checked(ROTATE_RACY)
+
+
+def test_threadgroup_memory_starts_as_nan() -> None:
+    (out,) = emulate(UNINITIALISED)
+    assert np.isnan(np.array(out)).all()
+
+
+def test_barrier_reached_by_part_of_the_group() -> None:
+    with pytest.raises(EmulatorError, match="reached by only 16 of 64"):
+        emulate(PARTIAL_BARRIER)
+
+
+def test_divergent_barriers_are_caught() -> None:
+    with pytest.raises(EmulatorError, match="divergent threadgroup_barrier"):
+        emulate(DIVERGENT_BARRIERS)
+
+
+def test_simd_op_in_divergent_code_deadlocks() -> None:
+    with pytest.raises(EmulatorError, match="deadlock"):
+        emulate(DIVERGENT_SIMD)
+
+
+def test_threadgroup_memory_over_32_kib() -> None:
+    with pytest.raises(EmulatorError, match="over 32 KiB"):
+        emulate(TOO_MUCH_TG_MEMORY)
+
+
+def test_out_of_bounds_read_caught_by_asan() -> None:
+    (out,) = emulate(COPY_OK, asan=True)
+    np.testing.assert_array_equal(np.array(out), np.arange(64))
+    with pytest.raises(EmulatorError, match="heap-buffer-overflow"):
+        emulate(COPY_OOB, asan=True)
+
+
+def test_simd_functions() -> None:
+    (out,) = emulate(SIMD)
     got = np.array(out).reshape(2, 32, 6)
-    for s, v in enumerate(x.reshape(2, 32)):
-        lanes = np.arange(32)
+    lanes = np.arange(32)
+    for s, v in enumerate(SIMD_INPUT.reshape(2, 32)):
         np.testing.assert_array_equal(got[s, :, 0], v.sum())
         np.testing.assert_array_equal(got[s, :, 1], v.max())
         np.testing.assert_array_equal(got[s, :, 2], v[lanes ^ 1])
@@ -125,15 +142,7 @@ def test_simd_functions() -> None:
 
 
 def test_thread_position_attributes() -> None:
-    src = """
-    uint3 g = thread_position_in_grid;
-    uint idx = g.y * threads_per_grid.x + g.x;
-    out[idx] = float(threadgroup_position_in_grid.x * 1000 + threadgroup_position_in_grid.y * 100
-                     + simdgroup_index_in_threadgroup * 10 + thread_position_in_threadgroup.y);
-    """
-    k = KernelLaunch("attrs", src, ("inp",), ("out",), (mx.zeros(8),), ((64 * 4,),), (mx.float32,), (),
-                     (64, 4, 1), (32, 2, 1))
-    (out,) = emulate(k)
+    (out,) = emulate(ATTRS)
     got = np.array(out).reshape(4, 64)
     y, x = np.mgrid[0:4, 0:64]
     linear = (y % 2) * 32 + x % 32  # index inside the 32 x 2 group

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from metalserve.kernels import reference
-from metalserve.kernels.emulator import emulate_race_checked
+from metalserve.kernels.emulator import emulate, emulate_race_checked
+from metalserve.kernels.launch import KernelLaunch
 from metalserve.kernels.metal import metal_paged_attention
 from metalserve.kernels.paged import PagedArgs, run_paged_attention
 from tests.kernels.cases import CASES, TOLERANCE, Case, Inputs, as_f64, make_inputs, reference_f64
@@ -103,11 +104,19 @@ def test_entry_point_matches_reference_here() -> None:
         np.testing.assert_allclose(as_f64(got), as_f64(want), atol=TOLERANCE[case.dtype])
 
 
+ASAN_CASE = next(c for c in CASES if c.name == "mixed")
+
+
+def asan_case_launches() -> list[KernelLaunch]:
+    """The launches of the ASan test, for conftest.py's parallel warm-up."""
+    from tests.kernels.conftest import launches_of
+
+    return launches_of((ASAN_CASE,))
+
+
 def test_kernel_reads_in_bounds_under_asan() -> None:
     """The AddressSanitizer build of the kernel, every buffer in its own exact-size allocation."""
-    from metalserve.kernels.emulator import emulate
-
-    case = next(c for c in CASES if c.name == "mixed")
+    case = ASAN_CASE
     x = make_inputs(case)
     args = PagedArgs(x.q, x.k_pool, x.v_pool, x.block_tables, x.cu_seqlens_q, x.seq_lens,
                      case.block_size, x.scale, case.sliding_window, case.softcap, x.sinks)

@@ -1,0 +1,97 @@
+"""Micro-benchmark of the paged-attention kernel against MLX's dense SDPA on a gathered copy of the KV.
+
+    python bench/kernel_attention.py [--iters 20]
+
+On a Mac it times, per shape: the Metal kernel over the pages; `mx.fast.scaled_dot_product_attention`
+on a dense copy of the same KV (the copy made beforehand, so this is SDPA alone); and gather + SDPA.
+Elsewhere the Metal rows are skipped and the portable path (reference.py) is timed instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import mlx.core as mx
+import numpy as np
+
+from metalserve.kernels import reference
+from metalserve.kernels.metal import metal_paged_attention
+
+# (label, num_reqs, q_len per request, context length); SmolLM2-like heads: 9 query, 3 KV, dim 64.
+SHAPES = (
+    ("decode b8 ctx512", 8, 1, 512),
+    ("decode b32 ctx1024", 32, 1, 1024),
+    ("decode b4 ctx4096", 4, 1, 4096),
+    ("prefill 1x512", 1, 512, 512),
+)
+HQ, HKV, D, BLOCK = 9, 3, 64, 16
+
+
+def timed(fn: Callable[[], mx.array], iters: int) -> float:
+    """Median milliseconds of `fn` with its result evaluated, after two warm-up calls."""
+    for _ in range(2):
+        mx.eval(fn())
+    samples = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        mx.eval(fn())
+        samples.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(samples)
+
+
+def bench_shape(num_reqs: int, q_len: int, ctx: int, iters: int, dtype: mx.Dtype) -> dict[str, float]:
+    rng = np.random.default_rng(0)
+    blocks = ctx // BLOCK
+    table = rng.permutation(num_reqs * blocks).reshape(num_reqs, blocks).astype(np.int32)
+    pool = (num_reqs * blocks * BLOCK, HKV, D)
+    k_pool = mx.array(rng.standard_normal(pool).astype(np.float32)).astype(dtype)
+    v_pool = mx.array(rng.standard_normal(pool).astype(np.float32)).astype(dtype)
+    q = mx.array(rng.standard_normal((num_reqs * q_len, HQ, D)).astype(np.float32)).astype(dtype)
+    cu = mx.array(np.arange(num_reqs + 1, dtype=np.int32) * q_len)
+    lens = mx.array(np.full(num_reqs, ctx, np.int32))
+    bt = mx.array(table)
+    slots = mx.array((table[:, :, None] * BLOCK + np.arange(BLOCK)).reshape(num_reqs, ctx))
+    scale = D**-0.5
+    qd = q.reshape(num_reqs, q_len, HQ, D).transpose(0, 2, 1, 3)
+    mask = "causal" if q_len > 1 else None
+
+    def gathered_sdpa() -> mx.array:
+        k = k_pool[slots].transpose(0, 2, 1, 3)
+        v = v_pool[slots].transpose(0, 2, 1, 3)
+        return mx.fast.scaled_dot_product_attention(qd, k, v, scale=scale, mask=mask)
+
+    kd, vd = k_pool[slots].transpose(0, 2, 1, 3), v_pool[slots].transpose(0, 2, 1, 3)
+    mx.eval(kd, vd)
+    rows = {
+        "sdpa (dense copy)": timed(
+            lambda: mx.fast.scaled_dot_product_attention(qd, kd, vd, scale=scale, mask=mask), iters),
+        "gather + sdpa": timed(gathered_sdpa, iters),
+    }
+    args = (q, k_pool, v_pool, bt, cu, lens)
+    if mx.metal.is_available():
+        kernel = metal_paged_attention
+        rows["metal kernel"] = timed(lambda: kernel(*args, block_size=BLOCK, scale=scale), iters)
+    else:
+        portable = reference.paged_attention
+        rows["reference.py"] = timed(lambda: portable(*args, block_size=BLOCK, scale=scale), iters)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16")
+    args = parser.parse_args()
+    dtype = getattr(mx, args.dtype)
+    print(f"device: {'Metal' if mx.metal.is_available() else 'CPU (no Metal: kernel rows skipped)'}, "
+          f"{args.dtype}, Hq={HQ} Hkv={HKV} D={D} block={BLOCK}; median ms of {args.iters}")
+    for label, num_reqs, q_len, ctx in SHAPES:
+        rows = bench_shape(num_reqs, q_len, ctx, args.iters, dtype)
+        print(f"{label:22s} " + "  ".join(f"{k}: {v:8.3f}" for k, v in rows.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""The emulator against outputs recorded on a real Metal GPU (tools/record_metal_outputs.py).
+
+Skipped until someone records the file on a Mac and commits it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from metalserve.kernels.emulated import emulated_paged_attention
+from tests.kernels.cases import CASES, TOLERANCE, Case, as_f64, make_inputs
+
+RECORDING = Path(__file__).parent / "data" / "metal_outputs.npz"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_emulator_matches_recorded_metal(case: Case) -> None:
+    if not RECORDING.exists():
+        pytest.skip(f"{RECORDING.name} not recorded yet (run tools/record_metal_outputs.py on a Mac)")
+    recorded = np.load(RECORDING)
+    x = make_inputs(case)
+    got = emulated_paged_attention(
+        x.q, x.k_pool, x.v_pool, x.block_tables, x.cu_seqlens_q, x.seq_lens, block_size=case.block_size,
+        scale=x.scale, sliding_window=case.sliding_window, softcap=case.softcap, sinks=x.sinks,
+        partition_size=case.partition_size,
+    )
+    np.testing.assert_allclose(as_f64(got), recorded[case.name], atol=TOLERANCE[case.dtype], rtol=0)
