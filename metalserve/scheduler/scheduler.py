@@ -9,49 +9,17 @@ latest-arrived running request is preempted by recompute and put back at the hea
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.kvcache.block_pool import NUM_RESERVED_BLOCKS
 from metalserve.kvcache.manager import KVCacheManager
 from metalserve.outputs import EngineCoreOutput
 from metalserve.request import Request, RequestStatus
-from metalserve.scheduler.output import (
-    CachedRequestData,
-    ModelRunnerOutput,
-    NewRequestData,
-    SchedulerOutput,
-)
+from metalserve.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from metalserve.scheduler.queues import make_queue
 from metalserve.scheduler.stats import SchedulerStats
+from metalserve.scheduler.step import StepBuilder
 from metalserve.scheduler.stop import check_stop
-
-
-@dataclass
-class _Step:
-    """What one schedule() call decided so far."""
-
-    budget: int
-    num_tokens: dict[str, int] = field(default_factory=dict)
-    new_block_ids: dict[str, list[int]] = field(default_factory=dict)
-    new_reqs: list[Request] = field(default_factory=list)
-    cached_reqs: list[Request] = field(default_factory=list)
-    preempted: set[str] = field(default_factory=set)
-
-    def add(self, request: Request, num_tokens: int, new_block_ids: list[int], is_new: bool) -> None:
-        self.num_tokens[request.request_id] = num_tokens
-        self.new_block_ids[request.request_id] = new_block_ids
-        (self.new_reqs if is_new else self.cached_reqs).append(request)
-        self.budget -= num_tokens
-
-    def undo(self, request: Request) -> None:
-        """Take back a request preempted after it was scheduled in this same step."""
-        n = self.num_tokens.pop(request.request_id, None)
-        if n is None:
-            return
-        self.budget += n
-        del self.new_block_ids[request.request_id]
-        self.cached_reqs = [r for r in self.cached_reqs if r is not request]
 
 
 class Scheduler:
@@ -135,7 +103,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         self._apply_pending_finishes()
-        step = _Step(budget=self.config.max_num_batched_tokens)
+        step = StepBuilder(budget=self.config.max_num_batched_tokens)
         self._schedule_running(step)
         # After a preemption the pool is tight: admitting new work would only thrash.
         if not step.preempted:
@@ -149,28 +117,42 @@ class Scheduler:
             n = threshold
         return min(n, budget, self.max_model_len - num_computed)
 
-    def _schedule_running(self, step: _Step) -> None:
+    def _schedule_running(self, step: StepBuilder) -> None:
+        running, kv = self.running, self.kv
         i = 0
-        while i < len(self.running) and step.budget > 0:
-            request = self.running[i]
-            n = self._num_new_tokens(request, request.num_computed_tokens, step.budget)
-            if n <= 0:
-                i += 1
-                continue
-            new_ids = self.kv.allocate_slots(request, n)
-            while new_ids is None:
-                victim = max(self.running, key=self._victim_key)
-                if self.running.index(victim) < i:
-                    i -= 1
-                self._preempt(victim, step)
-                if victim is request:
-                    break
-                new_ids = self.kv.allocate_slots(request, n)
-            if new_ids is not None:
-                step.add(request, n, new_ids, is_new=False)
-                i += 1
+        while i < len(running) and step.budget > 0:
+            request = running[i]
+            n = len(request.prompt_token_ids) + len(request.output_token_ids) - request.num_computed_tokens
+            # A decode token (n == 1) is always within the budget, the threshold and the context.
+            if n != 1:
+                n = self._num_new_tokens(request, request.num_computed_tokens, step.budget)
+                if n <= 0:  # its last token was scheduled but not yet sampled
+                    i += 1
+                    continue
+            new_ids = kv.allocate_slots(request, n)
+            if new_ids is None:
+                new_ids, i = self._preempt_until_fits(request, n, i, step)
+                if new_ids is None:
+                    continue  # it preempted itself; running[i] is now the next request
+            step.add_cached(request, n, new_ids)
+            i += 1
 
-    def _preempt(self, request: Request, step: _Step) -> None:
+    def _preempt_until_fits(
+        self, request: Request, n: int, i: int, step: StepBuilder
+    ) -> tuple[list[int] | None, int]:
+        """Preempt victims until `request` (at running[i]) fits; returns its new block ids and new i."""
+        while True:
+            victim = max(self.running, key=self._victim_key)
+            if self.running.index(victim) < i:
+                i -= 1
+            self._preempt(victim, step)
+            if victim is request:
+                return None, i
+            new_ids = self.kv.allocate_slots(request, n)
+            if new_ids is not None:
+                return new_ids, i
+
+    def _preempt(self, request: Request, step: StepBuilder) -> None:
         self.running.remove(request)
         step.undo(request)
         self.kv.free(request)
@@ -181,7 +163,7 @@ class Scheduler:
         self.waiting.prepend(request)
         step.preempted.add(request.request_id)
 
-    def _schedule_waiting(self, step: _Step) -> None:
+    def _schedule_waiting(self, step: StepBuilder) -> None:
         while self.waiting and step.budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting.peek()
             hit = self.kv.get_computed_blocks(request)
@@ -196,36 +178,14 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = hit.num_tokens
-            step.add(request, n, new_ids, is_new=True)
+            step.add_new(request, n, self.kv.get_block_ids(request.request_id))
 
-    def _make_output(self, step: _Step) -> SchedulerOutput:
-        new_data = [
-            NewRequestData(
-                request_id=r.request_id,
-                token_ids=r.all_token_ids,
-                num_prompt_tokens=r.num_prompt_tokens,
-                sampling_params=r.sampling_params,
-                block_ids=self.kv.get_block_ids(r.request_id),
-                num_computed_tokens=r.num_computed_tokens,
-            )
-            for r in step.new_reqs
-        ]
-        new_block_ids = step.new_block_ids
-        cached_data = [
-            CachedRequestData(r.request_id, new_block_ids[r.request_id], r.num_computed_tokens)
-            for r in step.cached_reqs
-        ]
-        # The scheduler advances at schedule time: the next step assumes this one ran.
-        num_tokens = step.num_tokens
-        for r in step.new_reqs:
-            r.num_computed_tokens += num_tokens[r.request_id]
-        for r in step.cached_reqs:
-            r.num_computed_tokens += num_tokens[r.request_id]
+    def _make_output(self, step: StepBuilder) -> SchedulerOutput:
         finished, self._finished_ids = self._finished_ids, set()
         return SchedulerOutput(
-            scheduled_new_reqs=new_data,
-            scheduled_cached_reqs=cached_data,
-            num_scheduled_tokens=num_tokens,
+            scheduled_new_reqs=step.new_reqs,
+            scheduled_cached_reqs=step.cached_reqs,
+            num_scheduled_tokens=step.num_tokens,
             total_num_scheduled_tokens=self.config.max_num_batched_tokens - step.budget,
             finished_req_ids=finished,
             preempted_req_ids=step.preempted,
