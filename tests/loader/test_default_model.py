@@ -46,9 +46,7 @@ def test_loads_with_chat_template_and_eos(default_model: LoadedModel) -> None:
     assert m.eos_token_ids == frozenset({2})
     tok = m.tokenizer
     assert tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"]) == [1, 2]
-    text = tok.apply_chat_template(
-        [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
-    )
+    text = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
     assert text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
     ids = tok.encode(text, add_special_tokens=False)
     assert tok.decode(ids) == text and ids.count(1) == text.count("<|im_start|>")

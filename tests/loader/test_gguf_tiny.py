@@ -62,9 +62,7 @@ def test_metadata_becomes_config_tokenizer_and_eos(tmp_path: Path) -> None:
 def _rewrite_arch(src: Path, dst: Path) -> None:
     """Same file, architecture string changed in place (same length keeps every offset valid)."""
     data = src.read_bytes()
-    dst.write_bytes(
-        data.replace(b"\x05\x00\x00\x00\x00\x00\x00\x00llama", b"\x05\x00\x00\x00\x00\x00\x00\x00gemma", 1)
-    )
+    dst.write_bytes(data.replace(b"\x05\x00\x00\x00\x00\x00\x00\x00llama", b"\x05\x00\x00\x00\x00\x00\x00\x00gemma", 1))
 
 
 def test_unsupported_architecture_is_a_clear_error(tmp_path: Path) -> None:
@@ -77,9 +75,7 @@ def test_unsupported_architecture_is_a_clear_error(tmp_path: Path) -> None:
 def test_unsupported_tensor_type_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "q5.gguf"
     write_gguf(path, T.Q5_0)
-    with pytest.raises(
-        ModelLoadError, match=r"type Q5_0, which is not supported.*Q4_0, Q4_1, Q8_0, F16 or F32"
-    ):
+    with pytest.raises(ModelLoadError, match=r"type Q5_0, which is not supported.*Q4_0, Q4_1, Q8_0, F16 or F32"):
         load_model(str(path))
 
 

@@ -42,9 +42,7 @@ def random_model(config: dict[str, Any], seed: int = 0) -> nn.Module:
     model = model_cls(args_cls.from_dict(config))
     mx.random.seed(seed)
     model.update(
-        tree_map(
-            lambda p: mx.random.normal(p.shape) * 0.2 + (1.0 if p.ndim == 1 else 0.0), model.parameters()
-        )
+        tree_map(lambda p: mx.random.normal(p.shape) * 0.2 + (1.0 if p.ndim == 1 else 0.0), model.parameters())
     )
     return model
 

@@ -22,9 +22,7 @@ def byte_alphabet() -> list[str]:
 
 def _byte_of(ch: str) -> int:
     # Inverse of GPT-2's bytes_to_unicode: printable bytes map to themselves, the rest to 256+n.
-    printable = (
-        list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
-    )
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
     if ord(ch) in printable:
         return ord(ch)
     others = [b for b in range(256) if b not in printable]
