@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import mlx.core as mx
 import numpy as np
 
+from metalserve.executor.array_backend import Array, ArrayBackend
 from metalserve.executor.sampling_metadata import SamplingRequest
 
 
@@ -20,9 +20,10 @@ def _in_vocab(tokens: np.ndarray, vocab_size: int) -> np.ndarray:
 
 
 def apply_logit_bias(
-    logits: mx.array, requests: Sequence[SamplingRequest], rows: Sequence[int], vocab_size: int
-) -> mx.array:
+    be: ArrayBackend, logits: Array, requests: Sequence[SamplingRequest], rows: Sequence[int]
+) -> Array:
     """Add each request's logit_bias to its row; a token id outside the vocabulary is an error."""
+    vocab_size = logits.shape[-1]
     r: list[int] = []
     c: list[int] = []
     v: list[float] = []
@@ -35,13 +36,14 @@ def apply_logit_bias(
             v.append(float(bias))
     if not r:
         return logits
-    return logits.at[mx.array(r), mx.array(c)].add(mx.array(v, dtype=logits.dtype))
+    return be.scatter(logits, be.asarray(r, "int64"), be.asarray(c, "int64"), be.asarray(v), "add")
 
 
 def apply_min_tokens(
-    logits: mx.array, requests: Sequence[SamplingRequest], rows: Sequence[int], vocab_size: int
-) -> mx.array:
+    be: ArrayBackend, logits: Array, requests: Sequence[SamplingRequest], rows: Sequence[int]
+) -> Array:
     """Mask EOS (unless ignore_eos) and stop_token_ids to -inf for rows still below min_tokens."""
+    vocab_size = logits.shape[-1]
     r: list[np.ndarray] = []
     c: list[np.ndarray] = []
     for row in rows:
@@ -54,7 +56,11 @@ def apply_min_tokens(
         c.append(tokens)
     if not r or sum(len(x) for x in c) == 0:
         return logits
-    return logits.at[mx.array(np.concatenate(r)), mx.array(np.concatenate(c))].minimum(-mx.inf)
+    cols = np.concatenate(c)
+    minus_inf = be.asarray(np.full(len(cols), -np.inf, dtype=np.float32))
+    return be.scatter(
+        logits, be.asarray(np.concatenate(r), "int64"), be.asarray(cols, "int64"), minus_inf, "minimum"
+    )
 
 
 def _penalty_pairs(request: SamplingRequest, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -71,28 +77,27 @@ def _penalty_pairs(request: SamplingRequest, vocab_size: int) -> tuple[np.ndarra
 
 
 def apply_penalties(
-    logits: mx.array, requests: Sequence[SamplingRequest], rows: Sequence[int], vocab_size: int
-) -> mx.array:
+    be: ArrayBackend, logits: Array, requests: Sequence[SamplingRequest], rows: Sequence[int]
+) -> Array:
     """vLLM/OpenAI penalties: repetition over prompt + output (divide positive logits, multiply
     negative ones), then presence and frequency over the output only (subtract p + f * count)."""
+    vocab_size = logits.shape[-1]
     pairs = [_penalty_pairs(requests[row], vocab_size) for row in rows]
     sizes = np.array([len(tokens) for tokens, _ in pairs], dtype=np.int64)
     if sizes.sum() == 0:
         return logits
     params = [requests[row].sampling_params for row in rows]
 
-    def per_pair(values: list[float]) -> mx.array:
-        return mx.array(np.repeat(np.asarray(values, dtype=np.float32), sizes))
+    def per_pair(values: list[float]) -> Array:
+        return be.asarray(np.repeat(np.asarray(values, dtype=np.float32), sizes))
 
-    ri = mx.array(np.repeat(np.asarray(rows, dtype=np.int64), sizes))
-    ci = mx.array(np.concatenate([tokens for tokens, _ in pairs]))
-    count = mx.array(np.concatenate([c for _, c in pairs]))
+    ri = be.asarray(np.repeat(np.asarray(rows, dtype=np.int64), sizes), "int64")
+    ci = be.asarray(np.concatenate([tokens for tokens, _ in pairs]), "int64")
+    count = be.asarray(np.concatenate([c for _, c in pairs]))
     rep = per_pair([p.repetition_penalty for p in params])
-    old = logits[ri, ci]
     # Multiplying by a factor keeps a -inf (a masked token) at -inf, which adding a delta would not.
-    factor = mx.where(old > 0, 1.0 / rep, rep)
-    logits = logits.at[ri, ci].multiply(factor.astype(logits.dtype))
+    factor = be.xp.where(logits[ri, ci] > 0, 1.0 / rep, rep)
+    logits = be.scatter(logits, ri, ci, factor, "multiply")
     freq = per_pair([p.frequency_penalty for p in params])
     pres = per_pair([p.presence_penalty for p in params])
-    shift = freq * count + pres * (count > 0)
-    return logits.at[ri, ci].subtract(shift.astype(logits.dtype))
+    return be.scatter(logits, ri, ci, -(freq * count + pres * (count > 0)), "add")

@@ -10,7 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 
+from metalserve.executor.array_backend import Array, ArrayBackend, pick_backend
 from metalserve.executor.logprobs import PendingLogprobs
 from metalserve.executor.penalties import apply_logit_bias, apply_min_tokens, apply_penalties
 from metalserve.executor.sampling_metadata import SamplingRequest, StepPlan, plan_step
@@ -30,57 +32,63 @@ class SamplerOutput:
 
 
 class Sampler:
-    """Samples a step's batch with MLX ops; requests with a seed get a stream of their own.
+    """Samples a step's batch; requests with a seed get a stream of their own.
 
-    `seed` seeds the engine-wide stream that requests without a seed draw from.
+    `seed` seeds the engine-wide stream that requests without a seed draw from. `backend` picks the
+    array library ("auto": NumPy when MLX runs on the CPU, else MLX; see array_backend.py).
     """
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, backend: str = "auto") -> None:
         self._uniforms = UniformSource(seed)
+        self.backend = pick_backend(backend)
 
     def __call__(self, logits: mx.array, requests: Sequence[SamplingRequest]) -> SamplerOutput:
         _check_shape(logits, requests)
         plan = plan_step(requests)
         if plan.argmax_only:
-            return SamplerOutput(mx.argmax(logits, axis=-1).tolist(), [None] * len(requests))  # type: ignore[arg-type]
-        processed = self._process(logits, requests, plan)
+            return SamplerOutput(np.array(mx.argmax(logits, axis=-1)).tolist(), [None] * len(requests))
+        be = self.backend
+        raw = be.from_mlx(logits.astype(mx.float32))
+        processed = self._process(be.copy(raw) if plan.logprob_rows else raw, requests, plan)
         tokens = self._choose(processed, requests, plan)
         pending = None
         if plan.logprob_rows:
             top_n = [requests[row].sampling_params.logprobs or 0 for row in plan.logprob_rows]
-            pending = PendingLogprobs(logits, plan.logprob_rows, tokens, top_n)
-        mx.eval(tokens, *(pending.arrays() if pending else []))
-        token_ids: list[int] = tokens.tolist()  # type: ignore[assignment]
+            pending = PendingLogprobs(be, raw, plan.logprob_rows, tokens, top_n)
+        be.evaluate(tokens, *(pending.arrays() if pending else []))
+        token_ids = np.array(tokens).tolist()
         if pending is None:
             return SamplerOutput(token_ids, [None] * len(requests))
         return SamplerOutput(token_ids, pending.resolve(token_ids, len(requests)))
 
-    @staticmethod
-    def _process(logits: mx.array, requests: Sequence[SamplingRequest], plan: StepPlan) -> mx.array:
+    def _process(self, x: Array, requests: Sequence[SamplingRequest], plan: StepPlan) -> Array:
         """float32 logits after logit bias, min_tokens masking and penalties."""
-        vocab = logits.shape[-1]
-        x = logits.astype(mx.float32)
-        x = apply_logit_bias(x, requests, plan.bias_rows, vocab)
-        x = apply_min_tokens(x, requests, plan.min_tokens_rows, vocab)
-        return apply_penalties(x, requests, plan.penalty_rows, vocab)
+        x = apply_logit_bias(self.backend, x, requests, plan.bias_rows)
+        x = apply_min_tokens(self.backend, x, requests, plan.min_tokens_rows)
+        return apply_penalties(self.backend, x, requests, plan.penalty_rows)
 
-    def _choose(self, x: mx.array, requests: Sequence[SamplingRequest], plan: StepPlan) -> mx.array:
+    def _choose(self, x: Array, requests: Sequence[SamplingRequest], plan: StepPlan) -> Array:
         """[B] int32 token ids: argmax for greedy rows, a draw for the others."""
+        be, xp = self.backend, self.backend.xp
         if not plan.random_rows:
-            return mx.argmax(x, axis=-1).astype(mx.int32)
-        rows = plan.random_rows
-        chosen = [requests[row] for row in rows]
+            return xp.argmax(x, axis=-1).astype(xp.int32)
+        chosen = [requests[row] for row in plan.random_rows]
         uniforms = self._uniforms.draw(
             [r.sampling_params.seed for r in chosen],
             [len(r.output_token_ids) if r.sampling_params.seed is not None else 0 for r in chosen],
         )
-        subset = x if len(rows) == x.shape[0] else x[mx.array(rows)]
-        drawn = sample_rows(subset, [r.sampling_params for r in chosen], uniforms)
+        params = [r.sampling_params for r in chosen]
         if not plan.greedy_rows:
-            return drawn
-        scattered = mx.zeros((x.shape[0],), dtype=mx.int32).at[mx.array(rows)].add(drawn)
-        is_greedy = mx.zeros((x.shape[0],), dtype=mx.bool_).at[mx.array(plan.greedy_rows)].add(True)
-        return mx.where(is_greedy, mx.argmax(x, axis=-1).astype(mx.int32), scattered)
+            return sample_rows(be, x, params, uniforms)
+        drawn = sample_rows(be, _rows(be, x, plan.random_rows), params, uniforms)
+        greedy = xp.argmax(_rows(be, x, plan.greedy_rows), axis=-1).astype(xp.int32)
+        # Row i's token sits at position[i] of [greedy tokens..., drawn tokens...].
+        position = np.argsort(np.array(plan.greedy_rows + plan.random_rows))
+        return xp.concatenate([greedy, drawn])[be.asarray(position, "int64")]
+
+
+def _rows(be: ArrayBackend, x: Array, rows: list[int]) -> Array:
+    return x[be.asarray(rows, "int64")]
 
 
 def _check_shape(logits: mx.array, requests: Sequence[SamplingRequest]) -> None:

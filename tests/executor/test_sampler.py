@@ -6,10 +6,21 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+import metalserve.executor.sampler as sampler_module
+from metalserve.executor.array_backend import ArrayBackend, pick_backend
 from metalserve.executor.sampler import Sampler
 from metalserve.executor.truncation import NUCLEUS_CANDIDATES
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
+
+
+@pytest.fixture(autouse=True, params=["mlx", "numpy"])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> ArrayBackend:
+    """Run every test on both array backends: Sampler() then uses this one."""
+    chosen = pick_backend(request.param)
+    monkeypatch.setattr(sampler_module, "pick_backend", lambda name="auto": chosen)
+    return chosen
+
 
 PROBS = np.array([0.5, 0.3, 0.15, 0.05])
 N = 4000  # rows per statistical check: one call, many independent unseeded draws
@@ -155,3 +166,33 @@ def test_mixed_batch_applies_each_rows_own_parameters() -> None:
     ]
     for _ in range(20):
         assert Sampler()(logits, rows).token_ids == [0, 3, 2, 0]
+
+
+def test_backend_choice() -> None:
+    assert pick_backend("mlx").name == "mlx"
+    assert pick_backend("numpy").name == "numpy"
+    expected = "numpy" if mx.default_device() == mx.cpu else "mlx"
+    assert pick_backend("auto").name == expected
+    with pytest.raises(ValueError, match="unknown sampler backend"):
+        pick_backend("torch")
+
+
+def test_backends_agree_on_a_mixed_batch() -> None:
+    rng = np.random.default_rng(3)
+    logits = mx.array(rng.normal(scale=3.0, size=(6, 300)).astype(np.float32))
+    rows = [
+        req(temperature=0.0, logprobs=3, repetition_penalty=1.2, output=[5, 6]),
+        req(temperature=0.7, top_k=20, top_p=0.8, seed=1, logprobs=2, output=[1]),
+        req(temperature=1.3, min_p=0.05, seed=2, frequency_penalty=0.5, output=[7, 7]),
+        req(temperature=1.0, top_p=0.95, seed=3, logit_bias={4: 2.0}),
+        req(temperature=0.9, seed=4, eos=(0,), min_tokens=3),
+        req(temperature=0.0, presence_penalty=1.0, output=[9]),
+    ]
+    by_mlx = Sampler(0, backend="mlx")(logits, rows)
+    by_numpy = Sampler(0, backend="numpy")(logits, rows)
+    assert by_mlx.token_ids == by_numpy.token_ids
+    for a, b in zip(by_mlx.logprobs, by_numpy.logprobs, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None and b is not None:
+            assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+            assert [t for t, _ in a.top] == [t for t, _ in b.top]

@@ -6,9 +6,19 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+import metalserve.executor.sampler as sampler_module
+from metalserve.executor.array_backend import ArrayBackend, pick_backend
 from metalserve.executor.sampler import Sampler
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
+
+
+@pytest.fixture(autouse=True, params=["mlx", "numpy"])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> ArrayBackend:
+    """Run every test on both array backends: Sampler() then uses this one."""
+    chosen = pick_backend(request.param)
+    monkeypatch.setattr(sampler_module, "pick_backend", lambda name="auto": chosen)
+    return chosen
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:

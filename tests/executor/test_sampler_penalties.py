@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
+import pytest
 
+import metalserve.executor.sampler as sampler_module
+from metalserve.executor.array_backend import ArrayBackend, pick_backend
 from metalserve.executor.penalties import apply_penalties
 from metalserve.executor.sampler import Sampler
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
+
+
+@pytest.fixture(autouse=True, params=["mlx", "numpy"])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> ArrayBackend:
+    """Run every test on both array backends: Sampler() then uses this one."""
+    chosen = pick_backend(request.param)
+    monkeypatch.setattr(sampler_module, "pick_backend", lambda name="auto": chosen)
+    return chosen
 
 
 def req(prompt: list[int], output: list[int], **kw) -> Request:
@@ -58,15 +69,13 @@ def _reference(logits: np.ndarray, requests: list[Request]) -> np.ndarray:
         p = r.sampling_params
         seen = {t for t in r.prompt_token_ids + r.output_token_ids if 0 <= t < vocab}
         for t in seen:
-            out[i, t] = (
-                out[i, t] / p.repetition_penalty if out[i, t] > 0 else out[i, t] * p.repetition_penalty
-            )
+            out[i, t] = out[i, t] / p.repetition_penalty if out[i, t] > 0 else out[i, t] * p.repetition_penalty
         counts = np.bincount([t for t in r.output_token_ids if 0 <= t < vocab], minlength=vocab)
         out[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
     return out
 
 
-def test_penalties_match_a_dense_reference_per_row() -> None:
+def test_penalties_match_a_dense_reference_per_row(backend: ArrayBackend) -> None:
     rng = np.random.default_rng(0)
     vocab = 30
     logits = rng.normal(size=(4, vocab)).astype(np.float32)
@@ -82,11 +91,12 @@ def test_penalties_match_a_dense_reference_per_row() -> None:
         req([7, 8], [9], repetition_penalty=0.8),
         req([4], [4]),  # no penalties: untouched
     ]
-    got = apply_penalties(mx.array(logits), requests, [0, 1, 2], vocab)
+    got = apply_penalties(backend, backend.asarray(logits.copy()), requests, [0, 1, 2])
     np.testing.assert_allclose(np.array(got), _reference(logits, requests), rtol=1e-6, atol=1e-6)
 
 
-def test_penalties_keep_masked_tokens_masked() -> None:
+def test_penalties_keep_masked_tokens_masked(backend: ArrayBackend) -> None:
     logits = mx.array([[-np.inf, 1.0, 0.5]], dtype=mx.float32)
-    got = apply_penalties(logits, [req([0], [0, 1], repetition_penalty=2.0, frequency_penalty=1.0)], [0], 3)
+    request = req([0], [0, 1], repetition_penalty=2.0, frequency_penalty=1.0)
+    got = apply_penalties(backend, backend.asarray(np.array(logits)), [request], [0])
     assert np.array(got)[0, 0] == -np.inf

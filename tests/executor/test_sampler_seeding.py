@@ -6,10 +6,21 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+import metalserve.executor.sampler as sampler_module
+from metalserve.executor.array_backend import ArrayBackend, pick_backend
 from metalserve.executor.sampler import Sampler
 from metalserve.executor.seeding import MAX_UNIFORM, UniformSource, seeded_uniform
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
+
+
+@pytest.fixture(autouse=True, params=["mlx", "numpy"])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> ArrayBackend:
+    """Run every test on both array backends: Sampler() then uses this one."""
+    chosen = pick_backend(request.param)
+    monkeypatch.setattr(sampler_module, "pick_backend", lambda name="auto": chosen)
+    return chosen
+
 
 VOCAB = 16
 STEPS = 24
@@ -61,9 +72,7 @@ def test_unseeded_requests_follow_the_engine_seed() -> None:
 def test_seeded_draws_follow_the_distribution() -> None:
     probs = np.array([0.6, 0.3, 0.1])
     logits = mx.array(np.log(probs)[None].astype(np.float32))
-    tokens = [
-        Sampler()(logits, [Request("r", [0], SamplingParams(seed=s))]).token_ids[0] for s in range(1500)
-    ]
+    tokens = [Sampler()(logits, [Request("r", [0], SamplingParams(seed=s))]).token_ids[0] for s in range(1500)]
     assert np.abs(np.bincount(tokens, minlength=3) / 1500 - probs).max() < 0.04
 
 
