@@ -11,11 +11,11 @@ import argparse
 import statistics
 import time
 
-import metalserve  # noqa: F401  (loads the optimized BLAS before MLX)
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
+import metalserve  # noqa: F401  (loads the optimized BLAS before MLX)
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import KVCacheSpec, ModelRunner
 from metalserve.executor.sampler import Sampler
@@ -59,9 +59,13 @@ def mlx_lm_decode(loaded: LoadedModel, batch: int, context: int, steps: int) -> 
     return median_time(step, steps)
 
 
-def paged_runner(loaded: LoadedModel, model: PagedModel, num_tokens: int, block_size: int = 16) -> ModelRunner:
+def paged_runner(
+    loaded: LoadedModel, model: PagedModel, num_tokens: int, block_size: int = 16
+) -> ModelRunner:
     blocks = -(-num_tokens // block_size) + 64
-    spec = KVCacheSpec(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, block_size, blocks)
+    spec = KVCacheSpec(
+        loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, block_size, blocks
+    )
     return ModelRunner(model, spec, eos_token_ids=frozenset(), sampler=Sampler(0))
 
 
@@ -126,7 +130,7 @@ def main() -> None:
         tb = ours_decode(ours, paged, batch, args.context, args.steps)
         rows.append((f"decode batch {batch} @ {args.context} ctx (ms/step)", ta * 1e3, tb * 1e3, ta / tb))
         rows.append((f"decode batch {batch} (tok/s)", batch / ta, batch / tb, ta / tb))
-    print(f"\n| measure | mlx-lm | metalserve | ratio (metalserve speed / mlx-lm) |\n|---|---|---|---|")
+    print("\n| measure | mlx-lm | metalserve | ratio (metalserve speed / mlx-lm) |\n|---|---|---|---|")
     for name, x, y, r in rows:
         print(f"| {name} | {x:.1f} | {y:.1f} | {r:.2f}x |")
 

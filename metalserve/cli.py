@@ -9,7 +9,7 @@ import sys
 from metalserve import __version__
 
 
-def _generate_args(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _generate_args(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate text for prompts or chat messages (no server)")
     p.add_argument("model", nargs="?", default=None, help="GGUF file, model directory or hub id (default: embedded)")
     p.add_argument("--prompt", action="append", default=[], help="a raw prompt (repeatable)")

@@ -47,16 +47,24 @@ def generate(
         raise ValueError(f"a prompt plus max_tokens is {longest} tokens, more than the context {loaded.max_model_len}")
     blocks_each = -(-longest // block_size)
     spec = KVCacheSpec(
-        loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, block_size, blocks_each * len(prompts)
+        loaded.num_layers,
+        loaded.num_kv_heads,
+        loaded.head_dim,
+        loaded.dtype,
+        block_size,
+        blocks_each * len(prompts),
     )
     runner = ModelRunner(
-        PagedModel(loaded.model, loaded.model_type), spec, eos_token_ids=loaded.eos_token_ids, sampler=Sampler(seed)
+        PagedModel(loaded.model, loaded.model_type),
+        spec,
+        eos_token_ids=loaded.eos_token_ids,
+        sampler=Sampler(seed),
     )
     outputs = run_to_completion(
         runner, prompts, [params] * len(prompts), chunk_size=chunk_size, eos_token_ids=loaded.eos_token_ids
     )
     mx.clear_cache()
     return [
-        Generation(p, out, loaded.tokenizer.decode(out, skip_special_tokens=params.skip_special_tokens))
+        Generation(p, out, str(loaded.tokenizer.decode(out, skip_special_tokens=params.skip_special_tokens)))
         for p, out in zip(prompts, outputs, strict=True)
     ]

@@ -8,6 +8,7 @@ import mlx.core as mx
 
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.engine.memory import format_bytes, kv_budget_bytes
+from metalserve.executor.context import AttentionFn
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import KVCacheSpec, ModelRunner
 from metalserve.executor.sampler import Sampler
@@ -66,10 +67,19 @@ class EngineCore:
             config.block_size, max_model_len,
         )  # fmt: skip
         spec = KVCacheSpec(
-            loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, config.block_size, num_blocks
+            loaded.num_layers,
+            loaded.num_kv_heads,
+            loaded.head_dim,
+            loaded.dtype,
+            config.block_size,
+            num_blocks,
         )
         runner = ModelRunner(
-            model, spec, eos_token_ids=loaded.eos_token_ids, sampler=Sampler(config.seed), attention_fn=attention_fn
+            model,
+            spec,
+            eos_token_ids=loaded.eos_token_ids,
+            sampler=Sampler(config.seed),
+            attention_fn=attention_fn,
         )
         mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * max(budget, per_block * num_blocks)))
         tokens = num_blocks * config.block_size
@@ -115,7 +125,7 @@ def resolve_max_model_len(config: EngineConfig, model_len: int) -> int:
     return config.max_model_len
 
 
-def select_attention(backend: str):  # type: ignore[no-untyped-def]
+def select_attention(backend: str) -> AttentionFn | None:
     """None means the portable path with a per-step plan; otherwise a kernel with the contract signature."""
     if backend == "reference" or (backend == "auto" and not mx.metal.is_available()):
         return None
@@ -126,7 +136,9 @@ def select_attention(backend: str):  # type: ignore[no-untyped-def]
     return paged_attention
 
 
-def measure_step_peak(model: PagedModel, loaded: LoadedModel, config: EngineConfig, attention_fn) -> int:  # type: ignore[no-untyped-def]
+def measure_step_peak(
+    model: PagedModel, loaded: LoadedModel, config: EngineConfig, attention_fn: AttentionFn | None
+) -> int:
     """Run one prefill of max_num_batched_tokens tokens on a throw-away pool and return MLX's peak memory."""
     n = config.max_num_batched_tokens
     blocks = -(-n // config.block_size)

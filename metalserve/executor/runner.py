@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import mlx.core as mx
 
@@ -12,6 +13,7 @@ from metalserve.executor.input_batch import CachedRequestState
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.step_inputs import StepInputs, pack_step
 from metalserve.kernels.reference import build_plan
+from metalserve.outputs import TokenLogprob
 from metalserve.scheduler.output import ModelRunnerOutput, SchedulerOutput
 
 
@@ -29,7 +31,13 @@ class KVCacheSpec:
         return self.num_blocks * self.block_size
 
 
-SamplerFn = Callable[[mx.array, Sequence[CachedRequestState]], object]
+class SamplerFn(Protocol):
+    def __call__(self, logits: mx.array, requests: Sequence[CachedRequestState]) -> SamplerResult: ...
+
+
+class SamplerResult(Protocol):
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None]
 
 
 class ModelRunner:
@@ -103,18 +111,27 @@ class ModelRunner:
         with forward_context(self._context(step)):
             logits = self.model(mx.array(step.token_ids), mx.array(step.logits_indices))
         sampling = [self.requests[step.request_ids[i]] for i in step.sampling_rows]
-        result = self.sampler(logits, sampling) if sampling else None
+        result = self.sampler(logits, sampling) if sampling else _NO_SAMPLES
         # Evaluate the pools with the logits so the scatters run now and release the old buffers.
         mx.eval([(layer.k, layer.v) for layer in self.kv])
         sampled: dict[str, list[int]] = {rid: [] for rid in step.request_ids}
-        logprobs = {}
+        logprobs: dict[str, list[TokenLogprob]] = {}
         for rid in step.request_ids:
             self.requests[rid].num_computed_tokens += so.num_scheduled_tokens[rid]
         for j, state in enumerate(sampling):
-            token = result.token_ids[j]  # type: ignore[union-attr]
+            token = result.token_ids[j]
             state.token_ids.append(token)
             sampled[state.request_id] = [token]
-            lp = result.logprobs[j]  # type: ignore[union-attr]
+            lp = result.logprobs[j]
             if lp is not None:
                 logprobs[state.request_id] = [lp]
         return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+
+
+@dataclass
+class _NoSamples:
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None]
+
+
+_NO_SAMPLES = _NoSamples([], [])

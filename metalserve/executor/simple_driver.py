@@ -42,7 +42,7 @@ def run_to_completion(
     """Run every prompt together until each has max_tokens outputs or hits EOS; return the outputs."""
     bs = runner.spec.block_size
     seqs = [_Seq(f"req-{i}", p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
-    next_block, done = 0, set()
+    next_block, done = 0, set[str]()
     while len(done) < len(seqs):
         new, cached, scheduled = [], [], {}
         for s in seqs:

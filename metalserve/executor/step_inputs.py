@@ -31,9 +31,7 @@ class StepInputs:
         return table
 
 
-def pack_step(
-    states: dict[str, CachedRequestState], num_scheduled: dict[str, int], block_size: int
-) -> StepInputs:
+def pack_step(states: dict[str, CachedRequestState], num_scheduled: dict[str, int], block_size: int) -> StepInputs:
     """Lay out the step: requests with one query first (they form the batched decode group)."""
     order = sorted(num_scheduled, key=lambda rid: num_scheduled[rid] != 1)
     tokens, positions, slots, rows = [], [], [], []

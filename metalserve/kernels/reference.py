@@ -76,6 +76,28 @@ def _window_mask(q_positions: np.ndarray, length: int, window: int | None) -> np
     return np.where(allowed, 0.0, -np.inf).astype(np.float32)
 
 
+def _decode_group(
+    block_tables: Sequence[np.ndarray] | np.ndarray, lens: np.ndarray, block_size: int, window: int | None
+) -> DecodeGroup:
+    longest = int(lens.max())
+    slots = np.stack([_slots(block_tables[i], longest, block_size) for i in range(len(lens))])
+    mask = None
+    if window is not None or int(lens.min()) != longest:
+        rows = [_window_mask(np.array([n - 1]), longest, window) for n in lens]
+        mask = mx.array(np.stack(rows)[:, None, :, :])
+    return DecodeGroup(0, len(lens), mx.array(slots.astype(np.int32)), mask)
+
+
+def _prefill_chunk(
+    block_row: np.ndarray, start: int, end: int, length: int, block_size: int, window: int | None
+) -> PrefillChunk:
+    slots = mx.array(_slots(block_row, length, block_size).astype(np.int32))
+    mask: mx.array | str = "causal"
+    if window is not None:
+        mask = mx.array(_window_mask(np.arange(length - (end - start), length), length, window))
+    return PrefillChunk(start, end, slots, mask)
+
+
 def build_plan(
     block_tables: Sequence[np.ndarray] | np.ndarray,
     cu_seqlens_q: np.ndarray,
@@ -92,30 +114,16 @@ def build_plan(
     num_decodes = 0
     while num_decodes < num_reqs and q_lens[num_decodes] == 1:
         num_decodes += 1
-    decode = None
-    if num_decodes:
-        lens = seq_lens[:num_decodes]
-        longest = int(lens.max())
-        slots = np.stack([_slots(block_tables[i], longest, block_size) for i in range(num_decodes)])
-        mask = None
-        if sliding_window is not None or int(lens.min()) != longest:
-            rows = [_window_mask(np.array([n - 1]), longest, sliding_window) for n in lens]
-            mask = mx.array(np.stack(rows)[:, None, :, :])
-        decode = DecodeGroup(0, num_decodes, mx.array(slots.astype(np.int32)), mask)
-    prefills = []
-    for i in range(num_decodes, num_reqs):
-        start, end, length = int(cu_seqlens_q[i]), int(cu_seqlens_q[i + 1]), int(seq_lens[i])
-        slots = mx.array(_slots(block_tables[i], length, block_size).astype(np.int32))
-        mask: mx.array | str = "causal"
-        if sliding_window is not None:
-            mask = mx.array(_window_mask(np.arange(length - (end - start), length), length, sliding_window))
-        prefills.append(PrefillChunk(start, end, slots, mask))
+    decode = _decode_group(block_tables, seq_lens[:num_decodes], block_size, sliding_window) if num_decodes else None
+    prefills = [
+        _prefill_chunk(block_tables[i], int(cu_seqlens_q[i]), int(cu_seqlens_q[i + 1]), int(seq_lens[i]),
+                       block_size, sliding_window)
+        for i in range(num_decodes, num_reqs)
+    ]  # fmt: skip
     return AttentionPlan(decode, tuple(prefills))
 
 
-def _attend(
-    q: mx.array, k: mx.array, v: mx.array, mask: mx.array | str | None, opts: AttentionOptions
-) -> mx.array:
+def _attend(q: mx.array, k: mx.array, v: mx.array, mask: mx.array | str | None, opts: AttentionOptions) -> mx.array:
     """q: [B, Hq, Tq, D]; k, v: [B, Hkv, L, D]."""
     if opts.softcap is None:
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=opts.scale, mask=mask, sinks=opts.sinks)
@@ -184,18 +192,12 @@ def paged_attention(
     tests use. The runner builds one plan per step with `build_plan` and calls `paged_attention_planned`.
     """
     bt, cu, lens = np.array(block_tables), np.array(cu_seqlens_q), np.array(seq_lens)
-    chunks = []
-    for i in range(len(lens)):
-        start, end, length = int(cu[i]), int(cu[i + 1]), int(lens[i])
-        slots = mx.array(_slots(bt[i], length, block_size).astype(np.int32))
-        mask: mx.array | str = "causal"
-        if sliding_window is not None:
-            mask = mx.array(_window_mask(np.arange(length - (end - start), length), length, sliding_window))
-        chunks.append(PrefillChunk(start, end, slots, mask))
+    chunks = [
+        _prefill_chunk(bt[i], int(cu[i]), int(cu[i + 1]), int(lens[i]), block_size, sliding_window)
+        for i in range(len(lens))
+    ]
     plan = AttentionPlan(None, tuple(chunks))
-    return paged_attention_planned(
-        q, k_pool, v_pool, plan, AttentionOptions(scale, sliding_window, softcap, sinks)
-    )
+    return paged_attention_planned(q, k_pool, v_pool, plan, AttentionOptions(scale, sliding_window, softcap, sinks))
 
 
 def write_kv(

@@ -55,7 +55,9 @@ def test_a_pool_too_small_for_all_requests_preempts_or_queues_and_stays_correct(
     expected = [mlx_lm_greedy(loaded.model, p, 24) for p in prompts]
     per_block = 2 * 2 * 2 * 16 * 4 * 8  # layers * (K, V) * kv heads * head_dim * fp32 * block size
     # 40 usable blocks of 8 tokens: enough for max_model_len, far from 8 x 54 tokens at once.
-    config = EngineConfig(kv_cache_memory=41 * per_block, max_model_len=256, block_size=8, max_num_batched_tokens=64)
+    config = EngineConfig(
+        kv_cache_memory=41 * per_block, max_model_len=256, block_size=8, max_num_batched_tokens=64
+    )
     core = EngineCore.from_loaded(config, loaded)
     got, most_waiting = run_all(core, prompts, 24)
     assert [got[f"r{i}"] for i in range(len(prompts))] == expected

@@ -11,7 +11,6 @@ from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import KVCacheSpec, ModelRunner
 from metalserve.executor.simple_driver import run_to_completion
 from metalserve.sampling_params import SamplingParams
-
 from tests.executor.tiny_models import greedy_sampler, tiny_model
 
 NUM_TOKENS = 32
@@ -32,7 +31,9 @@ def mlx_lm_greedy(model, prompt: list[int], n: int) -> list[int]:
 def make_runner(model, model_type: str, num_blocks: int = 128, block_size: int = 16) -> ModelRunner:
     args = model.args
     head_dim = getattr(args, "head_dim", None) or args.hidden_size // args.num_attention_heads
-    spec = KVCacheSpec(args.num_hidden_layers, args.num_key_value_heads, head_dim, mx.float32, block_size, num_blocks)
+    spec = KVCacheSpec(
+        args.num_hidden_layers, args.num_key_value_heads, head_dim, mx.float32, block_size, num_blocks
+    )
     return ModelRunner(PagedModel(model, model_type), spec, sampler=greedy_sampler)
 
 
@@ -72,3 +73,18 @@ def test_block_tables_need_not_be_contiguous() -> None:
     params = [SamplingParams(temperature=0, max_tokens=8) for _ in prompts]
     # chunk_size 8 = block size: the two requests take alternating blocks.
     assert run_to_completion(runner, prompts, params, chunk_size=8) == expected
+
+
+def test_quantized_weights_fuse_and_match_mlx_lm() -> None:
+    """A 4-bit model keeps its quantized layout through the fused q/k/v projection."""
+    import mlx.nn as nn
+
+    model = tiny_model("qwen2")
+    nn.quantize(model, group_size=32, bits=4)
+    (prompt,) = prompts_of([19], model.args.vocab_size, seed=4)
+    expected = mlx_lm_greedy(model, prompt, 16)
+    runner = make_runner(model, "qwen2")
+    fused = runner.model.backbone.layers[0].self_attn.qkv_proj
+    assert isinstance(fused, nn.QuantizedLinear)
+    (got,) = run_to_completion(runner, [prompt], [SamplingParams(temperature=0, max_tokens=16)])
+    assert got == expected

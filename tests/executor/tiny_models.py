@@ -39,5 +39,3 @@ class GreedyResult:
 
 def greedy_sampler(logits: mx.array, requests: Sequence[object]) -> GreedyResult:
     return GreedyResult(mx.argmax(logits, axis=-1).tolist(), [None] * len(requests))
-
-

@@ -1,0 +1,72 @@
+"""The default model through the packed paged runner: token-for-token equal to mlx-lm, and it knows Paris."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from metalserve.executor.models.adapter import PagedModel
+from metalserve.executor.runner import KVCacheSpec, ModelRunner
+from metalserve.executor.sampler import Sampler
+from metalserve.executor.simple_driver import run_to_completion
+from metalserve.loader import LoadedModel, load_model
+from metalserve.sampling_params import SamplingParams
+from tests.executor.test_runner_golden import mlx_lm_greedy
+
+pytestmark = pytest.mark.slow
+NUM_TOKENS = 32
+LENGTHS = [7, 60, 23, 3, 41, 90, 15, 33]
+
+
+@pytest.fixture(scope="module")
+def golden() -> tuple[LoadedModel, PagedModel, list[list[int]], list[list[int]]]:
+    loaded = load_model(None)
+    rng = np.random.default_rng(7)
+    text_ids = loaded.tokenizer.encode(" ".join(["the cat sat on a mat and looked at the sea"] * 12))
+    prompts = [
+        text_ids[int(o) : int(o) + n] for o, n in zip(rng.integers(0, 20, len(LENGTHS)), LENGTHS, strict=True)
+    ]
+    # mlx-lm first, while the model still has its own attention layers.
+    expected = [mlx_lm_greedy(loaded.model, p, NUM_TOKENS) for p in prompts]
+    return loaded, PagedModel(loaded.model, loaded.model_type), prompts, expected
+
+
+def runner_for(loaded: LoadedModel, model: PagedModel) -> ModelRunner:
+    spec = KVCacheSpec(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, 16, 128)
+    return ModelRunner(model, spec, sampler=Sampler(0))
+
+
+def greedy(n: int) -> list[SamplingParams]:
+    return [SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True) for _ in range(n)]
+
+
+def test_one_request_equals_mlx_lm(golden) -> None:  # type: ignore[no-untyped-def]
+    loaded, model, prompts, expected = golden
+    assert run_to_completion(runner_for(loaded, model), prompts[1:2], greedy(1)) == expected[1:2]
+
+
+@pytest.mark.parametrize("chunk_size", [1 << 30, 16])
+def test_eight_requests_in_the_same_steps_equal_mlx_lm(golden, chunk_size: int) -> None:  # type: ignore[no-untyped-def]
+    loaded, model, prompts, expected = golden
+    got = run_to_completion(runner_for(loaded, model), prompts, greedy(len(prompts)), chunk_size=chunk_size)
+    assert got == expected
+    mx.clear_cache()
+
+
+def test_generate_command_answers_paris() -> None:
+    cmd = [sys.executable, "-m", "metalserve.cli", "generate", "--chat", "What is the capital of France?",
+           "--max-tokens", "16"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "Paris" in out.stdout
+
+
+def test_generate_command_rejects_a_prompt_longer_than_the_context() -> None:
+    cmd = [sys.executable, "-m", "metalserve.cli", "generate", "--prompt", "hi " * 9000, "--max-tokens", "4"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1
+    assert "error:" in out.stderr and "context" in out.stderr and "Traceback" not in out.stderr
