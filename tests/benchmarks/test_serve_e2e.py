@@ -121,3 +121,16 @@ def test_bad_input_is_a_clear_error(
     assert "--endpoint must be" in capsys.readouterr().err
     assert main(["--base-url", server.url, "--dataset-name", "sonnet", "--disable-tqdm"]) == 2
     assert "--dataset-path" in capsys.readouterr().err
+
+
+def test_package_entry_points_parse_the_flags() -> None:
+    import argparse
+
+    import metalserve.benchmarks as bench
+
+    parser = argparse.ArgumentParser()
+    bench.add_cli_args(parser)
+    args = parser.parse_args(["--dataset", "agent", "--request-rate", "2.5", "--max-concurrency", "8"])
+    assert (args.dataset_name, args.request_rate, args.max_concurrency) == ("agent", 2.5, 8)
+    assert args.request_rate != float("inf") and parser.parse_args([]).request_rate == float("inf")
+    assert callable(bench.run_from_args)
