@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import sys
+from array import array
 from collections.abc import Sequence
 from typing import NewType, Union
 
@@ -17,6 +19,10 @@ BlockHash = NewType("BlockHash", bytes)
 ExtraKey = Union[str, int, bytes]  # noqa: UP007 (a runtime alias; `|` needs Python 3.10 types)
 
 DEFAULT_HASH_ALGORITHM = "sha256"
+_U32 = struct.Struct("<I")
+_BIG_ENDIAN = sys.byteorder == "big"
+if array("q").itemsize != 8:
+    raise ImportError("array('q') must be 8 bytes for a stable token serialization")
 _SALT_TAG = "salt"
 _ADAPTER_TAG = "adapter"
 _MM_TAG = "mm"
@@ -36,6 +42,13 @@ def _encode_key(key: ExtraKey) -> bytes:
     raise TypeError(f"extra keys must be str, int or bytes, got {type(key).__name__}")
 
 
+def _tokens_bytes(token_ids: Sequence[int]) -> bytes:
+    data = array("q", token_ids)
+    if _BIG_ENDIAN:
+        data.byteswap()
+    return data.tobytes()
+
+
 def hash_block_tokens(
     parent: BlockHash | None,
     token_ids: Sequence[int],
@@ -43,15 +56,20 @@ def hash_block_tokens(
     algorithm: str = DEFAULT_HASH_ALGORITHM,
 ) -> BlockHash:
     """Hash one full block given its parent's hash (None for the first block of a sequence)."""
-    h = hashlib.new(algorithm)
     parent_bytes = parent if parent is not None else b""
-    h.update(struct.pack("<I", len(parent_bytes)))
-    h.update(parent_bytes)
-    h.update(struct.pack(f"<I{len(token_ids)}q", len(token_ids), *token_ids))
-    h.update(struct.pack("<I", len(extra_keys)))
-    for key in extra_keys:
-        h.update(_encode_key(key))
-    return BlockHash(h.digest())
+    parts = [
+        _U32.pack(len(parent_bytes)),
+        parent_bytes,
+        _U32.pack(len(token_ids)),
+        _tokens_bytes(token_ids),
+        _U32.pack(len(extra_keys)),
+    ]
+    parts += [_encode_key(key) for key in extra_keys]
+    data = b"".join(parts)
+    # One buffer, one call: this runs once per block filled, in the decode loop.
+    if algorithm == "sha256":
+        return BlockHash(hashlib.sha256(data).digest())
+    return BlockHash(hashlib.new(algorithm, data).digest())
 
 
 def block_extra_keys(

@@ -47,6 +47,8 @@ class KVCacheManager:
         self.req_to_blocks: dict[str, list[KVBlock]] = {}
         # How many leading blocks of each request were already offered to the cache.
         self._num_cached_blocks: dict[str, int] = {}
+        # Per request: the token count it may reach before allocate_slots has work to do again.
+        self.fast_limit: dict[str, int] = {}
         self.prefix_cache_queries = 0  # tokens looked up
         self.prefix_cache_hits = 0  # tokens found
 
@@ -89,14 +91,19 @@ class KVCacheManager:
         """
         if num_new_tokens < 1:
             raise ValueError(f"num_new_tokens must be at least 1, got {num_new_tokens}")
+        if (
+            new_computed_blocks is None
+            and request.num_computed_tokens + num_new_tokens <= self.fast_limit.get(request.request_id, 0)
+        ):
+            return []  # the decode fast path: nothing to allocate or publish
         hit = new_computed_blocks if new_computed_blocks is not None else _NO_HIT
         blocks = self.req_to_blocks.get(request.request_id)
         num_held = len(blocks) if blocks is not None else 0
         num_computed = request.num_computed_tokens + hit.num_tokens
         num_needed = -(-(num_computed + num_new_tokens) // self.block_size) - num_held - len(hit.blocks)
         if num_needed <= 0 and not hit.blocks and blocks is not None:
-            # The decode fast path: the tail block still has room.
             self._cache_full_blocks(request, blocks, request.num_computed_tokens)
+            self._update_fast_limit(request.request_id, blocks)
             return []
         # Hit blocks that are free would leave the free queue when taken, so they do not count as room.
         num_free_hits = sum(1 for b in hit.blocks if b.ref_cnt == 0)
@@ -112,7 +119,16 @@ class KVCacheManager:
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += hit.num_tokens
         self._cache_full_blocks(request, blocks, num_computed)
+        self._update_fast_limit(request.request_id, blocks)
         return [b.block_id for b in hit.blocks] + [b.block_id for b in new_blocks]
+
+    def _update_fast_limit(self, request_id: str, blocks: list[KVBlock]) -> None:
+        """Up to this many tokens, allocate_slots has nothing to do: the blocks hold them and the next
+        block to publish is not yet full."""
+        limit = len(blocks) * self.block_size
+        if self.enable_caching:
+            limit = min(limit, (self._num_cached_blocks.get(request_id, 0) + 1) * self.block_size)
+        self.fast_limit[request_id] = limit
 
     def free(self, request: Request) -> None:
         """Release a request's blocks, publishing its computed full blocks first.
@@ -124,6 +140,7 @@ class KVCacheManager:
             return
         self._cache_full_blocks(request, blocks, request.num_computed_tokens)
         self._num_cached_blocks.pop(request.request_id, None)
+        self.fast_limit.pop(request.request_id, None)
         self.pool.free_blocks(reversed(blocks))
 
     def _cache_full_blocks(self, request: Request, blocks: list[KVBlock], num_computed: int) -> None:

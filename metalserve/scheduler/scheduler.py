@@ -15,7 +15,7 @@ from metalserve.kvcache.block_pool import NUM_RESERVED_BLOCKS
 from metalserve.kvcache.manager import KVCacheManager
 from metalserve.outputs import EngineCoreOutput
 from metalserve.request import Request, RequestStatus
-from metalserve.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from metalserve.scheduler.output import CachedRequestData, ModelRunnerOutput, SchedulerOutput
 from metalserve.scheduler.queues import make_queue
 from metalserve.scheduler.stats import SchedulerStats
 from metalserve.scheduler.step import StepBuilder
@@ -46,6 +46,7 @@ class Scheduler:
         self._finished_ids: set[str] = set()
         self._pending_finish: dict[str, RequestStatus] = {}
         self._pending_outputs: list[EngineCoreOutput] = []
+        self._stop_hints: dict[str, tuple[frozenset[int], int]] = {}
         if config.scheduling_policy == "priority":
             self._victim_key = lambda r: (r.priority, r.arrival_time)
         else:
@@ -65,7 +66,17 @@ class Scheduler:
             )
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
+        self._stop_hints[request.request_id] = self._stop_hint(request)
         self.waiting.add(request)
+
+    def _stop_hint(self, request: Request) -> tuple[frozenset[int], int]:
+        """Token ids that may stop the request, and the output count at which a length limit hits."""
+        params = request.sampling_params
+        ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(request.eos_token_ids))
+        max_out = self.max_model_len - request.num_prompt_tokens
+        if params.max_tokens is not None:
+            max_out = min(max_out, params.max_tokens)
+        return frozenset(ids), max_out
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Abort at the next step boundary; each gets an output with finish_reason "abort"."""
@@ -118,23 +129,32 @@ class Scheduler:
         return min(n, budget, self.max_model_len - num_computed)
 
     def _schedule_running(self, step: StepBuilder) -> None:
-        running, kv = self.running, self.kv
+        running, kv, fast_limit = self.running, self.kv, self.kv.fast_limit
+        num_tokens, cached_reqs = step.num_tokens, step.cached_reqs
         i = 0
         while i < len(running) and step.budget > 0:
             request = running[i]
-            n = len(request.prompt_token_ids) + len(request.output_token_ids) - request.num_computed_tokens
+            rid, computed = request.request_id, request.num_computed_tokens
+            n = len(request.prompt_token_ids) + len(request.output_token_ids) - computed
             # A decode token (n == 1) is always within the budget, the threshold and the context.
             if n != 1:
-                n = self._num_new_tokens(request, request.num_computed_tokens, step.budget)
+                n = self._num_new_tokens(request, computed, step.budget)
                 if n <= 0:  # its last token was scheduled but not yet sampled
                     i += 1
                     continue
-            new_ids = kv.allocate_slots(request, n)
-            if new_ids is None:
-                new_ids, i = self._preempt_until_fits(request, n, i, step)
+            if computed + n <= fast_limit.get(rid, 0):
+                new_ids: list[int] | None = []  # inlined allocate_slots fast path: no call needed
+            else:
+                new_ids = kv.allocate_slots(request, n)
                 if new_ids is None:
-                    continue  # it preempted itself; running[i] is now the next request
-            step.add_cached(request, n, new_ids)
+                    new_ids, i = self._preempt_until_fits(request, n, i, step)
+                    if new_ids is None:
+                        continue  # it preempted itself; running[i] is now the next request
+            # StepBuilder.add_cached, inlined for the 256-request decode step.
+            num_tokens[rid] = n
+            cached_reqs.append(CachedRequestData(rid, new_ids, computed))
+            step.budget -= n
+            request.num_computed_tokens = computed + n
             i += 1
 
     def _preempt_until_fits(
@@ -198,13 +218,30 @@ class Scheduler:
     ) -> list[EngineCoreOutput]:
         """Append sampled tokens, check stops, free finished requests; one output per touched request."""
         outputs, self._pending_outputs = self._pending_outputs, []
-        sampled = runner_output.sampled_token_ids
+        sampled, requests, hints = runner_output.sampled_token_ids, self.requests, self._stop_hints
+        plain = not runner_output.logprobs
         any_finished = False
         for request_id in scheduler_output.num_scheduled_tokens:
             token_ids = sampled.get(request_id)
-            request = self.requests.get(request_id)
+            request = requests.get(request_id)
             if not token_ids or request is None or request.status is not RequestStatus.RUNNING:
                 continue
+            out_ids, n_prompt = request.output_token_ids, len(request.prompt_token_ids)
+            if plain and len(token_ids) == 1:
+                # The decode fast path: one token that cannot stop the request and no logprobs.
+                stop_ids, max_out = hints[request_id]
+                token_id = token_ids[0]
+                if (
+                    token_id not in stop_ids
+                    and len(out_ids) + 1 < max_out
+                    and request.num_computed_tokens >= n_prompt + len(out_ids)
+                ):
+                    out_ids.append(token_id)
+                    cached = request.num_cached_tokens
+                    outputs.append(
+                        EngineCoreOutput(request_id, token_ids, None, None, None, n_prompt, max(cached, 0))
+                    )
+                    continue
             output = self._append_tokens(request, token_ids, runner_output)
             outputs.append(output)
             if output.finish_reason is not None:
@@ -216,25 +253,31 @@ class Scheduler:
     def _append_tokens(
         self, request: Request, token_ids: list[int], runner_output: ModelRunnerOutput
     ) -> EngineCoreOutput:
-        if request.num_computed_tokens < request.num_tokens:
+        out_ids = request.output_token_ids
+        if request.num_computed_tokens < len(request.prompt_token_ids) + len(out_ids):
             raise ValueError(
                 f"the runner sampled for {request.request_id!r} before its prompt was fully computed"
             )
+        stop_ids, max_out = self._stop_hints[request.request_id]
         status = None
         num_new = 0
         for token_id in token_ids:
-            request.output_token_ids.append(token_id)
+            out_ids.append(token_id)
             num_new += 1
-            status = check_stop(request, self.max_model_len)
-            if status is not None:
-                break
-        logprobs = runner_output.logprobs.get(request.request_id)
+            # Most tokens stop nothing: only a possible stop id or a length limit needs the full check.
+            if token_id in stop_ids or len(out_ids) >= max_out:
+                status = check_stop(request, self.max_model_len)
+                if status is not None:
+                    break
+        logprobs = runner_output.logprobs.get(request.request_id) if runner_output.logprobs else None
         output = EngineCoreOutput(
-            request_id=request.request_id,
-            new_token_ids=token_ids[:num_new] if num_new < len(token_ids) else token_ids,
-            new_logprobs=logprobs[:num_new] if logprobs is not None else None,
-            num_prompt_tokens=request.num_prompt_tokens,
-            num_cached_tokens=max(request.num_cached_tokens, 0),
+            request.request_id,
+            token_ids[:num_new] if num_new < len(token_ids) else token_ids,
+            logprobs[:num_new] if logprobs is not None else None,
+            None,
+            None,
+            len(request.prompt_token_ids),
+            request.num_cached_tokens if request.num_cached_tokens > 0 else 0,
         )
         if status is not None:
             request.status = status
@@ -246,6 +289,7 @@ class Scheduler:
     def _free_request(self, request: Request) -> None:
         self.kv.free(request)
         del self.requests[request.request_id]
+        del self._stop_hints[request.request_id]
         self._finished_ids.add(request.request_id)
 
     def _apply_pending_finishes(self) -> None:

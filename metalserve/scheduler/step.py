@@ -51,4 +51,5 @@ class StepBuilder:
             return
         self.budget += n
         request.num_computed_tokens -= n
-        self.cached_reqs = [c for c in self.cached_reqs if c.request_id != request.request_id]
+        # In place: the scheduler loop holds a reference to this list.
+        self.cached_reqs[:] = [c for c in self.cached_reqs if c.request_id != request.request_id]
