@@ -143,13 +143,14 @@ class Scheduler:
                     i += 1
                     continue
             if computed + n <= fast_limit.get(rid, 0):
-                new_ids: list[int] | None = []  # inlined allocate_slots fast path: no call needed
+                new_ids: list[int] = []  # inlined allocate_slots fast path: no call needed
             else:
-                new_ids = kv.allocate_slots(request, n)
-                if new_ids is None:
-                    new_ids, i = self._preempt_until_fits(request, n, i, step)
-                    if new_ids is None:
+                maybe_ids = kv.allocate_slots(request, n)
+                if maybe_ids is None:
+                    maybe_ids, i = self._preempt_until_fits(request, n, i, step)
+                    if maybe_ids is None:
                         continue  # it preempted itself; running[i] is now the next request
+                new_ids = maybe_ids
             # StepBuilder.add_cached, inlined for the 256-request decode step.
             num_tokens[rid] = n
             cached_reqs.append(CachedRequestData(rid, new_ids, computed))
