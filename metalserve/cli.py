@@ -46,20 +46,52 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_args(sub: argparse._SubParsersAction) -> None:
+    from metalserve.api.server import add_cli_args
+
+    add_cli_args(sub.add_parser("serve", help="serve a model over the OpenAI API"))
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from metalserve.api.server import config_from_args, run_server
+    from metalserve.config import ConfigError
+    from metalserve.loader import ModelLoadError
+
+    try:
+        run_server(*config_from_args(args))
+    except (ConfigError, ModelLoadError, ValueError) as e:
+        print(f"metalserve serve: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _bench_args(sub: argparse._SubParsersAction) -> None:
+    from metalserve.benchmarks.serve import add_cli_args
+
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True)
+    add_cli_args(bench.add_parser("serve", help="load-test an OpenAI-compatible server"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="metalserve", description="An OpenAI-compatible LLM server on MLX.")
     parser.add_argument("--version", action="version", version=f"metalserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    _serve_args(sub)
     _generate_args(sub)
+    _bench_args(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return run_serve(args)
     if args.command == "generate":
         return run_generate(args)
-    return 2
+    from metalserve.benchmarks.serve import run_from_args
+
+    return run_from_args(args)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import mlx.core as mx
 
@@ -33,6 +34,7 @@ class EngineCore:
         self.scheduler = scheduler
         self.runner = runner
         self.max_model_len = max_model_len
+        self._stream_thread = threading.get_ident()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> tuple[EngineCore, LoadedModel]:
@@ -42,7 +44,6 @@ class EngineCore:
             dequantize_max_bytes=config.dequantize_max_bytes,
             chat_template=config.chat_template,
         )
-        logger.info(loaded.describe())
         return cls.from_loaded(config, loaded), loaded
 
     @classmethod
@@ -104,9 +105,16 @@ class EngineCore:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_STOPPED)
 
     def step(self) -> list[EngineCoreOutput]:
+        self._ensure_stream()
         scheduler_output = self.scheduler.schedule()
         runner_output = self.runner.execute_model(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+    def _ensure_stream(self) -> None:
+        """MLX streams belong to a thread: the first step on a new thread (the async engine's) makes one."""
+        if threading.get_ident() != self._stream_thread:
+            mx.set_default_stream(mx.new_stream(mx.default_device()))
+            self._stream_thread = threading.get_ident()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

@@ -26,6 +26,8 @@ class PagedModel:
                 raise ValueError("this model already has paged attention installed")
             uses_window = getattr(layer, "use_sliding", False)
             layer.self_attn = PagedAttention(layer.self_attn, i, window if uses_window else None)
+        # Materialise the fused projections now, on this thread's stream, before any forward runs.
+        mx.eval(model.parameters())
         self.tied = bool(getattr(args, "tie_word_embeddings", False)) or not hasattr(model, "lm_head")
 
     def hidden_states(self, token_ids: mx.array) -> mx.array:
