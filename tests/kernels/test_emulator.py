@@ -80,7 +80,20 @@ COPY_OOB = launch("out[thread_position_in_grid.x] = inp[thread_position_in_grid.
 SIMD = launch(SIMD_SOURCE, (mx.array(SIMD_INPUT),), out_size=64 * 6)
 ATTRS = KernelLaunch("attrs", ATTRS_SOURCE, ("inp",), ("out",), (mx.zeros(8),), ((64 * 4,),), (mx.float32,),
                      (), (64, 4, 1), (32, 2, 1))
-LAUNCHES = (ROTATE_OK, ROTATE_RACY, UNINITIALISED, PARTIAL_BARRIER, DIVERGENT_BARRIERS, DIVERGENT_SIMD,
+ATOMICS = KernelLaunch("atomics", """
+    threadgroup atomic_int seen;
+    if (thread_index_in_threadgroup == 0) { atomic_store_explicit(&seen, 0, memory_order_relaxed); }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    atomic_fetch_add_explicit(&seen, 1, memory_order_relaxed);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (thread_index_in_threadgroup == 0) {
+      atomic_fetch_add_explicit(&out[0], float(atomic_load_explicit(&seen, memory_order_relaxed)),
+                                memory_order_relaxed);
+    }
+    atomic_fetch_max_explicit(&out[1], inp[thread_position_in_grid.x], memory_order_relaxed);
+    """, ("inp",), ("out",), (X64,), ((2,),), (mx.float32,), (), (64, 1, 1), (16, 1, 1),
+    atomic_outputs=True, init_value=0.0)
+LAUNCHES = (ATOMICS, ROTATE_OK, ROTATE_RACY, UNINITIALISED, PARTIAL_BARRIER, DIVERGENT_BARRIERS, DIVERGENT_SIMD,
             TOO_MUCH_TG_MEMORY, SIMD, ATTRS)
 ASAN_LAUNCHES = (COPY_OK, COPY_OOB)
 
@@ -139,6 +152,11 @@ def test_simd_functions() -> None:
         np.testing.assert_array_equal(got[s, :, 3], np.where(lanes + 4 < 32, v[np.minimum(lanes + 4, 31)], v))
         np.testing.assert_array_equal(got[s, :, 4], v[7])
         np.testing.assert_array_equal(got[s, :, 5], np.cumsum(v) - v)
+
+
+def test_atomics_on_device_and_threadgroup_memory() -> None:
+    (out,) = emulate_race_checked(ATOMICS)
+    np.testing.assert_array_equal(np.array(out), [64.0, 63.0])  # 4 groups x 16 threads; max of 0..63
 
 
 def test_thread_position_attributes() -> None:
