@@ -46,7 +46,15 @@ def _tokenizer_dict(metadata: dict[str, Any]) -> dict[str, Any]:
 
 def tokenizer_from_gguf(metadata: dict[str, Any], architecture: str) -> PreTrainedTokenizerBase:
     """Convert the vocabulary, merges and special tokens into a PreTrainedTokenizerFast."""
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+    try:
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+    except ImportError as exc:  # the module moved in transformers 5 (4.x had integrations/ggml.py)
+        import transformers
+
+        raise ModelLoadError(
+            f"transformers {transformers.__version__} cannot convert a GGUF tokenizer without torch; "
+            "install transformers>=5.0 (`pip install -U transformers`)."
+        ) from exc
 
     tok = _tokenizer_dict(metadata)
     try:
