@@ -8,6 +8,7 @@ HTTP stays responsive during a forward. Only the worker thread touches the core.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -67,6 +68,7 @@ class EngineObserver(Protocol):
 
 @dataclass
 class _RequestState:
+    loop: asyncio.AbstractEventLoop  # the caller's loop: results are handed over on it
     loop_queue: asyncio.Queue[RequestOutput | BaseException]
     detokenizer: IncrementalDetokenizer
     num_prompt_tokens: int
@@ -103,7 +105,6 @@ class AsyncEngine:
         self._commands: queue.Queue[_Command] = queue.Queue()
         self._states: dict[str, _RequestState] = {}  # worker thread only
         self._active_ids: set[str] = set()  # event loop only
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -111,10 +112,9 @@ class AsyncEngine:
         return self._thread is not None and self._thread.is_alive() and self.dead_error is None
 
     def start(self) -> None:
-        """Start the worker thread; call from inside the running event loop."""
+        """Start the worker thread (idempotent)."""
         if self._thread is not None:
             return
-        self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._run, name="metalserve-engine-core", daemon=True)
         self._thread.start()
 
@@ -150,7 +150,7 @@ class AsyncEngine:
             cache_salt=cache_salt,
         )
         detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, sampling_params)
-        state = _RequestState(asyncio.Queue(), detok, len(request.prompt_token_ids))
+        state = _RequestState(asyncio.get_running_loop(), asyncio.Queue(), detok, len(request.prompt_token_ids))
         self._active_ids.add(request_id)
         self._commands.put(("add", request, state))
         finished = False
@@ -212,9 +212,7 @@ class AsyncEngine:
         try:
             self.core.add_request(request)
         except Exception as exc:  # a request the core refuses fails alone
-            failed: list[tuple[_RequestState, RequestOutput | BaseException]] = [(state, exc)]
-            if self._loop is not None:
-                self._loop.call_soon_threadsafe(_deliver, failed)
+            _hand_over([(state, exc)])
             return
         self._states[request.request_id] = state
 
@@ -243,8 +241,7 @@ class AsyncEngine:
             deliveries.append((state, result))
         if stopped:
             self.core.finish_requests(stopped)
-        if deliveries and self._loop is not None:
-            self._loop.call_soon_threadsafe(_deliver, deliveries)
+        _hand_over(deliveries)
         if self.observer is not None:
             self.observer.on_step(self.core.make_stats(), iteration)
 
@@ -285,10 +282,22 @@ class AsyncEngine:
             (state, error) for state in self._states.values()
         ]
         self._states.clear()
-        if deliveries and self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(_deliver, deliveries)
+        _hand_over(deliveries)
 
 
-def _deliver(deliveries: list[tuple[_RequestState, RequestOutput | BaseException]]) -> None:
+_Delivery = tuple[_RequestState, RequestOutput | BaseException]
+
+
+def _hand_over(deliveries: list[_Delivery]) -> None:
+    """Queue results on their callers' event loops, one call per loop (usually there is one loop)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[_Delivery]] = {}
+    for delivery in deliveries:
+        by_loop.setdefault(delivery[0].loop, []).append(delivery)
+    for loop, items in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # that loop is closed: nobody is waiting any more
+            loop.call_soon_threadsafe(_deliver, items)
+
+
+def _deliver(deliveries: list[_Delivery]) -> None:
     for state, item in deliveries:
         state.loop_queue.put_nowait(item)

@@ -1,0 +1,147 @@
+"""The FastAPI application: routes only; the work is in the serving classes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+import metalserve
+from metalserve.api.errors import OpenAIError, error_body, install_error_handlers
+from metalserve.api.metrics import Metrics
+from metalserve.api.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from metalserve.api.serving_chat import ChatServing
+from metalserve.api.serving_common import ServingContext, now
+from metalserve.api.serving_completion import CompletionServing
+from metalserve.api.settings import ServerSettings
+from metalserve.api.tool_parsers import get_tool_parser
+from metalserve.engine.async_engine import AsyncEngine
+
+# Paths a load balancer or supervisor must reach without the key.
+_OPEN_PATHS = {"/health"}
+
+
+class ApiKeyMiddleware:
+    """Bearer-token check on every path but /health (plain ASGI, so streaming is untouched)."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in _OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        if hmac.compare_digest(given, self.expected):
+            await self.app(scope, receive, send)
+            return
+        body = error_body("invalid or missing API key", 401)
+        await JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})(
+            scope, receive, send
+        )
+
+
+def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
+    """Wire an AsyncEngine (real or fake core inside) to the OpenAI-compatible routes."""
+    metrics = Metrics(settings.served_model_name or engine.model_name)
+    if engine.observer is None:
+        engine.observer = metrics
+    ctx = ServingContext(engine, settings.served_model_name or engine.model_name)
+    parser = get_tool_parser(settings.tool_call_parser) if settings.tool_call_parser else None
+    chat, completion = ChatServing(ctx, parser), CompletionServing(ctx)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        logger_task = asyncio.create_task(_log_stats(metrics, settings.log_stats_interval))
+        try:
+            yield
+        finally:
+            logger_task.cancel()
+            await engine.shutdown()
+
+    app = FastAPI(title="metalserve", version=metalserve.__version__, lifespan=lifespan)
+    install_error_handlers(app)
+    if settings.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    app.state.metrics = metrics
+    app.state.engine = engine
+
+    def alive() -> None:
+        if engine.dead_error is not None:
+            raise OpenAIError(f"engine is dead: {engine.dead_error!r}", 503)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200 if engine.dead_error is None else 503)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": metalserve.__version__}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {"id": ctx.served_model_name, "object": "model", "created": now(), "owned_by": "metalserve"}
+        return {
+            "object": "list",
+            "data": [{**card, "root": engine.model_name, "max_model_len": engine.max_model_len}],
+        }
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, raw: HTTPRequest) -> Response:
+        alive()
+        return await chat.create(body, raw)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, raw: HTTPRequest) -> Response:
+        alive()
+        return await completion.create(body, raw)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        ctx.check_model(body.model)
+        if body.messages is not None:
+            req = ChatCompletionRequest(
+                messages=body.messages, add_generation_prompt=body.add_generation_prompt
+            )
+            tokens = chat.render(req)
+        else:
+            tokens = list(
+                engine.tokenizer.encode(body.prompt or "", add_special_tokens=body.add_special_tokens)
+            )
+        return {"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, str]:
+        ctx.check_model(body.model)
+        if any(not 0 <= t < len(engine.tokenizer) for t in body.tokens):
+            raise OpenAIError("tokens holds an id outside the vocabulary", 400, param="tokens")
+        return {"prompt": str(engine.tokenizer.decode(body.tokens))}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+async def _log_stats(metrics: Metrics, interval: float) -> None:
+    if interval <= 0:
+        return
+    while True:
+        await asyncio.sleep(interval)
+        metrics.log_state.log()

@@ -1,0 +1,178 @@
+"""Prometheus metrics with vLLM's names, and the periodic throughput log line."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from metalserve.engine.async_engine import IterationStats
+from metalserve.engine.protocol import SchedulerStatsLike
+
+logger = logging.getLogger("metalserve.stats")
+
+_LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+_E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+)
+
+
+class Metrics:
+    """An EngineObserver that feeds a private Prometheus registry (one per app, so tests do not clash)."""
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        r = self.registry
+        self._running = Gauge(
+            "vllm:num_requests_running", "Requests in the running batch.", labels, registry=r
+        )
+        self._waiting = Gauge(
+            "vllm:num_requests_waiting", "Requests waiting to be scheduled.", labels, registry=r
+        )
+        self._kv = Gauge(
+            "vllm:kv_cache_usage_perc", "KV cache usage, 1 means 100 percent.", labels, registry=r
+        )
+        self._queries = Counter(
+            "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", labels, registry=r
+        )
+        self._hits = Counter(
+            "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", labels, registry=r
+        )
+        self._preempt = Counter(
+            "vllm:num_preemptions", "Cumulative number of preemptions.", labels, registry=r
+        )
+        self._prompt = Counter("vllm:prompt_tokens", "Prefilled prompt tokens.", labels, registry=r)
+        self._gen = Counter("vllm:generation_tokens", "Generated tokens.", labels, registry=r)
+        self._success = Counter(
+            "vllm:request_success", "Finished requests.", [*labels, "finished_reason"], registry=r
+        )
+        self._ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time to first token.",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Inter-token latency.",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "End-to-end request latency.",
+            labels,
+            buckets=_E2E_BUCKETS,
+            registry=r,
+        )
+        self._model = model_name
+        self._last_cumulative = (0, 0, 0)
+        self.log_state = StatLogState()
+
+    def on_step(self, scheduler_stats: SchedulerStatsLike, iteration: IterationStats) -> None:
+        """Called from the engine thread after every step."""
+        m = self._model
+        s = scheduler_stats
+        self._running.labels(m).set(s.num_running)
+        self._waiting.labels(m).set(s.num_waiting)
+        self._kv.labels(m).set(s.kv_cache_usage)
+        # The core's counters are cumulative; Prometheus counters take increments.
+        queries, hits, preemptions = s.prefix_cache_queries, s.prefix_cache_hits, s.num_preemptions
+        last_q, last_h, last_p = self._last_cumulative
+        self._queries.labels(m).inc(max(queries - last_q, 0))
+        self._hits.labels(m).inc(max(hits - last_h, 0))
+        self._preempt.labels(m).inc(max(preemptions - last_p, 0))
+        self._last_cumulative = (queries, hits, preemptions)
+        self._prompt.labels(m).inc(iteration.num_prompt_tokens)
+        self._gen.labels(m).inc(iteration.num_generation_tokens)
+        for value in iteration.time_to_first_tokens:
+            self._ttft.labels(m).observe(value)
+        for value in iteration.inter_token_latencies:
+            self._itl.labels(m).observe(value)
+        for reason, latency in iteration.finished:
+            self._e2e.labels(m).observe(latency)
+            self._success.labels(m, reason).inc()
+        self.log_state.record(scheduler_stats, iteration)
+
+
+class StatLogState:
+    """Token counts since the last log line, and the latest scheduler snapshot."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._prompt = 0
+        self._gen = 0
+        self._since = time.monotonic()
+        self._stats: SchedulerStatsLike | None = None
+
+    def record(self, stats: SchedulerStatsLike, iteration: IterationStats) -> None:
+        with self._lock:
+            self._prompt += iteration.num_prompt_tokens
+            self._gen += iteration.num_generation_tokens
+            self._stats = stats
+
+    def line(self) -> str:
+        """vLLM's periodic line; resets the token counts."""
+        with self._lock:
+            elapsed = max(time.monotonic() - self._since, 1e-9)
+            prompt, gen, stats = self._prompt, self._gen, self._stats
+            self._prompt = self._gen = 0
+            self._since = time.monotonic()
+        running = stats.num_running if stats else 0
+        waiting = stats.num_waiting if stats else 0
+        usage = 100 * stats.kv_cache_usage if stats else 0.0
+        hit_rate = (
+            100 * stats.prefix_cache_hits / stats.prefix_cache_queries
+            if stats and stats.prefix_cache_queries
+            else 0.0
+        )
+        return (
+            f"Avg prompt throughput: {prompt / elapsed:.1f} tokens/s, "
+            f"Avg generation throughput: {gen / elapsed:.1f} tokens/s, "
+            f"Running: {running} reqs, Waiting: {waiting} reqs, "
+            f"GPU KV cache usage: {usage:.1f}%, Prefix cache hit rate: {hit_rate:.1f}%"
+        )
+
+    def log(self) -> None:
+        logger.info(self.line())

@@ -1,0 +1,136 @@
+"""`metalserve serve`: the flags, their mapping onto EngineConfig + ServerSettings, and the uvicorn run."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI
+
+from metalserve.api.app import build_app
+from metalserve.api.settings import ServerSettings
+from metalserve.api.tool_parsers import TOOL_PARSERS
+from metalserve.config import EngineConfig
+from metalserve.engine.async_engine import AsyncEngine
+
+logger = logging.getLogger("metalserve.server")
+
+__all__ = ["ServerSettings", "add_cli_args", "config_from_args", "run_server", "serve_app"]
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """The `serve` flags (vLLM's names where vLLM has the flag)."""
+    d = EngineConfig()
+    s = ServerSettings()
+    parser.add_argument(
+        "model", nargs="?", default=None, help="GGUF file, model directory or hub id (default: embedded)"
+    )
+    parser.add_argument("--host", default=s.host, help="address to bind (0.0.0.0 for every interface)")
+    parser.add_argument("--port", type=int, default=s.port)
+    parser.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` (not on /health)")
+    parser.add_argument("--served-model-name", default=None, help="the model id clients send and see")
+    parser.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="most requests in one batch")
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens, help="token budget per step"
+    )
+    parser.add_argument(
+        "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=d.enable_prefix_caching
+    )
+    parser.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default=d.scheduling_policy)
+    parser.add_argument("--block-size", type=int, choices=[8, 16, 32], default=d.block_size)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
+    parser.add_argument("--kv-cache-memory", type=int, default=None, help="KV cache bytes (overrides the fraction)")
+    parser.add_argument("--long-prefill-token-threshold", type=int, default=d.long_prefill_token_threshold)
+    parser.add_argument("--weights", choices=["auto", "dequantize", "quantized"], default=d.weights)
+    parser.add_argument("--attention-backend", choices=["auto", "metal", "reference"], default=d.attention_backend)
+    parser.add_argument("--chat-template", default=None, help="a Jinja chat template, or a file holding one")
+    parser.add_argument("--tool-call-parser", choices=sorted(TOOL_PARSERS), default=None)
+    parser.add_argument("--enable-auto-tool-choice", action="store_true", help="accepted for vLLM compatibility")
+    parser.add_argument("--log-stats-interval", type=float, default=s.log_stats_interval, help="seconds; 0: off")
+    parser.add_argument("--seed", type=int, default=d.seed)
+
+
+def _chat_template(value: str | None) -> str | None:
+    """The template from a file, or given inline (anything with a Jinja brace in it)."""
+    if value is None:
+        return None
+    if Path(value).is_file():
+        return Path(value).read_text()
+    if "{" in value:
+        return value
+    raise ValueError(f"--chat-template: no such file {value!r}")
+
+
+def config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
+    """Map parsed flags onto the two frozen configs (both validate themselves)."""
+    config = EngineConfig(
+        model=args.model,
+        served_model_name=args.served_model_name,
+        max_model_len=args.max_model_len,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+        enable_prefix_caching=args.enable_prefix_caching,
+        scheduling_policy=args.scheduling_policy,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        kv_cache_memory=args.kv_cache_memory,
+        weights=args.weights,
+        attention_backend=args.attention_backend,
+        chat_template=_chat_template(args.chat_template),
+        tool_call_parser=args.tool_call_parser,
+        seed=args.seed,
+    )
+    settings = ServerSettings(
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        served_model_name=args.served_model_name,
+        log_stats_interval=args.log_stats_interval,
+        tool_call_parser=args.tool_call_parser,
+    )
+    return config, settings
+
+
+def default_model_name(config: EngineConfig, source: str) -> str:
+    """The id clients see: the flag, else the model argument, else the embedded file's stem."""
+    if config.served_model_name:
+        return config.served_model_name
+    if config.model:
+        return config.model
+    return Path(source.split(": ", 1)[-1]).stem
+
+
+def run_server(config: EngineConfig, settings: ServerSettings) -> None:
+    """Load the model, start the engine and serve until SIGINT/SIGTERM."""
+    from metalserve.engine.core import EngineCore  # heavy (MLX); only the real server needs it
+
+    core, loaded = EngineCore.from_config(config)
+    engine = AsyncEngine(
+        core,
+        loaded.tokenizer,
+        model_name=default_model_name(config, loaded.source),
+        max_model_len=config.max_model_len or loaded.max_model_len,
+        eos_token_ids=loaded.eos_token_ids,
+        chat_template=loaded.chat_template,
+    )
+    if settings.tool_call_parser is None and config.tool_call_parser:
+        settings = dataclasses.replace(settings, tool_call_parser=config.tool_call_parser)
+    serve_app(build_app(engine, settings), settings)
+
+
+def serve_app(app: FastAPI, settings: ServerSettings) -> None:
+    """Run uvicorn; on SIGINT/SIGTERM it stops accepting, lets requests finish briefly, then shuts down."""
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        timeout_graceful_shutdown=int(settings.timeout_graceful_shutdown),
+    )
+    logger.info("serving on http://%s:%d/v1", settings.host, settings.port)
+    uvicorn.Server(config).run()

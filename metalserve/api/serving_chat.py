@@ -1,0 +1,243 @@
+"""POST /v1/chat/completions: messages through the chat template, tool calls parsed from the text."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response
+from sse_starlette.sse import EventSourceResponse
+
+from metalserve.api.errors import OpenAIError
+from metalserve.api.protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice
+from metalserve.api.serving_common import (
+    ChoiceState,
+    ServingContext,
+    TokenText,
+    build_sampling_params,
+    cancel_on_disconnect,
+    chat_logprobs,
+    collect,
+    engine_error,
+    merge_streams,
+    now,
+    random_id,
+    resolve_max_tokens,
+    sse_data,
+    start_generations,
+    total_usage,
+)
+from metalserve.api.tool_parsers import DeltaMessage, StreamingToolParser, ToolCallDelta, ToolParser
+from metalserve.engine.async_engine import RequestOutput
+
+# chat_template_kwargs may not override how the template is called.
+_RESERVED_TEMPLATE_KWARGS = {"conversation", "tools", "tokenize", "chat_template", "return_dict"}
+
+
+def message_dict(message: ChatMessage) -> dict[str, Any]:
+    """A message as chat templates expect it; tool-call arguments become objects, as HF templates assume."""
+    content = message.content
+    if isinstance(content, list):
+        content = "\n".join(part.text for part in content)
+    out: dict[str, Any] = {"role": message.role, "content": content or ""}
+    if message.name is not None:
+        out["name"] = message.name
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        calls = []
+        for call in message.tool_calls:
+            try:
+                arguments: Any = json.loads(call.function.arguments)
+            except ValueError:
+                arguments = call.function.arguments
+            calls.append(
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.function.name, "arguments": arguments},
+                }
+            )
+        out["tool_calls"] = calls
+    return out
+
+
+def tool_call_delta_json(delta: ToolCallDelta) -> dict[str, Any]:
+    """The first delta of a call carries id, type and name (the OpenAI SDK merges on that)."""
+    if delta.id is not None:
+        function = {"name": delta.name, "arguments": delta.arguments}
+        return {"index": delta.index, "id": delta.id, "type": "function", "function": function}
+    return {"index": delta.index, "function": {"arguments": delta.arguments}}
+
+
+class ChatServing:
+    """Renders the conversation, runs n engine requests and builds the chat response or stream."""
+
+    def __init__(self, ctx: ServingContext, tool_parser: ToolParser | None) -> None:
+        self.ctx = ctx
+        self.tool_parser = tool_parser
+        self.token_text = TokenText(ctx.engine.tokenizer)
+
+    async def create(self, req: ChatCompletionRequest, raw: HTTPRequest) -> Response:
+        self.ctx.check_model(req.model)
+        parse_tools = self._parse_tools(req)
+        prompt = self.render(req)
+        engine = self.ctx.engine
+        max_tokens = resolve_max_tokens(
+            req.max_completion_tokens or req.max_tokens, len(prompt), engine.max_model_len
+        )
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        params = build_sampling_params(
+            req, max_tokens=max_tokens, logprobs=logprobs, vocab_size=len(engine.tokenizer)
+        )
+        streams = start_generations(self.ctx, random_id("chatcmpl"), [prompt], params, req.n, req)
+        if req.stream:
+            return EventSourceResponse(self._stream(req, streams, parse_tools), sep="\n")
+        choices = await cancel_on_disconnect(raw, lambda: collect(streams))
+        return JSONResponse(self._response(req, choices, parse_tools))
+
+    def _parse_tools(self, req: ChatCompletionRequest) -> bool:
+        choice = req.tool_choice
+        if isinstance(choice, NamedToolChoice) or choice == "required":
+            raise OpenAIError(
+                'tool_choice "required" and named functions are not supported yet; use "auto" or "none"',
+                400,
+                param="tool_choice",
+            )
+        if choice == "auto" and self.tool_parser is None:
+            raise OpenAIError(
+                'tool_choice "auto" needs the server started with --tool-call-parser',
+                400,
+                param="tool_choice",
+            )
+        return bool(req.tools) and choice != "none" and self.tool_parser is not None
+
+    def render(self, req: ChatCompletionRequest) -> list[int]:
+        """The prompt's token ids: the conversation (and tools) through the chat template."""
+        tokenizer = self.ctx.engine.tokenizer
+        template = self.ctx.engine.chat_template or getattr(tokenizer, "chat_template", None)
+        if not template:
+            raise OpenAIError("this model has no chat template; start the server with --chat-template", 400)
+        tools = None if req.tool_choice == "none" or not req.tools else [t.model_dump() for t in req.tools]
+        extra = {
+            k: v for k, v in (req.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS
+        }
+        try:
+            text = tokenizer.apply_chat_template(
+                [message_dict(m) for m in req.messages],
+                tools=tools,
+                add_generation_prompt=req.add_generation_prompt,
+                tokenize=False,
+                chat_template=template,
+                **extra,
+            )
+        except Exception as exc:  # template errors (e.g. roles out of order) are the request's fault
+            raise OpenAIError(f"chat template failed: {exc}", 400, param="messages") from None
+        return list(tokenizer.encode(str(text), add_special_tokens=False))
+
+    def _message(self, choice: ChoiceState, parse_tools: bool) -> tuple[dict[str, Any], str | None]:
+        if parse_tools and self.tool_parser is not None:
+            extracted = self.tool_parser.extract(choice.text)
+            if extracted.calls:
+                calls = [
+                    {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    for c in extracted.calls
+                ]
+                reason = "tool_calls" if choice.finish_reason == "stop" else choice.finish_reason
+                return {"role": "assistant", "content": extracted.content, "tool_calls": calls}, reason
+        return {"role": "assistant", "content": choice.text}, choice.finish_reason
+
+    def _response(
+        self, req: ChatCompletionRequest, choices: list[ChoiceState], parse_tools: bool
+    ) -> dict[str, Any]:
+        out = []
+        for i, c in enumerate(choices):
+            message, reason = self._message(c, parse_tools)
+            logprobs = None
+            if req.logprobs:
+                logprobs = {
+                    "content": chat_logprobs(c.logprobs or [], req.top_logprobs or 0, self.token_text)
+                }
+            out.append(
+                {
+                    "index": i,
+                    "message": message,
+                    "logprobs": logprobs,
+                    "finish_reason": reason,
+                    "stop_reason": c.stop_reason,
+                }
+            )
+        return {
+            "id": random_id("chatcmpl"),
+            "object": "chat.completion",
+            "created": now(),
+            "model": self.ctx.served_model_name,
+            "choices": out,
+            "usage": total_usage(choices, req.n),
+        }
+
+    async def _stream(
+        self, req: ChatCompletionRequest, streams: list[AsyncIterator[RequestOutput]], parse_tools: bool
+    ) -> AsyncIterator[dict[str, str]]:
+        head = {"id": random_id("chatcmpl"), "object": "chat.completion.chunk", "created": now()}
+        head["model"] = self.ctx.served_model_name
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        tail = {"usage": None} if include_usage else {}
+        parsers = [self._streaming_parser(parse_tools) for _ in streams]
+        totals = [ChoiceState() for _ in streams]
+        for i in range(len(streams)):
+            role = {
+                "index": i,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+            yield sse_data({**head, "choices": [role], **tail})
+        try:
+            async for index, out in merge_streams(streams):
+                totals[index].add(out)
+                choice = self._chunk_choice(req, index, out, parsers[index])
+                if choice is not None:
+                    yield sse_data({**head, "choices": [choice], **tail})
+            if include_usage:
+                yield sse_data({**head, "choices": [], "usage": total_usage(totals, req.n)})
+        except Exception as exc:
+            yield sse_data(engine_error(exc).to_dict())
+        yield sse_data("[DONE]")
+
+    def _streaming_parser(self, parse_tools: bool) -> StreamingToolParser | None:
+        return self.tool_parser.streaming() if parse_tools and self.tool_parser is not None else None
+
+    def _chunk_choice(
+        self, req: ChatCompletionRequest, index: int, out: RequestOutput, parser: StreamingToolParser | None
+    ) -> dict[str, Any] | None:
+        delta: dict[str, Any] = {}
+        reason = out.finish_reason
+        if parser is None:
+            message = DeltaMessage(content=out.text)
+        else:
+            message = parser.feed(out.text)
+            if out.finished:
+                end = parser.finish()
+                message.content += end.content
+                message.tool_calls += end.tool_calls
+                if parser.tools_called and reason == "stop":
+                    reason = "tool_calls"
+        if message.content:
+            delta["content"] = message.content
+        if message.tool_calls:
+            delta["tool_calls"] = [tool_call_delta_json(d) for d in message.tool_calls]
+        logprobs = None
+        if req.logprobs and out.logprobs:
+            logprobs = {"content": chat_logprobs(out.logprobs, req.top_logprobs or 0, self.token_text)}
+        if not delta and reason is None and logprobs is None:
+            return None
+        return {
+            "index": index,
+            "delta": delta,
+            "logprobs": logprobs,
+            "finish_reason": reason,
+            "stop_reason": out.stop_reason,
+        }

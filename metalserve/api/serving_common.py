@@ -1,0 +1,315 @@
+"""What chat and completions share: checks, sampling parameters, fan-out of n, usage and logprobs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from fastapi import Request as HTTPRequest
+
+from metalserve.api.errors import OpenAIError
+from metalserve.api.protocol import _SamplingRequest
+from metalserve.engine.async_engine import AsyncEngine, EngineDeadError, RequestOutput
+from metalserve.outputs import TokenLogprob
+from metalserve.sampling_params import SamplingParams
+
+T = TypeVar("T")
+_DONE = object()
+
+
+@dataclass
+class ServingContext:
+    """The engine and the names a serving class needs."""
+
+    engine: AsyncEngine
+    served_model_name: str
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.served_model_name:
+            raise OpenAIError(
+                f"The model `{model}` does not exist.", 404, param="model", code="model_not_found"
+            )
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: int) -> int:
+    """The output budget: what was asked, checked against the context; absent means up to the context."""
+    if prompt_len >= max_model_len:
+        raise OpenAIError(
+            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
+            f"{prompt_len} input tokens. Please reduce the length of the input.",
+            400,
+            param="messages",
+            code="context_length_exceeded",
+        )
+    room = max_model_len - prompt_len
+    if requested is None:
+        return room
+    if requested > room:
+        raise OpenAIError(
+            f"'max_tokens' is too large: {requested}. This model's maximum context length is "
+            f"{max_model_len} tokens and your request has {prompt_len} input tokens "
+            f"({requested} > {max_model_len} - {prompt_len}).",
+            400,
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    return requested
+
+
+def _logit_bias(raw: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
+    bias: dict[int, float] = {}
+    for key, value in (raw or {}).items():
+        try:
+            token_id = int(key)
+        except ValueError:
+            raise OpenAIError(f"logit_bias key {key!r} is not a token id", 400, param="logit_bias") from None
+        if not 0 <= token_id < vocab_size:
+            raise OpenAIError(f"logit_bias token id {token_id} is out of vocabulary", 400, param="logit_bias")
+        bias[token_id] = value
+    return bias
+
+
+def build_sampling_params(
+    req: _SamplingRequest, *, max_tokens: int, logprobs: int | None, vocab_size: int
+) -> SamplingParams:
+    """Map the request onto SamplingParams; a bad combination becomes a 400."""
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    stop_ids = list(req.stop_token_ids or [])
+    if any(not 0 <= t < vocab_size for t in stop_ids):
+        raise OpenAIError("stop_token_ids holds an id outside the vocabulary", 400, param="stop_token_ids")
+    try:
+        return SamplingParams(
+            n=1,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=req.top_k or 0,
+            min_p=req.min_p or 0.0,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            repetition_penalty=req.repetition_penalty,
+            seed=req.seed,
+            max_tokens=max_tokens,
+            min_tokens=min(req.min_tokens, max_tokens),
+            stop=stop,
+            stop_token_ids=stop_ids,
+            ignore_eos=req.ignore_eos,
+            logprobs=logprobs,
+            logit_bias=_logit_bias(req.logit_bias, vocab_size),
+            skip_special_tokens=req.skip_special_tokens,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+        )
+    except ValueError as exc:
+        raise OpenAIError(str(exc), 400) from None
+
+
+def with_seed(params: SamplingParams, index: int) -> SamplingParams:
+    """The i-th of n samples: its own seed (seed + i), so seeded choices differ but repeat."""
+    if params.seed is None or index == 0:
+        return params
+    return SamplingParams(**{**params.__dict__, "seed": params.seed + index})
+
+
+def start_generations(
+    ctx: ServingContext,
+    base_id: str,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    n: int,
+    req: _SamplingRequest,
+) -> list[AsyncIterator[RequestOutput]]:
+    """One engine request per (prompt, sample); the samples of a prompt share it, so its prefix is cached."""
+    streams = []
+    for p, prompt in enumerate(prompts):
+        for i in range(n):
+            streams.append(
+                ctx.engine.generate(
+                    prompt,
+                    with_seed(params, i),
+                    f"{base_id}-{p}-{i}",
+                    priority=req.priority,
+                    cache_salt=req.cache_salt,
+                )
+            )
+    return streams
+
+
+async def merge_streams(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """Interleave several streams as items arrive; closing the merge closes (aborts) them all."""
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[T]) -> None:
+        try:
+            async for item in stream:
+                queue.put_nowait((index, item))
+        except Exception as exc:
+            queue.put_nowait((index, exc))
+        finally:
+            queue.put_nowait((index, _DONE))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item = await queue.get()
+            if item is _DONE:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def engine_error(exc: Exception) -> OpenAIError:
+    """What the client sees when the engine fails a request."""
+    if isinstance(exc, OpenAIError):
+        return exc
+    if isinstance(exc, EngineDeadError):
+        return OpenAIError(str(exc), 503)
+    if isinstance(exc, ValueError):
+        return OpenAIError(str(exc), 400)
+    return OpenAIError(f"generation failed: {exc!r}", 500)
+
+
+async def cancel_on_disconnect(raw: HTTPRequest, work: Callable[[], Awaitable[T]]) -> T:
+    """Run `work`, cancelling it (and so aborting its engine requests) if the client goes away."""
+    task = asyncio.ensure_future(work())
+
+    async def watch() -> None:
+        while True:
+            message = await raw.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+        watcher.cancel()
+    return await task
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def safe_logprob(value: float) -> float:
+    """JSON has no -inf; vLLM reports -9999.0 for impossible tokens."""
+    return max(value, -9999.0) if math.isfinite(value) or value < 0 else 0.0
+
+
+class TokenText:
+    """Per-token strings for logprobs, cached per id (the same ids recur)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._cache: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        text = self._cache.get(token_id)
+        if text is None:
+            text = str(self._tokenizer.decode([token_id], skip_special_tokens=False))
+            self._cache[token_id] = text
+        return text
+
+
+def chat_logprobs(entries: list[TokenLogprob], top_n: int, text: TokenText) -> list[dict[str, Any]]:
+    """The chat API's `logprobs.content` items for these tokens."""
+
+    def item(token_id: int, logprob: float) -> dict[str, Any]:
+        token = text(token_id)
+        return {"token": token, "logprob": safe_logprob(logprob), "bytes": list(token.encode("utf-8"))}
+
+    return [
+        {**item(e.token_id, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top[:top_n]]}
+        for e in entries
+    ]
+
+
+def completion_logprobs(
+    entries: list[TokenLogprob], top_n: int, text: TokenText, offset: int
+) -> dict[str, list[Any]]:
+    """The completions API's column-wise logprobs; `offset` is where this piece starts in the text."""
+    tokens = [text(e.token_id) for e in entries]
+    offsets = []
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [safe_logprob(e.logprob) for e in entries],
+        "top_logprobs": [{text(t): safe_logprob(lp) for t, lp in e.top[:top_n]} for e in entries],
+        "text_offset": offsets,
+    }
+
+
+@dataclass
+class ChoiceState:
+    """One choice's totals while its outputs arrive."""
+
+    text: str = ""
+    num_tokens: int = 0
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    logprobs: list[TokenLogprob] | None = None
+
+    def add(self, out: RequestOutput) -> None:
+        self.text += out.text
+        self.num_tokens = out.num_output_tokens
+        self.num_prompt_tokens = out.num_prompt_tokens
+        self.num_cached_tokens = out.num_cached_tokens
+        self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
+        if out.logprobs:
+            self.logprobs = (self.logprobs or []) + out.logprobs
+
+
+async def collect(streams: list[AsyncIterator[RequestOutput]]) -> list[ChoiceState]:
+    """Run every stream to its end (non-streamed responses)."""
+    choices = [ChoiceState() for _ in streams]
+    try:
+        async for index, out in merge_streams(streams):
+            choices[index].add(out)
+    except Exception as exc:
+        raise engine_error(exc) from exc
+    return choices
+
+
+def total_usage(choices: list[ChoiceState], n: int) -> dict[str, Any]:
+    """Prompt tokens count once per prompt (its n samples share it); completions count per choice."""
+    firsts = choices[::n]
+    return usage(
+        sum(c.num_prompt_tokens for c in firsts),
+        sum(c.num_tokens for c in choices),
+        sum(c.num_cached_tokens for c in firsts),
+    )
+
+
+def sse_data(payload: dict[str, Any] | str) -> dict[str, str]:
+    """One server-sent event; the OpenAI stream is `data: <json>` lines ending with `data: [DONE]`."""
+    return {"data": payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)}

@@ -1,0 +1,149 @@
+"""POST /v1/completions: prompts (text or token ids) in, choices out, streamed or not."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response
+from sse_starlette.sse import EventSourceResponse
+
+from metalserve.api.errors import OpenAIError
+from metalserve.api.protocol import CompletionRequest
+from metalserve.api.serving_common import (
+    ChoiceState,
+    ServingContext,
+    TokenText,
+    build_sampling_params,
+    cancel_on_disconnect,
+    collect,
+    completion_logprobs,
+    engine_error,
+    merge_streams,
+    now,
+    random_id,
+    resolve_max_tokens,
+    sse_data,
+    start_generations,
+    total_usage,
+)
+from metalserve.engine.async_engine import RequestOutput
+
+
+class CompletionServing:
+    """Turns a CompletionRequest into engine requests (one per prompt and sample) and a response."""
+
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+        self.token_text = TokenText(ctx.engine.tokenizer)
+
+    async def create(self, req: CompletionRequest, raw: HTTPRequest) -> Response:
+        self.ctx.check_model(req.model)
+        if req.suffix:
+            raise OpenAIError("suffix is not supported", 400, param="suffix")
+        if req.best_of is not None and req.best_of != req.n:
+            raise OpenAIError("best_of must equal n (or be left out)", 400, param="best_of")
+        prompts = self._tokenize(req.prompt)
+        streams = self._start(req, prompts)
+        if req.stream:
+            return EventSourceResponse(self._stream(req, prompts, streams), sep="\n")
+        choices = await cancel_on_disconnect(raw, lambda: collect(streams))
+        return JSONResponse(self._response(req, prompts, choices))
+
+    def _tokenize(self, prompt: Any) -> list[list[int]]:
+        tokenizer = self.ctx.engine.tokenizer
+        items = prompt if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else [prompt]
+        result: list[list[int]] = []
+        for item in items:
+            ids = list(tokenizer.encode(item)) if isinstance(item, str) else list(item)
+            if not ids:
+                raise OpenAIError("prompt must not be empty", 400, param="prompt")
+            if any(not 0 <= t < len(tokenizer) for t in ids):
+                raise OpenAIError("prompt holds a token id outside the vocabulary", 400, param="prompt")
+            result.append(ids)
+        return result
+
+    def _start(self, req: CompletionRequest, prompts: list[list[int]]) -> list[AsyncIterator[RequestOutput]]:
+        engine = self.ctx.engine
+        base_id = random_id("cmpl")
+        streams: list[AsyncIterator[RequestOutput]] = []
+        for p, prompt in enumerate(prompts):
+            max_tokens = resolve_max_tokens(req.max_tokens, len(prompt), engine.max_model_len)
+            params = build_sampling_params(
+                req, max_tokens=max_tokens, logprobs=req.logprobs, vocab_size=len(engine.tokenizer)
+            )
+            streams += start_generations(self.ctx, f"{base_id}-{p}", [prompt], params, req.n, req)
+        return streams
+
+    def _echo(self, req: CompletionRequest, prompts: list[list[int]], index: int) -> str:
+        if not req.echo:
+            return ""
+        return str(self.ctx.engine.tokenizer.decode(prompts[index // req.n], skip_special_tokens=True))
+
+    def _response(
+        self, req: CompletionRequest, prompts: list[list[int]], choices: list[ChoiceState]
+    ) -> dict[str, Any]:
+        out = []
+        for i, c in enumerate(choices):
+            echo = self._echo(req, prompts, i)
+            logprobs = None
+            if req.logprobs is not None and c.logprobs is not None:
+                logprobs = completion_logprobs(c.logprobs, req.logprobs, self.token_text, len(echo))
+            out.append(
+                {
+                    "index": i,
+                    "text": echo + c.text,
+                    "logprobs": logprobs,
+                    "finish_reason": c.finish_reason,
+                    "stop_reason": c.stop_reason,
+                }
+            )
+        return {
+            "id": random_id("cmpl"),
+            "object": "text_completion",
+            "created": now(),
+            "model": self.ctx.served_model_name,
+            "choices": out,
+            "usage": total_usage(choices, req.n),
+        }
+
+    async def _stream(
+        self, req: CompletionRequest, prompts: list[list[int]], streams: list[AsyncIterator[RequestOutput]]
+    ) -> AsyncIterator[dict[str, str]]:
+        head = {"id": random_id("cmpl"), "object": "text_completion", "created": now()}
+        head["model"] = self.ctx.served_model_name
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        offsets = [0] * len(streams)
+        totals = [ChoiceState() for _ in streams]
+        echoed: set[int] = set()
+        try:
+            async for index, out in merge_streams(streams):
+                text = ("" if index in echoed else self._echo(req, prompts, index)) + out.text
+                echoed.add(index)
+                totals[index].add(out)
+                if not (text or out.finished or out.logprobs):
+                    continue
+                choice = self._chunk_choice(req, index, out, text, offsets[index])
+                offsets[index] += len(text)
+                yield sse_data({**head, "choices": [choice], **({"usage": None} if include_usage else {})})
+            if include_usage:
+                yield sse_data({**head, "choices": [], "usage": total_usage(totals, req.n)})
+        except Exception as exc:
+            yield sse_data(engine_error(exc).to_dict())
+        yield sse_data("[DONE]")
+
+    def _chunk_choice(
+        self, req: CompletionRequest, index: int, out: RequestOutput, text: str, offset: int
+    ) -> dict[str, Any]:
+        logprobs = None
+        if req.logprobs is not None and out.logprobs:
+            logprobs = completion_logprobs(out.logprobs, req.logprobs, self.token_text, offset)
+        return {
+            "index": index,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": out.finish_reason,
+            "stop_reason": out.stop_reason,
+        }
+
