@@ -1,8 +1,10 @@
 """Time one Sampler call per step at several batch sizes (vocab 49152, the default model's).
 
-    .venv/bin/python bench/sampler_bench.py [--batch 1 8 32] [--repeat 10]
+    .venv/bin/python bench/sampler_bench.py [--batch 1 8 32] [--repeat 10] [--backend auto|mlx|numpy]
 
 Logits are synthetic: Gaussian noise plus a few strong tokens, roughly as peaked as a small LM's.
+Prints the best wall time and the best process CPU time per call: on a shared machine the CPU time
+is the steadier measure of what a call costs.
 """
 
 from __future__ import annotations
@@ -24,9 +26,7 @@ OUTPUT = 64
 
 CASES: dict[str, Callable[[int], SamplingParams]] = {
     "greedy": lambda i: SamplingParams(temperature=0.0),
-    "greedy+penalties": lambda i: SamplingParams(
-        temperature=0.0, repetition_penalty=1.1, presence_penalty=0.3
-    ),
+    "greedy+penalties": lambda i: SamplingParams(temperature=0.0, repetition_penalty=1.1, presence_penalty=0.3),
     "temperature": lambda i: SamplingParams(temperature=0.8),
     "top_p (no top_k)": lambda i: SamplingParams(temperature=0.8, top_p=0.95),
     "full": lambda i: SamplingParams(
@@ -51,8 +51,8 @@ def make_logits(batch: int, rng: np.random.Generator) -> mx.array:
     return mx.array(logits)
 
 
-def time_case(case: str, batch: int, repeat: int) -> float:
-    """Median milliseconds per call."""
+def time_case(case: str, batch: int, repeat: int, backend: str) -> tuple[float, float]:
+    """Best wall and CPU milliseconds per call."""
     rng = np.random.default_rng(0)
     requests = [
         Request(
@@ -66,14 +66,15 @@ def time_case(case: str, batch: int, repeat: int) -> float:
     ]
     logits = make_logits(batch, rng)
     mx.eval(logits)
-    sampler = Sampler(0)
+    sampler = Sampler(0, backend=backend)
     sampler(logits, requests)  # warm-up
-    times = []
+    wall, cpu = [], []
     for _ in range(repeat):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         sampler(logits, requests)
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)) * 1e3
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return min(wall) * 1e3, min(cpu) * 1e3
 
 
 def main() -> None:
@@ -81,12 +82,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--case", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--backend", choices=["auto", "mlx", "numpy"], default="auto")
     args = parser.parse_args()
-    print(f"vocab {VOCAB}, prompt {PROMPT}, output {OUTPUT}; median ms per call over {args.repeat} calls")
-    print(f"{'case':<18}" + "".join(f"{'B=' + str(b):>10}" for b in args.batch))
+    print(f"vocab {VOCAB}, prompt {PROMPT}, output {OUTPUT}, backend {args.backend}")
+    print(f"ms per call, best of {args.repeat}: wall / CPU")
+    print(f"{'case':<18}" + "".join(f"{'B=' + str(b):>16}" for b in args.batch))
     for case in args.case:
-        row = "".join(f"{time_case(case, b, args.repeat):>10.2f}" for b in args.batch)
-        print(f"{case:<18}{row}", flush=True)
+        cells = [time_case(case, b, args.repeat, args.backend) for b in args.batch]
+        print(f"{case:<18}" + "".join(f"{w:>8.2f} /{c:>6.2f}" for w, c in cells), flush=True)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ class Sampler:
 
     def __call__(self, logits: mx.array, requests: Sequence[SamplingRequest]) -> SamplerOutput:
         _check_shape(logits, requests)
+        if not requests:
+            return SamplerOutput([], [])
         plan = plan_step(requests)
         if plan.argmax_only:
             return SamplerOutput(np.array(mx.argmax(logits, axis=-1)).tolist(), [None] * len(requests))
@@ -96,5 +98,7 @@ def _check_shape(logits: mx.array, requests: Sequence[SamplingRequest]) -> None:
         raise ValueError(f"logits must be [batch, vocab], got shape {tuple(logits.shape)}")
     if logits.shape[0] != len(requests):
         raise ValueError(f"logits have {logits.shape[0]} rows but {len(requests)} requests were given")
+    if logits.shape[1] == 0:
+        raise ValueError("logits have an empty vocabulary axis")
     if not mx.issubdtype(logits.dtype, mx.floating):
         raise ValueError(f"logits must be a float array, got {logits.dtype}")

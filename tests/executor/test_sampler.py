@@ -8,6 +8,7 @@ import pytest
 
 import metalserve.executor.sampler as sampler_module
 from metalserve.executor.array_backend import ArrayBackend, pick_backend
+from metalserve.executor.input_batch import CachedRequestState
 from metalserve.executor.sampler import Sampler
 from metalserve.executor.truncation import NUCLEUS_CANDIDATES
 from metalserve.request import Request
@@ -51,6 +52,28 @@ def test_rejects_bad_logits() -> None:
         sampler(mx.zeros((2, 4)), [req()])
     with pytest.raises(ValueError, match="float"):
         sampler(mx.zeros((1, 4), dtype=mx.int32), [req()])
+    with pytest.raises(ValueError, match="empty vocabulary"):
+        sampler(mx.zeros((1, 0)), [req()])
+
+
+def test_empty_batch_gives_empty_output() -> None:
+    out = Sampler()(mx.zeros((0, 4)), [])
+    assert out.token_ids == [] and out.logprobs == []
+
+
+def test_accepts_the_runners_request_state() -> None:
+    state = CachedRequestState(
+        request_id="a",
+        token_ids=[1, 2, 3, 3],
+        num_prompt_tokens=2,
+        sampling_params=SamplingParams(temperature=0.0, presence_penalty=2.0, logprobs=1),
+        block_ids=[],
+        num_computed_tokens=0,
+        eos_token_ids=frozenset({0}),
+    )
+    out = Sampler()(mx.array([[0.0, 0.0, 2.9, 3.0]]), [state])
+    assert out.token_ids == [2]  # token 3 was generated, so presence drops it below token 2
+    assert out.logprobs[0] is not None and out.logprobs[0].top[0][0] == 3
 
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
