@@ -220,3 +220,25 @@ class FakeCore:
             num_free_blocks=self.num_blocks - used,
             num_total_blocks=self.num_blocks,
         )
+
+
+DEFAULT_REPLY = "Hello world! caf\u00e9 \U0001f600 The end."
+
+
+def say_reply(tokenizer: Any) -> Callable[[Request], str]:
+    """Reply with what follows the last `say:` in the prompt (up to the turn's end), else DEFAULT_REPLY.
+
+    A seed shows in the default reply, so seeded samples differ from each other and repeat.
+    """
+
+    def reply(request: Request) -> str:
+        if any(t == tokenizer.convert_tokens_to_ids("<|endoftext|>") for t in request.prompt_token_ids):
+            raise ValueError("prompt refused by the core")
+        text = tokenizer.decode(request.prompt_token_ids, skip_special_tokens=False)
+        index = text.rfind("say:")
+        if index >= 0:
+            return text[index + 4 :].split("<|im_end|>")[0]
+        seed = request.sampling_params.seed
+        return DEFAULT_REPLY if seed is None else f"{DEFAULT_REPLY} #{seed}"
+
+    return reply
