@@ -21,6 +21,8 @@ from metalserve.scheduler.stats import SchedulerStats
 from metalserve.scheduler.step import StepBuilder
 from metalserve.scheduler.stop import check_stop
 
+__all__ = ["Scheduler", "SchedulerStats"]
+
 
 class Scheduler:
     """Token-budget continuous batching over a paged KV cache; see the module docstring.
