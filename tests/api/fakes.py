@@ -29,7 +29,7 @@ CHAT_TEMPLATE = (
     "{%- for m in messages %}"
     "{%- if m.role == 'tool' %}<|im_start|>tool\n{{ m.content }}<|im_end|>\n"
     "{%- elif m.tool_calls %}<|im_start|>assistant\n{% for c in m.tool_calls %}<tool_call>"
-    '{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments }}}</tool_call>'
+    '{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}</tool_call>'
     "{% endfor %}<|im_end|>\n"
     "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
     "{%- endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -92,7 +92,7 @@ class FakeCore:
         *,
         num_blocks: int = 256,
         block_size: int = 4,
-        max_model_len: int = 128,
+        max_model_len: int = 256,
         step_delay: float = 0.0,
         fail_after_steps: int | None = None,
     ) -> None:

@@ -11,7 +11,7 @@ from metalserve.api.settings import ServerSettings
 from tests.api.conftest import MODEL, Served, live, make_served
 
 MSG = [{"role": "user", "content": "Hi"}]
-LONG = [{"role": "user", "content": "The capital of France is Paris. " * 30}]
+LONG = [{"role": "user", "content": "The capital of France is Paris. " * 60}]
 
 CASES: list[tuple[str, Any, int, str | None]] = [
     ("chat", "{not json", 400, None),
@@ -52,7 +52,7 @@ def test_error_cases(server: Served, route: str, body: Any, status: int, param: 
 
 def test_context_messages_use_vllm_wording(server: Served) -> None:
     long = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": LONG}).json()["error"]
-    assert "maximum context length is 128 tokens" in long["message"]
+    assert "maximum context length is 256 tokens" in long["message"]
     big = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": MSG, "max_tokens": 1000}).json()
     assert "'max_tokens' is too large: 1000" in big["error"]["message"]
 

@@ -29,7 +29,7 @@ def _stream_chat(server: Served, **body: Any) -> list[Any]:
 
 def test_models_health_version(server: Served) -> None:
     models = httpx.get(f"{server.url}/v1/models").json()
-    assert [m["id"] for m in models["data"]] == [MODEL] and models["data"][0]["max_model_len"] == 128
+    assert [m["id"] for m in models["data"]] == [MODEL] and models["data"][0]["max_model_len"] == 256
     assert httpx.get(f"{server.url}/health").status_code == 200
     assert httpx.get(f"{server.url}/version").json()["version"]
 
