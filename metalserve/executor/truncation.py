@@ -46,9 +46,7 @@ def _nucleus_threshold(
     return xp.where(p < 1.0, threshold, -math.inf), xp.all((mass[:, -1:] >= p) | (p >= 1.0))
 
 
-def _top_p(
-    be: ArrayBackend, y: Array, best: Array | None, row_max: Array, weights: Array, top_p: list[float]
-) -> Array:
+def _top_p(be: ArrayBackend, y: Array, best: Array | None, row_max: Array, weights: Array, top_p: list[float]) -> Array:
     """Top-p threshold per row, from the top-k candidates, else the best few, else the whole row."""
     total = be.xp.sum(weights, axis=-1, keepdims=True)
     if best is None:
@@ -59,10 +57,17 @@ def _top_p(
     return threshold
 
 
-def sample_rows(
-    be: ArrayBackend, logits: Array, params: Sequence[SamplingParams], uniforms: np.ndarray
-) -> Array:
+def sample_rows(be: ArrayBackend, logits: Array, params: Sequence[SamplingParams], uniforms: np.ndarray) -> Array:
     """Sample one token id per row of float32 logits [R, V]; uniforms[i] in [0, 1) drives row i's draw."""
+    step = be.row_chunk or logits.shape[0]
+    parts = [
+        _sample_chunk(be, logits[i : i + step], params[i : i + step], uniforms[i : i + step])
+        for i in range(0, logits.shape[0], step)
+    ]
+    return parts[0] if len(parts) == 1 else be.xp.concatenate(parts)
+
+
+def _sample_chunk(be: ArrayBackend, logits: Array, params: Sequence[SamplingParams], uniforms: np.ndarray) -> Array:
     xp = be.xp
     vocab = logits.shape[-1]
     scale = 1.0 / math.log(be.log_base)
