@@ -101,7 +101,7 @@ class NumpyBackend(ArrayBackend):
         return -np.sort(-top, axis=-1)
 
     def top_indices(self, y: Array, k: int) -> Array:
-        return np.argpartition(-y, k - 1, axis=-1)[:, :k]
+        return np.argpartition(y, y.shape[-1] - k, axis=-1)[:, y.shape[-1] - k :]
 
     def scatter(self, x: Array, rows: Array, cols: Array, values: Array, op: str) -> Array:
         x[rows, cols] = getattr(np, op)(x[rows, cols], values)

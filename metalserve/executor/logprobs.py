@@ -22,21 +22,22 @@ class PendingLogprobs:
         self.rows = list(rows)
         self.top_n = list(top_n)
         index = be.asarray(self.rows, "int64")
-        raw = logits[index]
+        raw = logits[index] if len(self.rows) < logits.shape[0] else logits
         row_max = xp.max(raw, axis=-1, keepdims=True)
         # Sum in the backend's fastest exponential base; the log turns it back into natural units.
         scale = 1.0 / math.log(be.log_base)
-        mass = xp.sum(be.exp((raw - row_max) * scale), axis=-1, keepdims=True)
-        logprobs = raw - (row_max + be.ln(mass))
+        shifted = raw - row_max
+        mass = xp.sum(be.exp(shifted * scale if scale != 1.0 else shifted), axis=-1, keepdims=True)
+        log_norm = row_max + be.ln(mass)  # logprob = logit - log_norm; only the few read are computed
         sampled_ids = tokens[index][:, None].astype(xp.int32)
-        self.sampled = xp.take_along_axis(logprobs, sampled_ids, axis=-1)[:, 0]
-        n = max(self.top_n)
+        self.sampled = (xp.take_along_axis(raw, sampled_ids, axis=-1) - log_norm)[:, 0]
+        n = min(max(self.top_n), raw.shape[-1])
         self.top_ids: Array | None = None
         self.top_values: Array | None = None
         if n > 0:
             # A partition finds the n best without sorting the vocabulary; the host orders those n.
             self.top_ids = be.top_indices(raw, n)
-            self.top_values = xp.take_along_axis(logprobs, self.top_ids, axis=-1)
+            self.top_values = xp.take_along_axis(raw, self.top_ids, axis=-1) - log_norm
 
     def arrays(self) -> list[Array]:
         """What to evaluate together with the sampled tokens."""

@@ -70,3 +70,9 @@ def test_logprobs_from_half_precision_logits() -> None:
         assert lp is not None and len(lp.top) == 20
         assert [v for _, v in lp.top] == sorted((v for _, v in lp.top), reverse=True)
         assert lp.top[0] == (int(np.argmax(expected[row])), pytest.approx(expected[row].max(), abs=1e-3))
+
+
+def test_top_n_larger_than_the_vocabulary_lists_every_token() -> None:
+    raw = np.array([[0.5, 2.0, 1.0]], dtype=np.float32)
+    lp = Sampler()(mx.array(raw), [req(temperature=0.0, logprobs=5)]).logprobs[0]
+    assert lp is not None and [t for t, _ in lp.top] == [1, 2, 0]
