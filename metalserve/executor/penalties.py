@@ -58,9 +58,7 @@ def apply_min_tokens(
         return logits
     cols = np.concatenate(c)
     minus_inf = be.asarray(np.full(len(cols), -np.inf, dtype=np.float32))
-    return be.scatter(
-        logits, be.asarray(np.concatenate(r), "int64"), be.asarray(cols, "int64"), minus_inf, "minimum"
-    )
+    return be.scatter(logits, be.asarray(np.concatenate(r), "int64"), be.asarray(cols, "int64"), minus_inf, "minimum")
 
 
 def _penalty_pairs(request: SamplingRequest, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -76,9 +74,7 @@ def _penalty_pairs(request: SamplingRequest, vocab_size: int) -> tuple[np.ndarra
     return tokens, counts.astype(np.float32)
 
 
-def apply_penalties(
-    be: ArrayBackend, logits: Array, requests: Sequence[SamplingRequest], rows: Sequence[int]
-) -> Array:
+def apply_penalties(be: ArrayBackend, logits: Array, requests: Sequence[SamplingRequest], rows: Sequence[int]) -> Array:
     """vLLM/OpenAI penalties: repetition over prompt + output (divide positive logits, multiply
     negative ones), then presence and frequency over the output only (subtract p + f * count)."""
     vocab_size = logits.shape[-1]

@@ -33,9 +33,7 @@ def is_greedy(params: SamplingParams) -> bool:
 
 
 def has_penalties(params: SamplingParams) -> bool:
-    return (
-        params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
-    )
+    return params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
 
 
 def needs_min_tokens_mask(request: SamplingRequest) -> bool:
