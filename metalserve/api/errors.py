@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger(__name__)
@@ -76,6 +77,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
         return error_response(OpenAIError(message, 400, param=param))
+
+    @app.exception_handler(ValidationError)
+    async def _pydantic(_: Request, exc: ValidationError) -> JSONResponse:
+        return await _validation(_, RequestValidationError(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

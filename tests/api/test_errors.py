@@ -84,3 +84,10 @@ def test_dead_engine_gives_503_and_unhealthy() -> None:
         first = httpx.post(f"{served.url}/v1/chat/completions", json={"messages": MSG})
         assert first.status_code == 503 and first.json()["error"]["type"] == "service_unavailable"
         assert httpx.get(f"{served.url}/health").status_code == 503
+
+
+def test_tokenize_errors(server: Served) -> None:
+    for body in ({"messages": []}, {}, {"prompt": "x", "messages": MSG}):
+        response = httpx.post(f"{server.url}/tokenize", json=body)
+        assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
+    assert httpx.post(f"{server.url}/detokenize", json={"tokens": [10**9]}).status_code == 400
