@@ -84,7 +84,7 @@ extern "C" int msl_run(void* const* bufs, const unsigned* dims, int reverse, int
 }}
 """
     if asan:
-        text += '#include "asan_main.inc"\n'
+        text += '#include "asan_main.h"\n'
     return text
 
 
@@ -97,7 +97,7 @@ def _digest(text: str, flags: tuple[str, ...]) -> str:
 
 @cache
 def _headers_text() -> str:
-    return "".join(p.read_text() for p in sorted(EMULATOR_DIR.glob("*.h")) + [EMULATOR_DIR / "asan_main.inc"])
+    return "".join(p.read_text() for p in sorted(EMULATOR_DIR.glob("*.h")))
 
 
 def _include_dir(flags: tuple[str, ...]) -> Path:
@@ -107,7 +107,7 @@ def _include_dir(flags: tuple[str, ...]) -> Path:
         return out
     cache_dir().mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=cache_dir(), suffix=".tmp"))
-    for header in [*EMULATOR_DIR.glob("*.h"), EMULATOR_DIR / "asan_main.inc"]:
+    for header in EMULATOR_DIR.glob("*.h"):
         shutil.copy(header, tmp / header.name)
     cmd = [compiler(), *flags, "-x", "c++-header", str(tmp / "msl.h"), "-o", str(tmp / "msl.h.gch")]
     if subprocess.run(cmd, capture_output=True).returncode != 0:

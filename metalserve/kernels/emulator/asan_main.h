@@ -1,3 +1,4 @@
+#pragma once
 // main() of the AddressSanitizer build: buffers come from a file, each in its own exact-size
 // allocation so a read past any buffer's end hits ASan's redzone; results go back to a file.
 // File layout: u32 count, then per buffer u64 size and bytes; then u32 dims[6], i32 reverse.
