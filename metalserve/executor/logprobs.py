@@ -3,12 +3,29 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from metalserve.executor.array_backend import Array, ArrayBackend
 from metalserve.outputs import TokenLogprob
+
+
+def _log_norm(be: ArrayBackend, raw: Array) -> Array:
+    """[R, 1] log of each row's softmax denominator, so that a logprob is logit - log_norm."""
+    row_max = be.xp.max(raw, axis=-1, keepdims=True)
+    # Sum in the backend's fastest exponential base; the log turns it back into natural units.
+    scale = 1.0 / math.log(be.log_base)
+    shifted = raw - row_max
+    mass = be.xp.sum(be.exp(shifted * scale if scale != 1.0 else shifted), axis=-1, keepdims=True)
+    return row_max + be.ln(mass)
+
+
+def _by_chunks(be: ArrayBackend, raw: Array, fn: Callable[[Array], Array]) -> Array:
+    """fn over row chunks of the backend's size (temporaries stay in cache), joined again."""
+    step = be.row_chunk or raw.shape[0]
+    parts = [fn(raw[i : i + step]) for i in range(0, raw.shape[0], step)]
+    return parts[0] if len(parts) == 1 else be.xp.concatenate(parts)
 
 
 class PendingLogprobs:
@@ -23,12 +40,7 @@ class PendingLogprobs:
         self.top_n = list(top_n)
         index = be.asarray(self.rows, "int64")
         raw = logits[index] if len(self.rows) < logits.shape[0] else logits
-        row_max = xp.max(raw, axis=-1, keepdims=True)
-        # Sum in the backend's fastest exponential base; the log turns it back into natural units.
-        scale = 1.0 / math.log(be.log_base)
-        shifted = raw - row_max
-        mass = xp.sum(be.exp(shifted * scale if scale != 1.0 else shifted), axis=-1, keepdims=True)
-        log_norm = row_max + be.ln(mass)  # logprob = logit - log_norm; only the few read are computed
+        log_norm = _by_chunks(be, raw, lambda part: _log_norm(be, part))  # logprob = logit - log_norm
         sampled_ids = tokens[index][:, None].astype(xp.int32)
         self.sampled = (xp.take_along_axis(raw, sampled_ids, axis=-1) - log_norm)[:, 0]
         n = min(max(self.top_n), raw.shape[-1])
@@ -36,7 +48,7 @@ class PendingLogprobs:
         self.top_values: Array | None = None
         if n > 0:
             # A partition finds the n best without sorting the vocabulary; the host orders those n.
-            self.top_ids = be.top_indices(raw, n)
+            self.top_ids = _by_chunks(be, raw, lambda part: be.top_indices(part, n))
             self.top_values = xp.take_along_axis(raw, self.top_ids, axis=-1) - log_norm
 
     def arrays(self) -> list[Array]:

@@ -76,3 +76,13 @@ def test_top_n_larger_than_the_vocabulary_lists_every_token() -> None:
     raw = np.array([[0.5, 2.0, 1.0]], dtype=np.float32)
     lp = Sampler()(mx.array(raw), [req(temperature=0.0, logprobs=5)]).logprobs[0]
     assert lp is not None and [t for t, _ in lp.top] == [1, 2, 0]
+
+
+def test_logprobs_of_many_rows() -> None:
+    raw = np.random.default_rng(2).normal(scale=2.0, size=(21, 50)).astype(np.float32)
+    out = Sampler()(mx.array(raw), [req(temperature=0.0, logprobs=2)] * 21)
+    expected = log_softmax(raw.astype(np.float64))
+    for row, lp in enumerate(out.logprobs):
+        assert lp is not None and lp.token_id == int(np.argmax(raw[row]))
+        assert lp.logprob == pytest.approx(expected[row].max(), abs=1e-4)
+        assert [t for t, _ in lp.top] == np.argsort(-expected[row])[:2].tolist()
