@@ -133,4 +133,7 @@ def serve_app(app: FastAPI, settings: ServerSettings) -> None:
         timeout_graceful_shutdown=int(settings.timeout_graceful_shutdown),
     )
     logger.info("serving on http://%s:%d/v1", settings.host, settings.port)
-    uvicorn.Server(config).run()
+    try:
+        uvicorn.Server(config).run()
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its clean shutdown; nothing is left to do
+        logger.info("stopped")

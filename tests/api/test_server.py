@@ -1,0 +1,104 @@
+"""The serve flags, their mapping onto the configs, the stats log line, and shutdown on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from metalserve.api.metrics import StatLogState
+from metalserve.api.server import add_cli_args, config_from_args, default_model_name
+from metalserve.config import ConfigError
+from metalserve.engine.async_engine import IterationStats
+from tests.api.conftest import _free_port
+from tests.api.fakes import FakeStats
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_cli_args(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_flags_map_onto_configs(tmp_path: Path) -> None:
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages[0].content }}")
+    args = _parse(
+        "model.gguf", "--host", "0.0.0.0", "--port", "9001", "--api-key", "k", "--served-model-name", "m",
+        "--max-model-len", "512", "--max-num-seqs", "4", "--max-num-batched-tokens", "256",
+        "--no-enable-prefix-caching", "--scheduling-policy", "priority", "--block-size", "32",
+        "--chat-template", str(template), "--tool-call-parser", "llama3_json",
+    )  # fmt: skip
+    config, settings = config_from_args(args)
+    assert (config.model, config.max_model_len, config.max_num_seqs, config.max_num_batched_tokens) == (
+        "model.gguf", 512, 4, 256,
+    )  # fmt: skip
+    assert not config.enable_prefix_caching and config.scheduling_policy == "priority" and config.block_size == 32
+    assert config.chat_template == "{{ messages[0].content }}" and config.tool_call_parser == "llama3_json"
+    assert (settings.host, settings.port, settings.api_key, settings.served_model_name) == ("0.0.0.0", 9001, "k", "m")
+    assert default_model_name(config, "x") == "m"
+    defaults, _ = config_from_args(_parse())
+    assert defaults.model is None and defaults.enable_prefix_caching
+    assert default_model_name(defaults, "embedded default: /a/b/Small.Q4_1.gguf") == "Small.Q4_1"
+
+
+def test_bad_flags_are_clear_errors() -> None:
+    with pytest.raises(ConfigError, match="--max-num-seqs"):
+        config_from_args(_parse("--max-num-seqs", "0"))
+    with pytest.raises(ValueError, match="--chat-template"):
+        config_from_args(_parse("--chat-template", "no-such-file.jinja"))
+    with pytest.raises(SystemExit):
+        _parse("--tool-call-parser", "nope")
+
+
+def test_stats_log_line() -> None:
+    state = StatLogState()
+    stats = FakeStats(2, 1, 0.25, 100, 40, 0, 30, 40)
+    state.record(stats, IterationStats(num_prompt_tokens=50, num_generation_tokens=10))
+    line = state.line()
+    assert "Running: 2 reqs, Waiting: 1 reqs" in line
+    assert "GPU KV cache usage: 25.0%" in line and "Prefix cache hit rate: 40.0%" in line
+    assert "Avg prompt throughput: 0.0" not in line  # 50 tokens in a few microseconds
+    assert "Avg generation throughput: 0.0 tokens/s" in state.line()  # counts reset after a line
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_shuts_down_cleanly(sig: signal.Signals) -> None:
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.api.serve_fake", str(port)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert time.monotonic() < deadline and proc.poll() is None, "server did not start"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        ok = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "say:hi"}, timeout=10)
+        assert ok.json()["choices"][0]["text"] == "hi"
+        time.sleep(0.5)  # let a stats line appear
+        proc.send_signal(sig)
+        output, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # uvicorn re-raises the caught signal once shut down, so the exit status still says why it stopped.
+    assert proc.returncode in (0, -sig, 128 + sig), output
+    assert "Application shutdown complete" in output and "Traceback" not in output
+    assert "Avg generation throughput" in output
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
