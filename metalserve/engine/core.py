@@ -137,11 +137,12 @@ def select_attention(backend: str) -> AttentionFn | None:
     """None means the portable path with a per-step plan; otherwise a kernel with the contract signature."""
     if backend == "reference" or (backend == "auto" and not mx.metal.is_available()):
         return None
-    if not mx.metal.is_available():
-        raise ConfigError("--attention-backend metal needs a Metal device (none is available here)")
-    from metalserve.kernels.metal import paged_attention
+    from metalserve.kernels.metal import attention_backend
 
-    return paged_attention
+    try:
+        return attention_backend("metal")
+    except RuntimeError as e:
+        raise ConfigError(f"--attention-backend {backend}: {e}") from e
 
 
 def measure_step_peak(

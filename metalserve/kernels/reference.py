@@ -125,8 +125,11 @@ def build_plan(
 
 def _attend(q: mx.array, k: mx.array, v: mx.array, mask: mx.array | str | None, opts: AttentionOptions) -> mx.array:
     """q: [B, Hq, Tq, D]; k, v: [B, Hkv, L, D]."""
+    if isinstance(mask, mx.array) and mask.dtype != q.dtype:
+        mask = mask.astype(q.dtype)  # the fused op wants an additive mask in the queries' dtype
     if opts.softcap is None:
-        return mx.fast.scaled_dot_product_attention(q, k, v, scale=opts.scale, mask=mask, sinks=opts.sinks)
+        sinks = None if opts.sinks is None else opts.sinks.astype(q.dtype)
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=opts.scale, mask=mask, sinks=sinks)
     # Soft-capping happens between the scores and the softmax, which the fused op cannot do.
     b, hq, tq, d = q.shape
     hkv, length = k.shape[1], k.shape[2]

@@ -22,8 +22,19 @@ from tests.kernels.cases import CASES, TOLERANCE, Case, Inputs, as_f64, make_inp
 
 def _emulator(case: Case, x: Inputs) -> mx.array:
     # Both thread orders must agree bit for bit: the kernel has no data race.
-    args = PagedArgs(x.q, x.k_pool, x.v_pool, x.block_tables, x.cu_seqlens_q, x.seq_lens,
-                     case.block_size, x.scale, case.sliding_window, case.softcap, x.sinks)
+    args = PagedArgs(
+        x.q,
+        x.k_pool,
+        x.v_pool,
+        x.block_tables,
+        x.cu_seqlens_q,
+        x.seq_lens,
+        case.block_size,
+        x.scale,
+        case.sliding_window,
+        case.softcap,
+        x.sinks,
+    )
     return run_paged_attention(args, emulate_race_checked, case.partition_size)
 
 
@@ -31,37 +42,57 @@ def _metal(case: Case, x: Inputs) -> mx.array:
     if not mx.metal.is_available():
         pytest.skip("no Metal device here; the emulator rows run this kernel's source")
     return metal_paged_attention(
-        x.q, x.k_pool, x.v_pool, x.block_tables, x.cu_seqlens_q, x.seq_lens, block_size=case.block_size,
-        scale=x.scale, sliding_window=case.sliding_window, softcap=case.softcap, sinks=x.sinks,
+        x.q,
+        x.k_pool,
+        x.v_pool,
+        x.block_tables,
+        x.cu_seqlens_q,
+        x.seq_lens,
+        block_size=case.block_size,
+        scale=x.scale,
+        sliding_window=case.sliding_window,
+        softcap=case.softcap,
+        sinks=x.sinks,
         partition_size=case.partition_size,
     )
 
 
 def _reference(case: Case, x: Inputs) -> mx.array:
     return reference.paged_attention(
-        x.q, x.k_pool, x.v_pool, x.block_tables, x.cu_seqlens_q, x.seq_lens, block_size=case.block_size,
-        scale=x.scale, sliding_window=case.sliding_window, softcap=case.softcap, sinks=x.sinks,
+        x.q,
+        x.k_pool,
+        x.v_pool,
+        x.block_tables,
+        x.cu_seqlens_q,
+        x.seq_lens,
+        block_size=case.block_size,
+        scale=x.scale,
+        sliding_window=case.sliding_window,
+        softcap=case.softcap,
+        sinks=x.sinks,
     )
+
+
+def _reference_planned(case: Case, x: Inputs) -> mx.array:
+    """The runner's form of the portable path: leading single-query requests attend as one batched group."""
+    plan = reference.build_plan(
+        np.array(x.block_tables), np.array(x.cu_seqlens_q), np.array(x.seq_lens), case.block_size, case.sliding_window
+    )
+    opts = reference.AttentionOptions(x.scale, case.sliding_window, case.softcap, x.sinks)
+    return reference.paged_attention_planned(x.q, x.k_pool, x.v_pool, plan, opts)
 
 
 BACKENDS: dict[str, Callable[[Case, Inputs], mx.array]] = {
     "emulator": _emulator,
     "metal": _metal,
     "reference": _reference,
+    "reference_planned": _reference_planned,
 }
-
-
-# reference.py (not ours to edit) fails these: its float32 additive window mask and float32 sinks do not
-# promote to a float16 / bfloat16 output in mx.fast.scaled_dot_product_attention. Reported upstream.
-REFERENCE_BUGS = {"window", "sinks"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 @pytest.mark.parametrize("backend", list(BACKENDS))
-def test_matches_float64_reference(backend: str, case: Case, request: pytest.FixtureRequest) -> None:
-    if backend == "reference" and case.name in REFERENCE_BUGS:
-        bug = pytest.mark.xfail(raises=ValueError, strict=True, reason="reference.py dtype bug")
-        request.applymarker(bug)
+def test_matches_float64_reference(backend: str, case: Case) -> None:
     x = make_inputs(case)
     out = BACKENDS[backend](case, x)
     assert out.shape == x.q.shape and out.dtype == x.q.dtype
@@ -95,8 +126,9 @@ def test_entry_point_matches_reference_here() -> None:
 
     case = CASES[0]
     x = make_inputs(case)
-    got = paged_attention(x.q, x.k_pool, x.v_pool, x.block_tables, x.cu_seqlens_q, x.seq_lens,
-                          block_size=case.block_size, scale=x.scale)
+    got = paged_attention(
+        x.q, x.k_pool, x.v_pool, x.block_tables, x.cu_seqlens_q, x.seq_lens, block_size=case.block_size, scale=x.scale
+    )
     want = _reference(case, x)
     if not mx.metal.is_available():
         assert mx.array_equal(got, want)
@@ -118,7 +150,18 @@ def test_kernel_reads_in_bounds_under_asan() -> None:
     """The AddressSanitizer build of the kernel, every buffer in its own exact-size allocation."""
     case = ASAN_CASE
     x = make_inputs(case)
-    args = PagedArgs(x.q, x.k_pool, x.v_pool, x.block_tables, x.cu_seqlens_q, x.seq_lens,
-                     case.block_size, x.scale, case.sliding_window, case.softcap, x.sinks)
+    args = PagedArgs(
+        x.q,
+        x.k_pool,
+        x.v_pool,
+        x.block_tables,
+        x.cu_seqlens_q,
+        x.seq_lens,
+        case.block_size,
+        x.scale,
+        case.sliding_window,
+        case.softcap,
+        x.sinks,
+    )
     out = run_paged_attention(args, lambda launch: emulate(launch, asan=True), case.partition_size)
     np.testing.assert_allclose(as_f64(out), reference_f64(case, x), atol=TOLERANCE[case.dtype], rtol=0)
