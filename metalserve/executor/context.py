@@ -21,17 +21,33 @@ AttentionFn = Callable[..., mx.array]
 
 @dataclass
 class LayerKV:
-    """One layer's K and V pools, `[num_slots, Hkv, D]`; replaced (not copied) by each step's write."""
+    """One layer's K and V pools for a kernel backend, `[num_slots, Hkv, D]` each (the kernel contract).
+
+    Each step's write replaces the arrays with the scatter's outputs, which reuse the same buffers.
+    """
 
     k: mx.array
     v: mx.array
+
+    def arrays(self) -> list[mx.array]:
+        return [self.k, self.v]
+
+
+@dataclass
+class PortableKV:
+    """One layer's K and V for the portable path, one array `[2, Hkv, num_slots, D]`; written in place."""
+
+    pool: mx.array
+
+    def arrays(self) -> list[mx.array]:
+        return [self.pool]
 
 
 @dataclass(frozen=True)
 class ForwardContext:
     positions: mx.array  # [T] int32, each token's position in its request
     slot_mapping: mx.array  # [T] int32, where each token's K/V is written
-    kv: list[LayerKV]
+    kv: list[LayerKV] | list[PortableKV]  # PortableKV exactly when attention_fn is None
     block_size: int
     plan: AttentionPlan | None  # the portable path's plan; None when a kernel backend runs
     # What a kernel backend needs (see the contract in metalserve/kernels/reference.py).

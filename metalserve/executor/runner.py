@@ -8,7 +8,7 @@ from typing import Protocol
 
 import mlx.core as mx
 
-from metalserve.executor.context import AttentionFn, ForwardContext, LayerKV, forward_context
+from metalserve.executor.context import AttentionFn, ForwardContext, LayerKV, PortableKV, forward_context
 from metalserve.executor.input_batch import CachedRequestState
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.step_inputs import StepInputs, pack_step
@@ -61,10 +61,12 @@ class ModelRunner:
 
             sampler = Sampler()
         self.sampler = sampler
-        shape = (spec.num_slots, spec.num_kv_heads, spec.head_dim)
-        self.kv = [LayerKV(mx.zeros(shape, spec.dtype), mx.zeros(shape, spec.dtype)) for _ in range(spec.num_layers)]
-        mx.eval([(layer.k, layer.v) for layer in self.kv])
+        self.kv = allocate_kv(spec, portable=attention_fn is None)
+        mx.eval(self._kv_arrays())
         self.requests: dict[str, CachedRequestState] = {}
+
+    def _kv_arrays(self) -> list[mx.array]:
+        return [a for layer in self.kv for a in layer.arrays()]
 
     def _update_states(self, so: SchedulerOutput) -> None:
         for rid in so.finished_req_ids | so.preempted_req_ids:
@@ -92,7 +94,10 @@ class ModelRunner:
             block_size=self.spec.block_size,
         )
         if self.attention_fn is None:
-            plan = build_plan(step.block_rows, step.cu_seqlens_q, step.seq_lens, self.spec.block_size)
+            plan = build_plan(
+                step.block_rows, step.cu_seqlens_q, step.seq_lens, self.spec.block_size,
+                num_kv_heads=self.spec.num_kv_heads,
+            )  # fmt: skip
             return ForwardContext(plan=plan, **common)  # type: ignore[arg-type]
         return ForwardContext(
             plan=None,
@@ -113,7 +118,7 @@ class ModelRunner:
         sampling = [self.requests[step.request_ids[i]] for i in step.sampling_rows]
         result = self.sampler(logits, sampling) if sampling else _NO_SAMPLES
         # Evaluate the pools with the logits so the scatters run now and release the old buffers.
-        mx.eval([(layer.k, layer.v) for layer in self.kv])
+        mx.eval(self._kv_arrays())
         sampled: dict[str, list[int]] = {rid: [] for rid in step.request_ids}
         logprobs: dict[str, list[TokenLogprob]] = {}
         for rid in step.request_ids:
@@ -126,6 +131,15 @@ class ModelRunner:
             if lp is not None:
                 logprobs[state.request_id] = [lp]
         return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+
+
+def allocate_kv(spec: KVCacheSpec, *, portable: bool) -> list[LayerKV] | list[PortableKV]:
+    """Zeroed pools in the attention backend's layout (see metalserve/kernels/reference.py)."""
+    if portable:
+        shape = (2, spec.num_kv_heads, spec.num_slots, spec.head_dim)
+        return [PortableKV(mx.zeros(shape, spec.dtype)) for _ in range(spec.num_layers)]
+    shape = (spec.num_slots, spec.num_kv_heads, spec.head_dim)
+    return [LayerKV(mx.zeros(shape, spec.dtype), mx.zeros(shape, spec.dtype)) for _ in range(spec.num_layers)]
 
 
 @dataclass

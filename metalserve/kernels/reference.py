@@ -12,8 +12,11 @@ The contract every attention backend (this one, the Metal kernel) honours:
 - options: `sliding_window` (a query at p sees keys `> p - window`), `softcap` (scores become
   `softcap * tanh(scores / softcap)`), `sinks` (`[Hq]` logits of a virtual key with zero value).
 
-Here decode requests (one query each) are batched into one attention call over their gathered pages,
-and each prefill chunk runs as its own call: no request is padded to the longest query.
+The runner's own pools for this path use another layout, `[2, Hkv, num_slots, D]` (K and V in one array,
+KV heads outermost; see `PortableKV`): a step's decode requests (one query each) then gather all their
+pages in one op and attend in one call with the KV heads folded into the batch, so no K/V is transposed;
+each prefill chunk runs as its own call. No request is padded to the longest query. `paged_attention`,
+the contract's entry point, takes the contract's pools and converts them (tests use it).
 """
 
 from __future__ import annotations
@@ -39,8 +42,9 @@ class DecodeGroup:
 
     q_start: int
     q_end: int
-    kv_slots: mx.array  # [B, L] gather indices into the flat pools
-    mask: mx.array | None  # [B, 1, 1, L] additive; None when every request has length L and no window
+    block_ids: mx.array  # [B, n] each request's pages, padded with its last page (masked)
+    block_size: int
+    mask: mx.array | None  # [Hkv * B, 1, 1, n * block_size] additive; None when nothing is masked
 
 
 @dataclass(frozen=True)
@@ -77,15 +81,22 @@ def _window_mask(q_positions: np.ndarray, length: int, window: int | None) -> np
 
 
 def _decode_group(
-    block_tables: Sequence[np.ndarray] | np.ndarray, lens: np.ndarray, block_size: int, window: int | None
+    block_tables: Sequence[np.ndarray] | np.ndarray,
+    lens: np.ndarray,
+    block_size: int,
+    window: int | None,
+    num_kv_heads: int,
 ) -> DecodeGroup:
-    longest = int(lens.max())
-    slots = np.stack([_slots(block_tables[i], longest, block_size) for i in range(len(lens))])
+    pages = -(-int(lens.max()) // block_size)
+    rows = [
+        np.asarray(block_tables[i])[np.minimum(np.arange(pages), len(block_tables[i]) - 1)] for i in range(len(lens))
+    ]
     mask = None
-    if window is not None or int(lens.min()) != longest:
-        rows = [_window_mask(np.array([n - 1]), longest, window) for n in lens]
-        mask = mx.array(np.stack(rows)[:, None, :, :])
-    return DecodeGroup(0, len(lens), mx.array(slots.astype(np.int32)), mask)
+    span = pages * block_size
+    if window is not None or int(lens.min()) != span:
+        masks = np.stack([_window_mask(np.array([n - 1]), span, window) for n in lens])[:, None]  # [B, 1, 1, L]
+        mask = mx.array(np.tile(masks, (num_kv_heads, 1, 1, 1)))  # batch rows are (kv head, request)
+    return DecodeGroup(0, len(lens), mx.array(np.stack(rows).astype(np.int32)), block_size, mask)
 
 
 def _prefill_chunk(
@@ -104,6 +115,7 @@ def build_plan(
     seq_lens: np.ndarray,
     block_size: int,
     sliding_window: int | None = None,
+    num_kv_heads: int = 1,
 ) -> AttentionPlan:
     """Group the step's requests: leading single-query requests form the decode group.
 
@@ -114,7 +126,9 @@ def build_plan(
     num_decodes = 0
     while num_decodes < num_reqs and q_lens[num_decodes] == 1:
         num_decodes += 1
-    decode = _decode_group(block_tables, seq_lens[:num_decodes], block_size, sliding_window) if num_decodes else None
+    decode = None
+    if num_decodes:
+        decode = _decode_group(block_tables, seq_lens[:num_decodes], block_size, sliding_window, num_kv_heads)
     prefills = [
         _prefill_chunk(block_tables[i], int(cu_seqlens_q[i]), int(cu_seqlens_q[i + 1]), int(seq_lens[i]),
                        block_size, sliding_window)
@@ -123,56 +137,74 @@ def build_plan(
     return AttentionPlan(decode, tuple(prefills))
 
 
-def _attend(q: mx.array, k: mx.array, v: mx.array, mask: mx.array | str | None, opts: AttentionOptions) -> mx.array:
-    """q: [B, Hq, Tq, D]; k, v: [B, Hkv, L, D]."""
+def _attend(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    mask: mx.array | str | None,
+    opts: AttentionOptions,
+    sinks: mx.array | None = None,
+) -> mx.array:
+    """q: [B, Hq, Tq, D]; k, v: [B, Hkv, L, D]. `sinks`: broadcastable to [B, Hkv, Hq // Hkv, Tq, 1]."""
     if isinstance(mask, mx.array) and mask.dtype != q.dtype:
         mask = mask.astype(q.dtype)  # the fused op wants an additive mask in the queries' dtype
-    if opts.softcap is None:
-        sinks = None if opts.sinks is None else opts.sinks.astype(q.dtype)
-        return mx.fast.scaled_dot_product_attention(q, k, v, scale=opts.scale, mask=mask, sinks=sinks)
-    # Soft-capping happens between the scores and the softmax, which the fused op cannot do.
+    if opts.softcap is None and sinks is None:
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=opts.scale, mask=mask)
+    # Soft-capping and sinks act between the scores and the softmax: spelled out with plain ops.
     b, hq, tq, d = q.shape
     hkv, length = k.shape[1], k.shape[2]
     qg = q.reshape(b, hkv, hq // hkv, tq, d)
-    scores = (qg * opts.scale) @ k[:, :, None].swapaxes(-1, -2)
-    scores = mx.tanh(scores.astype(mx.float32) / opts.softcap) * opts.softcap
+    scores = ((qg * opts.scale) @ k[:, :, None].swapaxes(-1, -2)).astype(mx.float32)
+    if opts.softcap is not None:
+        scores = mx.tanh(scores / opts.softcap) * opts.softcap
     if isinstance(mask, str):
-        offset = length - tq
-        allowed = mx.arange(length)[None, :] <= (mx.arange(tq)[:, None] + offset)
+        allowed = mx.arange(length)[None, :] <= (mx.arange(tq)[:, None] + length - tq)
         scores = mx.where(allowed, scores, -mx.inf)
     elif mask is not None:
-        scores = scores + mask.reshape(mask.shape[0], 1, 1, *mask.shape[-2:])
-    if opts.sinks is not None:
-        sink = mx.broadcast_to(
-            opts.sinks.reshape(1, hkv, hq // hkv, 1, 1).astype(mx.float32), (b, hkv, hq // hkv, tq, 1)
-        )
-        scores = mx.concatenate([sink, scores], axis=-1)
-        probs = mx.softmax(scores, axis=-1)[..., 1:]
+        scores = scores + mask.reshape(mask.shape[0], 1, 1, *mask.shape[-2:]).astype(mx.float32)
+    if sinks is not None:
+        sink = mx.broadcast_to(sinks.astype(mx.float32), (b, hkv, hq // hkv, tq, 1))
+        probs = mx.softmax(mx.concatenate([sink, scores], axis=-1), axis=-1)[..., 1:]
     else:
         probs = mx.softmax(scores, axis=-1)
     out = probs.astype(v.dtype) @ v[:, :, None]
     return out.reshape(b, hq, tq, d)
 
 
-def paged_attention_planned(
-    q: mx.array, k_pool: mx.array, v_pool: mx.array, plan: AttentionPlan, opts: AttentionOptions
-) -> mx.array:
-    """Attention for one layer following a prebuilt plan. Returns `[total_q, Hq, D]`."""
+def _attend_decodes(q: mx.array, pool: mx.array, g: DecodeGroup, opts: AttentionOptions) -> mx.array:
+    """One call for every single-query request: KV heads folded into the batch, `[Hkv * B, 1, L, D]`."""
+    _, hkv, num_slots, d = pool.shape
+    b, pages = g.block_ids.shape
+    pages_view = pool.reshape(2, hkv, num_slots // g.block_size, g.block_size, d)
+    kv = pages_view[:, :, g.block_ids].reshape(2, hkv * b, 1, pages * g.block_size, d)  # one gather for K and V
+    hq = q.shape[1]
+    group = hq // hkv
+    qd = q[g.q_start : g.q_end].reshape(b, hkv, group, d).transpose(1, 0, 2, 3).reshape(hkv * b, group, 1, d)
+    sinks = None
+    if opts.sinks is not None:  # per query head: row (kv head h, request) uses sinks[h * group : (h + 1) * group]
+        sinks = mx.broadcast_to(opts.sinks.reshape(hkv, 1, group), (hkv, b, group)).reshape(hkv * b, 1, group, 1, 1)
+    out = _attend(qd, kv[0], kv[1], g.mask, opts, sinks)  # [Hkv * B, group, 1, D]
+    return out.reshape(hkv, b, group, d).transpose(1, 0, 2, 3).reshape(b, hq, d)
+
+
+def paged_attention_planned(q: mx.array, pool: mx.array, plan: AttentionPlan, opts: AttentionOptions) -> mx.array:
+    """Attention for one layer over the portable pool `[2, Hkv, num_slots, D]`. Returns `[total_q, Hq, D]`."""
     parts = []
     if plan.decode is not None:
-        g = plan.decode
-        b, length = g.kv_slots.shape
-        k = k_pool[g.kv_slots].transpose(0, 2, 1, 3)  # [B, Hkv, L, D]
-        v = v_pool[g.kv_slots].transpose(0, 2, 1, 3)
-        qd = q[g.q_start : g.q_end][:, :, None, :]  # [B, Hq, 1, D]
-        parts.append(_attend(qd, k, v, g.mask, opts)[:, :, 0, :])
+        parts.append(_attend_decodes(q, pool, plan.decode, opts))
+    hkv, hq = pool.shape[1], q.shape[1]
+    sinks = None if opts.sinks is None else opts.sinks.reshape(1, hkv, hq // hkv, 1, 1)
     for c in plan.prefills:
-        k = k_pool[c.kv_slots].transpose(1, 0, 2)[None]  # [1, Hkv, L, D]
-        v = v_pool[c.kv_slots].transpose(1, 0, 2)[None]
+        kv = pool[:, :, c.kv_slots][:, None]  # [2, 1, Hkv, L, D]
         qp = q[c.q_start : c.q_end].transpose(1, 0, 2)[None]  # [1, Hq, Tq, D]
         mask = c.mask if isinstance(c.mask, str) else c.mask[None, None]
-        parts.append(_attend(qp, k, v, mask, opts)[0].transpose(1, 0, 2))
+        parts.append(_attend(qp, kv[0], kv[1], mask, opts, sinks)[0].transpose(1, 0, 2))
     return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
+
+
+def portable_pool(k_pool: mx.array, v_pool: mx.array) -> mx.array:
+    """The contract's slot-major pools `[num_slots, Hkv, D]` as one portable pool `[2, Hkv, num_slots, D]`."""
+    return mx.stack([k_pool, v_pool]).transpose(0, 2, 1, 3)
 
 
 def paged_attention(
@@ -200,7 +232,8 @@ def paged_attention(
         for i in range(len(lens))
     ]
     plan = AttentionPlan(None, tuple(chunks))
-    return paged_attention_planned(q, k_pool, v_pool, plan, AttentionOptions(scale, sliding_window, softcap, sinks))
+    opts = AttentionOptions(scale, sliding_window, softcap, sinks)
+    return paged_attention_planned(q, portable_pool(k_pool, v_pool), plan, opts)
 
 
 def write_kv(
@@ -214,3 +247,9 @@ def write_kv(
     k_pool[slot_mapping] = k.astype(k_pool.dtype)
     v_pool[slot_mapping] = v.astype(v_pool.dtype)
     return k_pool, v_pool
+
+
+def write_kv_portable(pool: mx.array, k: mx.array, v: mx.array, slot_mapping: mx.array) -> mx.array:
+    """Scatter new K/V `[T, Hkv, D]` into the portable pool `[2, Hkv, num_slots, D]`; in place, as `write_kv`."""
+    pool[:, :, slot_mapping] = mx.stack([k, v]).astype(pool.dtype).transpose(0, 2, 1, 3)
+    return pool

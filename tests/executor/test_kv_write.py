@@ -44,7 +44,7 @@ def test_a_runner_step_does_not_copy_the_pools() -> None:
     model = tiny_model("llama")
     spec = KVCacheSpec(2, 2, 16, mx.float32, block_size=16, num_blocks=1 << 14)  # 2 x 2 x 32 MB
     runner = ModelRunner(PagedModel(model, "llama"), spec, sampler=greedy_sampler)
-    pool_bytes = sum(layer.k.nbytes + layer.v.nbytes for layer in runner.kv)
+    pool_bytes = sum(a.nbytes for layer in runner.kv for a in layer.arrays())
     new = NewRequestData("r", list(range(40)), 40, SamplingParams(temperature=0), [0, 1, 2], 0)
     mx.reset_peak_memory()
     before = mx.get_active_memory()

@@ -76,10 +76,11 @@ def _reference(case: Case, x: Inputs) -> mx.array:
 def _reference_planned(case: Case, x: Inputs) -> mx.array:
     """The runner's form of the portable path: leading single-query requests attend as one batched group."""
     plan = reference.build_plan(
-        np.array(x.block_tables), np.array(x.cu_seqlens_q), np.array(x.seq_lens), case.block_size, case.sliding_window
-    )
+        np.array(x.block_tables), np.array(x.cu_seqlens_q), np.array(x.seq_lens), case.block_size,
+        case.sliding_window, num_kv_heads=case.num_kv_heads,
+    )  # fmt: skip
     opts = reference.AttentionOptions(x.scale, case.sliding_window, case.softcap, x.sinks)
-    return reference.paged_attention_planned(x.q, x.k_pool, x.v_pool, plan, opts)
+    return reference.paged_attention_planned(x.q, reference.portable_pool(x.k_pool, x.v_pool), plan, opts)
 
 
 BACKENDS: dict[str, Callable[[Case, Inputs], mx.array]] = {
