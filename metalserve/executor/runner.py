@@ -136,8 +136,8 @@ class ModelRunner:
 def allocate_kv(spec: KVCacheSpec, *, portable: bool) -> list[LayerKV] | list[PortableKV]:
     """Zeroed pools in the attention backend's layout (see metalserve/kernels/reference.py)."""
     if portable:
-        shape = (2, spec.num_kv_heads, spec.num_slots, spec.head_dim)
-        return [PortableKV(mx.zeros(shape, spec.dtype)) for _ in range(spec.num_layers)]
+        joint = (2, spec.num_kv_heads, spec.num_slots, spec.head_dim)
+        return [PortableKV(mx.zeros(joint, spec.dtype)) for _ in range(spec.num_layers)]
     shape = (spec.num_slots, spec.num_kv_heads, spec.head_dim)
     return [LayerKV(mx.zeros(shape, spec.dtype), mx.zeros(shape, spec.dtype)) for _ in range(spec.num_layers)]
 
