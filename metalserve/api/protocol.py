@@ -12,7 +12,22 @@ MAX_N = 16  # choices per request; each is its own engine request
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # e.g. continuous_usage_stats: not supported, so refused
+
     include_usage: bool = False
+
+
+class ResponseFormat(BaseModel):
+    """Only plain text is produced; JSON modes are refused rather than silently ignored."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _text_only(self) -> ResponseFormat:
+        if self.type != "text":
+            raise ValueError(f"response_format type {self.type!r} is not supported yet; only 'text'")
+        return self
 
 
 class FunctionDefinition(BaseModel):
@@ -63,9 +78,12 @@ class ChatMessage(BaseModel):
 
 
 class _SamplingRequest(BaseModel):
-    """Fields shared by chat and completions, including vLLM's extensions."""
+    """Fields shared by chat and completions, including vLLM's extensions.
 
-    model_config = ConfigDict(extra="ignore")
+    Unknown fields are refused (400 naming the field): a request field is honoured or rejected, never dropped.
+    """
+
+    model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
@@ -106,6 +124,7 @@ class ChatCompletionRequest(_SamplingRequest):
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = True
+    response_format: ResponseFormat | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -113,6 +132,8 @@ class ChatCompletionRequest(_SamplingRequest):
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs to be true")
+        if self.parallel_tool_calls is False:
+            raise ValueError("parallel_tool_calls=false is not supported yet; leave it out or set it true")
         return self
 
 

@@ -49,7 +49,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention-backend", choices=["auto", "metal", "reference"], default=d.attention_backend)
     parser.add_argument("--chat-template", default=None, help="a Jinja chat template, or a file holding one")
     parser.add_argument("--tool-call-parser", choices=sorted(TOOL_PARSERS), default=None)
-    parser.add_argument("--enable-auto-tool-choice", action="store_true", help="accepted for vLLM compatibility")
+    parser.add_argument(
+        "--enable-auto-tool-choice", action="store_true",
+        help="vLLM's flag: tool_choice 'auto' (on whenever --tool-call-parser is set); needs --tool-call-parser",
+    )  # fmt: skip
     parser.add_argument("--log-stats-interval", type=float, default=s.log_stats_interval, help="seconds; 0: off")
     parser.add_argument("--seed", type=int, default=d.seed)
 
@@ -67,6 +70,8 @@ def _chat_template(value: str | None) -> str | None:
 
 def config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
     """Map parsed flags onto the two frozen configs (both validate themselves)."""
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes, qwen or llama3_json)")
     config = EngineConfig(
         model=args.model,
         served_model_name=args.served_model_name,

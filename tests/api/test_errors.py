@@ -29,6 +29,17 @@ CASES: list[tuple[str, Any, int, str | None]] = [
     ("completions", {"prompt": [99999]}, 400, "prompt"),
     ("completions", {"prompt": ""}, 400, "prompt"),
     ("completions", {"prompt": "Hi", "suffix": "x"}, 400, "suffix"),
+    # Fields that are not honoured are refused, never dropped silently.
+    ("chat", {"messages": MSG, "no_such_field": 1}, 400, "no_such_field"),
+    ("completions", {"prompt": "Hi", "store": True}, 400, "store"),
+    ("chat", {"messages": MSG, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    (
+        "chat",
+        {"messages": MSG, "stream": True, "stream_options": {"continuous_usage_stats": True}},
+        400,
+        "stream_options",
+    ),
+    ("chat", {"messages": MSG, "tools": [], "parallel_tool_calls": False}, 400, None),
 ]
 
 
@@ -48,6 +59,11 @@ def test_error_cases(server: Served, route: str, body: Any, status: int, param: 
     # And the server still serves a normal request.
     ok = httpx.post(f"{server.url}/v1/chat/completions", json={"model": MODEL, "messages": MSG})
     assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] == "stop"
+
+
+def test_plain_text_response_format_is_honoured(server: Served) -> None:
+    body = {"model": MODEL, "messages": MSG, "response_format": {"type": "text"}}
+    assert httpx.post(f"{server.url}/v1/chat/completions", json=body).status_code == 200
 
 
 def test_context_messages_use_vllm_wording(server: Served) -> None:

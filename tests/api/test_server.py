@@ -58,6 +58,10 @@ def test_bad_flags_are_clear_errors() -> None:
         config_from_args(_parse("--chat-template", "no-such-file.jinja"))
     with pytest.raises(SystemExit):
         _parse("--tool-call-parser", "nope")
+    with pytest.raises(ValueError, match="--enable-auto-tool-choice needs --tool-call-parser"):
+        config_from_args(_parse("--enable-auto-tool-choice"))
+    config, settings = config_from_args(_parse("--enable-auto-tool-choice", "--tool-call-parser", "hermes"))
+    assert settings.tool_call_parser == "hermes"
 
 
 def test_stats_log_line() -> None:
