@@ -11,11 +11,14 @@ import argparse
 import statistics
 import time
 
+# isort: off
+import metalserve  # noqa: F401  (must come before MLX: it loads the optimized BLAS that MLX then binds)
+
+# isort: on
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
-import metalserve  # noqa: F401  (loads the optimized BLAS before MLX)
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import KVCacheSpec, ModelRunner
 from metalserve.executor.sampler import Sampler
@@ -59,13 +62,9 @@ def mlx_lm_decode(loaded: LoadedModel, batch: int, context: int, steps: int) -> 
     return median_time(step, steps)
 
 
-def paged_runner(
-    loaded: LoadedModel, model: PagedModel, num_tokens: int, block_size: int = 16
-) -> ModelRunner:
+def paged_runner(loaded: LoadedModel, model: PagedModel, num_tokens: int, block_size: int = 16) -> ModelRunner:
     blocks = -(-num_tokens // block_size) + 64
-    spec = KVCacheSpec(
-        loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, block_size, blocks
-    )
+    spec = KVCacheSpec(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, block_size, blocks)
     return ModelRunner(model, spec, eos_token_ids=frozenset(), sampler=Sampler(0))
 
 
@@ -120,7 +119,7 @@ def main() -> None:
     reference = load_model(args.model)
     ours = load_model(args.model)  # a second copy: PagedModel takes over its attention layers
     paged = PagedModel(ours.model, ours.model_type)
-    print(reference.describe())
+    print(reference.describe(), flush=True)
     rows = []
     a = mlx_lm_prefill(reference, args.prefill_tokens, 3)
     b = ours_prefill(ours, paged, args.prefill_tokens, 3)

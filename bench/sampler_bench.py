@@ -13,6 +13,10 @@ import argparse
 import time
 from collections.abc import Callable
 
+# isort: off
+import metalserve  # noqa: F401  (must come before MLX: it loads the optimized BLAS that MLX then binds)
+
+# isort: on
 import mlx.core as mx
 import numpy as np
 
