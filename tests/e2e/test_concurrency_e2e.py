@@ -12,7 +12,7 @@ from tests.e2e.server import RunningServer, running_server
 
 pytestmark = pytest.mark.slow
 TOPICS = ["the sea", "a mountain", "bread", "a violin", "winter", "a library", "rain", "a garden"]
-MAX_TOKENS = 12
+MAX_TOKENS = 8
 
 
 async def stream_text(client: httpx.AsyncClient, server: RunningServer, prompt: str) -> str:
@@ -50,12 +50,12 @@ def test_32_streams_on_a_small_pool_all_complete_correctly() -> None:
                 watcher = asyncio.create_task(watch_waiting(client))
                 together = await asyncio.gather(*(stream_text(client, server, p) for p in prompts))
                 watcher.cancel()
-                alone = [await stream_text(client, server, p) for p in prompts[: len(TOPICS)]]
+                alone = [await stream_text(client, server, p) for p in prompts]
             return list(together), alone
 
         together, alone = asyncio.run(run_all())
-        # Requests 8..31 repeat the topics with another index; the first 8 are checked against runs alone.
-        assert together[: len(TOPICS)] == alone
+        # Every one of the 32 overlapped streams equals the same prompt's greedy text run alone.
+        assert together == alone
         assert all(len(text) > 0 for text in together)
         assert server.metric("vllm:num_preemptions_total") > 0 or most_waiting > 0
         assert server.metric("vllm:kv_cache_usage_perc") == 0.0
