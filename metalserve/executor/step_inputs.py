@@ -33,7 +33,11 @@ class StepInputs:
 
 def pack_step(states: dict[str, CachedRequestState], num_scheduled: dict[str, int], block_size: int) -> StepInputs:
     """Lay out the step: requests with one query first (they form the batched decode group)."""
-    order = sorted(num_scheduled, key=lambda rid: num_scheduled[rid] != 1)
+    # Single-query requests first, shortest context first, so the attention can bucket them by length.
+    order = sorted(
+        num_scheduled,
+        key=lambda rid: (num_scheduled[rid] != 1, states[rid].num_computed_tokens if num_scheduled[rid] == 1 else 0),
+    )
     tokens, positions, slots, rows = [], [], [], []
     cu = [0]
     seq_lens, sampling_rows, logits_indices = [], [], []

@@ -59,7 +59,7 @@ class PrefillChunk:
 class AttentionPlan:
     """Host-side plan of one step's attention, built once and shared by every layer."""
 
-    decode: DecodeGroup | None
+    decodes: tuple[DecodeGroup, ...]  # single-query requests, in buckets of similar length
     prefills: tuple[PrefillChunk, ...]
 
 
@@ -82,21 +82,22 @@ def _window_mask(q_positions: np.ndarray, length: int, window: int | None) -> np
 
 def _decode_group(
     block_tables: Sequence[np.ndarray] | np.ndarray,
+    start: int,
     lens: np.ndarray,
     block_size: int,
     window: int | None,
     num_kv_heads: int,
 ) -> DecodeGroup:
+    """Requests `start .. start + len(lens)`, one query each, padded to the longest of them."""
     pages = -(-int(lens.max()) // block_size)
-    rows = [
-        np.asarray(block_tables[i])[np.minimum(np.arange(pages), len(block_tables[i]) - 1)] for i in range(len(lens))
-    ]
+    tables = [np.asarray(block_tables[start + i]) for i in range(len(lens))]
+    rows = [t[np.minimum(np.arange(pages), len(t) - 1)] for t in tables]
     mask = None
     span = pages * block_size
     if window is not None or int(lens.min()) != span:
         masks = np.stack([_window_mask(np.array([n - 1]), span, window) for n in lens])[:, None]  # [B, 1, 1, L]
         mask = mx.array(np.tile(masks, (num_kv_heads, 1, 1, 1)))  # batch rows are (kv head, request)
-    return DecodeGroup(0, len(lens), mx.array(np.stack(rows).astype(np.int32)), block_size, mask)
+    return DecodeGroup(start, start + len(lens), mx.array(np.stack(rows).astype(np.int32)), block_size, mask)
 
 
 def _prefill_chunk(
@@ -126,15 +127,27 @@ def build_plan(
     num_decodes = 0
     while num_decodes < num_reqs and q_lens[num_decodes] == 1:
         num_decodes += 1
-    decode = None
-    if num_decodes:
-        decode = _decode_group(block_tables, seq_lens[:num_decodes], block_size, sliding_window, num_kv_heads)
+    decodes = tuple(
+        _decode_group(block_tables, a, seq_lens[a:b], block_size, sliding_window, num_kv_heads)
+        for a, b in _length_buckets(seq_lens[:num_decodes], block_size)
+    )
     prefills = [
         _prefill_chunk(block_tables[i], int(cu_seqlens_q[i]), int(cu_seqlens_q[i + 1]), int(seq_lens[i]),
                        block_size, sliding_window)
         for i in range(num_decodes, num_reqs)
     ]  # fmt: skip
-    return AttentionPlan(decode, tuple(prefills))
+    return AttentionPlan(decodes, tuple(prefills))
+
+
+def _length_buckets(lens: np.ndarray, block_size: int) -> list[tuple[int, int]]:
+    """Split consecutive decodes where padding to the group's longest would more than double a request's
+    pages: one long context must not make every short one attend over its length (callers sort by length)."""
+    buckets, start = [], 0
+    for i in range(1, len(lens) + 1):
+        if i == len(lens) or -(-int(lens[i]) // block_size) > 2 * -(-int(lens[start]) // block_size) + 1:
+            buckets.append((start, i))
+            start = i
+    return buckets
 
 
 def _attend(
@@ -190,8 +203,8 @@ def _attend_decodes(q: mx.array, pool: mx.array, g: DecodeGroup, opts: Attention
 def paged_attention_planned(q: mx.array, pool: mx.array, plan: AttentionPlan, opts: AttentionOptions) -> mx.array:
     """Attention for one layer over the portable pool `[2, Hkv, num_slots, D]`. Returns `[total_q, Hq, D]`."""
     parts = []
-    if plan.decode is not None:
-        parts.append(_attend_decodes(q, pool, plan.decode, opts))
+    for group in plan.decodes:
+        parts.append(_attend_decodes(q, pool, group, opts))
     hkv, hq = pool.shape[1], q.shape[1]
     sinks = None if opts.sinks is None else opts.sinks.reshape(1, hkv, hq // hkv, 1, 1)
     for c in plan.prefills:
@@ -231,7 +244,7 @@ def paged_attention(
         _prefill_chunk(bt[i], int(cu[i]), int(cu[i + 1]), int(lens[i]), block_size, sliding_window)
         for i in range(len(lens))
     ]
-    plan = AttentionPlan(None, tuple(chunks))
+    plan = AttentionPlan((), tuple(chunks))
     opts = AttentionOptions(scale, sliding_window, softcap, sinks)
     return paged_attention_planned(q, portable_pool(k_pool, v_pool), plan, opts)
 
