@@ -64,7 +64,7 @@ def mlx_lm_decode(loaded: LoadedModel, batch: int, context: int, steps: int) -> 
 
 def paged_runner(loaded: LoadedModel, model: PagedModel, num_tokens: int, block_size: int = 16) -> ModelRunner:
     blocks = -(-num_tokens // block_size) + 64
-    spec = KVCacheSpec(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, block_size, blocks)
+    spec = KVCacheSpec.for_model(loaded, block_size, blocks)
     return ModelRunner(model, spec, eos_token_ids=frozenset(), sampler=Sampler(0))
 
 

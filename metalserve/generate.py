@@ -46,14 +46,7 @@ def generate(
     if longest > loaded.max_model_len:
         raise ValueError(f"a prompt plus max_tokens is {longest} tokens, more than the context {loaded.max_model_len}")
     blocks_each = -(-longest // block_size)
-    spec = KVCacheSpec(
-        loaded.num_layers,
-        loaded.num_kv_heads,
-        loaded.head_dim,
-        loaded.dtype,
-        block_size,
-        blocks_each * len(prompts),
-    )
+    spec = KVCacheSpec.for_model(loaded, block_size, blocks_each * len(prompts))
     runner = ModelRunner(
         PagedModel(loaded.model, loaded.model_type),
         spec,

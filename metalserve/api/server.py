@@ -119,7 +119,7 @@ def run_server(config: EngineConfig, settings: ServerSettings) -> None:
         core,
         loaded.tokenizer,
         model_name=default_model_name(config, loaded.source),
-        max_model_len=config.max_model_len or loaded.max_model_len,
+        max_model_len=core.max_model_len,  # resolved against the model's context by the core
         eos_token_ids=loaded.eos_token_ids,
         chat_template=loaded.chat_template,
     )

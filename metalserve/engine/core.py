@@ -67,14 +67,7 @@ class EngineCore:
             budget, loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype.size,
             config.block_size, max_model_len,
         )  # fmt: skip
-        spec = KVCacheSpec(
-            loaded.num_layers,
-            loaded.num_kv_heads,
-            loaded.head_dim,
-            loaded.dtype,
-            config.block_size,
-            num_blocks,
-        )
+        spec = KVCacheSpec.for_model(loaded, config.block_size, num_blocks)
         runner = ModelRunner(
             model,
             spec,
@@ -82,7 +75,7 @@ class EngineCore:
             sampler=Sampler(config.seed),
             attention_fn=attention_fn,
         )
-        mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * max(budget, per_block * num_blocks)))
+        mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * budget))
         tokens = num_blocks * config.block_size
         logger.info(
             "KV cache: %d blocks of %d tokens (%s), %d tokens; max concurrency at %d tokens/request: %.1fx",
@@ -151,7 +144,7 @@ def measure_step_peak(
     """Run one prefill of max_num_batched_tokens tokens on a throw-away pool and return MLX's peak memory."""
     n = config.max_num_batched_tokens
     blocks = -(-n // config.block_size)
-    spec = KVCacheSpec(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, config.block_size, blocks)
+    spec = KVCacheSpec.for_model(loaded, config.block_size, blocks)
     mx.reset_peak_memory()
     runner = ModelRunner(model, spec, sampler=Sampler(0), attention_fn=attention_fn)
     params = SamplingParams(temperature=0, max_tokens=1)

@@ -28,6 +28,11 @@ class CachedRequestState:
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
 
+    @property
+    def num_output_tokens(self) -> int:
+        """Without copying the outputs (the sampler asks every step)."""
+        return len(self.token_ids) - self.num_prompt_tokens
+
     def add_blocks(self, block_ids: list[int]) -> None:
         if block_ids:
             self.block_ids.extend(block_ids)

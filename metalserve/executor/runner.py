@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import mlx.core as mx
 
@@ -15,6 +15,9 @@ from metalserve.executor.step_inputs import StepInputs, pack_step
 from metalserve.kernels.reference import build_plan
 from metalserve.outputs import TokenLogprob
 from metalserve.scheduler.output import ModelRunnerOutput, SchedulerOutput
+
+if TYPE_CHECKING:
+    from metalserve.loader import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,10 @@ class KVCacheSpec:
     @property
     def num_slots(self) -> int:
         return self.num_blocks * self.block_size
+
+    @classmethod
+    def for_model(cls, loaded: LoadedModel, block_size: int, num_blocks: int) -> KVCacheSpec:
+        return cls(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, block_size, num_blocks)
 
 
 class SamplerFn(Protocol):

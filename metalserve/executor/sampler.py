@@ -77,7 +77,7 @@ class Sampler:
         chosen = [requests[row] for row in plan.random_rows]
         uniforms = self._uniforms.draw(
             [r.sampling_params.seed for r in chosen],
-            [len(r.output_token_ids) if r.sampling_params.seed is not None else 0 for r in chosen],
+            [r.num_output_tokens if r.sampling_params.seed is not None else 0 for r in chosen],
         )
         params = [r.sampling_params for r in chosen]
         if not plan.greedy_rows:

@@ -25,6 +25,9 @@ class SamplingRequest(Protocol):
     def output_token_ids(self) -> list[int]: ...
 
     @property
+    def num_output_tokens(self) -> int: ...
+
+    @property
     def eos_token_ids(self) -> frozenset[int]: ...
 
 
@@ -39,7 +42,7 @@ def has_penalties(params: SamplingParams) -> bool:
 def needs_min_tokens_mask(request: SamplingRequest) -> bool:
     """True while the request is below min_tokens and has EOS or stop ids that must not be sampled."""
     params = request.sampling_params
-    if params.min_tokens == 0 or len(request.output_token_ids) >= params.min_tokens:
+    if params.min_tokens == 0 or request.num_output_tokens >= params.min_tokens:
         return False
     return bool(params.stop_token_ids) or (not params.ignore_eos and bool(request.eos_token_ids))
 

@@ -36,7 +36,7 @@ def golden() -> tuple[LoadedModel, PagedModel, list[list[int]], list[list[int]]]
 
 
 def runner_for(loaded: LoadedModel, model: PagedModel) -> ModelRunner:
-    spec = KVCacheSpec(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, 16, 128)
+    spec = KVCacheSpec.for_model(loaded, 16, 128)
     return ModelRunner(model, spec, sampler=Sampler(0))
 
 

@@ -31,7 +31,7 @@ def test_emulated_kernel_gives_the_portable_paths_greedy_tokens() -> None:
     prompts = [text[int(o) : int(o) + n] for o, n in zip(rng.integers(0, 15, len(LENGTHS)), LENGTHS,
                                                           strict=True)]
     model = PagedModel(loaded.model, loaded.model_type)
-    spec = KVCacheSpec(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, 16, 32)
+    spec = KVCacheSpec.for_model(loaded, 16, 32)
     outputs = {}
     for name, fn in (("portable", reference.paged_attention), ("emulated", emulated_paged_attention)):
         runner = ModelRunner(model, spec, sampler=Sampler(0), attention_fn=fn)
