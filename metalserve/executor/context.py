@@ -10,10 +10,15 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
+import numpy as np
 
 from metalserve.kernels.reference import AttentionPlan
+
+if TYPE_CHECKING:  # the CPU path imports numba; only runners that use it load it
+    from metalserve.kernels.cpu import CpuStepPlan
 
 # A backend with the contract of metalserve.kernels.reference.paged_attention.
 AttentionFn = Callable[..., mx.array]
@@ -38,6 +43,7 @@ class PortableKV:
     """One layer's K and V for the portable path, one array `[2, Hkv, num_slots, D]`; written in place."""
 
     pool: mx.array
+    host: np.ndarray | None = None  # the CPU path's NumPy view of `pool`'s buffer, through which it writes
 
     def arrays(self) -> list[mx.array]:
         return [self.pool]
@@ -50,6 +56,7 @@ class ForwardContext:
     kv: list[LayerKV] | list[PortableKV]  # PortableKV exactly when attention_fn is None
     block_size: int
     plan: AttentionPlan | None  # the portable path's plan; None when a kernel backend runs
+    cpu: CpuStepPlan | None = None  # set when the CPU path attends the decodes (`plan` has the prefills)
     # What a kernel backend needs (see the contract in metalserve/kernels/reference.py).
     block_tables: mx.array | None = None
     cu_seqlens_q: mx.array | None = None

@@ -58,11 +58,17 @@ class ModelRunner:
         eos_token_ids: frozenset[int] = frozenset(),
         sampler: SamplerFn | None = None,
         attention_fn: AttentionFn | None = None,
+        cpu_attention: bool = False,
     ) -> None:
+        """`attention_fn`: a kernel backend with the contract signature; None runs the portable path,
+        whose decodes go through the numba CPU kernel when `cpu_attention` (float32 pools only)."""
+        if cpu_attention and (attention_fn is not None or spec.dtype != mx.float32):
+            raise ValueError(f"the CPU attention path needs the portable float32 pool (dtype {spec.dtype})")
         self.model = model
         self.spec = spec
         self.eos_token_ids = eos_token_ids
         self.attention_fn = attention_fn
+        self.cpu_attention = cpu_attention
         if sampler is None:
             from metalserve.executor.sampler import Sampler
 
@@ -70,6 +76,12 @@ class ModelRunner:
         self.sampler = sampler
         self.kv = allocate_kv(spec, portable=attention_fn is None)
         mx.eval(self._kv_arrays())
+        if cpu_attention:
+            from metalserve.kernels.cpu import host_view
+
+            for layer in self.kv:
+                assert isinstance(layer, PortableKV)
+                layer.host = host_view(layer.pool)
         self.requests: dict[str, CachedRequestState] = {}
 
     def _kv_arrays(self) -> list[mx.array]:
@@ -103,9 +115,16 @@ class ModelRunner:
         if self.attention_fn is None:
             plan = build_plan(
                 step.block_rows, step.cu_seqlens_q, step.seq_lens, self.spec.block_size,
-                num_kv_heads=self.spec.num_kv_heads,
+                num_kv_heads=self.spec.num_kv_heads, with_decodes=not self.cpu_attention,
             )  # fmt: skip
-            return ForwardContext(plan=plan, **common)  # type: ignore[arg-type]
+            cpu = None
+            if self.cpu_attention:
+                from metalserve.kernels.cpu import build_cpu_plan
+
+                cpu = build_cpu_plan(
+                    step.block_rows, step.cu_seqlens_q, step.seq_lens, step.slot_mapping, self.spec.block_size
+                )
+            return ForwardContext(plan=plan, cpu=cpu, **common)  # type: ignore[arg-type]
         return ForwardContext(
             plan=None,
             block_tables=mx.array(step.padded_block_tables()),

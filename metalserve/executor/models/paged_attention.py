@@ -55,7 +55,12 @@ class PagedAttention(nn.Module):
         t = x.shape[1]
         q, k, v = self._project(x, ctx.positions)
         layer = ctx.kv[self.layer_idx]
-        if isinstance(layer, PortableKV):
+        if isinstance(layer, PortableKV) and ctx.cpu is not None:
+            from metalserve.kernels.cpu import cpu_paged_attention
+
+            assert ctx.plan is not None and layer.host is not None
+            out = cpu_paged_attention(q, k, v, layer.pool, layer.host, ctx.cpu, ctx.plan, self.options)
+        elif isinstance(layer, PortableKV):
             assert ctx.plan is not None
             layer.pool = write_kv_portable(layer.pool, k, v, ctx.slot_mapping)
             out = paged_attention_planned(q, layer.pool, ctx.plan, self.options)
