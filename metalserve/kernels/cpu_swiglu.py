@@ -1,0 +1,28 @@
+"""SwiGLU (`silu(gate) * up`) compiled with numba, for MLX's CPU backend.
+
+There MLX computes exp one element at a time (about 16 ns each on this machine), which made the MLP's
+activation cost as much as one of its matmuls at batch 32; this loop vectorises and runs in microseconds.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+
+@numba.njit(fastmath=True, cache=True, nogil=True)
+def _swiglu_kernel(gate_up, out):  # noqa: ANN001, ANN202  (numba infers the types)
+    rows, width = out.shape
+    for r in range(rows):
+        for c in range(width):
+            g = gate_up[r, c]
+            out[r, c] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[r, width + c]
+
+
+def swiglu(gate_up: np.ndarray) -> np.ndarray:
+    """`[T, 2I]` float32 (gate columns, then up columns) -> `silu(gate) * up` `[T, I]`."""
+    if gate_up.dtype != np.float32 or gate_up.ndim != 2 or gate_up.shape[1] % 2:
+        raise ValueError(f"swiglu takes [T, 2I] float32, got {gate_up.shape} {gate_up.dtype}")
+    out = np.empty((gate_up.shape[0], gate_up.shape[1] // 2), np.float32)
+    _swiglu_kernel(gate_up, out)
+    return out

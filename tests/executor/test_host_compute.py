@@ -1,0 +1,63 @@
+"""The host side of the CPU path: SwiGLU through numba and the vocabulary projection through NumPy."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from metalserve.executor.models.adapter import PagedModel
+from metalserve.executor.models.host_mlp import HostSwiGLUMLP
+from metalserve.kernels.cpu_swiglu import swiglu
+from tests.executor.tiny_models import tiny_model
+
+
+def test_swiglu_matches_its_formula() -> None:
+    rng = np.random.default_rng(0)
+    gate_up = (rng.standard_normal((5, 12)) * 4).astype(np.float32)
+    gate, up = gate_up[:, :6].astype(np.float64), gate_up[:, 6:].astype(np.float64)
+    np.testing.assert_allclose(swiglu(gate_up), gate / (1 + np.exp(-gate)) * up, rtol=1e-5, atol=1e-6)
+
+
+def test_swiglu_rejects_bad_shapes_and_dtypes() -> None:
+    with pytest.raises(ValueError, match="2I"):
+        swiglu(np.zeros((2, 5), np.float32))
+    with pytest.raises(ValueError, match="float32"):
+        swiglu(np.zeros((2, 4), np.float16))
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
+def test_host_mlp_matches_mlx_lm(model_type: str) -> None:
+    mlp = tiny_model(model_type).model.layers[0].mlp
+    x = mx.random.normal((1, 7, mlp.gate_proj.weight.shape[1]), key=mx.random.key(1))
+    want = mlp(x)
+    host = HostSwiGLUMLP(mlp)
+    assert "gate_proj" not in host.inner and host.gate_up_proj is not None  # one fused matmul, weights held once
+    np.testing.assert_allclose(np.array(host(x)), np.array(want), rtol=1e-5, atol=1e-5)
+    # Half-precision activations take mlx-lm's own SwiGLU on the fused projection.
+    half = np.array(host(x.astype(mx.float16)).astype(mx.float32))
+    np.testing.assert_allclose(half, np.array(want), atol=3e-2)
+
+
+def test_host_mlp_refuses_an_unknown_mlp() -> None:
+    with pytest.raises(ValueError, match="not a known SwiGLU MLP"):
+        HostSwiGLUMLP(nn.Linear(4, 4))
+
+
+def test_paged_model_moves_the_head_and_activation_to_the_host_only_when_asked() -> None:
+    host = PagedModel(tiny_model("llama"), "llama", host_compute=True)
+    plain = PagedModel(tiny_model("llama"), "llama", host_compute=False)
+    assert host.host_head is not None and plain.host_head is None
+    assert isinstance(host.backbone.layers[0].mlp, HostSwiGLUMLP)
+    assert not isinstance(plain.backbone.layers[0].mlp, HostSwiGLUMLP)
+    hidden = mx.random.normal((3, plain.backbone.embed_tokens.weight.shape[1]), key=mx.random.key(2))
+    np.testing.assert_allclose(np.array(host.logits(hidden)), np.array(plain.logits(hidden)), rtol=1e-5, atol=1e-5)
+
+
+def test_quantized_head_and_mlp_stay_in_mlx() -> None:
+    model = tiny_model("qwen2")
+    nn.quantize(model, group_size=32, bits=4)
+    paged = PagedModel(model, "qwen2", host_compute=True)
+    assert paged.host_head is None
+    assert not isinstance(paged.backbone.layers[0].mlp, HostSwiGLUMLP)
