@@ -3,6 +3,8 @@
     .venv/bin/python bench/runner_bench.py [--model PATH] [--batches 1 8 32] [--context 256]
 
 Prints one table with both and their ratio (metalserve / mlx-lm throughput; > 1 means metalserve is faster).
+metalserve runs with its CPU attention path (decodes through the numba kernel; the server's default on a
+machine without Metal) and, with `--attention portable` too, with the portable MLX path.
 """
 
 from __future__ import annotations
@@ -62,15 +64,17 @@ def mlx_lm_decode(loaded: LoadedModel, batch: int, context: int, steps: int) -> 
     return median_time(step, steps)
 
 
-def paged_runner(loaded: LoadedModel, model: PagedModel, num_tokens: int, block_size: int = 16) -> ModelRunner:
+def paged_runner(
+    loaded: LoadedModel, model: PagedModel, num_tokens: int, cpu: bool, block_size: int = 16
+) -> ModelRunner:
     blocks = -(-num_tokens // block_size) + 64
     spec = KVCacheSpec.for_model(loaded, block_size, blocks)
-    return ModelRunner(model, spec, eos_token_ids=frozenset(), sampler=Sampler(0))
+    return ModelRunner(model, spec, eos_token_ids=frozenset(), sampler=Sampler(0), cpu_attention=cpu)
 
 
-def ours_prefill(loaded: LoadedModel, model: PagedModel, n: int, repeats: int) -> float:
+def ours_prefill(loaded: LoadedModel, model: PagedModel, n: int, repeats: int, cpu: bool) -> float:
     prompt = np.random.default_rng(0).integers(0, 1000, size=n).tolist()
-    runner = paged_runner(loaded, model, n)
+    runner = paged_runner(loaded, model, n, cpu)
     params = SamplingParams(temperature=0, max_tokens=1)
     counter = iter(range(1 << 30))
 
@@ -84,10 +88,10 @@ def ours_prefill(loaded: LoadedModel, model: PagedModel, n: int, repeats: int) -
     return n / median_time(run, repeats)
 
 
-def ours_decode(loaded: LoadedModel, model: PagedModel, batch: int, context: int, steps: int) -> float:
+def ours_decode(loaded: LoadedModel, model: PagedModel, batch: int, context: int, steps: int, cpu: bool) -> float:
     bs = 16
     per_req = -(-(context + steps + 8) // bs)
-    runner = paged_runner(loaded, model, batch * per_req * bs)
+    runner = paged_runner(loaded, model, batch * per_req * bs, cpu)
     rng = np.random.default_rng(1)
     params = SamplingParams(temperature=0, max_tokens=1 << 20, ignore_eos=True)
     news = [
@@ -115,20 +119,23 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--prefill-tokens", type=int, default=512)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--attention", nargs="+", choices=["cpu", "portable"], default=["cpu"])
     args = ap.parse_args()
     reference = load_model(args.model)
     ours = load_model(args.model)  # a second copy: PagedModel takes over its attention layers
     paged = PagedModel(ours.model, ours.model_type)
     print(reference.describe(), flush=True)
     rows = []
-    a = mlx_lm_prefill(reference, args.prefill_tokens, 3)
-    b = ours_prefill(ours, paged, args.prefill_tokens, 3)
-    rows.append((f"prefill {args.prefill_tokens} tok (tok/s)", a, b, b / a))
-    for batch in args.batches:
-        ta = mlx_lm_decode(reference, batch, args.context, args.steps)
-        tb = ours_decode(ours, paged, batch, args.context, args.steps)
-        rows.append((f"decode batch {batch} @ {args.context} ctx (ms/step)", ta * 1e3, tb * 1e3, ta / tb))
-        rows.append((f"decode batch {batch} (tok/s)", batch / ta, batch / tb, ta / tb))
+    for path in args.attention:  # each measured right after mlx-lm, so both see the same machine load
+        cpu, tag = path == "cpu", f" [{path}]"
+        a = mlx_lm_prefill(reference, args.prefill_tokens, 3)
+        b = ours_prefill(ours, paged, args.prefill_tokens, 3, cpu)
+        rows.append((f"prefill {args.prefill_tokens} tok (tok/s){tag}", a, b, b / a))
+        for batch in args.batches:
+            ta = mlx_lm_decode(reference, batch, args.context, args.steps)
+            tb = ours_decode(ours, paged, batch, args.context, args.steps, cpu)
+            rows.append((f"decode batch {batch} @ {args.context} ctx (ms/step){tag}", ta * 1e3, tb * 1e3, ta / tb))
+            rows.append((f"decode batch {batch} (tok/s){tag}", batch / ta, batch / tb, ta / tb))
     print("\n| measure | mlx-lm | metalserve | ratio (metalserve speed / mlx-lm) |\n|---|---|---|---|")
     for name, x, y, r in rows:
         print(f"| {name} | {x:.1f} | {y:.1f} | {r:.2f}x |")

@@ -28,7 +28,7 @@ class EngineConfig:
     kv_cache_memory: int | None = None  # bytes; overrides gpu_memory_utilization
     weights: WeightsMode = "auto"
     dequantize_max_bytes: int = 4 * 1024**3  # "auto": dequantize to fp32 only below this size
-    attention_backend: Literal["auto", "metal", "reference"] = "auto"
+    attention_backend: Literal["auto", "metal", "cpu", "reference"] = "auto"
     chat_template: str | None = None
     tool_call_parser: str | None = None
     seed: int = 0

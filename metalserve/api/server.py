@@ -46,7 +46,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-memory", type=int, default=None, help="KV cache bytes (overrides the fraction)")
     parser.add_argument("--long-prefill-token-threshold", type=int, default=d.long_prefill_token_threshold)
     parser.add_argument("--weights", choices=["auto", "dequantize", "quantized"], default=d.weights)
-    parser.add_argument("--attention-backend", choices=["auto", "metal", "reference"], default=d.attention_backend)
+    parser.add_argument(
+        "--attention-backend", choices=["auto", "metal", "cpu", "reference"], default=d.attention_backend
+    )
     parser.add_argument("--chat-template", default=None, help="a Jinja chat template, or a file holding one")
     parser.add_argument("--tool-call-parser", choices=sorted(TOOL_PARSERS), default=None)
     parser.add_argument(

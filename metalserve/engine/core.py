@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import threading
+from dataclasses import dataclass
 
 import mlx.core as mx
 
@@ -50,13 +52,14 @@ class EngineCore:
     def from_loaded(cls, config: EngineConfig, loaded: LoadedModel) -> EngineCore:
         max_model_len = resolve_max_model_len(config, loaded.max_model_len)
         model = PagedModel(loaded.model, loaded.model_type)
-        attention_fn = select_attention(config.attention_backend)
+        attention = select_attention(config.attention_backend, loaded.dtype)
+        logger.info("attention: %s", attention.description)
         per_block = kv_bytes_per_block(
             loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype.size, config.block_size
         )
         budget = config.kv_cache_memory
         if budget is None:
-            peak = measure_step_peak(model, loaded, config, attention_fn)
+            peak = measure_step_peak(model, loaded, config, attention)
             budget = kv_budget_bytes(config.gpu_memory_utilization, peak)
             logger.info(
                 "warm-up step of %d tokens: weights + activations peak %s; KV budget %s (%.0f%% of memory)",
@@ -73,7 +76,8 @@ class EngineCore:
             spec,
             eos_token_ids=loaded.eos_token_ids,
             sampler=Sampler(config.seed),
-            attention_fn=attention_fn,
+            attention_fn=attention.fn,
+            cpu_attention=attention.cpu,
         )
         mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * budget))
         tokens = num_blocks * config.block_size
@@ -126,27 +130,52 @@ def resolve_max_model_len(config: EngineConfig, model_len: int) -> int:
     return config.max_model_len
 
 
-def select_attention(backend: str) -> AttentionFn | None:
-    """None means the portable path with a per-step plan; otherwise a kernel with the contract signature."""
-    if backend == "reference" or (backend == "auto" and not mx.metal.is_available()):
-        return None
-    from metalserve.kernels.metal import attention_backend
+@dataclass(frozen=True)
+class AttentionChoice:
+    """How the runner attends: a kernel with the contract signature, or the portable pool (fn None),
+    with its decodes through the numba CPU kernel when `cpu`."""
 
-    try:
-        return attention_backend("metal")
-    except RuntimeError as e:
-        raise ConfigError(f"--attention-backend {backend}: {e}") from e
+    fn: AttentionFn | None
+    cpu: bool
+    description: str
 
 
-def measure_step_peak(
-    model: PagedModel, loaded: LoadedModel, config: EngineConfig, attention_fn: AttentionFn | None
-) -> int:
+PORTABLE = AttentionChoice(None, False, "portable MLX path (metalserve/kernels/reference.py)")
+CPU = AttentionChoice(None, True, "CPU path: decodes through the numba kernel, prefills through the portable path")
+
+
+def select_attention(backend: str, dtype: mx.Dtype) -> AttentionChoice:
+    """`auto`: the Metal kernel where Metal exists, else the CPU path for float32 KV, else the portable path."""
+    if backend == "reference":
+        return PORTABLE
+    if backend == "metal" or (backend == "auto" and mx.metal.is_available()):
+        from metalserve.kernels.metal import attention_backend
+
+        try:
+            return AttentionChoice(attention_backend("metal"), False, "Metal paged-attention kernel")
+        except RuntimeError as e:
+            raise ConfigError(f"--attention-backend {backend}: {e}") from e
+    problem = _cpu_path_problem(dtype)
+    if backend == "cpu" and problem:
+        raise ConfigError(f"--attention-backend cpu: {problem}")
+    return PORTABLE if problem else CPU
+
+
+def _cpu_path_problem(dtype: mx.Dtype) -> str | None:
+    if importlib.util.find_spec("numba") is None:
+        return "it needs the numba package (pip install numba)"
+    if dtype != mx.float32:
+        return f"it needs float32 activations and KV, and this model computes in {dtype} (see --weights)"
+    return None
+
+
+def measure_step_peak(model: PagedModel, loaded: LoadedModel, config: EngineConfig, attention: AttentionChoice) -> int:
     """Run one prefill of max_num_batched_tokens tokens on a throw-away pool and return MLX's peak memory."""
     n = config.max_num_batched_tokens
     blocks = -(-n // config.block_size)
     spec = KVCacheSpec.for_model(loaded, config.block_size, blocks)
     mx.reset_peak_memory()
-    runner = ModelRunner(model, spec, sampler=Sampler(0), attention_fn=attention_fn)
+    runner = ModelRunner(model, spec, sampler=Sampler(0), attention_fn=attention.fn, cpu_attention=attention.cpu)
     params = SamplingParams(temperature=0, max_tokens=1)
     new = NewRequestData("warmup", [0] * n, n, params, list(range(blocks)), 0)
     runner.execute_model(SchedulerOutput([new], [], {"warmup": n}, n))

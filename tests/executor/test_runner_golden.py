@@ -28,13 +28,19 @@ def mlx_lm_greedy(model, prompt: list[int], n: int) -> list[int]:
     return out
 
 
-def make_runner(model, model_type: str, num_blocks: int = 128, block_size: int = 16) -> ModelRunner:
+# The portable MLX path alone, and the CPU path: decodes through the numba kernel, MLP activation and
+# vocabulary projection on the host.
+ATTENTION = ["portable", "cpu"]
+
+
+def make_runner(
+    model, model_type: str, num_blocks: int = 128, block_size: int = 16, attention: str = "portable"
+) -> ModelRunner:
     args = model.args
     head_dim = getattr(args, "head_dim", None) or args.hidden_size // args.num_attention_heads
-    spec = KVCacheSpec(
-        args.num_hidden_layers, args.num_key_value_heads, head_dim, mx.float32, block_size, num_blocks
-    )
-    return ModelRunner(PagedModel(model, model_type), spec, sampler=greedy_sampler)
+    spec = KVCacheSpec(args.num_hidden_layers, args.num_key_value_heads, head_dim, mx.float32, block_size, num_blocks)
+    cpu = attention == "cpu"
+    return ModelRunner(PagedModel(model, model_type, host_compute=cpu), spec, sampler=greedy_sampler, cpu_attention=cpu)
 
 
 def prompts_of(lengths: list[int], vocab: int, seed: int = 1) -> list[list[int]]:
@@ -42,34 +48,37 @@ def prompts_of(lengths: list[int], vocab: int, seed: int = 1) -> list[list[int]]
     return [rng.integers(0, vocab, size=n).tolist() for n in lengths]
 
 
+@pytest.mark.parametrize("attention", ATTENTION)
 @pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3"])
-def test_single_request_matches_mlx_lm(model_type: str) -> None:
+def test_single_request_matches_mlx_lm(model_type: str, attention: str) -> None:
     model = tiny_model(model_type)
     (prompt,) = prompts_of([21], model.args.vocab_size)
     expected = mlx_lm_greedy(model, prompt, NUM_TOKENS)
-    runner = make_runner(tiny_model(model_type), model_type)
+    runner = make_runner(tiny_model(model_type), model_type, attention=attention)
     (got,) = run_to_completion(runner, [prompt], [SamplingParams(temperature=0, max_tokens=NUM_TOKENS)])
     assert got == expected
 
 
+@pytest.mark.parametrize("attention", ATTENTION)
 @pytest.mark.parametrize("chunk_size", [1 << 30, 7])
 @pytest.mark.parametrize("block_size", [8, 16, 32])
-def test_eight_mixed_requests_in_the_same_steps(chunk_size: int, block_size: int) -> None:
+def test_eight_mixed_requests_in_the_same_steps(chunk_size: int, block_size: int, attention: str) -> None:
     model = tiny_model("llama")
     prompts = prompts_of([5, 40, 17, 1, 33, 64, 9, 26], model.args.vocab_size, seed=2)
     expected = [mlx_lm_greedy(model, p, NUM_TOKENS) for p in prompts]
-    runner = make_runner(model, "llama", block_size=block_size)
+    runner = make_runner(model, "llama", block_size=block_size, attention=attention)
     params = [SamplingParams(temperature=0, max_tokens=NUM_TOKENS) for _ in prompts]
     got = run_to_completion(runner, prompts, params, chunk_size=chunk_size)
     assert got == expected
 
 
-def test_block_tables_need_not_be_contiguous() -> None:
+@pytest.mark.parametrize("attention", ATTENTION)
+def test_block_tables_need_not_be_contiguous(attention: str) -> None:
     """Requests whose pages interleave in the pool still read only their own K/V."""
     model = tiny_model("llama")
     prompts = prompts_of([30, 30], model.args.vocab_size, seed=3)
     expected = [mlx_lm_greedy(model, p, 8) for p in prompts]
-    runner = make_runner(model, "llama", block_size=8)
+    runner = make_runner(model, "llama", block_size=8, attention=attention)
     params = [SamplingParams(temperature=0, max_tokens=8) for _ in prompts]
     # chunk_size 8 = block size: the two requests take alternating blocks.
     assert run_to_completion(runner, prompts, params, chunk_size=8) == expected
