@@ -3,6 +3,7 @@
     .venv/bin/python bench/runner_bench.py [--model PATH] [--batches 1 8 32] [--context 256]
 
 Prints one table with both and their ratio (metalserve / mlx-lm throughput; > 1 means metalserve is faster).
+Decode steps of the two run in alternating blocks, so machine noise falls on both alike.
 metalserve runs with its CPU attention path (decodes through the numba kernel; the server's default on a
 machine without Metal) and, with `--attention portable` too, with the portable MLX path.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 # isort: off
 import metalserve  # noqa: F401  (must come before MLX: it loads the optimized BLAS that MLX then binds)
@@ -49,7 +51,7 @@ def mlx_lm_prefill(loaded: LoadedModel, n: int, repeats: int) -> float:
     return n / median_time(run, repeats)
 
 
-def mlx_lm_decode(loaded: LoadedModel, batch: int, context: int, steps: int) -> float:
+def mlx_lm_decode_step(loaded: LoadedModel, batch: int, context: int) -> Callable[[], None]:
     cache = make_prompt_cache(loaded.model)
     prompt = mx.array(np.random.default_rng(1).integers(0, 1000, size=(batch, context)))
     tok = mx.argmax(loaded.model(prompt, cache=cache)[:, -1:], axis=-1)
@@ -61,7 +63,7 @@ def mlx_lm_decode(loaded: LoadedModel, batch: int, context: int, steps: int) -> 
         mx.eval(tok)
 
     step()
-    return median_time(step, steps)
+    return step
 
 
 def paged_runner(
@@ -88,9 +90,11 @@ def ours_prefill(loaded: LoadedModel, model: PagedModel, n: int, repeats: int, c
     return n / median_time(run, repeats)
 
 
-def ours_decode(loaded: LoadedModel, model: PagedModel, batch: int, context: int, steps: int, cpu: bool) -> float:
+def ours_decode_step(
+    loaded: LoadedModel, model: PagedModel, batch: int, context: int, steps: int, cpu: bool
+) -> Callable[[], None]:
     bs = 16
-    per_req = -(-(context + steps + 8) // bs)
+    per_req = -(-(context + 2 * steps + 8) // bs)  # room for the timed steps and the untimed ones
     runner = paged_runner(loaded, model, batch * per_req * bs, cpu)
     rng = np.random.default_rng(1)
     params = SamplingParams(temperature=0, max_tokens=1 << 20, ignore_eos=True)
@@ -109,7 +113,27 @@ def ours_decode(loaded: LoadedModel, model: PagedModel, batch: int, context: int
             computed[rid] += 1
 
     step()
-    return median_time(step, steps)
+    return step
+
+
+def interleaved_medians(
+    a: Callable[[], None], b: Callable[[], None], repeats: int, block: int = 4
+) -> tuple[float, float]:
+    """Median step times of `a` and `b`, run in alternating blocks of `block` consecutive steps.
+
+    Alternating cancels the shared machine's drift; consecutive steps within a block keep what each one
+    leaves behind (busy-waiting BLAS threads, caches) on its own next step, as when serving. The first
+    step of each block is run untimed, so neither pays for the other's leftovers.
+    """
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(max(1, -(-repeats // block))):
+        for fn, out in ((a, times[0]), (b, times[1])):
+            fn()
+            for _ in range(block):
+                t = time.perf_counter()
+                fn()
+                out.append(time.perf_counter() - t)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def main() -> None:
@@ -132,8 +156,9 @@ def main() -> None:
         b = ours_prefill(ours, paged, args.prefill_tokens, 3, cpu)
         rows.append((f"prefill {args.prefill_tokens} tok (tok/s){tag}", a, b, b / a))
         for batch in args.batches:
-            ta = mlx_lm_decode(reference, batch, args.context, args.steps)
-            tb = ours_decode(ours, paged, batch, args.context, args.steps, cpu)
+            step_a = mlx_lm_decode_step(reference, batch, args.context)
+            step_b = ours_decode_step(ours, paged, batch, args.context, args.steps, cpu)
+            ta, tb = interleaved_medians(step_a, step_b, args.steps)
             rows.append((f"decode batch {batch} @ {args.context} ctx (ms/step){tag}", ta * 1e3, tb * 1e3, ta / tb))
             rows.append((f"decode batch {batch} (tok/s){tag}", batch / ta, batch / tb, ta / tb))
     print("\n| measure | mlx-lm | metalserve | ratio (metalserve speed / mlx-lm) |\n|---|---|---|---|")

@@ -54,6 +54,7 @@ class EngineCore:
         model = PagedModel(loaded.model, loaded.model_type)
         attention = select_attention(config.attention_backend, loaded.dtype)
         logger.info("attention: %s", attention.description)
+        logger.info("on the host: %s", model.host_description())
         per_block = kv_bytes_per_block(
             loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype.size, config.block_size
         )

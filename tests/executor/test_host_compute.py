@@ -50,6 +50,8 @@ def test_paged_model_moves_the_head_and_activation_to_the_host_only_when_asked()
     plain = PagedModel(tiny_model("llama"), "llama", host_compute=False)
     assert host.host_head is not None and plain.host_head is None
     assert isinstance(host.backbone.layers[0].mlp, HostSwiGLUMLP)
+    assert host.host_description() == "SwiGLU through numba in 2 layers, logits through NumPy"
+    assert plain.host_description() == "nothing (all in MLX)"
     assert not isinstance(plain.backbone.layers[0].mlp, HostSwiGLUMLP)
     hidden = mx.random.normal((3, plain.backbone.embed_tokens.weight.shape[1]), key=mx.random.key(2))
     np.testing.assert_allclose(np.array(host.logits(hidden)), np.array(plain.logits(hidden)), rtol=1e-5, atol=1e-5)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
+import pytest
 
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import KVCacheSpec, ModelRunner
 from metalserve.kernels.reference import write_kv
 from metalserve.sampling_params import SamplingParams
-from metalserve.scheduler.output import NewRequestData, SchedulerOutput
+from metalserve.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
 from tests.executor.tiny_models import greedy_sampler, tiny_model
 
 
@@ -40,13 +41,15 @@ def test_write_kv_does_not_copy_the_pool() -> None:
     assert mx.get_peak_memory() - before < k.nbytes // 100
 
 
-def test_a_runner_step_does_not_copy_the_pools() -> None:
+@pytest.mark.parametrize("cpu_attention", [False, True], ids=["portable", "cpu"])
+def test_a_runner_step_does_not_copy_the_pools(cpu_attention: bool) -> None:
     model = tiny_model("llama")
     spec = KVCacheSpec(2, 2, 16, mx.float32, block_size=16, num_blocks=1 << 14)  # 2 x 2 x 32 MB
-    runner = ModelRunner(PagedModel(model, "llama"), spec, sampler=greedy_sampler)
+    runner = ModelRunner(PagedModel(model, "llama"), spec, sampler=greedy_sampler, cpu_attention=cpu_attention)
     pool_bytes = sum(a.nbytes for layer in runner.kv for a in layer.arrays())
     new = NewRequestData("r", list(range(40)), 40, SamplingParams(temperature=0), [0, 1, 2], 0)
     mx.reset_peak_memory()
     before = mx.get_active_memory()
     runner.execute_model(SchedulerOutput([new], [], {"r": 40}, 40))
+    runner.execute_model(SchedulerOutput([], [CachedRequestData("r", [], 40)], {"r": 1}, 1))  # a decode step
     assert mx.get_peak_memory() - before < pool_bytes // 20

@@ -21,12 +21,14 @@ b = np.random.default_rng(1).standard_normal((200, 100)).astype(np.float32)
 c = np.array(mx.array(a) @ mx.array(b))
 err = float(np.abs(c - a.astype(np.float64) @ b.astype(np.float64)).max())
 maps = open("/proc/self/maps").read()
-print(json.dumps({"desc": blas_description(), "mkl_mapped": "libmkl_rt" in maps, "err": err}))
+import os
+threads = os.environ.get("OPENBLAS_NUM_THREADS")
+print(json.dumps({"desc": blas_description(), "mkl_mapped": "libmkl_rt" in maps, "err": err, "openblas": threads}))
 """
 
 
 def _probe(env_extra: dict[str, str], pre: str = "") -> dict:
-    env = {**os.environ, **env_extra}
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"} | env_extra
     out = subprocess.run(
         [sys.executable, "-c", pre + _PROBE], env=env, capture_output=True, text=True, check=True, timeout=120
     )
@@ -56,3 +58,10 @@ def test_env_var_turns_it_off() -> None:
 def test_too_late_when_mlx_came_first() -> None:
     result = _probe({}, pre="import mlx.core\n")
     assert "mlx was imported before metalserve" in result["desc"] and not result["mkl_mapped"]
+
+
+@needs_mkl
+def test_numpys_openblas_gets_one_thread_unless_the_user_chose() -> None:
+    assert _probe({})["openblas"] == "1"
+    assert _probe({"OPENBLAS_NUM_THREADS": "2"})["openblas"] == "2"
+    assert _probe({"METALSERVE_BLAS": "none"})["openblas"] is None

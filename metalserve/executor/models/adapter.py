@@ -46,12 +46,20 @@ class PagedModel:
     def _host_head(self) -> np.ndarray | None:
         """A NumPy view `[vocab, hidden]` of a dense float32 output projection, for MLX's CPU backend.
 
-        There, NumPy's bundled OpenBLAS ran this one wide matmul (49152 outputs) about twice as fast as
-        MLX's matmul through MKL at batch 1 to 32 (bench/lm_head.py); every other matmul stays MLX's.
+        There, NumPy's bundled OpenBLAS, even on the one thread metalserve gives it (loader/blas.py), ran this
+        one wide matmul (49152 outputs) 1.15x faster than MLX's through MKL at batch 1 to 32
+        (bench/lm_head.py); every other matmul stays MLX's.
         """
         head = self.backbone.embed_tokens if self.tied else self.model.lm_head
         dense = type(head) in (nn.Embedding, nn.Linear) and "bias" not in head and head.weight.dtype == mx.float32
         return np.asarray(head.weight) if dense else None
+
+    def host_description(self) -> str:
+        """What runs on the host instead of MLX, for the start-up log."""
+        host_mlps = sum(isinstance(layer.mlp, HostSwiGLUMLP) for layer in self.backbone.layers)
+        parts = [f"SwiGLU through numba in {host_mlps} layers"] if host_mlps else []
+        parts += ["logits through NumPy"] if self.host_head is not None else []
+        return ", ".join(parts) or "nothing (all in MLX)"
 
     def hidden_states(self, token_ids: mx.array) -> mx.array:
         """token_ids: [T] -> final-normed hidden states [T, hidden]."""
