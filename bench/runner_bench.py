@@ -4,7 +4,7 @@
 
 Prints one table with both and their ratio (metalserve / mlx-lm throughput; > 1 means metalserve is faster).
 Decode steps of the two run in alternating blocks, so machine noise falls on both alike.
-metalserve runs with its CPU attention path (decodes through the numba kernel; the server's default on a
+metalserve runs with its CPU attention path (the numba kernel for every row; the server's default on a
 machine without Metal) and, with `--attention portable` too, with the portable MLX path.
 """
 

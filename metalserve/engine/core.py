@@ -134,7 +134,7 @@ def resolve_max_model_len(config: EngineConfig, model_len: int) -> int:
 @dataclass(frozen=True)
 class AttentionChoice:
     """How the runner attends: a kernel with the contract signature, or the portable pool (fn None),
-    with its decodes through the numba CPU kernel when `cpu`."""
+    attended by the numba CPU kernel when `cpu`."""
 
     fn: AttentionFn | None
     cpu: bool
@@ -142,7 +142,7 @@ class AttentionChoice:
 
 
 PORTABLE = AttentionChoice(None, False, "portable MLX path (metalserve/kernels/reference.py)")
-CPU = AttentionChoice(None, True, "CPU path: decodes through the numba kernel, prefills through the portable path")
+CPU = AttentionChoice(None, True, "CPU path: the numba kernel (metalserve/kernels/cpu_attention.py)")
 
 
 def select_attention(backend: str, dtype: mx.Dtype) -> AttentionChoice:

@@ -56,7 +56,7 @@ class ForwardContext:
     kv: list[LayerKV] | list[PortableKV]  # PortableKV exactly when attention_fn is None
     block_size: int
     plan: AttentionPlan | None  # the portable path's plan; None when a kernel backend runs
-    cpu: CpuStepPlan | None = None  # set when the CPU path attends the decodes (`plan` has the prefills)
+    cpu: CpuStepPlan | None = None  # set when the CPU path attends (then `plan` is None)
     # What a kernel backend needs (see the contract in metalserve/kernels/reference.py).
     block_tables: mx.array | None = None
     cu_seqlens_q: mx.array | None = None

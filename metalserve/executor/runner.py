@@ -61,7 +61,7 @@ class ModelRunner:
         cpu_attention: bool = False,
     ) -> None:
         """`attention_fn`: a kernel backend with the contract signature; None runs the portable path,
-        whose decodes go through the numba CPU kernel when `cpu_attention` (float32 pools only)."""
+        attended by the numba CPU kernel instead when `cpu_attention` (float32 pools only)."""
         if cpu_attention and (attention_fn is not None or spec.dtype != mx.float32):
             raise ValueError(f"the CPU attention path needs the portable float32 pool (dtype {spec.dtype})")
         self.model = model
@@ -112,19 +112,19 @@ class ModelRunner:
             kv=self.kv,
             block_size=self.spec.block_size,
         )
+        if self.cpu_attention:
+            from metalserve.kernels.cpu import build_cpu_plan
+
+            cpu = build_cpu_plan(
+                step.block_rows, step.cu_seqlens_q, step.seq_lens, step.slot_mapping, self.spec.block_size
+            )
+            return ForwardContext(plan=None, cpu=cpu, **common)  # type: ignore[arg-type]
         if self.attention_fn is None:
             plan = build_plan(
                 step.block_rows, step.cu_seqlens_q, step.seq_lens, self.spec.block_size,
-                num_kv_heads=self.spec.num_kv_heads, with_decodes=not self.cpu_attention,
+                num_kv_heads=self.spec.num_kv_heads,
             )  # fmt: skip
-            cpu = None
-            if self.cpu_attention:
-                from metalserve.kernels.cpu import build_cpu_plan
-
-                cpu = build_cpu_plan(
-                    step.block_rows, step.cu_seqlens_q, step.seq_lens, step.slot_mapping, self.spec.block_size
-                )
-            return ForwardContext(plan=plan, cpu=cpu, **common)  # type: ignore[arg-type]
+            return ForwardContext(plan=plan, **common)  # type: ignore[arg-type]
         return ForwardContext(
             plan=None,
             block_tables=mx.array(step.padded_block_tables()),

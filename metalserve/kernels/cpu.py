@@ -1,10 +1,8 @@
-"""The CPU attention path: the portable pool, written in place from the host, decodes through a numba kernel.
+"""The CPU attention path: the portable pool, written in place from the host, attended by a numba kernel.
 
 Each layer evaluates its q, k and v, writes k and v into the pool through a NumPy view of the pool's
-own MLX buffer (MLX documents that such a view shares memory), attends the leading single-query rows with
-`cpu_decode.decode_attention`, and leaves prefill chunks to the portable MLX path, which reads the same
-pool. Both writes and reads of a layer happen before its output is returned, so MLX never sees a pool
-that changes under a pending op of the same layer.
+own MLX buffer (MLX documents that such a view shares memory) and attends every query row, decode or
+prefill, with `cpu_attention.attend_rows`. MLX itself never reads the pool on this path.
 """
 
 from __future__ import annotations
@@ -15,18 +13,18 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from metalserve.kernels import cpu_decode
-from metalserve.kernels.reference import AttentionOptions, AttentionPlan, paged_attention_planned
+from metalserve.kernels import cpu_attention
+from metalserve.kernels.reference import AttentionOptions
 
 
 @dataclass(frozen=True)
 class CpuStepPlan:
-    """The host arrays of one step: where each token's K/V goes, and the single-query rows' pages."""
+    """The host arrays of one step: where each token's K/V goes, and each query row's request and position."""
 
     slot_mapping: np.ndarray  # [T]
-    num_decodes: int  # the leading requests (one query row each) the kernel attends
-    block_tables: np.ndarray  # [num_decodes, width] int32
-    seq_lens: np.ndarray  # [num_decodes] int32
+    block_tables: np.ndarray  # [R, width] int32
+    row_req: np.ndarray  # [T] int32
+    row_pos: np.ndarray  # [T] int32
     block_size: int
 
 
@@ -37,15 +35,12 @@ def build_cpu_plan(
     slot_mapping: np.ndarray,
     block_size: int,
 ) -> CpuStepPlan:
-    q_lens = np.diff(cu_seqlens_q)
-    n = 0
-    while n < len(q_lens) and q_lens[n] == 1:
-        n += 1
-    width = max((len(block_rows[i]) for i in range(n)), default=1)
-    tables = np.zeros((n, width), np.int32)
-    for i in range(n):
-        tables[i, : len(block_rows[i])] = block_rows[i]
-    return CpuStepPlan(np.asarray(slot_mapping), n, tables, np.asarray(seq_lens[:n], np.int32), block_size)
+    width = max(len(row) for row in block_rows)
+    tables = np.zeros((len(block_rows), width), np.int32)
+    for i, row in enumerate(block_rows):
+        tables[i, : len(row)] = row
+    row_req, row_pos = cpu_attention.query_rows(cu_seqlens_q, seq_lens)
+    return CpuStepPlan(np.asarray(slot_mapping), tables, row_req, row_pos, block_size)
 
 
 def host_view(pool: mx.array) -> np.ndarray:
@@ -59,27 +54,14 @@ def host_view(pool: mx.array) -> np.ndarray:
 
 
 def cpu_paged_attention(
-    q: mx.array,
-    k: mx.array,
-    v: mx.array,
-    pool: mx.array,
-    view: np.ndarray,
-    step: CpuStepPlan,
-    prefills: AttentionPlan,
-    opts: AttentionOptions,
+    q: mx.array, k: mx.array, v: mx.array, view: np.ndarray, step: CpuStepPlan, opts: AttentionOptions
 ) -> mx.array:
     """Write this step's K/V and attend every query row: `[T, Hq, D]` like the portable path."""
     mx.eval(q, k, v)
-    cpu_decode.write_kv(view, np.asarray(k), np.asarray(v), step.slot_mapping)
-    parts = []
-    n = step.num_decodes
-    if n:
-        sinks = None if opts.sinks is None else np.asarray(opts.sinks.astype(mx.float32))
-        out = cpu_decode.decode_attention(
-            np.asarray(q)[:n], view, step.block_tables, step.seq_lens, block_size=step.block_size,
-            scale=opts.scale, sliding_window=opts.sliding_window, softcap=opts.softcap, sinks=sinks,
-        )  # fmt: skip
-        parts.append(mx.array(out))
-    if prefills.prefills:
-        parts.append(paged_attention_planned(q, pool, prefills, opts))
-    return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
+    cpu_attention.write_kv(view, np.asarray(k), np.asarray(v), step.slot_mapping)
+    sinks = None if opts.sinks is None else np.asarray(opts.sinks.astype(mx.float32))
+    out = cpu_attention.attend_rows(
+        np.asarray(q), view, step.block_tables, step.row_req, step.row_pos, block_size=step.block_size,
+        scale=opts.scale, sliding_window=opts.sliding_window, softcap=opts.softcap, sinks=sinks,
+    )  # fmt: skip
+    return mx.array(out)

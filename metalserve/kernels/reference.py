@@ -117,12 +117,10 @@ def build_plan(
     block_size: int,
     sliding_window: int | None = None,
     num_kv_heads: int = 1,
-    with_decodes: bool = True,
 ) -> AttentionPlan:
     """Group the step's requests: leading single-query requests form the decode group.
 
     `block_tables` rows may be ragged (each request's own block ids) or a padded 2-D array.
-    `with_decodes=False` leaves the leading single-query requests out (another kernel attends them).
     """
     num_reqs = len(seq_lens)
     q_lens = np.diff(cu_seqlens_q)
@@ -132,7 +130,6 @@ def build_plan(
     decodes = tuple(
         _decode_group(block_tables, a, seq_lens[a:b], block_size, sliding_window, num_kv_heads)
         for a, b in _length_buckets(seq_lens[:num_decodes], block_size)
-        if with_decodes
     )
     prefills = [
         _prefill_chunk(block_tables[i], int(cu_seqlens_q[i]), int(cu_seqlens_q[i + 1]), int(seq_lens[i]),

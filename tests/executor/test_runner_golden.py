@@ -28,7 +28,7 @@ def mlx_lm_greedy(model, prompt: list[int], n: int) -> list[int]:
     return out
 
 
-# The portable MLX path alone, and the CPU path: decodes through the numba kernel, MLP activation and
+# The portable MLX path alone, and the CPU path: attention through the numba kernel, MLP activation and
 # vocabulary projection on the host.
 ATTENTION = ["portable", "cpu"]
 

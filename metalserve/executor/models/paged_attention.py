@@ -58,8 +58,8 @@ class PagedAttention(nn.Module):
         if isinstance(layer, PortableKV) and ctx.cpu is not None:
             from metalserve.kernels.cpu import cpu_paged_attention
 
-            assert ctx.plan is not None and layer.host is not None
-            out = cpu_paged_attention(q, k, v, layer.pool, layer.host, ctx.cpu, ctx.plan, self.options)
+            assert layer.host is not None
+            out = cpu_paged_attention(q, k, v, layer.host, ctx.cpu, self.options)
         elif isinstance(layer, PortableKV):
             assert ctx.plan is not None
             layer.pool = write_kv_portable(layer.pool, k, v, ctx.slot_mapping)

@@ -1,0 +1,144 @@
+"""Paged varlen attention compiled for the CPU with numba: one fused pass over each query row's pages.
+
+On MLX's CPU backend the portable path spends most of a step's attention outside arithmetic: a page
+gather that copies every key and value, a composed softmax whose `exp` runs one element at a time, and
+many small matmuls. This kernel reads the pages in place; each work item is one query row and one KV
+head, whose K is read once for all query heads of the group, then V once. Decode rows and prefill rows
+(causal over their cached prefix) are the same loop; items alternate short and long rows so that both
+cores get an even share.
+
+Contract: that of metalserve/kernels/reference.py with the portable pool `[2, Hkv, num_slots, D]`,
+float32 only.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numba
+import numpy as np
+
+# numba's default (workqueue) threading layer must not be entered from two threads at once.
+_launch_lock = threading.Lock()
+
+
+@numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def _attention_kernel(  # numba infers the types
+    q, pool, block_tables, row_req, row_pos, block_size, scale, window, softcap, sinks, use_sinks, out
+):
+    total_q, num_q_heads, head_dim = q.shape
+    num_kv_heads = pool.shape[1]
+    group = num_q_heads // num_kv_heads
+    items = total_q * num_kv_heads
+    for k in numba.prange(items):
+        idx = k // 2 if k % 2 == 0 else items - 1 - k // 2  # rows sorted short to long: mix them
+        row = idx // num_kv_heads
+        h = idx % num_kv_heads
+        r = row_req[row]
+        last = row_pos[row]
+        first = max(0, last + 1 - window) if window > 0 else 0
+        n = last + 1 - first
+        scores = np.empty((group, n), np.float32)
+        for j in range(n):
+            pos = first + j
+            slot = block_tables[r, pos // block_size] * block_size + pos % block_size
+            for g in range(group):
+                acc = np.float32(0.0)
+                for c in range(head_dim):
+                    acc += q[row, h * group + g, c] * pool[0, h, slot, c]
+                s = acc * scale
+                if softcap > 0:
+                    s = softcap * np.tanh(s / softcap)
+                scores[g, j] = s
+        for g in range(group):
+            top = scores[g, 0]
+            for j in range(1, n):
+                top = max(top, scores[g, j])
+            if use_sinks:  # a virtual key with logit sinks[head] and a zero value
+                top = max(top, sinks[h * group + g])
+            total = np.float32(0.0)
+            for j in range(n):
+                e = np.exp(scores[g, j] - top)
+                scores[g, j] = e
+                total += e
+            if use_sinks:
+                total += np.exp(sinks[h * group + g] - top)
+            inv = np.float32(1.0) / total
+            for j in range(n):
+                scores[g, j] *= inv
+        acc_out = np.zeros((group, head_dim), np.float32)
+        for j in range(n):
+            pos = first + j
+            slot = block_tables[r, pos // block_size] * block_size + pos % block_size
+            for g in range(group):
+                p = scores[g, j]
+                for c in range(head_dim):
+                    acc_out[g, c] += p * pool[1, h, slot, c]
+        for g in range(group):
+            for c in range(head_dim):
+                out[row, h * group + g, c] = acc_out[g, c]
+
+
+def query_rows(cu_seqlens_q: np.ndarray, seq_lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each query row's request and position: request i's rows sit at `seq_len - q_len ... seq_len - 1`."""
+    cu = np.asarray(cu_seqlens_q, np.int64)
+    q_lens = np.diff(cu)
+    first_pos = np.asarray(seq_lens, np.int64) - q_lens
+    row_req = np.repeat(np.arange(len(q_lens)), q_lens)
+    row_pos = np.repeat(first_pos - cu[:-1], q_lens) + np.arange(int(cu[-1]))
+    return row_req.astype(np.int32), row_pos.astype(np.int32)
+
+
+def paged_attention(
+    q: np.ndarray,
+    pool: np.ndarray,
+    block_tables: np.ndarray,
+    cu_seqlens_q: np.ndarray,
+    seq_lens: np.ndarray,
+    *,
+    block_size: int,
+    scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    sinks: np.ndarray | None = None,
+) -> np.ndarray:
+    """Attention of every query row over its request's pages; returns `[total_q, Hq, D]` float32."""
+    row_req, row_pos = query_rows(cu_seqlens_q, seq_lens)
+    return attend_rows(q, pool, block_tables, row_req, row_pos, block_size=block_size, scale=scale,
+                       sliding_window=sliding_window, softcap=softcap, sinks=sinks)  # fmt: skip
+
+
+def attend_rows(
+    q: np.ndarray,
+    pool: np.ndarray,
+    block_tables: np.ndarray,
+    row_req: np.ndarray,
+    row_pos: np.ndarray,
+    *,
+    block_size: int,
+    scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    sinks: np.ndarray | None = None,
+) -> np.ndarray:
+    """`paged_attention` with each row's request and position given (see `query_rows`)."""
+    if q.dtype != np.float32 or pool.dtype != np.float32:
+        raise TypeError(f"the CPU attention kernel takes float32 only, got q {q.dtype} and pool {pool.dtype}")
+    num_q_heads = q.shape[1]
+    if num_q_heads % pool.shape[1]:
+        raise ValueError(f"{num_q_heads} query heads are not a multiple of {pool.shape[1]} KV heads")
+    out = np.empty(q.shape, np.float32)
+    sink_logits = np.zeros(num_q_heads, np.float32) if sinks is None else np.ascontiguousarray(sinks, np.float32)
+    with _launch_lock:
+        _attention_kernel(
+            np.ascontiguousarray(q), pool, np.ascontiguousarray(block_tables, np.int32), row_req, row_pos,
+            block_size, np.float32(scale), sliding_window or 0, np.float32(softcap or 0.0), sink_logits,
+            sinks is not None, out,
+        )  # fmt: skip
+    return out
+
+
+def write_kv(pool: np.ndarray, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray) -> None:
+    """Write new K/V `[T, Hkv, D]` into the pool `[2, Hkv, num_slots, D]` in place, at `slot_mapping` `[T]`."""
+    pool[0][:, slot_mapping] = k.transpose(1, 0, 2)
+    pool[1][:, slot_mapping] = v.transpose(1, 0, 2)
