@@ -116,7 +116,7 @@ class ModelRunner:
             from metalserve.kernels.cpu import build_cpu_plan
 
             cpu = build_cpu_plan(
-                step.block_rows, step.cu_seqlens_q, step.seq_lens, step.slot_mapping, self.spec.block_size
+                step.padded_block_tables(), step.cu_seqlens_q, step.seq_lens, step.slot_mapping, self.spec.block_size
             )
             return ForwardContext(plan=None, cpu=cpu, **common)  # type: ignore[arg-type]
         if self.attention_fn is None:

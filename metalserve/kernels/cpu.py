@@ -7,7 +7,6 @@ prefill, with `cpu_attention.attend_rows`. MLX itself never reads the pool on th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -29,18 +28,15 @@ class CpuStepPlan:
 
 
 def build_cpu_plan(
-    block_rows: Sequence[np.ndarray],
+    block_tables: np.ndarray,
     cu_seqlens_q: np.ndarray,
     seq_lens: np.ndarray,
     slot_mapping: np.ndarray,
     block_size: int,
 ) -> CpuStepPlan:
-    width = max(len(row) for row in block_rows)
-    tables = np.zeros((len(block_rows), width), np.int32)
-    for i, row in enumerate(block_rows):
-        tables[i, : len(row)] = row
+    """`block_tables`: `[R, width]`, each request's block ids padded (StepInputs.padded_block_tables)."""
     row_req, row_pos = cpu_attention.query_rows(cu_seqlens_q, seq_lens)
-    return CpuStepPlan(np.asarray(slot_mapping), tables, row_req, row_pos, block_size)
+    return CpuStepPlan(np.asarray(slot_mapping), np.asarray(block_tables, np.int32), row_req, row_pos, block_size)
 
 
 def host_view(pool: mx.array) -> np.ndarray:

@@ -81,7 +81,8 @@ def test_mixed_step_writes_then_attends_like_the_portable_path() -> None:
     v = mx.array(rng.standard_normal((total, hkv, d)).astype(np.float32))
     opts = reference.AttentionOptions(scale=d**-0.5)
 
-    step = build_cpu_plan(rows, cu, seq_lens, slots, bs)
+    padded = np.array([[3, 7, 0], [0, 0, 0], [9, 2, 5]], np.int32)  # as StepInputs.padded_block_tables pads
+    step = build_cpu_plan(padded, cu, seq_lens, slots, bs)
     assert step.block_tables.tolist() == [[3, 7, 0], [0, 0, 0], [9, 2, 5]]
     assert step.row_req.tolist() == [0, 1] + [2] * 6 and step.row_pos.tolist() == [11, 4, *range(14, 20)]
     got = cpu_paged_attention(q, k, v, host_view(pool), step, opts)
