@@ -13,13 +13,10 @@ float32 only.
 
 from __future__ import annotations
 
-import threading
-
 import numba
 import numpy as np
 
-# numba's default (workqueue) threading layer must not be entered from two threads at once.
-_launch_lock = threading.Lock()
+from metalserve.kernels.numba_lock import launch_lock
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -129,7 +126,7 @@ def attend_rows(
         raise ValueError(f"{num_q_heads} query heads are not a multiple of {pool.shape[1]} KV heads")
     out = np.empty(q.shape, np.float32)
     sink_logits = np.zeros(num_q_heads, np.float32) if sinks is None else np.ascontiguousarray(sinks, np.float32)
-    with _launch_lock:
+    with launch_lock:
         _attention_kernel(
             np.ascontiguousarray(q), pool, np.ascontiguousarray(block_tables, np.int32), row_req, row_pos,
             block_size, np.float32(scale), sliding_window or 0, np.float32(softcap or 0.0), sink_logits,

@@ -56,7 +56,8 @@ def _choose_weights(model: nn.Module, stored_as: str, weights: str, max_bytes: i
     packed = (nn.QuantizedLinear, nn.QuantizedEmbedding)
     quantized = any(isinstance(m, packed) for _, m in model.named_modules())
     if should_dequantize(weights, size, max_bytes, on_metal):
-        dequantize_model(model)
+        # Only MLX's CPU backend has host matmuls to read the codes with.
+        dequantize_model(model, keep_codes=mx.default_device() == mx.cpu)
         cast_floats(model, mx.float32)
         verb = "dequantized from" if quantized else "cast from"
         return f"fp32 ({verb} {stored_as}, {size / 1e6:.0f} MB)"

@@ -49,6 +49,14 @@ def test_one_request_equals_mlx_lm(golden) -> None:  # type: ignore[no-untyped-d
     assert run_to_completion(runner_for(loaded, model), prompts[1:2], greedy(1)) == expected[1:2]
 
 
+@pytest.mark.skipif(mx.default_device() != mx.cpu, reason="host compute is for MLX's CPU backend")
+def test_on_the_cpu_small_steps_read_the_stored_4_bit_codes(golden) -> None:  # type: ignore[no-untyped-def]
+    """The Q4_1 GGUF is dequantized for MKL, and its codes kept: the goldens above decode through them."""
+    loaded, model, _, _ = golden
+    assert model.host_linears == 4 * loaded.num_layers  # qkv, o, gate+up, down
+    assert model.host_head_codes is not None and model.host_head_codes.codes.shape == (49152, 576)
+
+
 @pytest.mark.parametrize("chunk_size", [1 << 30, 16])
 def test_eight_requests_in_the_same_steps_equal_mlx_lm(golden, chunk_size: int) -> None:  # type: ignore[no-untyped-def]
     loaded, model, prompts, expected = golden

@@ -8,8 +8,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from metalserve.executor.models.host_linear import HOST_LINEAR_MAX_TOKENS, HostLinear, host_codes
 from metalserve.executor.models.host_mlp import HostSwiGLUMLP, is_swiglu_mlp
 from metalserve.executor.models.paged_attention import PagedAttention
+from metalserve.loader.affine_codes import AffineCodes
 
 # Families whose attention we know how to take over (mistral loads as llama in mlx-lm).
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -25,6 +27,7 @@ class PagedModel:
             raise ValueError(f"model type {model_type!r} is not supported (supported: {SUPPORTED_MODEL_TYPES})")
         self.model = model
         self.backbone = model.model
+        self.host_linears = 0
         args = model.args
         window = getattr(args, "sliding_window", None)
         for i, layer in enumerate(self.backbone.layers):
@@ -38,10 +41,30 @@ class PagedModel:
             for layer in self.backbone.layers:
                 if is_swiglu_mlp(layer.mlp) and type(layer.mlp.gate_proj) is nn.Linear:
                     layer.mlp = HostSwiGLUMLP(layer.mlp)
+            self.host_linears = self._install_host_linears()
         # Materialise the fused projections now, on this thread's stream, before any forward runs.
         mx.eval(model.parameters())
         self.tied = bool(getattr(args, "tie_word_embeddings", False)) or not hasattr(model, "lm_head")
         self.host_head = self._host_head() if host_compute else None
+        head = self.backbone.embed_tokens if self.tied else getattr(model, "lm_head", None)
+        codes = getattr(head, "affine_codes", None) if host_compute and self.host_head is not None else None
+        self.host_head_codes: AffineCodes | None = codes if isinstance(codes, AffineCodes) else None
+
+    def _install_host_linears(self) -> int:
+        """Wrap every projection that kept its codes in a `HostLinear`; return how many were wrapped."""
+        count = 0
+        for layer in self.backbone.layers:
+            owners = [(layer.self_attn, "qkv_proj"), (layer.self_attn.inner, "o_proj")]
+            owners += [(layer.mlp, "gate_up_proj"), (layer.mlp.inner, "down_proj")] if isinstance(
+                layer.mlp, HostSwiGLUMLP
+            ) else []
+            for owner, name in owners:
+                linear = getattr(owner, name, None)
+                codes = host_codes(linear) if isinstance(linear, nn.Linear) else None
+                if isinstance(linear, nn.Linear) and codes is not None:
+                    setattr(owner, name, HostLinear(linear, codes))
+                    count += 1
+        return count
 
     def _host_head(self) -> np.ndarray | None:
         """A NumPy view `[vocab, hidden]` of a dense float32 output projection, for MLX's CPU backend.
@@ -58,7 +81,14 @@ class PagedModel:
         """What runs on the host instead of MLX, for the start-up log."""
         host_mlps = sum(isinstance(layer.mlp, HostSwiGLUMLP) for layer in self.backbone.layers)
         parts = [f"SwiGLU through numba in {host_mlps} layers"] if host_mlps else []
-        parts += ["logits through NumPy"] if self.host_head is not None else []
+        if self.host_linears:
+            parts.append(
+                f"{self.host_linears} projections from their stored codes through numba in steps of up to "
+                f"{HOST_LINEAR_MAX_TOKENS} tokens"
+            )
+        if self.host_head is not None:
+            via = " (from its codes in small steps)" if self.host_head_codes is not None else ""
+            parts.append(f"logits through NumPy{via}")
         return ", ".join(parts) or "nothing (all in MLX)"
 
     def hidden_states(self, token_ids: mx.array) -> mx.array:
@@ -67,7 +97,12 @@ class PagedModel:
 
     def logits(self, hidden: mx.array) -> mx.array:
         if self.host_head is not None:
-            return mx.array(np.asarray(hidden.astype(mx.float32)) @ self.host_head.T)
+            rows = np.asarray(hidden.astype(mx.float32))
+            if self.host_head_codes is not None and rows.shape[0] <= HOST_LINEAR_MAX_TOKENS:
+                from metalserve.kernels.cpu_affine_linear import affine_linear
+
+                return mx.array(affine_linear(rows, self.host_head_codes))
+            return mx.array(rows @ self.host_head.T)
         if self.tied:
             return self.backbone.embed_tokens.as_linear(hidden)
         return self.model.lm_head(hidden)

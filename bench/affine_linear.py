@@ -1,0 +1,95 @@
+"""The default model's projections on MLX's CPU backend: MLX's fp32 matmul (MKL) vs the codes kernel.
+
+    .venv/bin/python bench/affine_linear.py [--model PATH] [--batches 1 8 32 64 128 256] [--repeats 5]
+
+Why small steps on the CPU path read the stored 4-bit codes (metalserve/executor/models/host_linear.py).
+Every run multiplies one `[batch, in]` input by all of the model's layer projections (qkv, o, gate+up,
+down), one after the other, as a decode step does; the two sides alternate in one process and the
+median of `--repeats` runs is printed, with the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+# isort: off
+import metalserve  # noqa: F401  (must come before MLX: it loads the optimized BLAS that MLX then binds)
+
+# isort: on
+import mlx.core as mx
+import numpy as np
+
+from metalserve.executor.models.adapter import PagedModel
+from metalserve.executor.models.host_linear import HostLinear
+from metalserve.kernels.cpu_affine_linear import affine_linear
+from metalserve.loader import load_model
+
+
+def projections(paged: PagedModel) -> list[HostLinear]:
+    found = []
+    for layer in paged.backbone.layers:
+        for owner, name in [(layer.self_attn, "qkv_proj"), (layer.self_attn.inner, "o_proj"),
+                            (layer.mlp, "gate_up_proj"), (layer.mlp.inner, "down_proj")]:  # fmt: skip
+            module = getattr(owner, name, None)
+            if isinstance(module, HostLinear):
+                found.append(module)
+    return found
+
+
+def median_ms(fn: Callable[[], None], repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    loaded = load_model(args.model)
+    layers = projections(PagedModel(loaded.model, loaded.model_type, host_compute=True))
+    if not layers:
+        raise SystemExit("no projection kept its codes (is this a Q4/Q8 model, dequantized on MLX's CPU backend?)")
+    weights = sum(layer.codes.codes.size for layer in layers)
+    print(f"{len(layers)} projections, {weights / 1e6:.0f}M weights: fp32 {4 * weights / 1e6:.0f} MB, "
+          f"codes {weights / 1e6:.0f} MB\n")  # fmt: skip
+    print("| batch | MLX fp32 (ms) | codes kernel (ms) | MLX / codes |\n|---|---|---|---|")
+    for batch in args.batches:
+        a, b = compare(layers, batch, args.repeats)
+        print(f"| {batch} | {a:.1f} | {b:.1f} | {a / b:.2f}x |", flush=True)
+
+
+def compare(layers: list[HostLinear], batch: int, repeats: int) -> tuple[float, float]:
+    """Median ms of one pass over `layers` through MLX and through the codes kernel, alternated."""
+    rng = np.random.default_rng(batch)
+    widths = {layer.codes.codes.shape[1] for layer in layers}
+    inputs = {w: rng.standard_normal((batch, w)).astype(np.float32) for w in widths}
+    as_mx = {w: mx.array(x) for w, x in inputs.items()}
+    mx.eval(list(as_mx.values()))
+
+    def with_mlx() -> None:
+        for layer in layers:
+            mx.eval(layer.inner(as_mx[layer.codes.codes.shape[1]]))
+
+    def with_codes() -> None:
+        for layer in layers:
+            affine_linear(inputs[layer.codes.codes.shape[1]], layer.codes)
+
+    mlx_ms, codes_ms = [], []
+    for _ in range(2):  # alternate, so drift on a shared machine hits both sides
+        mlx_ms.append(median_ms(with_mlx, repeats))
+        codes_ms.append(median_ms(with_codes, repeats))
+    return statistics.median(mlx_ms), statistics.median(codes_ms)
+
+
+if __name__ == "__main__":
+    main()

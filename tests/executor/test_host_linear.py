@@ -1,0 +1,96 @@
+"""Projections that decode small steps from their stored codes (the CPU path), and MKL on fp32 otherwise."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+import metalserve.kernels.cpu_affine_linear as affine_module
+from metalserve.executor.models.adapter import PagedModel
+from metalserve.executor.models.fused_linear import fuse_linears
+from metalserve.executor.models.host_linear import HostLinear, host_codes
+from metalserve.executor.simple_driver import run_to_completion
+from metalserve.loader.affine_codes import AffineCodes, affine_codes
+from metalserve.loader.weights_mode import dequantize_model
+from metalserve.sampling_params import SamplingParams
+from tests.executor.test_runner_golden import make_runner, mlx_lm_greedy, prompts_of
+from tests.executor.tiny_models import tiny_model
+
+
+def dequantized_tiny(model_type: str = "llama", keep_codes: bool = True) -> nn.Module:
+    """A tiny model as the loader leaves a Q4 GGUF on the CPU: fp32 weights that keep their codes."""
+    model = tiny_model(model_type)
+    nn.quantize(model, group_size=32, bits=4)
+    dequantize_model(model, keep_codes=keep_codes)
+    mx.eval(model.parameters())
+    return model
+
+
+def test_dequantizing_keeps_codes_only_when_asked() -> None:
+    kept, dropped = dequantized_tiny(), dequantized_tiny(keep_codes=False)
+    q_proj = kept.model.layers[0].self_attn.q_proj
+    codes = host_codes(q_proj)
+    assert type(q_proj) is nn.Linear and codes is not None and codes.group_size == 32
+    np.testing.assert_array_equal(codes.dense(), np.array(q_proj.weight))
+    assert isinstance(kept.model.embed_tokens.affine_codes, AffineCodes)
+    assert host_codes(dropped.model.layers[0].self_attn.q_proj) is None
+    assert host_codes(tiny_model().model.layers[0].self_attn.q_proj) is None  # never quantized: no codes
+
+
+def test_fused_projections_fuse_their_codes() -> None:
+    attn = dequantized_tiny().model.layers[0].self_attn
+    fused = fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj])
+    assert fused is not None
+    codes = host_codes(fused)
+    assert codes is not None
+    np.testing.assert_array_equal(codes.dense(), np.array(fused.weight))
+
+
+def test_host_linear_reads_codes_for_small_steps_and_the_fp32_weights_for_large_ones() -> None:
+    inner = nn.Linear(64, 8)
+    other = nn.Linear(64, 8, bias=False)  # codes of different weights show which path ran
+    other.weight = mx.random.normal((8, 64), key=mx.random.key(3))
+    codes = affine_codes(nn.QuantizedLinear.from_linear(other, group_size=32, bits=8))
+    assert codes is not None
+    layer = HostLinear(inner, codes, max_tokens=4)
+    small = mx.random.normal((1, 4, 64), key=mx.random.key(4))
+    large = mx.random.normal((1, 5, 64), key=mx.random.key(5))
+    from_codes = np.array(small[0]) @ codes.dense().T + np.array(inner.bias)
+    np.testing.assert_allclose(np.array(layer(small))[0], from_codes, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.array(layer(large)), np.array(inner(large)), rtol=1e-6, atol=1e-6)
+    # Half-precision activations go to MLX as they are.
+    half = small.astype(mx.float16)
+    np.testing.assert_array_equal(np.array(layer(half)), np.array(inner(half)))
+
+
+def test_paged_model_wraps_every_projection_with_codes_and_the_head() -> None:
+    paged = PagedModel(dequantized_tiny(), "llama", host_compute=True)
+    assert paged.host_linears == 8  # 2 layers x (qkv, o, gate+up, down)
+    assert isinstance(paged.backbone.layers[1].self_attn.qkv_proj, HostLinear)
+    assert isinstance(paged.backbone.layers[1].mlp.inner.down_proj, HostLinear)
+    assert paged.host_head_codes is not None
+    assert "8 projections from their stored codes" in paged.host_description()
+    plain = PagedModel(dequantized_tiny(), "llama", host_compute=False)
+    assert plain.host_linears == 0 and plain.host_head_codes is None
+    hidden = mx.random.normal((3, 64), key=mx.random.key(6))
+    np.testing.assert_allclose(np.array(paged.logits(hidden)), np.array(plain.logits(hidden)), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_decoding_from_codes_matches_mlx_lm(model_type: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    real = affine_module.affine_linear
+    monkeypatch.setattr(affine_module, "affine_linear", lambda x, w: (calls.append(len(x)), real(x, w))[1])
+    model = dequantized_tiny(model_type)
+    prompts = prompts_of([5, 40, 17, 1, 33, 9], model.args.vocab_size, seed=2)
+    expected = [mlx_lm_greedy(model, p, 16) for p in prompts]
+    runner = make_runner(dequantized_tiny(model_type), model_type, attention="cpu")
+    for _, module in runner.model.model.named_modules():
+        if isinstance(module, HostLinear):
+            module.max_tokens = 8  # so the 105-token prefill takes MKL and the 6-token decode steps the codes
+    got = run_to_completion(runner, prompts, [SamplingParams(temperature=0, max_tokens=16) for _ in prompts])
+    assert got == expected
+    assert calls and max(calls) <= 8  # the 105 prefill rows never reached the codes kernel
+    assert calls.count(6) >= 4 * 2 * 15  # every decode step: 4 projections in 2 layers, 6 requests
