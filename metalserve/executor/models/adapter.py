@@ -8,6 +8,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from metalserve.executor.context import current_context
+from metalserve.executor.models.host_forward import HostForward
 from metalserve.executor.models.host_linear import HOST_LINEAR_MAX_TOKENS, HostLinear, host_codes
 from metalserve.executor.models.host_mlp import HostSwiGLUMLP, is_swiglu_mlp
 from metalserve.executor.models.paged_attention import PagedAttention
@@ -28,6 +30,7 @@ class PagedModel:
         self.model = model
         self.backbone = model.model
         self.host_linears = 0
+        self.host_forward: HostForward | None = None
         args = model.args
         window = getattr(args, "sliding_window", None)
         for i, layer in enumerate(self.backbone.layers):
@@ -46,6 +49,8 @@ class PagedModel:
         mx.eval(model.parameters())
         self.tied = bool(getattr(args, "tie_word_embeddings", False)) or not hasattr(model, "lm_head")
         self.host_head = self._host_head() if host_compute else None
+        # The whole decoder on the host for small steps, where every block has a host twin.
+        self.host_forward = HostForward.build(self.backbone) if host_compute and self.host_linears else None
         head = self.backbone.embed_tokens if self.tied else getattr(model, "lm_head", None)
         codes = getattr(head, "affine_codes", None) if host_compute and self.host_head is not None else None
         self.host_head_codes: AffineCodes | None = codes if isinstance(codes, AffineCodes) else None
@@ -81,6 +86,8 @@ class PagedModel:
         """What runs on the host instead of MLX, for the start-up log."""
         host_mlps = sum(isinstance(layer.mlp, HostSwiGLUMLP) for layer in self.backbone.layers)
         parts = [f"SwiGLU through numba in {host_mlps} layers"] if host_mlps else []
+        if self.host_forward is not None:
+            parts.append(f"the whole decoder through numba in steps of up to {HOST_LINEAR_MAX_TOKENS} tokens")
         if self.host_linears:
             parts.append(
                 f"{self.host_linears} projections from their stored codes through numba in steps of up to "
@@ -93,6 +100,10 @@ class PagedModel:
 
     def hidden_states(self, token_ids: mx.array) -> mx.array:
         """token_ids: [T] -> final-normed hidden states [T, hidden]."""
+        if self.host_forward is not None and token_ids.size <= HOST_LINEAR_MAX_TOKENS:
+            ctx = current_context()
+            if self.host_forward.applies_to(ctx):
+                return mx.array(self.host_forward(np.asarray(token_ids), ctx))
         return self.backbone(token_ids[None])[0]
 
     def logits(self, hidden: mx.array) -> mx.array:

@@ -1,0 +1,70 @@
+"""The whole decoder on the host for small steps of the CPU path: the same tokens as mlx-lm."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from metalserve.executor.models.adapter import PagedModel
+from metalserve.executor.models.host_forward import HostForward
+from metalserve.executor.simple_driver import run_to_completion
+from metalserve.kernels.cpu_layer_ops import rms_norm, rope_in_place, rope_inverse_frequencies
+from metalserve.sampling_params import SamplingParams
+from tests.executor.test_host_linear import dequantized_tiny
+from tests.executor.test_runner_golden import make_runner, mlx_lm_greedy, prompts_of
+
+
+@pytest.mark.parametrize(("dims", "base", "scale"), [(64, 100000.0, 1.0), (32, 10000.0, 0.5)])
+def test_rope_matches_mlx(dims: int, base: float, scale: float) -> None:
+    x = np.random.default_rng(0).standard_normal((5, 3, 64)).astype(np.float32)
+    positions = np.array([0, 3, 100, 255, 1000])
+    rope = nn.RoPE(dims, traditional=False, base=base, scale=scale)
+    want = np.array(rope(mx.array(x)[:, :, None, :], offset=mx.array(positions))[:, :, 0, :])
+    rope_in_place(x, positions, rope_inverse_frequencies(dims, base), scale)
+    np.testing.assert_allclose(x, want, atol=1e-4)
+    with pytest.raises(ValueError, match="contiguous"):
+        rope_in_place(x[:, :, ::2], positions, rope_inverse_frequencies(dims, base))
+
+
+def test_rms_norm_matches_mlx() -> None:
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((4, 2, 48)).astype(np.float32), rng.random(48).astype(np.float32)
+    want = np.array(mx.fast.rms_norm(mx.array(x), mx.array(w), 1e-5))
+    np.testing.assert_allclose(rms_norm(x, w, 1e-5), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("chunk_size", [1 << 30, 7])
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
+def test_host_forward_decodes_like_mlx_lm(model_type: str, chunk_size: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    sizes: list[int] = []
+    real = HostForward.__call__
+
+    def counted(self: HostForward, ids: np.ndarray, ctx: object) -> np.ndarray:
+        sizes.append(len(ids))
+        return real(self, ids, ctx)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(HostForward, "__call__", counted)
+    model = dequantized_tiny(model_type)
+    prompts = prompts_of([5, 40, 17, 1, 33, 9], model.args.vocab_size, seed=2)
+    expected = [mlx_lm_greedy(model, p, 16) for p in prompts]
+    runner = make_runner(dequantized_tiny(model_type), model_type, attention="cpu")
+    assert runner.model.host_forward is not None
+    got = run_to_completion(runner, prompts, [SamplingParams(temperature=0, max_tokens=16) for _ in prompts],
+                            chunk_size=chunk_size)  # fmt: skip
+    assert got == expected
+    # Every token ran on the host: the 105 prompt tokens, whole or in chunks after cached context, and the 15
+    # sampled tokens of each request fed back.
+    assert sum(sizes) == 105 + 6 * 15
+
+
+def test_other_blocks_keep_the_mlx_modules() -> None:
+    traditional = dequantized_tiny()
+    for layer in traditional.model.layers:
+        layer.self_attn.rope = nn.RoPE(16, traditional=True)
+    assert PagedModel(traditional, "llama", host_compute=True).host_forward is None
+    assert PagedModel(dequantized_tiny(keep_codes=False), "llama", host_compute=True).host_forward is None
+    assert PagedModel(dequantized_tiny(), "llama", host_compute=False).host_forward is None
+    host = PagedModel(dequantized_tiny(), "llama", host_compute=True)
+    assert "the whole decoder through numba" in host.host_description()
