@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -17,8 +18,6 @@ from typing import Any
 from peers.bench_run import RESULTS, run_bench
 from peers.launch import MLX_DIR, RunningServer, ServerStartError
 from peers.servers import SERVERS, availability, spec_for
-
-OUT = RESULTS / "compare_peers"
 
 
 def _bench_args(a: argparse.Namespace, c: int, level_index: int) -> list[str]:
@@ -34,12 +33,13 @@ def _bench_args(a: argparse.Namespace, c: int, level_index: int) -> list[str]:
 
 def run_level(name: str, c: int, level_index: int, a: argparse.Namespace) -> dict[str, Any]:
     """One fresh server, one bench run; a row with the headline numbers or the error."""
-    spec = spec_for(name, c)
+    spec = spec_for(name, c, shlex.split(a.metalserve_args) if name == "metalserve" else None)
+    out = RESULTS / a.out
     row: dict[str, Any] = {"server": name, "concurrency": c, "command": spec.command(0)}
     args = _bench_args(a, c, level_index) + (["--model", spec.model] if spec.model else [])
     try:
-        with RunningServer(spec, OUT / "logs" / f"{name}-c{c}.log") as srv:
-            doc = run_bench(srv.base_url, OUT / f"{name}-c{c}.json", args, spec.extra_body)
+        with RunningServer(spec, out / "logs" / f"{name}-c{c}.log") as srv:
+            doc = run_bench(srv.base_url, out / f"{name}-c{c}.json", args, spec.extra_body)
     except (ServerStartError, RuntimeError, OSError) as exc:
         return row | {"error": str(exc)}
     m = doc["metrics"]
@@ -151,6 +151,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--min-prompts", type=int, default=4)
     p.add_argument("--warmups", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--metalserve-args", default="", help="extra `metalserve serve` flags, e.g. a token budget")
+    p.add_argument("--out", default="compare_peers", help="folder under bench/results for this sweep")
     return p.parse_args(argv)
 
 
@@ -161,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown servers {sorted(unknown)}; choose from {', '.join(SERVERS)}", file=sys.stderr)
         return 2
     levels = [int(x) for x in a.levels.split(",")]
-    OUT.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / a.out
+    out.mkdir(parents=True, exist_ok=True)
     status, rows = {}, []
     for name in names:
         ok, status[name] = availability(name)
@@ -175,11 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     checks = targets(rows)
     doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "settings": vars(a), "servers": status, "rows": rows,
            "targets": checks}  # fmt: skip
-    (OUT / "compare_peers.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    (out / "compare_peers.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     md = markdown(rows, checks, status)
-    (OUT / "compare_peers.md").write_text(md, encoding="utf-8")
-    plot(rows, OUT / "compare_peers.png")
-    print(md + f"\nwritten under {OUT}")
+    (out / "compare_peers.md").write_text(md, encoding="utf-8")
+    plot(rows, out / "compare_peers.png")
+    print(md + f"\nwritten under {out}")
     return 0
 
 

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from metalserve.api.app import build_app
 from metalserve.api.settings import ServerSettings
 from metalserve.api.tool_parsers import TOOL_PARSERS
-from metalserve.config import EngineConfig
+from metalserve.config import CPU_MAX_NUM_BATCHED_TOKENS, EngineConfig
 from metalserve.engine.async_engine import AsyncEngine
 
 logger = logging.getLogger("metalserve.server")
@@ -35,8 +35,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="most requests in one batch")
     parser.add_argument(
-        "--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens, help="token budget per step"
-    )
+        "--max-num-batched-tokens", type=int, default=None,
+        help=f"token budget per step (default: {CPU_MAX_NUM_BATCHED_TOKENS} where MLX runs on the CPU, "
+        f"else {d.max_num_batched_tokens})",
+    )  # fmt: skip
     parser.add_argument(
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=d.enable_prefix_caching
     )
@@ -70,6 +72,13 @@ def _chat_template(value: str | None) -> str | None:
     raise ValueError(f"--chat-template: no such file {value!r}")
 
 
+def default_token_budget() -> int:
+    """The step token budget when the flag is not given: smaller on MLX's CPU backend (see config.py)."""
+    import mlx.core as mx
+
+    return CPU_MAX_NUM_BATCHED_TOKENS if mx.default_device() == mx.cpu else EngineConfig().max_num_batched_tokens
+
+
 def config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
     """Map parsed flags onto the two frozen configs (both validate themselves)."""
     if args.enable_auto_tool_choice and not args.tool_call_parser:
@@ -80,7 +89,9 @@ def config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerSett
         max_model_len=args.max_model_len,
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_batched_tokens=(
+            default_token_budget() if args.max_num_batched_tokens is None else args.max_num_batched_tokens
+        ),
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         enable_prefix_caching=args.enable_prefix_caching,
         scheduling_policy=args.scheduling_policy,

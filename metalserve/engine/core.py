@@ -60,11 +60,13 @@ class EngineCore:
         )
         budget = config.kv_cache_memory
         if budget is None:
-            peak = measure_step_peak(model, loaded, config, attention)
+            host = model.host_bytes()  # the CPU path's stored codes live outside MLX's counters
+            peak = measure_step_peak(model, loaded, config, attention) + host
             budget = kv_budget_bytes(config.gpu_memory_utilization, peak)
             logger.info(
-                "warm-up step of %d tokens: weights + activations peak %s; KV budget %s (%.0f%% of memory)",
-                config.max_num_batched_tokens, format_bytes(peak), format_bytes(budget),
+                "warm-up step of %d tokens: weights + activations peak %s (%s of it on the host); KV budget %s "
+                "(%.0f%% of memory)",
+                config.max_num_batched_tokens, format_bytes(peak), format_bytes(host), format_bytes(budget),
                 100 * config.gpu_memory_utilization,
             )  # fmt: skip
         num_blocks = num_blocks_for_budget(

@@ -72,8 +72,12 @@ def test_paged_model_wraps_every_projection_with_codes_and_the_head() -> None:
     assert isinstance(paged.backbone.layers[1].mlp.inner.down_proj, HostLinear)
     assert paged.host_head_codes is not None
     assert "8 projections from their stored codes" in paged.host_description()
+    # 2 layers x (128x64 qkv + 64x64 o + 256x64 gate+up + 64x128 down) + 97x64 head: one byte per weight, and
+    # a float32 scale and bias per 32 of them.
+    weights = 2 * (128 * 64 + 64 * 64 + 256 * 64 + 64 * 128) + 97 * 64
+    assert paged.host_bytes() == weights + weights // 32 * 8
     plain = PagedModel(dequantized_tiny(), "llama", host_compute=False)
-    assert plain.host_linears == 0 and plain.host_head_codes is None
+    assert plain.host_linears == 0 and plain.host_head_codes is None and plain.host_bytes() == 0
     hidden = mx.random.normal((3, 64), key=mx.random.key(6))
     np.testing.assert_allclose(np.array(paged.logits(hidden)), np.array(plain.logits(hidden)), rtol=1e-4, atol=1e-4)
 

@@ -82,6 +82,12 @@ class PagedModel:
         dense = type(head) in (nn.Embedding, nn.Linear) and "bias" not in head and head.weight.dtype == mx.float32
         return np.asarray(head.weight) if dense else None
 
+    def host_bytes(self) -> int:
+        """Bytes of weights held outside MLX (the stored codes), which MLX's memory counters do not see."""
+        codes = [m.codes for _, m in self.model.named_modules() if isinstance(m, HostLinear)]
+        codes += [self.host_head_codes] if self.host_head_codes is not None else []
+        return sum(c.codes.nbytes + c.scales.nbytes + c.biases.nbytes for c in codes)
+
     def host_description(self) -> str:
         """What runs on the host instead of MLX, for the start-up log."""
         host_mlps = sum(isinstance(layer.mlp, HostSwiGLUMLP) for layer in self.backbone.layers)
