@@ -60,15 +60,14 @@ class PagedModel:
         count = 0
         for layer in self.backbone.layers:
             owners = [(layer.self_attn, "qkv_proj"), (layer.self_attn.inner, "o_proj")]
-            owners += [(layer.mlp, "gate_up_proj"), (layer.mlp.inner, "down_proj")] if isinstance(
-                layer.mlp, HostSwiGLUMLP
-            ) else []
+            if isinstance(layer.mlp, HostSwiGLUMLP):
+                owners += [(layer.mlp, "gate_up_proj"), (layer.mlp.inner, "down_proj")]
             for owner, name in owners:
                 linear = getattr(owner, name, None)
-                codes = host_codes(linear) if isinstance(linear, nn.Linear) else None
-                if isinstance(linear, nn.Linear) and codes is not None:
-                    setattr(owner, name, HostLinear(linear, codes))
-                    count += 1
+                if not isinstance(linear, nn.Linear) or (codes := host_codes(linear)) is None:
+                    continue
+                setattr(owner, name, HostLinear(linear, codes))
+                count += 1
         return count
 
     def _host_head(self) -> np.ndarray | None:
