@@ -23,7 +23,6 @@ from metalserve.executor.models.host_linear import HostLinear
 from metalserve.executor.models.host_mlp import HostSwiGLUMLP
 from metalserve.executor.models.paged_attention import PagedAttention
 from metalserve.kernels.reference import AttentionOptions
-from metalserve.loader.affine_codes import AffineCodes
 
 # The decoder blocks whose __call__ is `h = x + attn(norm1(x)); out = h + mlp(norm2(h))`.
 PRE_NORM_BLOCKS = {
@@ -31,25 +30,6 @@ PRE_NORM_BLOCKS = {
     "mlx_lm.models.qwen2.TransformerBlock",
     "mlx_lm.models.qwen3.TransformerBlock",
 }
-
-
-@dataclass(frozen=True)
-class HostProjection:
-    codes: AffineCodes
-    bias: np.ndarray | None
-
-    @staticmethod
-    def of(layer: HostLinear) -> HostProjection:
-        bias = np.asarray(layer.inner.bias) if "bias" in layer.inner else None
-        return HostProjection(layer.codes, bias)
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        from metalserve.kernels.cpu_affine_linear import affine_linear
-
-        out = affine_linear(x, self.codes)
-        if self.bias is not None:
-            out += self.bias
-        return out
 
 
 @dataclass(frozen=True)
@@ -74,10 +54,10 @@ class HostLayer:
     index: int
     input_norm: HostNorm
     post_attention_norm: HostNorm
-    qkv: HostProjection
-    o: HostProjection
-    gate_up: HostProjection
-    down: HostProjection
+    qkv: HostLinear  # called through `.host`, on NumPy arrays
+    o: HostLinear
+    gate_up: HostLinear
+    down: HostLinear
     q_norm: HostNorm | None  # qwen3's per-head norms before RoPE
     k_norm: HostNorm | None
     n_heads: int
@@ -95,9 +75,13 @@ def _host_layer(index: int, block: nn.Module) -> HostLayer | None:
     attn, mlp = block.self_attn, block.mlp
     if not isinstance(attn, PagedAttention) or not isinstance(mlp, HostSwiGLUMLP):
         return None
-    projections = [attn.qkv_proj, attn.inner.o_proj, mlp.gate_up_proj, mlp.inner.down_proj]
+    qkv, o, gate_up, down = [attn.qkv_proj, attn.inner.o_proj, mlp.gate_up_proj, mlp.inner.down_proj]
     rope = attn.inner.rope
-    if not all(isinstance(p, HostLinear) for p in projections) or type(rope) is not nn.RoPE or rope.traditional:
+    if not (isinstance(qkv, HostLinear) and isinstance(o, HostLinear)):
+        return None
+    if not (isinstance(gate_up, HostLinear) and isinstance(down, HostLinear)):
+        return None
+    if type(rope) is not nn.RoPE or rope.traditional:
         return None
     norms = [HostNorm.of(block.input_layernorm), HostNorm.of(block.post_attention_layernorm)]
     head_norms = [HostNorm.of(attn.inner.q_norm), HostNorm.of(attn.inner.k_norm)] if attn.per_head_norms else []
@@ -106,7 +90,6 @@ def _host_layer(index: int, block: nn.Module) -> HostLayer | None:
         return None
     from metalserve.kernels.cpu_layer_ops import rope_inverse_frequencies
 
-    qkv, o, gate_up, down = (HostProjection.of(p) for p in projections)
     return HostLayer(
         index=index, input_norm=input_norm, post_attention_norm=post_norm, qkv=qkv, o=o, gate_up=gate_up,
         down=down, q_norm=head_norms[0] if head_norms else None, k_norm=head_norms[1] if head_norms else None,
@@ -150,12 +133,12 @@ class HostForward:
 
     @staticmethod
     def _attention(layer: HostLayer, x: np.ndarray, ctx: ForwardContext) -> np.ndarray:
-        from metalserve.kernels import cpu_attention
+        from metalserve.kernels.cpu import attend_on_host
         from metalserve.kernels.cpu_layer_ops import rope_in_place
 
         assert ctx.cpu is not None
         tokens, hq, hkv = x.shape[0], layer.n_heads, layer.n_kv_heads
-        qkv = layer.qkv(x).reshape(tokens, hq + 2 * hkv, -1)
+        qkv = layer.qkv.host(x).reshape(tokens, hq + 2 * hkv, -1)
         q, k, v = qkv[:, :hq], qkv[:, hq : hq + hkv], qkv[:, hq + hkv :]
         if layer.q_norm is not None and layer.k_norm is not None:
             q, k = layer.q_norm(q), layer.k_norm(k)
@@ -164,17 +147,11 @@ class HostForward:
         rope_in_place(k, ctx.cpu.row_pos, layer.rope_inv_freq, layer.rope_scale)
         kv = ctx.kv[layer.index]
         assert isinstance(kv, PortableKV) and kv.host is not None
-        cpu_attention.write_kv(kv.host, k, v, ctx.cpu.slot_mapping)
-        opts = layer.options
-        sinks = None if opts.sinks is None else np.asarray(opts.sinks.astype(mx.float32))
-        out = cpu_attention.attend_rows(
-            q, kv.host, ctx.cpu.block_tables, ctx.cpu.row_req, ctx.cpu.row_pos, block_size=ctx.cpu.block_size,
-            scale=opts.scale, sliding_window=opts.sliding_window, softcap=opts.softcap, sinks=sinks,
-        )  # fmt: skip
-        return layer.o(out.reshape(tokens, -1))
+        out = attend_on_host(q, k, v, kv.host, ctx.cpu, layer.options)
+        return layer.o.host(out.reshape(tokens, -1))
 
     @staticmethod
     def _mlp(layer: HostLayer, x: np.ndarray) -> np.ndarray:
         from metalserve.kernels.cpu_swiglu import swiglu
 
-        return layer.down(swiglu(layer.gate_up(x)))
+        return layer.down.host(swiglu(layer.gate_up.host(x)))

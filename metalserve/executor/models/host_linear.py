@@ -35,14 +35,18 @@ class HostLinear(nn.Module):
         self.codes = codes
         self.max_tokens = max_tokens
 
-    def __call__(self, x: mx.array) -> mx.array:
+    def host(self, x: np.ndarray) -> np.ndarray:
+        """`[T, in]` float32 -> `[T, out]` from the codes (plus the bias), whatever `T`."""
         from metalserve.kernels.cpu_affine_linear import affine_linear
 
+        out = affine_linear(x, self.codes)
+        if "bias" in self.inner:
+            out += np.asarray(self.inner.bias)
+        return out
+
+    def __call__(self, x: mx.array) -> mx.array:
         tokens = x.size // x.shape[-1]
         if tokens > self.max_tokens or x.dtype != mx.float32:
             return self.inner(x)
         mx.eval(x)
-        out = affine_linear(np.asarray(x).reshape(tokens, -1), self.codes)
-        if "bias" in self.inner:
-            out += np.asarray(self.inner.bias)
-        return mx.array(out).reshape(*x.shape[:-1], -1)
+        return mx.array(self.host(np.asarray(x).reshape(tokens, -1))).reshape(*x.shape[:-1], -1)
