@@ -11,6 +11,7 @@ from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.host_forward import HostForward
 from metalserve.executor.simple_driver import run_to_completion
 from metalserve.kernels.cpu_layer_ops import rms_norm, rope_in_place, rope_inverse_frequencies
+from metalserve.kernels.reference import AttentionOptions
 from metalserve.sampling_params import SamplingParams
 from tests.executor.test_host_linear import dequantized_tiny
 from tests.executor.test_runner_golden import make_runner, mlx_lm_greedy, prompts_of
@@ -68,3 +69,29 @@ def test_other_blocks_keep_the_mlx_modules() -> None:
     assert PagedModel(dequantized_tiny(), "llama", host_compute=False).host_forward is None
     host = PagedModel(dequantized_tiny(), "llama", host_compute=True)
     assert "the whole decoder through numba" in host.host_description()
+
+
+def test_layers_view_one_stack_of_codes() -> None:
+    model = PagedModel(dequantized_tiny(), "llama", host_compute=True)
+    assert model.host_forward is not None
+    stacked = model.host_forward.weights
+    for i, layer in enumerate(model.backbone.layers):
+        pairs = [(layer.self_attn.qkv_proj, stacked.qkv), (layer.self_attn.inner.o_proj, stacked.o),
+                 (layer.mlp.gate_up_proj, stacked.gate_up), (layer.mlp.inner.down_proj, stacked.down)]  # fmt: skip
+        for linear, stack in pairs:
+            assert np.shares_memory(linear.codes.codes, stack.codes)
+            np.testing.assert_array_equal(linear.codes.codes, stack.codes[i])
+            np.testing.assert_array_equal(linear.codes.dense(), np.array(linear.inner.weight))
+    # Held once: the host bytes are the stacks' (and the head's codes, if any).
+    stacks = [stacked.qkv, stacked.o, stacked.gate_up, stacked.down]
+    head = model.host_head_codes
+    head_bytes = 0 if head is None else head.codes.nbytes + head.scales.nbytes + head.biases.nbytes
+    assert model.host_bytes() == sum(s.codes.nbytes + s.scales.nbytes + s.biases.nbytes for s in stacks) + head_bytes
+
+
+def test_layers_that_differ_keep_the_mlx_modules() -> None:
+    model = PagedModel(dequantized_tiny(), "llama", host_compute=True)
+    assert HostForward.build(model.backbone) is not None
+    attn = model.backbone.layers[1].self_attn
+    attn.options = AttentionOptions(scale=attn.options.scale, softcap=30.0)  # one layer unlike the others
+    assert HostForward.build(model.backbone) is None

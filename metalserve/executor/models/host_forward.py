@@ -22,7 +22,9 @@ from metalserve.executor.context import ForwardContext, PortableKV
 from metalserve.executor.models.host_linear import HostLinear
 from metalserve.executor.models.host_mlp import HostSwiGLUMLP
 from metalserve.executor.models.paged_attention import PagedAttention
+from metalserve.kernels.decoder_weights import DecoderShape, DecoderWeights, StackedLinear, StepPlan
 from metalserve.kernels.reference import AttentionOptions
+from metalserve.loader.affine_codes import AffineCodes
 
 # The decoder blocks whose __call__ is `h = x + attn(norm1(x)); out = h + mlp(norm2(h))`.
 PRE_NORM_BLOCKS = {
@@ -99,25 +101,80 @@ def _host_layer(index: int, block: nn.Module) -> HostLayer | None:
     )  # fmt: skip
 
 
+def _stacked_linear(linears: list[HostLinear]) -> StackedLinear | None:
+    """One projection of every layer stacked on a layer axis; each `HostLinear` then views the stack, so
+    the codes are held once. None if the layers' shapes differ."""
+    parts = [lin.codes for lin in linears]
+    if len({(p.codes.shape, p.scales.shape) for p in parts}) != 1:
+        return None
+    codes, scales, biases = (np.stack([getattr(p, f) for p in parts]) for f in ("codes", "scales", "biases"))
+    rows = parts[0].codes.shape[0]
+    zeros = np.zeros(rows, np.float32)
+    bias = np.stack([np.asarray(lin.inner.bias) if "bias" in lin.inner else zeros for lin in linears])
+    for i, lin in enumerate(linears):
+        lin.codes = AffineCodes(codes[i], scales[i], biases[i])
+    return StackedLinear(codes, scales, biases, bias.astype(np.float32))
+
+
+def _stack(layers: list[HostLayer]) -> tuple[DecoderWeights, DecoderShape] | None:
+    """The layers as one `DecoderWeights`, or None unless every layer has the same shapes and options."""
+    first = layers[0]
+    same = {
+        (la.n_heads, la.n_kv_heads, la.rope_dims, la.rope_scale, la.input_norm.eps, la.post_attention_norm.eps,
+         la.q_norm is None, la.q_norm.eps if la.q_norm else 0.0, la.k_norm.eps if la.k_norm else 0.0,
+         la.options.scale, la.options.softcap, la.options.sinks is None, la.rope_inv_freq.tobytes())
+        for la in layers
+    }  # fmt: skip
+    if len(same) != 1 or first.options.sinks is not None or first.input_norm.eps != first.post_attention_norm.eps:
+        return None
+    linears = [_stacked_linear([getattr(la, name) for la in layers]) for name in ("qkv", "o", "gate_up", "down")]
+    qkv, o, gate_up, down = linears
+    if qkv is None or o is None or gate_up is None or down is None:
+        return None
+    head_dim = qkv.codes.shape[1] // (first.n_heads + 2 * first.n_kv_heads)
+    ones = np.ones((len(layers), head_dim), np.float32)
+    weights = DecoderWeights(
+        input_norm=np.stack([la.input_norm.weight for la in layers]),
+        post_attention_norm=np.stack([la.post_attention_norm.weight for la in layers]),
+        qkv=qkv, o=o, gate_up=gate_up, down=down,
+        q_norm=np.stack([la.q_norm.weight for la in layers if la.q_norm]) if first.q_norm else ones,
+        k_norm=np.stack([la.k_norm.weight for la in layers if la.k_norm]) if first.k_norm else ones,
+        rope_inv_freq=first.rope_inv_freq,
+        sliding_windows=np.array([la.options.sliding_window or 0 for la in layers], np.int64),
+    )  # fmt: skip
+    shape = DecoderShape(
+        n_heads=first.n_heads, n_kv_heads=first.n_kv_heads, head_dim=head_dim, head_norms=first.q_norm is not None,
+        norm_eps=first.input_norm.eps, head_norm_eps=first.q_norm.eps if first.q_norm else 0.0,
+        rope_scale=first.rope_scale, attention_scale=first.options.scale, softcap=first.options.softcap or 0.0,
+    )  # fmt: skip
+    return weights, shape
+
+
 class HostForward:
     """`hidden_states` of a `PagedModel` computed on the host; build it with `HostForward.build`."""
 
-    def __init__(self, embedding: np.ndarray, layers: list[HostLayer], final_norm: HostNorm) -> None:
+    def __init__(
+        self, embedding: np.ndarray, weights: DecoderWeights, shape: DecoderShape, final_norm: HostNorm
+    ) -> None:
         self.embedding = embedding
-        self.layers = layers
+        self.weights = weights
+        self.shape = shape
         self.final_norm = final_norm
 
     @staticmethod
     def build(backbone: nn.Module) -> HostForward | None:
-        """None unless every block, the embedding and the final norm have host twins."""
+        """None unless every block, the embedding and the final norm have host twins of one shape."""
         embed = backbone.embed_tokens
         final_norm = HostNorm.of(backbone.norm)
         if type(embed) is not nn.Embedding or embed.weight.dtype != mx.float32 or final_norm is None:
             return None
         layers = [_host_layer(i, block) for i, block in enumerate(backbone.layers)]
-        if any(layer is None for layer in layers):
+        if not layers or any(layer is None for layer in layers):
             return None
-        return HostForward(np.asarray(embed.weight), [la for la in layers if la is not None], final_norm)
+        stacked = _stack([la for la in layers if la is not None])
+        if stacked is None:
+            return None
+        return HostForward(np.asarray(embed.weight), *stacked, final_norm)
 
     def applies_to(self, ctx: ForwardContext) -> bool:
         """Whether this step's attention runs on the CPU path, where this forward can write the pools."""
@@ -125,33 +182,14 @@ class HostForward:
 
     def __call__(self, token_ids: np.ndarray, ctx: ForwardContext) -> np.ndarray:
         """`[T]` token ids -> the final-normed hidden states `[T, hidden]` float32."""
-        h = self.embedding[token_ids]
-        for layer in self.layers:
-            h = h + self._attention(layer, layer.input_norm(h), ctx)
-            h = h + self._mlp(layer, layer.post_attention_norm(h))
+        from metalserve.kernels.cpu_decoder import decoder_layers
+
+        cpu = ctx.cpu
+        assert cpu is not None
+        pools = tuple(kv.host for kv in ctx.kv if isinstance(kv, PortableKV) and kv.host is not None)
+        plan = StepPlan(
+            np.asarray(cpu.slot_mapping, np.int64), cpu.block_tables, cpu.row_req, cpu.row_pos,
+            cpu.row_pos.astype(np.int64), cpu.block_size,
+        )  # fmt: skip
+        h = decoder_layers(self.embedding[token_ids], self.weights, self.shape, pools, plan)
         return self.final_norm(h)
-
-    @staticmethod
-    def _attention(layer: HostLayer, x: np.ndarray, ctx: ForwardContext) -> np.ndarray:
-        from metalserve.kernels.cpu import attend_on_host
-        from metalserve.kernels.cpu_layer_ops import rope_in_place
-
-        assert ctx.cpu is not None
-        tokens, hq, hkv = x.shape[0], layer.n_heads, layer.n_kv_heads
-        qkv = layer.qkv.host(x).reshape(tokens, hq + 2 * hkv, -1)
-        q, k, v = qkv[:, :hq], qkv[:, hq : hq + hkv], qkv[:, hq + hkv :]
-        if layer.q_norm is not None and layer.k_norm is not None:
-            q, k = layer.q_norm(q), layer.k_norm(k)
-        q, k = np.ascontiguousarray(q), np.ascontiguousarray(k)
-        rope_in_place(q, ctx.cpu.row_pos, layer.rope_inv_freq, layer.rope_scale)
-        rope_in_place(k, ctx.cpu.row_pos, layer.rope_inv_freq, layer.rope_scale)
-        kv = ctx.kv[layer.index]
-        assert isinstance(kv, PortableKV) and kv.host is not None
-        out = attend_on_host(q, k, v, kv.host, ctx.cpu, layer.options)
-        return layer.o.host(out.reshape(tokens, -1))
-
-    @staticmethod
-    def _mlp(layer: HostLayer, x: np.ndarray) -> np.ndarray:
-        from metalserve.kernels.cpu_swiglu import swiglu
-
-        return layer.down.host(swiglu(layer.gate_up.host(x)))
