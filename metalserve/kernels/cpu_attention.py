@@ -35,10 +35,17 @@ def _attention_kernel(  # numba infers the types
         last = row_pos[row]
         first = max(0, last + 1 - window) if window > 0 else 0
         n = last + 1 - first
+        # Each key's slot, stepping through the blocks (a division per key cost as much as its dot).
+        slots = np.empty(n, np.int64)
+        block, offset = first // block_size, first % block_size
+        for j in range(n):
+            slots[j] = block_tables[r, block] * block_size + offset
+            offset += 1
+            if offset == block_size:
+                block, offset = block + 1, 0
         scores = np.empty((group, n), np.float32)
         for j in range(n):
-            pos = first + j
-            slot = block_tables[r, pos // block_size] * block_size + pos % block_size
+            slot = slots[j]
             for g in range(group):
                 acc = np.float32(0.0)
                 for c in range(head_dim):
@@ -65,8 +72,7 @@ def _attention_kernel(  # numba infers the types
                 scores[g, j] *= inv
         acc_out = np.zeros((group, head_dim), np.float32)
         for j in range(n):
-            pos = first + j
-            slot = block_tables[r, pos // block_size] * block_size + pos % block_size
+            slot = slots[j]
             for g in range(group):
                 p = scores[g, j]
                 for c in range(head_dim):
