@@ -53,10 +53,11 @@ class HostNorm:
 
 @dataclass(frozen=True)
 class HostLayer:
-    index: int
+    """What one block needs on the host; `_stack` stacks these into the one-call decoder's weights."""
+
     input_norm: HostNorm
     post_attention_norm: HostNorm
-    qkv: HostLinear  # called through `.host`, on NumPy arrays
+    qkv: HostLinear
     o: HostLinear
     gate_up: HostLinear
     down: HostLinear
@@ -70,7 +71,7 @@ class HostLayer:
     options: AttentionOptions
 
 
-def _host_layer(index: int, block: nn.Module) -> HostLayer | None:
+def _host_layer(block: nn.Module) -> HostLayer | None:
     """The host twin of one decoder block, or None if the host forward cannot reproduce it."""
     if f"{type(block).__module__}.{type(block).__qualname__}" not in PRE_NORM_BLOCKS:
         return None
@@ -93,7 +94,7 @@ def _host_layer(index: int, block: nn.Module) -> HostLayer | None:
     from metalserve.kernels.cpu_layer_ops import rope_inverse_frequencies
 
     return HostLayer(
-        index=index, input_norm=input_norm, post_attention_norm=post_norm, qkv=qkv, o=o, gate_up=gate_up,
+        input_norm=input_norm, post_attention_norm=post_norm, qkv=qkv, o=o, gate_up=gate_up,
         down=down, q_norm=head_norms[0] if head_norms else None, k_norm=head_norms[1] if head_norms else None,
         n_heads=attn.n_heads, n_kv_heads=attn.n_kv_heads, rope_dims=int(rope.dims),
         rope_inv_freq=rope_inverse_frequencies(int(rope.dims), float(rope.base)), rope_scale=float(rope.scale),
@@ -168,7 +169,7 @@ class HostForward:
         final_norm = HostNorm.of(backbone.norm)
         if type(embed) is not nn.Embedding or embed.weight.dtype != mx.float32 or final_norm is None:
             return None
-        layers = [_host_layer(i, block) for i, block in enumerate(backbone.layers)]
+        layers = [_host_layer(block) for block in backbone.layers]
         if not layers or any(layer is None for layer in layers):
             return None
         stacked = _stack([la for la in layers if la is not None])
