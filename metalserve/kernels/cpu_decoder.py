@@ -8,11 +8,14 @@ compiled code, so a step crosses from Python into numba once.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numba
 import numpy as np
 
+from metalserve.kernels import cpu_affine_linear, cpu_attention, cpu_layer_ops, cpu_swiglu
 from metalserve.kernels.cpu_affine_linear import _affine_linear_kernel
 from metalserve.kernels.cpu_attention import _attention_kernel
 from metalserve.kernels.cpu_layer_ops import _rms_norm_kernel, _rope_kernel
@@ -23,67 +26,92 @@ if TYPE_CHECKING:
     from metalserve.kernels.decoder_weights import DecoderShape, DecoderWeights, StepPlan
 
 
-@numba.njit(fastmath=True, cache=True, nogil=True)
-def _linear(x, weight, layer, chunks):  # noqa: ANN001, ANN202  (numba infers the types)
-    out = np.empty((x.shape[0], weight.codes.shape[1]), np.float32)
-    _affine_linear_kernel(x, weight.codes[layer], weight.scales[layer], weight.biases[layer], chunks, out)
-    bias = weight.bias[layer]
-    for t in range(out.shape[0]):
-        for c in range(out.shape[1]):
-            out[t, c] += bias[c]
-    return out
+def kernel_sources_digest() -> str:
+    """A hash of the files whose kernels the decoder calls.
+
+    numba keys a cached function on its own bytecode and closure, not on the jitted functions it calls
+    from other files: after an edit there, a cached decoder would still run the old kernel. Each function
+    below closes over this digest, so such an edit is a cache miss instead.
+    """
+    digest = hashlib.sha256()
+    for module in (cpu_affine_linear, cpu_attention, cpu_layer_ops, cpu_swiglu):
+        digest.update(Path(str(module.__file__)).read_bytes())
+    return digest.hexdigest()
 
 
-@numba.njit(fastmath=True, cache=True, nogil=True)
-def _head_norm(x, weight, eps):  # noqa: ANN001, ANN202
-    flat = x.reshape(-1, x.shape[-1])
-    out = np.empty_like(flat)
-    _rms_norm_kernel(flat, weight, eps, out)
-    return out.reshape(x.shape)
+def _compile(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatchers
+    jit = numba.njit(fastmath=True, cache=True, nogil=True)
+
+    @jit
+    def linear(x, weight, layer, chunks):  # noqa: ANN001, ANN202  (numba infers the types)
+        kernels_digest  # noqa: B018  (a closure cell: part of numba's cache key)
+        out = np.empty((x.shape[0], weight.codes.shape[1]), np.float32)
+        _affine_linear_kernel(x, weight.codes[layer], weight.scales[layer], weight.biases[layer], chunks, out)
+        bias = weight.bias[layer]
+        for t in range(out.shape[0]):
+            for c in range(out.shape[1]):
+                out[t, c] += bias[c]
+        return out
+
+    @jit
+    def head_norm(x, weight, eps):  # noqa: ANN001, ANN202
+        kernels_digest  # noqa: B018  (a closure cell: part of numba's cache key)
+        flat = x.reshape(-1, x.shape[-1])
+        out = np.empty_like(flat)
+        _rms_norm_kernel(flat, weight, eps, out)
+        return out.reshape(x.shape)
+
+    @jit
+    def attention(x, w, shape, layer, pools, plan, chunks):  # noqa: ANN001, ANN202
+        kernels_digest  # noqa: B018  (a closure cell: part of numba's cache key)
+        tokens = x.shape[0]
+        hq, hkv, d = shape.n_heads, shape.n_kv_heads, shape.head_dim
+        qkv = _linear(x, w.qkv, layer, chunks)
+        q = np.ascontiguousarray(qkv[:, : hq * d]).reshape(tokens, hq, d)
+        k = np.ascontiguousarray(qkv[:, hq * d : (hq + hkv) * d]).reshape(tokens, hkv, d)
+        v = qkv[:, (hq + hkv) * d :]
+        if shape.head_norms:
+            q = _head_norm(q, w.q_norm[layer], np.float32(shape.head_norm_eps))
+            k = _head_norm(k, w.k_norm[layer], np.float32(shape.head_norm_eps))
+        _rope_kernel(q, plan.positions, w.rope_inv_freq, np.float32(shape.rope_scale))
+        _rope_kernel(k, plan.positions, w.rope_inv_freq, np.float32(shape.rope_scale))
+        pool = pools[layer]
+        for t in range(tokens):  # this step's K and V into their slots
+            slot = plan.slot_mapping[t]
+            for h in range(hkv):
+                for c in range(d):
+                    pool[0, h, slot, c] = k[t, h, c]
+                    pool[1, h, slot, c] = v[t, h * d + c]
+        out = np.empty((tokens, hq, d), np.float32)
+        no_sinks = np.zeros(hq, np.float32)
+        _attention_kernel(
+            q, pool, plan.block_tables, plan.row_req, plan.row_pos, plan.block_size,
+            np.float32(shape.attention_scale), w.sliding_windows[layer], np.float32(shape.softcap), no_sinks,
+            False, out,
+        )  # fmt: skip
+        return _linear(out.reshape(tokens, hq * d), w.o, layer, chunks)
+
+    @jit
+    def decoder(h, w, shape, pools, plan, chunks):  # noqa: ANN001, ANN202
+        kernels_digest  # noqa: B018  (a closure cell: part of numba's cache key)
+        eps = np.float32(shape.norm_eps)
+        x = np.empty_like(h)
+        for layer in range(w.input_norm.shape[0]):
+            _rms_norm_kernel(h, w.input_norm[layer], eps, x)
+            h += _attention(x, w, shape, layer, pools, plan, chunks)
+            _rms_norm_kernel(h, w.post_attention_norm[layer], eps, x)
+            gate_up = _linear(x, w.gate_up, layer, chunks)
+            hidden = np.empty((h.shape[0], gate_up.shape[1] // 2), np.float32)
+            _swiglu_kernel(gate_up, hidden)
+            h += _linear(hidden, w.down, layer, chunks)
+        return h
+
+    return linear, head_norm, attention, decoder
 
 
-@numba.njit(fastmath=True, cache=True, nogil=True)
-def _attention(x, w, shape, layer, pools, plan, chunks):  # noqa: ANN001, ANN202
-    tokens = x.shape[0]
-    hq, hkv, d = shape.n_heads, shape.n_kv_heads, shape.head_dim
-    qkv = _linear(x, w.qkv, layer, chunks)
-    q = np.ascontiguousarray(qkv[:, : hq * d]).reshape(tokens, hq, d)
-    k = np.ascontiguousarray(qkv[:, hq * d : (hq + hkv) * d]).reshape(tokens, hkv, d)
-    v = qkv[:, (hq + hkv) * d :]
-    if shape.head_norms:
-        q = _head_norm(q, w.q_norm[layer], np.float32(shape.head_norm_eps))
-        k = _head_norm(k, w.k_norm[layer], np.float32(shape.head_norm_eps))
-    _rope_kernel(q, plan.positions, w.rope_inv_freq, np.float32(shape.rope_scale))
-    _rope_kernel(k, plan.positions, w.rope_inv_freq, np.float32(shape.rope_scale))
-    pool = pools[layer]
-    for t in range(tokens):  # this step's K and V into their slots
-        slot = plan.slot_mapping[t]
-        for h in range(hkv):
-            for c in range(d):
-                pool[0, h, slot, c] = k[t, h, c]
-                pool[1, h, slot, c] = v[t, h * d + c]
-    out = np.empty((tokens, hq, d), np.float32)
-    no_sinks = np.zeros(hq, np.float32)
-    _attention_kernel(
-        q, pool, plan.block_tables, plan.row_req, plan.row_pos, plan.block_size,
-        np.float32(shape.attention_scale), w.sliding_windows[layer], np.float32(shape.softcap), no_sinks, False, out,
-    )  # fmt: skip
-    return _linear(out.reshape(tokens, hq * d), w.o, layer, chunks)
-
-
-@numba.njit(fastmath=True, cache=True, nogil=True)
-def _decoder_layers(h, w, shape, pools, plan, chunks):  # noqa: ANN001, ANN202
-    eps = np.float32(shape.norm_eps)
-    x = np.empty_like(h)
-    for layer in range(w.input_norm.shape[0]):
-        _rms_norm_kernel(h, w.input_norm[layer], eps, x)
-        h += _attention(x, w, shape, layer, pools, plan, chunks)
-        _rms_norm_kernel(h, w.post_attention_norm[layer], eps, x)
-        gate_up = _linear(x, w.gate_up, layer, chunks)
-        hidden = np.empty((h.shape[0], gate_up.shape[1] // 2), np.float32)
-        _swiglu_kernel(gate_up, hidden)
-        h += _linear(hidden, w.down, layer, chunks)
-    return h
+# Module globals, which the functions above call by name (a closure cell holding a dispatcher would not
+# pickle the same way twice, and so would miss the cache every time).
+_linear, _head_norm, _attention, _decoder_layers = _compile(kernel_sources_digest())
 
 
 def decoder_layers(

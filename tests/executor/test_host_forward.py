@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -95,3 +97,18 @@ def test_layers_that_differ_keep_the_mlx_modules() -> None:
     attn = model.backbone.layers[1].self_attn
     attn.options = AttentionOptions(scale=attn.options.scale, softcap=30.0)  # one layer unlike the others
     assert HostForward.build(model.backbone) is None
+
+
+def test_decoder_cache_is_keyed_on_the_kernels_it_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """numba keys its cache on a function's bytecode and closure only; each decoder function closes over a
+    digest of the kernel files it calls, so an edit to one of them is a cache miss, not a stale kernel."""
+    from metalserve.kernels import cpu_attention, cpu_decoder
+
+    digest = cpu_decoder.kernel_sources_digest()
+    dispatchers = [cpu_decoder._linear, cpu_decoder._head_norm, cpu_decoder._attention, cpu_decoder._decoder_layers]
+    for dispatcher in dispatchers:
+        assert [cell.cell_contents for cell in dispatcher.py_func.__closure__] == [digest]
+    edited = tmp_path / "cpu_attention.py"
+    edited.write_bytes(Path(str(cpu_attention.__file__)).read_bytes() + b"# edited\n")
+    monkeypatch.setattr(cpu_attention, "__file__", str(edited))
+    assert cpu_decoder.kernel_sources_digest() != digest

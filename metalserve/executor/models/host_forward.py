@@ -2,9 +2,10 @@
 
 A decode step of the default model ran some ten MLX ops per layer between its host kernels (norms,
 residual adds, RoPE, reshapes), each costing 20-90 us of dispatch and a sync: a third of the step at
-batch 1. Here the same layer runs as NumPy arrays through numba kernels: the projections read their
-stored codes (`cpu_affine_linear`), attention is the CPU path's kernel on the same pool views. It reads
-the same weights as the MLX modules and is checked against mlx-lm's generation token for token.
+batch 1. Here every layer runs in one numba call (`kernels/cpu_decoder.py`) over the layers' weights
+stacked once: the projections read their stored codes (`cpu_affine_linear`), attention is the CPU path's
+kernel on the same pool views. It reads the same weights as the MLX modules and is checked against
+mlx-lm's generation token for token.
 
 Only llama-family blocks it can reproduce exactly take it (pre-norm RMSNorm, plain RoPE, SwiGLU, every
 projection with codes); any other model, or a larger step, runs the MLX modules as before.
