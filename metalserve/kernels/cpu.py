@@ -7,7 +7,7 @@ prefill, with `cpu_attention.attend_rows`. MLX itself never reads the pool on th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import mlx.core as mx
 import numpy as np
@@ -16,9 +16,9 @@ from metalserve.kernels import cpu_attention
 from metalserve.kernels.reference import AttentionOptions
 
 
-@dataclass(frozen=True)
-class CpuStepPlan:
-    """The host arrays of one step: where each token's K/V goes, and each query row's request and position."""
+class CpuStepPlan(NamedTuple):
+    """The host arrays of one step: where each token's K/V goes, and each query row's request and position.
+    A NamedTuple, so the one-call host decoder (cpu_decoder.py) takes it as it is."""
 
     slot_mapping: np.ndarray  # [T]
     block_tables: np.ndarray  # [R, width] int32
@@ -49,21 +49,15 @@ def host_view(pool: mx.array) -> np.ndarray:
     return view
 
 
-def attend_on_host(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, view: np.ndarray, step: CpuStepPlan, opts: AttentionOptions
-) -> np.ndarray:
-    """Write this step's K/V `[T, Hkv, D]` through `view` and attend every query row `[T, Hq, D]`."""
-    cpu_attention.write_kv(view, k, v, step.slot_mapping)
-    sinks = None if opts.sinks is None else np.asarray(opts.sinks.astype(mx.float32))
-    return cpu_attention.attend_rows(
-        q, view, step.block_tables, step.row_req, step.row_pos, block_size=step.block_size,
-        scale=opts.scale, sliding_window=opts.sliding_window, softcap=opts.softcap, sinks=sinks,
-    )  # fmt: skip
-
-
 def cpu_paged_attention(
     q: mx.array, k: mx.array, v: mx.array, view: np.ndarray, step: CpuStepPlan, opts: AttentionOptions
 ) -> mx.array:
-    """`attend_on_host` for MLX arrays: `[T, Hq, D]` like the portable path."""
+    """Write this step's K/V and attend every query row: `[T, Hq, D]` like the portable path."""
     mx.eval(q, k, v)
-    return mx.array(attend_on_host(np.asarray(q), np.asarray(k), np.asarray(v), view, step, opts))
+    cpu_attention.write_kv(view, np.asarray(k), np.asarray(v), step.slot_mapping)
+    sinks = None if opts.sinks is None else np.asarray(opts.sinks.astype(mx.float32))
+    out = cpu_attention.attend_rows(
+        np.asarray(q), view, step.block_tables, step.row_req, step.row_pos, block_size=step.block_size,
+        scale=opts.scale, sliding_window=opts.sliding_window, softcap=opts.softcap, sinks=sinks,
+    )  # fmt: skip
+    return mx.array(out)

@@ -23,7 +23,8 @@ from metalserve.kernels.cpu_swiglu import _swiglu_kernel
 from metalserve.kernels.numba_lock import launch_lock
 
 if TYPE_CHECKING:
-    from metalserve.kernels.decoder_weights import DecoderShape, DecoderWeights, StepPlan
+    from metalserve.kernels.cpu import CpuStepPlan
+    from metalserve.kernels.decoder_weights import DecoderShape, DecoderWeights
 
 
 def kernel_sources_digest() -> str:
@@ -73,8 +74,8 @@ def _compile(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatchers
         if shape.head_norms:
             q = _head_norm(q, w.q_norm[layer], np.float32(shape.head_norm_eps))
             k = _head_norm(k, w.k_norm[layer], np.float32(shape.head_norm_eps))
-        _rope_kernel(q, plan.positions, w.rope_inv_freq, np.float32(shape.rope_scale))
-        _rope_kernel(k, plan.positions, w.rope_inv_freq, np.float32(shape.rope_scale))
+        _rope_kernel(q, plan.row_pos, w.rope_inv_freq, np.float32(shape.rope_scale))
+        _rope_kernel(k, plan.row_pos, w.rope_inv_freq, np.float32(shape.rope_scale))
         pool = pools[layer]
         for t in range(tokens):  # this step's K and V into their slots
             slot = plan.slot_mapping[t]
@@ -115,7 +116,7 @@ _linear, _head_norm, _attention, _decoder_layers = _compile(kernel_sources_diges
 
 
 def decoder_layers(
-    h: np.ndarray, weights: DecoderWeights, shape: DecoderShape, pools: tuple[np.ndarray, ...], plan: StepPlan
+    h: np.ndarray, weights: DecoderWeights, shape: DecoderShape, pools: tuple[np.ndarray, ...], plan: CpuStepPlan
 ) -> np.ndarray:
     """Run every layer over `h` `[T, hidden]` float32 (updated in place and returned), writing each
     layer's K/V into `pools[layer]` `[2, Hkv, num_slots, D]` and attending over them."""

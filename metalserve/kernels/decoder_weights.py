@@ -45,14 +45,3 @@ class DecoderShape(NamedTuple):
     rope_scale: float
     attention_scale: float
     softcap: float  # 0 for none
-
-
-class StepPlan(NamedTuple):
-    """Where this step's K/V go and which request and position each row is (see kernels/cpu.py)."""
-
-    slot_mapping: np.ndarray  # [T] int64
-    block_tables: np.ndarray  # [R, width] int32
-    row_req: np.ndarray  # [T] int32
-    row_pos: np.ndarray  # [T] int32
-    positions: np.ndarray  # [T] int64, row_pos for RoPE
-    block_size: int

@@ -23,7 +23,7 @@ from metalserve.executor.context import ForwardContext, PortableKV
 from metalserve.executor.models.host_linear import HostLinear
 from metalserve.executor.models.host_mlp import HostSwiGLUMLP
 from metalserve.executor.models.paged_attention import PagedAttention
-from metalserve.kernels.decoder_weights import DecoderShape, DecoderWeights, StackedLinear, StepPlan
+from metalserve.kernels.decoder_weights import DecoderShape, DecoderWeights, StackedLinear
 from metalserve.kernels.reference import AttentionOptions
 from metalserve.loader.affine_codes import AffineCodes
 
@@ -186,12 +186,7 @@ class HostForward:
         """`[T]` token ids -> the final-normed hidden states `[T, hidden]` float32."""
         from metalserve.kernels.cpu_decoder import decoder_layers
 
-        cpu = ctx.cpu
-        assert cpu is not None
+        assert ctx.cpu is not None
         pools = tuple(kv.host for kv in ctx.kv if isinstance(kv, PortableKV) and kv.host is not None)
-        plan = StepPlan(
-            np.asarray(cpu.slot_mapping, np.int64), cpu.block_tables, cpu.row_req, cpu.row_pos,
-            cpu.row_pos.astype(np.int64), cpu.block_size,
-        )  # fmt: skip
-        h = decoder_layers(self.embedding[token_ids], self.weights, self.shape, pools, plan)
+        h = decoder_layers(self.embedding[token_ids], self.weights, self.shape, pools, ctx.cpu)
         return self.final_norm(h)
