@@ -75,6 +75,7 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an assistant turn's reasoning, for templates that render it
 
 
 class _SamplingRequest(BaseModel):
@@ -132,8 +133,6 @@ class ChatCompletionRequest(_SamplingRequest):
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs to be true")
-        if self.parallel_tool_calls is False:
-            raise ValueError("parallel_tool_calls=false is not supported yet; leave it out or set it true")
         return self
 
 

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse
 
+from metalserve.api.deltas import ChoiceDelta, OutputParsing
 from metalserve.api.errors import OpenAIError
 from metalserve.api.protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice
+from metalserve.api.reasoning import ReasoningParser
 from metalserve.api.serving_common import (
     ChoiceState,
     ServingContext,
@@ -29,7 +32,7 @@ from metalserve.api.serving_common import (
     start_generations,
     total_usage,
 )
-from metalserve.api.tool_parsers import DeltaMessage, StreamingToolParser, ToolCallDelta, ToolParser
+from metalserve.api.tool_parsers import ToolCallDelta, ToolParser
 from metalserve.engine.async_engine import RequestOutput
 
 # chat_template_kwargs may not override how the template is called.
@@ -46,6 +49,8 @@ def message_dict(message: ChatMessage) -> dict[str, Any]:
         out["name"] = message.name
     if message.tool_call_id is not None:
         out["tool_call_id"] = message.tool_call_id
+    if message.reasoning_content is not None:
+        out["reasoning_content"] = message.reasoning_content
     if message.tool_calls:
         calls = []
         for call in message.tool_calls:
@@ -72,15 +77,38 @@ def tool_call_delta_json(delta: ToolCallDelta) -> dict[str, Any]:
     return {"index": delta.index, "function": {"arguments": delta.arguments}}
 
 
-class ChatServing:
-    """Renders the conversation, runs n engine requests and builds the chat response or stream."""
+@dataclass
+class Generation:
+    """A started chat-form request: its prompt, its n engine streams and how their output is split."""
 
-    def __init__(self, ctx: ServingContext, tool_parser: ToolParser | None) -> None:
+    prompt: list[int]
+    streams: list[AsyncIterator[RequestOutput]]
+    parsing: OutputParsing
+
+
+class ChatServing:
+    """Renders the conversation, runs n engine requests and builds the chat response or stream.
+
+    `start` is the one engine call of every chat-form API (chat, Anthropic Messages, Responses).
+    """
+
+    def __init__(
+        self, ctx: ServingContext, tool_parser: ToolParser | None, reasoning_parser: ReasoningParser | None = None
+    ) -> None:
         self.ctx = ctx
         self.tool_parser = tool_parser
+        self.reasoning_parser = reasoning_parser
         self.token_text = TokenText(ctx.engine.tokenizer)
 
     async def create(self, req: ChatCompletionRequest, raw: HTTPRequest) -> Response:
+        gen = self.start(req)
+        if req.stream:
+            return EventSourceResponse(self._stream(req, gen), sep="\n")
+        choices = await cancel_on_disconnect(raw, lambda: collect(gen.streams))
+        return JSONResponse(self._response(req, choices, gen.parsing))
+
+    def start(self, req: ChatCompletionRequest, id_prefix: str = "chatcmpl") -> Generation:
+        """Check, render and submit the request; errors before any engine work are OpenAIErrors."""
         self.ctx.check_model(req.model)
         parse_tools = self._parse_tools(req)
         prompt = self.render(req)
@@ -92,11 +120,22 @@ class ChatServing:
         params = build_sampling_params(
             req, max_tokens=max_tokens, logprobs=logprobs, vocab_size=len(engine.tokenizer)
         )
-        streams = start_generations(self.ctx, random_id("chatcmpl"), [prompt], params, req.n, req)
-        if req.stream:
-            return EventSourceResponse(self._stream(req, streams, parse_tools), sep="\n")
-        choices = await cancel_on_disconnect(raw, lambda: collect(streams))
-        return JSONResponse(self._response(req, choices, parse_tools))
+        parsing = self._parsing(req, prompt, parse_tools)
+        if parsing.reasoning is not None and parsing.reasoning.keeps_special_tokens:
+            params.skip_special_tokens = False  # its markers are special tokens
+        streams = start_generations(self.ctx, random_id(id_prefix), [prompt], params, req.n, req)
+        return Generation(prompt, streams, parsing)
+
+    def _parsing(self, req: ChatCompletionRequest, prompt: list[int], parse_tools: bool) -> OutputParsing:
+        tail = ""
+        if self.reasoning_parser is not None:
+            tail = str(self.ctx.engine.tokenizer.decode(prompt[-8:], skip_special_tokens=False))
+        return OutputParsing(
+            reasoning=self.reasoning_parser,
+            tools=self.tool_parser if parse_tools else None,
+            prompt_tail=tail,
+            single_call=req.parallel_tool_calls is False,
+        )
 
     def _parse_tools(self, req: ChatCompletionRequest) -> bool:
         choice = req.tool_choice
@@ -137,24 +176,26 @@ class ChatServing:
             raise OpenAIError(f"chat template failed: {exc}", 400, param="messages") from None
         return list(tokenizer.encode(str(text), add_special_tokens=False))
 
-    def _message(self, choice: ChoiceState, parse_tools: bool) -> tuple[dict[str, Any], str | None]:
-        if parse_tools and self.tool_parser is not None:
-            extracted = self.tool_parser.extract(choice.text)
-            if extracted.calls:
-                calls = [
-                    {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                    for c in extracted.calls
-                ]
-                reason = "tool_calls" if choice.finish_reason == "stop" else choice.finish_reason
-                return {"role": "assistant", "content": extracted.content, "tool_calls": calls}, reason
-        return {"role": "assistant", "content": choice.text}, choice.finish_reason
+    @staticmethod
+    def _message(choice: ChoiceState, parsing: OutputParsing) -> tuple[dict[str, Any], str | None]:
+        final = parsing.final(choice.text, choice.finish_reason)
+        message: dict[str, Any] = {"role": "assistant"}
+        if parsing.reasoning is not None:
+            message["reasoning_content"] = final.reasoning or None
+        message["content"] = final.content
+        if final.tool_calls:
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in final.tool_calls
+            ]
+        return message, final.finish_reason
 
     def _response(
-        self, req: ChatCompletionRequest, choices: list[ChoiceState], parse_tools: bool
+        self, req: ChatCompletionRequest, choices: list[ChoiceState], parsing: OutputParsing
     ) -> dict[str, Any]:
         out = []
         for i, c in enumerate(choices):
-            message, reason = self._message(c, parse_tools)
+            message, reason = self._message(c, parsing)
             logprobs = None
             if req.logprobs:
                 logprobs = {
@@ -178,14 +219,13 @@ class ChatServing:
             "usage": total_usage(choices, req.n),
         }
 
-    async def _stream(
-        self, req: ChatCompletionRequest, streams: list[AsyncIterator[RequestOutput]], parse_tools: bool
-    ) -> AsyncIterator[dict[str, str]]:
+    async def _stream(self, req: ChatCompletionRequest, gen: Generation) -> AsyncIterator[dict[str, str]]:
+        streams = gen.streams
         head = {"id": random_id("chatcmpl"), "object": "chat.completion.chunk", "created": now()}
         head["model"] = self.ctx.served_model_name
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         tail = {"usage": None} if include_usage else {}
-        parsers = [self._streaming_parser(parse_tools) for _ in streams]
+        parsers = [gen.parsing.streamer(i) for i in range(len(streams))]
         totals = [ChoiceState() for _ in streams]
         for i in range(len(streams)):
             role = {
@@ -198,7 +238,7 @@ class ChatServing:
         try:
             async for index, out in merge_streams(streams):
                 totals[index].add(out)
-                choice = self._chunk_choice(req, index, out, parsers[index])
+                choice = self._chunk_choice(req, parsers[index].feed(out))
                 if choice is not None:
                     yield sse_data({**head, "choices": [choice], **tail})
             if include_usage:
@@ -207,37 +247,23 @@ class ChatServing:
             yield sse_data(engine_error(exc).to_dict())
         yield sse_data("[DONE]")
 
-    def _streaming_parser(self, parse_tools: bool) -> StreamingToolParser | None:
-        return self.tool_parser.streaming() if parse_tools and self.tool_parser is not None else None
-
-    def _chunk_choice(
-        self, req: ChatCompletionRequest, index: int, out: RequestOutput, parser: StreamingToolParser | None
-    ) -> dict[str, Any] | None:
+    def _chunk_choice(self, req: ChatCompletionRequest, d: ChoiceDelta) -> dict[str, Any] | None:
         delta: dict[str, Any] = {}
-        reason = out.finish_reason
-        if parser is None:
-            message = DeltaMessage(content=out.text)
-        else:
-            message = parser.feed(out.text)
-            if out.finished:
-                end = parser.finish()
-                message.content += end.content
-                message.tool_calls += end.tool_calls
-                if parser.tools_called and reason == "stop":
-                    reason = "tool_calls"
-        if message.content:
-            delta["content"] = message.content
-        if message.tool_calls:
-            delta["tool_calls"] = [tool_call_delta_json(d) for d in message.tool_calls]
+        if d.reasoning:
+            delta["reasoning_content"] = d.reasoning
+        if d.content:
+            delta["content"] = d.content
+        if d.tool_calls:
+            delta["tool_calls"] = [tool_call_delta_json(c) for c in d.tool_calls]
         logprobs = None
-        if req.logprobs and out.logprobs:
-            logprobs = {"content": chat_logprobs(out.logprobs, req.top_logprobs or 0, self.token_text)}
-        if not delta and reason is None and logprobs is None:
+        if req.logprobs and d.logprobs:
+            logprobs = {"content": chat_logprobs(d.logprobs, req.top_logprobs or 0, self.token_text)}
+        if not delta and d.finish_reason is None and logprobs is None:
             return None
         return {
-            "index": index,
+            "index": d.index,
             "delta": delta,
             "logprobs": logprobs,
-            "finish_reason": reason,
-            "stop_reason": out.stop_reason,
+            "finish_reason": d.finish_reason,
+            "stop_reason": d.stop_reason,
         }

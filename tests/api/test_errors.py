@@ -39,7 +39,6 @@ CASES: list[tuple[str, Any, int, str | None]] = [
         400,
         "stream_options",
     ),
-    ("chat", {"messages": MSG, "tools": [], "parallel_tool_calls": False}, 400, None),
 ]
 
 

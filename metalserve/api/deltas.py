@@ -1,0 +1,122 @@
+"""The API-neutral output side: an engine request's deltas split into reasoning, answer text and tool calls.
+
+Chat chunks, Anthropic events and Responses events are three renderings of the same `ChoiceDelta`s
+(streamed) or of one `FinalOutput` (not streamed); only the rendering differs between the API families.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from metalserve.api.reasoning import ReasoningParser, ReasoningStreamer
+from metalserve.api.tool_parsers import ParsedToolCall, StreamingToolParser, ToolCallDelta, ToolParser
+from metalserve.engine.async_engine import RequestOutput
+from metalserve.outputs import TokenLogprob
+
+
+@dataclass
+class ChoiceDelta:
+    """What one engine output adds to a choice; `finish_reason` is "tool_calls" once calls were made."""
+
+    index: int
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    logprobs: list[TokenLogprob] | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_output_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class FinalOutput:
+    """A whole choice: reasoning (None without a reasoning parser), answer text and parsed calls."""
+
+    reasoning: str | None
+    content: str | None
+    tool_calls: list[ParsedToolCall]
+    finish_reason: str | None
+
+
+@dataclass(frozen=True)
+class OutputParsing:
+    """How a request's output is split: which parsers apply, and whether only one call is kept."""
+
+    reasoning: ReasoningParser | None = None
+    tools: ToolParser | None = None  # None: tool calls are not parsed (no tools, or tool_choice none)
+    prompt_tail: str = ""
+    single_call: bool = False  # parallel_tool_calls false
+
+    def streamer(self, index: int) -> ChoiceParser:
+        reasoning = self.reasoning.streaming(self.prompt_tail) if self.reasoning else None
+        return ChoiceParser(index, reasoning, self.tools.streaming() if self.tools else None, self.single_call)
+
+    def final(self, text: str, finish_reason: str | None) -> FinalOutput:
+        """The non-streamed split of a whole output text."""
+        reasoning: str | None = None
+        if self.reasoning is not None:
+            split = self.reasoning.split(text, self.prompt_tail)
+            reasoning, text = split.reasoning, split.content
+        if self.tools is not None:
+            extracted = self.tools.extract(text)
+            if extracted.calls:
+                calls = extracted.calls[:1] if self.single_call else extracted.calls
+                reason = "tool_calls" if finish_reason == "stop" else finish_reason
+                return FinalOutput(reasoning, extracted.content, calls, reason)
+        return FinalOutput(reasoning, text, [], finish_reason)
+
+
+class ChoiceParser:
+    """Streams one choice: reasoning first (when a reasoning parser is set), then the tool parser."""
+
+    def __init__(
+        self,
+        index: int,
+        reasoning: ReasoningStreamer | None,
+        tools: StreamingToolParser | None,
+        single_call: bool = False,
+    ) -> None:
+        self.index = index
+        self.reasoning = reasoning
+        self.tools = tools
+        self.single_call = single_call
+
+    def feed(self, out: RequestOutput) -> ChoiceDelta:
+        delta = ChoiceDelta(
+            self.index,
+            stop_reason=out.stop_reason,
+            logprobs=out.logprobs,
+            num_prompt_tokens=out.num_prompt_tokens,
+            num_cached_tokens=out.num_cached_tokens,
+            num_output_tokens=out.num_output_tokens,
+        )
+        text = out.text
+        if self.reasoning is not None:
+            split = self.reasoning.feed(text)
+            if out.finished:
+                end = self.reasoning.finish()
+                split.reasoning += end.reasoning
+                split.content += end.content
+            delta.reasoning, text = split.reasoning, split.content
+        reason = out.finish_reason
+        if self.tools is None:
+            delta.content = text
+        else:
+            message = self.tools.feed(text)
+            if out.finished:
+                end = self.tools.finish()
+                message.content += end.content
+                message.tool_calls += end.tool_calls
+                if self.tools.tools_called and reason == "stop":
+                    reason = "tool_calls"
+            delta.content = message.content
+            calls = message.tool_calls
+            delta.tool_calls = [c for c in calls if c.index == 0] if self.single_call else calls
+        delta.finish_reason = reason
+        return delta
