@@ -10,12 +10,15 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi import Request as HTTPRequest
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import metalserve
-from metalserve.api.errors import OpenAIError, error_body, install_error_handlers
+from metalserve.api.anthropic.errors import anthropic_error_body
+from metalserve.api.anthropic.protocol import CountTokensRequest, MessagesRequest
+from metalserve.api.anthropic.serving import MessagesServing
+from metalserve.api.errors import ErrorShapes, OpenAIError, install_error_handlers
 from metalserve.api.metrics import Metrics
 from metalserve.api.protocol import (
     ChatCompletionRequest,
@@ -23,6 +26,7 @@ from metalserve.api.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from metalserve.api.reasoning import get_reasoning_parser
 from metalserve.api.serving_chat import ChatServing
 from metalserve.api.serving_common import ServingContext, now
 from metalserve.api.serving_completion import CompletionServing
@@ -34,25 +38,31 @@ from metalserve.engine.async_engine import AsyncEngine
 _OPEN_PATHS = {"/health"}
 
 
+# Error shapes by path: Anthropic's routes answer in Anthropic's format, everything else in OpenAI's.
+ERROR_SHAPES = ErrorShapes([("/v1/messages", anthropic_error_body)])
+
+
 class ApiKeyMiddleware:
-    """Bearer-token check on every path but /health (plain ASGI, so streaming is untouched)."""
+    """Key check on every path but /health: `Authorization: Bearer KEY` (OpenAI) or `x-api-key: KEY`
+    (Anthropic). Plain ASGI, so streaming is untouched."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.bearer = f"Bearer {api_key}".encode()
+        self.key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in _OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        if hmac.compare_digest(given, self.expected):
+        headers = dict(scope["headers"])
+        bearer_ok = hmac.compare_digest(headers.get(b"authorization", b""), self.bearer)
+        if bearer_ok or hmac.compare_digest(headers.get(b"x-api-key", b""), self.key):
             await self.app(scope, receive, send)
             return
-        body = error_body("invalid or missing API key", 401)
-        await JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})(
-            scope, receive, send
-        )
+        error = OpenAIError("invalid or missing API key", 401)
+        response = ERROR_SHAPES.response(scope["path"], error, headers={"WWW-Authenticate": "Bearer"})
+        await response(scope, receive, send)
 
 
 def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
@@ -62,7 +72,9 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
         engine.observer = metrics
     ctx = ServingContext(engine, settings.served_model_name or engine.model_name)
     parser = get_tool_parser(settings.tool_call_parser) if settings.tool_call_parser else None
-    chat, completion = ChatServing(ctx, parser), CompletionServing(ctx)
+    reasoning = get_reasoning_parser(settings.reasoning_parser) if settings.reasoning_parser else None
+    chat, completion = ChatServing(ctx, parser, reasoning), CompletionServing(ctx)
+    messages = MessagesServing(chat)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -75,7 +87,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
             await engine.shutdown()
 
     app = FastAPI(title="metalserve", version=metalserve.__version__, lifespan=lifespan)
-    install_error_handlers(app)
+    install_error_handlers(app, ERROR_SHAPES)
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     app.state.metrics = metrics
@@ -105,6 +117,15 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     async def chat_completions(body: ChatCompletionRequest, raw: HTTPRequest) -> Response:
         alive()
         return await chat.create(body, raw)
+
+    @app.post("/v1/messages")
+    async def anthropic_messages(body: MessagesRequest, raw: HTTPRequest) -> Response:
+        alive()
+        return await messages.create(body, raw)
+
+    @app.post("/v1/messages/count_tokens")
+    async def anthropic_count_tokens(body: CountTokensRequest) -> dict[str, Any]:
+        return messages.count_tokens(body)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, raw: HTTPRequest) -> Response:

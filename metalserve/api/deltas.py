@@ -100,9 +100,9 @@ class ChoiceParser:
         if self.reasoning is not None:
             split = self.reasoning.feed(text)
             if out.finished:
-                end = self.reasoning.finish()
-                split.reasoning += end.reasoning
-                split.content += end.content
+                rest = self.reasoning.finish()
+                split.reasoning += rest.reasoning
+                split.content += rest.content
             delta.reasoning, text = split.reasoning, split.content
         reason = out.finish_reason
         if self.tools is None:
@@ -120,3 +120,32 @@ class ChoiceParser:
             delta.tool_calls = [c for c in calls if c.index == 0] if self.single_call else calls
         delta.finish_reason = reason
         return delta
+
+
+@dataclass
+class Segment:
+    """One piece of a delta in output order: reasoning text, answer text, or a tool call's start/arguments."""
+
+    kind: str  # "reasoning" | "text" | "tool"
+    text: str = ""  # the text, or the call's arguments so far
+    tool_index: int = -1
+    tool_id: str | None = None  # set on a call's first segment, with its name
+    tool_name: str | None = None
+
+    @property
+    def block(self) -> tuple[str, int]:
+        """Segments with the same block key belong to one output block (content block / output item)."""
+        return self.kind, self.tool_index
+
+
+def segments(delta: ChoiceDelta) -> list[Segment]:
+    """The delta's non-empty pieces in the order the model wrote them: reasoning, text, then calls."""
+    out: list[Segment] = []
+    if delta.reasoning:
+        out.append(Segment("reasoning", delta.reasoning))
+    if delta.content:
+        out.append(Segment("text", delta.content))
+    for call in delta.tool_calls:
+        if call.id is not None or call.arguments:
+            out.append(Segment("tool", call.arguments, call.index, call.id, call.name))
+    return out

@@ -1,9 +1,14 @@
-"""Errors in the OpenAI format: {"error": {"message", "type", "param", "code"}} with a matching status."""
+"""Errors in the OpenAI format: {"error": {"message", "type", "param", "code"}} with a matching status.
+
+Other API families render the same OpenAIError in their own shape: `ErrorShapes` maps a path prefix
+to a renderer, and every handler here (validation errors included) asks it.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -53,6 +58,25 @@ def error_response(exc: OpenAIError) -> JSONResponse:
     return JSONResponse(exc.to_dict(), status_code=exc.status)
 
 
+ErrorRenderer = Callable[[OpenAIError], dict[str, Any]]
+
+
+class ErrorShapes:
+    """The error body for a path: the first matching prefix's renderer, else the OpenAI shape."""
+
+    def __init__(self, renderers: Sequence[tuple[str, ErrorRenderer]] = ()) -> None:
+        self.renderers = list(renderers)
+
+    def body(self, path: str, exc: OpenAIError) -> dict[str, Any]:
+        for prefix, render in self.renderers:
+            if path == prefix or path.startswith(prefix + "/"):
+                return render(exc)
+        return exc.to_dict()
+
+    def response(self, path: str, exc: OpenAIError, headers: dict[str, str] | None = None) -> JSONResponse:
+        return JSONResponse(self.body(path, exc), status_code=exc.status, headers=headers)
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
@@ -66,31 +90,32 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return (f"{param}: {message}" if param else message), param
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, shapes: ErrorShapes | None = None) -> None:
     """Map validation errors to 400, HTTP errors to their status, anything else to a logged 500."""
+    shapes = shapes or ErrorShapes()
 
     @app.exception_handler(OpenAIError)
-    async def _openai(_: Request, exc: OpenAIError) -> JSONResponse:
-        return error_response(exc)
+    async def _openai(request: Request, exc: OpenAIError) -> JSONResponse:
+        return shapes.response(request.url.path, exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
-        return error_response(OpenAIError(message, 400, param=param))
+        return await _openai(request, OpenAIError(message, 400, param=param))
 
     @app.exception_handler(ValidationError)
-    async def _pydantic(_: Request, exc: ValidationError) -> JSONResponse:
-        return await _validation(_, RequestValidationError(exc.errors()))
+    async def _pydantic(request: Request, exc: ValidationError) -> JSONResponse:
+        return await _validation(request, RequestValidationError(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(OpenAIError(str(exc.detail), exc.status_code))
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return await _openai(request, OpenAIError(str(exc.detail), exc.status_code))
 
     @app.exception_handler(json.JSONDecodeError)
-    async def _json(_: Request, exc: json.JSONDecodeError) -> JSONResponse:
-        return error_response(OpenAIError(f"malformed JSON body: {exc}", 400))
+    async def _json(request: Request, exc: json.JSONDecodeError) -> JSONResponse:
+        return await _openai(request, OpenAIError(f"malformed JSON body: {exc}", 400))
 
     @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error")
-        return error_response(OpenAIError(f"internal server error: {exc!r}", 500))
+        return await _openai(request, OpenAIError(f"internal server error: {exc!r}", 500))

@@ -1,0 +1,94 @@
+"""Anthropic's streamed event sequence from the neutral deltas.
+
+message_start, ping, then per block content_block_start / content_block_delta (text_delta,
+thinking_delta, input_json_delta) / content_block_stop, then message_delta (stop_reason, usage)
+and message_stop. A failure after the stream began is an `error` event.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from metalserve.api.anthropic.errors import anthropic_error_body
+from metalserve.api.anthropic.render import message_shell, stop_reason, tool_use_id, usage
+from metalserve.api.deltas import ChoiceDelta, Segment, segments
+from metalserve.api.serving_chat import Generation
+from metalserve.api.serving_common import engine_error, merge_streams
+
+
+def sse(kind: str, payload: dict[str, Any]) -> dict[str, str]:
+    return {"event": kind, "data": json.dumps({"type": kind, **payload}, ensure_ascii=False)}
+
+
+class _Blocks:
+    """The open content block; a segment of another block closes it and opens its own."""
+
+    def __init__(self) -> None:
+        self.index = -1
+        self.open: tuple[str, int] | None = None
+
+    def add(self, seg: Segment) -> list[dict[str, str]]:
+        events = []
+        if seg.block != self.open:
+            events += self.close()
+            self.index += 1
+            self.open = seg.block
+            events.append(sse("content_block_start", {"index": self.index, "content_block": _start_block(seg)}))
+        delta = _delta(seg)
+        if delta is not None:
+            events.append(sse("content_block_delta", {"index": self.index, "delta": delta}))
+        return events
+
+    def close(self) -> list[dict[str, str]]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [sse("content_block_stop", {"index": self.index})]
+
+
+def _start_block(seg: Segment) -> dict[str, Any]:
+    if seg.kind == "reasoning":
+        return {"type": "thinking", "thinking": "", "signature": ""}
+    if seg.kind == "text":
+        return {"type": "text", "text": ""}
+    return {"type": "tool_use", "id": tool_use_id(seg.tool_id or ""), "name": seg.tool_name, "input": {}}
+
+
+def _delta(seg: Segment) -> dict[str, Any] | None:
+    if seg.kind == "reasoning":
+        return {"type": "thinking_delta", "thinking": seg.text}
+    if seg.kind == "text":
+        return {"type": "text_delta", "text": seg.text}
+    return {"type": "input_json_delta", "partial_json": seg.text} if seg.text else None
+
+
+async def message_events(gen: Generation, model: str) -> AsyncIterator[dict[str, str]]:
+    """The whole event stream of one Messages request."""
+    parser = gen.parsing.streamer(0)
+    blocks = _Blocks()
+    started = False
+    try:
+        async for _, out in merge_streams(gen.streams):
+            delta = parser.feed(out)
+            if not started:  # after the first output, so the usage knows the cached prompt tokens
+                started = True
+                yield sse("message_start", {"message": message_shell(model, _usage(delta, 0))})
+                yield sse("ping", {})
+            for seg in segments(delta):
+                for event in blocks.add(seg):
+                    yield event
+            if delta.finished:
+                for event in blocks.close():
+                    yield event
+                reason, sequence = stop_reason(delta.finish_reason, delta.stop_reason)
+                end = {"stop_reason": reason, "stop_sequence": sequence}
+                yield sse("message_delta", {"delta": end, "usage": _usage(delta, delta.num_output_tokens)})
+                yield sse("message_stop", {})
+    except Exception as exc:
+        yield sse("error", {"error": anthropic_error_body(engine_error(exc))["error"]})
+
+
+def _usage(delta: ChoiceDelta, output_tokens: int) -> dict[str, int]:
+    return usage(delta.num_prompt_tokens, delta.num_cached_tokens, output_tokens)

@@ -1,0 +1,108 @@
+"""Pydantic models of Anthropic Messages requests; unknown fields are refused, never dropped."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CacheControl(_Strict):
+    """Accepted on any block: metalserve caches every prompt prefix anyway (see README)."""
+
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] | None = None
+
+
+class TextBlock(_Strict):
+    type: Literal["text"]
+    text: str
+    cache_control: CacheControl | None = None
+
+
+class ImageBlock(_Strict):
+    """Parsed so that it can be refused with a clear message (no vision input yet)."""
+
+    type: Literal["image"]
+    source: dict[str, Any]
+    cache_control: CacheControl | None = None
+
+
+class ToolUseBlock(_Strict):
+    type: Literal["tool_use"]
+    id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    input: dict[str, Any]
+    cache_control: CacheControl | None = None
+
+
+class ToolResultBlock(_Strict):
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(min_length=1)
+    content: str | list[Annotated[TextBlock | ImageBlock, Field(discriminator="type")]] | None = None
+    is_error: bool | None = None
+    cache_control: CacheControl | None = None
+
+
+class ThinkingBlock(_Strict):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+
+ContentBlock = Annotated[
+    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock, Field(discriminator="type")
+]
+
+
+class Message(_Strict):
+    role: Literal["user", "assistant"]
+    content: str | list[ContentBlock]
+
+
+class Tool(_Strict):
+    type: Literal["custom"] | None = None  # server tools (web search, bash, ...) are not offered
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[a-zA-Z0-9_-]+$")
+    description: str | None = None
+    input_schema: dict[str, Any]
+    cache_control: CacheControl | None = None
+
+
+class ToolChoice(_Strict):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class Thinking(_Strict):
+    type: Literal["enabled", "disabled"]
+    budget_tokens: int | None = Field(default=None, ge=1024)
+
+
+class Metadata(_Strict):
+    user_id: str | None = None
+
+
+class CountTokensRequest(_Strict):
+    """What decides the prompt: the body of /v1/messages/count_tokens and the base of a Messages request."""
+
+    model: str
+    messages: list[Message] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Thinking | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int = Field(ge=1)
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    metadata: Metadata | None = None

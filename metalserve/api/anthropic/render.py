@@ -1,0 +1,72 @@
+"""What the streamed and the whole Messages response share: ids, stop reasons, usage, the message shell."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from metalserve.api.deltas import FinalOutput
+from metalserve.api.serving_common import ChoiceState, random_id
+
+# OpenAI-side finish reasons in Anthropic's words (a matched stop string is checked first).
+_STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "abort": "end_turn"}
+
+
+def tool_use_id(call_id: str) -> str:
+    """Tool-call ids in Anthropic's style (toolu_...); any id works for the round trip."""
+    return "toolu_" + call_id.removeprefix("call_")
+
+
+def stop_reason(finish_reason: str | None, matched: int | str | None) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence): a stop string that matched is `stop_sequence`."""
+    if finish_reason == "stop" and isinstance(matched, str):
+        return "stop_sequence", matched
+    return _STOP_REASONS.get(finish_reason or "stop", "end_turn"), None
+
+
+def usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict[str, int]:
+    """Anthropic counts input_tokens without the cache reads; metalserve writes no separate cache entries."""
+    return {
+        "input_tokens": prompt_tokens - cached_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached_tokens,
+        "output_tokens": output_tokens,
+    }
+
+
+def message_shell(model: str, usage: dict[str, int]) -> dict[str, Any]:
+    return {
+        "id": random_id("msg").replace("-", "_"),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": usage,
+    }
+
+
+def tool_input(arguments: str) -> dict[str, Any]:
+    """A call's arguments as the `input` object; text that is not a JSON object is kept under "arguments"."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {"arguments": arguments}
+    return value if isinstance(value, dict) else {"arguments": value}
+
+
+def message_body(model: str, final: FinalOutput, state: ChoiceState) -> dict[str, Any]:
+    """The non-streamed Messages response: thinking, text and tool_use blocks in that order."""
+    content: list[dict[str, Any]] = []
+    if final.reasoning:
+        content.append({"type": "thinking", "thinking": final.reasoning, "signature": ""})
+    if final.content:
+        content.append({"type": "text", "text": final.content})
+    for call in final.tool_calls:
+        content.append(
+            {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": tool_input(call.arguments)}
+        )
+    body = message_shell(model, usage(state.num_prompt_tokens, state.num_cached_tokens, state.num_tokens))
+    reason, sequence = stop_reason(final.finish_reason, state.stop_reason)
+    return {**body, "content": content, "stop_reason": reason, "stop_sequence": sequence}

@@ -1,0 +1,166 @@
+"""A Messages request in the chat pipeline's form: system, turns, tool calls and results, tools, sampling."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import ValidationError
+
+from metalserve.api.anthropic.protocol import (
+    CountTokensRequest,
+    ImageBlock,
+    Message,
+    MessagesRequest,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from metalserve.api.errors import OpenAIError
+from metalserve.api.protocol import ChatCompletionRequest
+
+NO_IMAGES = "image content blocks are not supported: this server has no vision input yet"
+
+
+def to_chat(req: CountTokensRequest, *, reasoning: bool) -> ChatCompletionRequest:
+    """The chat request this Messages request means; anything it cannot mean is a 400 naming it."""
+    messages = _system(req.system) + _turns(req.messages)
+    fields: dict[str, Any] = {"model": req.model, "messages": messages}
+    fields.update(_tools(req))
+    if req.thinking is not None:
+        fields["chat_template_kwargs"] = {"enable_thinking": _thinking(req, reasoning)}
+    if isinstance(req, MessagesRequest):
+        fields.update(
+            max_tokens=req.max_tokens,
+            stop=req.stop_sequences,
+            stream=req.stream,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            user=req.metadata.user_id if req.metadata else None,
+        )
+    try:
+        return ChatCompletionRequest(**fields)
+    except ValidationError as exc:
+        raise OpenAIError(f"invalid request: {exc.errors()[0].get('msg')}", 400) from None
+
+
+def _system(system: str | list[TextBlock] | None) -> list[dict[str, Any]]:
+    if system is None:
+        return []
+    text = system if isinstance(system, str) else "\n".join(b.text for b in system)
+    return [{"role": "system", "content": text}]
+
+
+def _turns(turns: list[Message]) -> list[dict[str, Any]]:
+    if turns[-1].role == "assistant":
+        raise OpenAIError(
+            "a final assistant message (response prefill) is not supported; end with a user message", 400
+        )
+    out: list[dict[str, Any]] = []
+    previous_ids: set[str] = set()
+    for i, turn in enumerate(turns):
+        blocks = [TextBlock(type="text", text=turn.content)] if isinstance(turn.content, str) else turn.content
+        if any(isinstance(b, ImageBlock) for b in blocks):
+            raise OpenAIError(NO_IMAGES, 400)
+        if turn.role == "assistant":
+            message, previous_ids = _assistant(blocks)
+            out.append(message)
+        else:
+            out += _user(blocks, previous_ids, i)
+            previous_ids = set()
+    return out
+
+
+def _assistant(blocks: list[Any]) -> tuple[dict[str, Any], set[str]]:
+    text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
+    message: dict[str, Any] = {"role": "assistant", "content": text or None}
+    thinking = "".join(b.thinking for b in blocks if isinstance(b, ThinkingBlock))
+    if thinking:
+        message["reasoning_content"] = thinking
+    uses = [b for b in blocks if isinstance(b, ToolUseBlock)]
+    if uses:
+        message["tool_calls"] = [
+            {"id": u.id, "type": "function", "function": {"name": u.name, "arguments": json.dumps(u.input)}}
+            for u in uses
+        ]
+    if any(isinstance(b, ToolResultBlock) for b in blocks):
+        raise OpenAIError("tool_result blocks belong in user messages, not assistant ones", 400)
+    return message, {u.id for u in uses}
+
+
+def _user(blocks: list[Any], tool_use_ids: set[str], index: int) -> list[dict[str, Any]]:
+    """Tool results become tool messages (in order); the text around them one user message each."""
+    out: list[dict[str, Any]] = []
+    text: list[str] = []
+    for block in blocks:
+        if isinstance(block, ToolResultBlock):
+            if block.tool_use_id not in tool_use_ids:
+                raise OpenAIError(
+                    f"messages.{index}: tool_result block for tool_use id {block.tool_use_id!r}, which is not "
+                    "in the previous assistant message",
+                    400,
+                )
+            if text:
+                out.append({"role": "user", "content": "\n".join(text)})
+                text = []
+            out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _result_text(block)})
+        elif isinstance(block, TextBlock):
+            text.append(block.text)
+        else:
+            raise OpenAIError(f"messages.{index}: {block.type} blocks belong in assistant messages", 400)
+    if text or not out:
+        out.append({"role": "user", "content": "\n".join(text)})
+    return out
+
+
+def _result_text(block: ToolResultBlock) -> str:
+    content = block.content
+    if isinstance(content, list):
+        if any(isinstance(b, ImageBlock) for b in content):
+            raise OpenAIError(NO_IMAGES, 400)
+        content = "\n".join(b.text for b in content if isinstance(b, TextBlock))
+    # The template has no error flag, so a failed tool says so in its text.
+    return f"Error: {content or ''}" if block.is_error else content or ""
+
+
+def _tools(req: CountTokensRequest) -> dict[str, Any]:
+    """tools and tool_choice: auto -> auto, any -> required, tool -> named, none -> none."""
+    tools = req.tools or []
+    out: dict[str, Any] = {}
+    if tools:
+        out["tools"] = [
+            {"function": {"name": t.name, "description": t.description, "parameters": t.input_schema}} for t in tools
+        ]
+    choice = req.tool_choice
+    if choice is None:
+        return out
+    if choice.type in ("any", "tool") and not tools:
+        raise OpenAIError(f'tool_choice "{choice.type}" needs tools', 400)
+    if choice.type == "tool":
+        if choice.name not in {t.name for t in tools}:
+            raise OpenAIError(f"tool_choice names tool {choice.name!r}, which is not in tools", 400)
+        out["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+    elif choice.name is not None:
+        raise OpenAIError(f'tool_choice "{choice.type}" takes no name', 400)
+    else:
+        out["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[choice.type]
+    if choice.disable_parallel_tool_use:
+        out["parallel_tool_calls"] = False
+    return out
+
+
+def _thinking(req: CountTokensRequest, reasoning: bool) -> bool:
+    """Extended thinking maps onto the template's enable_thinking; it needs a reasoning parser to show."""
+    assert req.thinking is not None
+    if req.thinking.type == "disabled":
+        return False
+    if not reasoning:
+        raise OpenAIError("thinking needs the server started with --reasoning-parser", 400)
+    budget = req.thinking.budget_tokens
+    if budget is None:
+        raise OpenAIError("thinking.budget_tokens is required when thinking is enabled", 400)
+    if isinstance(req, MessagesRequest) and budget >= req.max_tokens:
+        raise OpenAIError("thinking.budget_tokens must be less than max_tokens", 400)
+    return True
