@@ -27,6 +27,9 @@ from metalserve.api.protocol import (
     TokenizeRequest,
 )
 from metalserve.api.reasoning import get_reasoning_parser
+from metalserve.api.responses.protocol import ResponsesRequest
+from metalserve.api.responses.serving import ResponsesServing
+from metalserve.api.responses.store import ResponseStore
 from metalserve.api.serving_chat import ChatServing
 from metalserve.api.serving_common import ServingContext, now
 from metalserve.api.serving_completion import CompletionServing
@@ -75,6 +78,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     reasoning = get_reasoning_parser(settings.reasoning_parser) if settings.reasoning_parser else None
     chat, completion = ChatServing(ctx, parser, reasoning), CompletionServing(ctx)
     messages = MessagesServing(chat)
+    responses = ResponsesServing(chat, ResponseStore(settings.responses_store_size))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -126,6 +130,15 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     @app.post("/v1/messages/count_tokens")
     async def anthropic_count_tokens(body: CountTokensRequest) -> dict[str, Any]:
         return messages.count_tokens(body)
+
+    @app.post("/v1/responses")
+    async def create_response(body: ResponsesRequest, raw: HTTPRequest) -> Response:
+        alive()
+        return await responses.create(body, raw)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str) -> dict[str, Any]:
+        return responses.retrieve(response_id)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, raw: HTTPRequest) -> Response:

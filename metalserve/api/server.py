@@ -11,6 +11,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from metalserve.api.app import build_app
+from metalserve.api.reasoning import REASONING_PARSERS
 from metalserve.api.settings import ServerSettings
 from metalserve.api.tool_parsers import TOOL_PARSERS
 from metalserve.config import CPU_MAX_NUM_BATCHED_TOKENS, EngineConfig
@@ -30,7 +31,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--host", default=s.host, help="address to bind (0.0.0.0 for every interface)")
     parser.add_argument("--port", type=int, default=s.port)
-    parser.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` (not on /health)")
+    parser.add_argument(
+        "--api-key", default=None, help="require `Authorization: Bearer KEY` or `x-api-key: KEY` (not on /health)"
+    )
     parser.add_argument("--served-model-name", default=None, help="the model id clients send and see")
     parser.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="most requests in one batch")
@@ -56,6 +59,14 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--enable-auto-tool-choice", action="store_true",
         help="vLLM's flag: tool_choice 'auto' (on whenever --tool-call-parser is set); needs --tool-call-parser",
+    )  # fmt: skip
+    parser.add_argument(
+        "--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None,
+        help="split the model's reasoning out: reasoning_content (chat), thinking blocks, reasoning items",
+    )  # fmt: skip
+    parser.add_argument(
+        "--responses-store-size", type=int, default=s.responses_store_size,
+        help="responses kept in memory (LRU) for GET /v1/responses/{id} and previous_response_id; 0: none",
     )  # fmt: skip
     parser.add_argument("--log-stats-interval", type=float, default=s.log_stats_interval, help="seconds; 0: off")
     parser.add_argument("--seed", type=int, default=d.seed)
@@ -110,6 +121,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerSett
         served_model_name=args.served_model_name,
         log_stats_interval=args.log_stats_interval,
         tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
+        responses_store_size=args.responses_store_size,
     )
     return config, settings
 

@@ -55,9 +55,7 @@ def _system(system: str | list[TextBlock] | None) -> list[dict[str, Any]]:
 
 def _turns(turns: list[Message]) -> list[dict[str, Any]]:
     if turns[-1].role == "assistant":
-        raise OpenAIError(
-            "a final assistant message (response prefill) is not supported; end with a user message", 400
-        )
+        raise OpenAIError("a final assistant message (response prefill) is not supported; end with a user message", 400)
     out: list[dict[str, Any]] = []
     previous_ids: set[str] = set()
     for i, turn in enumerate(turns):

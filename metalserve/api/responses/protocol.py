@@ -1,0 +1,128 @@
+"""Pydantic models of Responses requests; unknown fields and item types are refused, never dropped.
+
+Input items also accept the fields of the output items this server returns, so a client can send a
+previous response's output back as input.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextContent(_Strict):
+    type: Literal["input_text", "output_text"]
+    text: str
+    annotations: list[Any] | None = None
+    logprobs: list[Any] | None = None
+
+
+class ImageContent(BaseModel):
+    """Parsed so that it can be refused with a clear message (no vision input yet)."""
+
+    type: Literal["input_image", "input_file"]
+
+
+class MessageItem(_Strict):
+    type: Literal["message"] | None = None
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[TextContent | ImageContent]
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallItem(_Strict):
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutputItem(_Strict):
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1)
+    output: str | list[TextContent]
+    id: str | None = None
+    status: str | None = None
+
+
+class ReasoningText(_Strict):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class SummaryText(_Strict):
+    type: Literal["summary_text"]
+    text: str
+
+
+class ReasoningItem(_Strict):
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[SummaryText] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
+    encrypted_content: None = None  # this server returns reasoning in plain text, never encrypted
+    status: str | None = None
+
+
+InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+
+
+class FunctionTool(_Strict):
+    type: Literal["function"]
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class NamedFunction(_Strict):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(_Strict):
+    type: Literal["text", "json_schema", "json_object"]
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class TextConfig(_Strict):
+    format: TextFormat | None = None
+
+
+class ReasoningConfig(_Strict):
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+class ResponsesRequest(_Strict):
+    model: str | None = None
+    input: str | list[InputItem]
+    instructions: str | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedFunction | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
+    store: bool = True
+    previous_response_id: str | None = None
+    stream: bool = False
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    # Reasoning always comes back in plain text (content), which serves what encrypted_content is for.
+    include: list[Literal["reasoning.encrypted_content"]] | None = None
+    truncation: Literal["disabled"] | None = None
+    prompt_cache_key: str | None = None  # every prefix is cached anyway

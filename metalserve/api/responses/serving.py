@@ -1,0 +1,94 @@
+"""POST /v1/responses and GET /v1/responses/{id} on the chat pipeline's engine call."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response
+from sse_starlette.sse import EventSourceResponse
+
+from metalserve.api.deltas import ChoiceDelta, FinalOutput
+from metalserve.api.errors import OpenAIError
+from metalserve.api.responses import render
+from metalserve.api.responses.events import ResponseEvents, response_events
+from metalserve.api.responses.protocol import ResponsesRequest
+from metalserve.api.responses.store import ResponseStore, StoredResponse
+from metalserve.api.responses.translate import conversation, to_chat
+from metalserve.api.serving_chat import ChatServing
+from metalserve.api.serving_common import cancel_on_disconnect, collect, now
+
+
+class ResponsesServing:
+    """Translates a Responses request (with its stored history) to chat form and renders the answer."""
+
+    def __init__(self, chat: ChatServing, store: ResponseStore) -> None:
+        self.chat = chat
+        self.store = store
+
+    async def create(self, req: ResponsesRequest, raw: HTTPRequest) -> Response:
+        history: list[dict[str, Any]] = []
+        if req.previous_response_id is not None:
+            previous = self.store.get(req.previous_response_id)
+            if previous is None:
+                raise OpenAIError(
+                    f"Previous response with id '{req.previous_response_id}' not found.",
+                    400,
+                    param="previous_response_id",
+                    code="previous_response_not_found",
+                )
+            history = previous.history()
+        items = conversation(req, history)
+        gen = self.chat.start(to_chat(req, items, reasoning=self.chat.reasoning_parser is not None), "resp")
+        rid, created = render.item_id("resp"), now()
+        model = self.chat.ctx.served_model_name
+
+        def finish(status: str, output: list[dict[str, Any]], usage: dict[str, Any]) -> dict[str, Any]:
+            body = render.response_object(rid, created, req, model, status=status, output=output, usage=usage)
+            if req.store:
+                self.store.put(rid, StoredResponse(body, items))
+            return body
+
+        summary = bool(req.reasoning and req.reasoning.summary)
+        if req.stream:
+            shell = render.response_object(rid, created, req, model, status="in_progress", output=[], usage=None)
+
+            def finish_stream(delta: ChoiceDelta, output: list[dict[str, Any]], reasoning: str) -> dict[str, Any]:
+                usage = self._usage(
+                    delta.num_prompt_tokens, delta.num_cached_tokens, delta.num_output_tokens, reasoning
+                )
+                return finish(_status(delta.finish_reason), output, usage)
+
+            events = response_events(gen, ResponseEvents(shell, summary), finish_stream)
+            return EventSourceResponse(events, sep="\n")
+        [state] = await cancel_on_disconnect(raw, lambda: collect(gen.streams))
+        final = gen.parsing.final(state.text, state.finish_reason)
+        usage = self._usage(state.num_prompt_tokens, state.num_cached_tokens, state.num_tokens, final.reasoning or "")
+        return JSONResponse(finish(_status(final.finish_reason), _output(final, summary), usage))
+
+    def retrieve(self, response_id: str) -> dict[str, Any]:
+        stored = self.store.get(response_id)
+        if stored is None:
+            raise OpenAIError(f"Response with id '{response_id}' not found.", 404, param="response_id")
+        return stored.body
+
+    def _usage(self, prompt: int, cached: int, output: int, reasoning: str) -> dict[str, Any]:
+        tokenizer = self.chat.ctx.engine.tokenizer
+        reasoning_tokens = len(tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
+        return render.usage(prompt, cached, output, min(reasoning_tokens, output))
+
+
+def _status(finish_reason: str | None) -> str:
+    return "incomplete" if finish_reason == "length" else "completed"
+
+
+def _output(final: FinalOutput, summary: bool) -> list[dict[str, Any]]:
+    """Output items in the order the model wrote them: reasoning, the message, then function calls."""
+    output = []
+    if final.reasoning:
+        output.append(render.reasoning_item(render.item_id("rs"), final.reasoning, summary))
+    if final.content:
+        output.append(render.message_item(render.item_id("msg"), final.content))
+    for call in final.tool_calls:
+        output.append(render.function_call_item(render.item_id("fc"), call.id, call.name, call.arguments))
+    return output
