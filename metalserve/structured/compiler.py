@@ -11,7 +11,7 @@ import json
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import llguidance
 from llguidance.hf import from_tokenizer
@@ -19,10 +19,13 @@ from llguidance.hf import from_tokenizer
 from metalserve.structured.params import StructuredOutputsParams
 from metalserve.structured.state import GrammarState
 
+if TYPE_CHECKING:  # the options type exists only in llguidance's stubs
+    from llguidance._lib import JsonCompileOptions
+
 DEFAULT_CACHE_SIZE = 256
 # Fixed separators and no free whitespace: a small model left free to emit whitespace inside JSON tends
 # to loop on newlines until max_tokens. A schema's own "x-guidance" options override these.
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ",
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ",
                                                "key_separator": ": "}  # fmt: skip
 _FIELD_NAMES = {"json": "JSON schema", "json_object": "JSON object", "regex": "regex", "choice": "choice",
                 "grammar": "grammar", "structural_tag": "structural tag"}  # fmt: skip
