@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from metalserve.kvcache.hashing import BlockHash
 from metalserve.sampling_params import SamplingParams
@@ -35,6 +36,20 @@ _FINISH_REASONS = {
 }
 
 
+class StructuredState(Protocol):
+    """A request's grammar as the scheduler sees it (metalserve/structured/state.py implements it)."""
+
+    error: str | None
+
+    def is_ready(self) -> bool:
+        """False while the grammar compiles; the scheduler skips the request until then."""
+        ...
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by one output token; True when the output completed the grammar (the request ends)."""
+        ...
+
+
 @dataclass(eq=False)
 class Request:
     """One sequence. `num_computed_tokens` catches up to `num_tokens`; there is no prefill or decode phase."""
@@ -56,6 +71,8 @@ class Request:
     # Hash chain of this request's full blocks, extended lazily by the KV cache manager. Tokens never
     # change once appended, so the hashes stay valid across preemption.
     block_hashes: list[BlockHash] = field(default_factory=list, repr=False)
+    # Grammar-constrained decoding: set by the engine when sampling_params.structured_outputs is.
+    structured: StructuredState | None = field(default=None, repr=False)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from metalserve.structured.params import StructuredOutputsParams
+
 # Bounds the sampler and the API agree on.
 MAX_LOGPROBS = 20
 
@@ -30,6 +32,8 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # Grammar-constrained decoding (metalserve/structured/); None: unconstrained.
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if self.top_k == -1:

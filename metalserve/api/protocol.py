@@ -18,16 +18,29 @@ class StreamOptions(BaseModel):
 
 
 class ResponseFormat(BaseModel):
-    """Only plain text is produced; JSON modes are refused rather than silently ignored."""
+    """text, json_object or json_schema ({"name", "schema", "strict"}); the JSON modes go through the grammar."""
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: dict[str, Any] | None = None
 
     @model_validator(mode="after")
-    def _text_only(self) -> ResponseFormat:
-        if self.type != "text":
-            raise ValueError(f"response_format type {self.type!r} is not supported yet; only 'text'")
+    def _schema_for_json_schema(self) -> ResponseFormat:
+        if self.type == "json_schema" and not isinstance((self.json_schema or {}).get("schema"), dict):
+            raise ValueError('response_format type "json_schema" needs json_schema.schema, a JSON schema object')
         return self
+
+
+class StructuredOutputsRequest(BaseModel):
+    """vLLM's `structured_outputs` field: exactly one of the constraints."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    structural_tag: str | dict[str, Any] | None = None
 
 
 class FunctionDefinition(BaseModel):
@@ -108,6 +121,7 @@ class _SamplingRequest(BaseModel):
     include_stop_str_in_output: bool = False
     cache_salt: str | None = None
     priority: int = 0
+    structured_outputs: StructuredOutputsRequest | None = None
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> _SamplingRequest:

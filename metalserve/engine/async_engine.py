@@ -22,6 +22,8 @@ from metalserve.engine.protocol import EngineCoreProtocol, SchedulerStatsLike
 from metalserve.outputs import EngineCoreOutput, TokenLogprob
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
+from metalserve.structured.compiler import GrammarCompiler
+from metalserve.structured.params import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +108,7 @@ class AsyncEngine:
         self._states: dict[str, _RequestState] = {}  # worker thread only
         self._active_ids: set[str] = set()  # event loop only
         self._thread: threading.Thread | None = None
+        self._grammar: GrammarCompiler | None = None
 
     @property
     def is_running(self) -> bool:
@@ -149,6 +152,8 @@ class AsyncEngine:
             priority=priority,
             cache_salt=cache_salt,
         )
+        if sampling_params.structured_outputs is not None:
+            request.structured = self.grammar.make_state(sampling_params.structured_outputs)
         detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, sampling_params)
         state = _RequestState(asyncio.get_running_loop(), asyncio.Queue(), detok, len(request.prompt_token_ids))
         self._active_ids.add(request_id)
@@ -168,6 +173,17 @@ class AsyncEngine:
             self._active_ids.discard(request_id)
             if not finished:
                 self._commands.put(("abort", [request_id], None))
+
+    @property
+    def grammar(self) -> GrammarCompiler:
+        """The grammar compile cache for this tokenizer (made on first use)."""
+        if self._grammar is None:
+            self._grammar = GrammarCompiler(self.tokenizer)
+        return self._grammar
+
+    async def check_structured(self, params: StructuredOutputsParams) -> None:
+        """Compile the spec (off the event loop and the engine thread); GrammarError when it is invalid."""
+        await asyncio.wrap_future(self.grammar.submit(params))
 
     async def abort(self, request_id: str) -> None:
         """Abort a request (a client went away); its blocks are freed before the next step."""

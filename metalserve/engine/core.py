@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -27,6 +28,7 @@ logger = logging.getLogger("metalserve.engine")
 
 # MLX keeps freed buffers for reuse; cap that cache so memory does not creep while serving.
 BUFFER_CACHE_FRACTION = 0.1
+GRAMMAR_POLL_S = 0.002
 
 
 class EngineCore:
@@ -107,6 +109,8 @@ class EngineCore:
     def step(self) -> list[EngineCoreOutput]:
         self._ensure_stream()
         scheduler_output = self.scheduler.schedule()
+        if scheduler_output.is_empty and self.scheduler.num_waiting_for_grammar:
+            time.sleep(GRAMMAR_POLL_S)  # only compiling grammars wait: give their thread the CPU
         runner_output = self.runner.execute_model(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
 

@@ -65,6 +65,12 @@ class ArrayBackend:
         (row, col) pairs must be distinct."""
         return getattr(x.at[rows, cols], op)(values)
 
+    def mask_rows(self, x: Array, rows: np.ndarray, allowed: np.ndarray) -> Array:
+        """x with x[rows[i], j] = -inf wherever allowed[i, j] is False (one select over the batch)."""
+        full = np.ones(x.shape, np.bool_)
+        full[rows] = allowed
+        return mx.where(mx.array(full), x, -math.inf)
+
     def evaluate(self, *arrays: Array) -> None:
         mx.eval(*arrays)
 
@@ -106,6 +112,10 @@ class NumpyBackend(ArrayBackend):
 
     def scatter(self, x: Array, rows: Array, cols: Array, values: Array, op: str) -> Array:
         x[rows, cols] = getattr(np, op)(x[rows, cols], values)
+        return x
+
+    def mask_rows(self, x: Array, rows: np.ndarray, allowed: np.ndarray) -> Array:
+        x[rows] = np.where(allowed, x[rows], np.float32(-np.inf))
         return x
 
     def evaluate(self, *arrays: Array) -> None:

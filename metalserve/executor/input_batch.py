@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -18,6 +19,7 @@ class CachedRequestState:
     block_ids: list[int]
     num_computed_tokens: int
     eos_token_ids: frozenset[int] = frozenset()
+    structured: Any = None  # the request's GrammarState (metalserve/structured/state.py), if any
     _block_array: np.ndarray | None = field(default=None, repr=False)
 
     @property

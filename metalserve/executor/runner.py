@@ -99,6 +99,7 @@ class ModelRunner:
                 block_ids=list(new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
                 eos_token_ids=self.eos_token_ids,
+                structured=new.structured,
             )
         for cached in so.scheduled_cached_reqs:
             state = self.requests[cached.request_id]

@@ -1,7 +1,9 @@
 """The batched sampler: one call per step turns the logits of the sampling requests into token ids.
 
-Order (vLLM V1 / OpenAI): logit bias, min_tokens masking, penalties; then greedy argmax or temperature,
-top-k, top-p, min-p and a draw. Logprobs come from the raw logits. Rows that need no work skip it.
+Order (vLLM V1 / OpenAI): the grammar masks, logit bias, min_tokens masking, penalties; then greedy
+argmax or temperature, top-k, top-p, min-p and a draw. Logprobs come from the logits after the grammar
+mask and before the rest (as in vLLM, whose runner masks before its sampler). Rows that need no work
+skip it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from metalserve.executor.logprobs import PendingLogprobs
 from metalserve.executor.penalties import apply_logit_bias, apply_min_tokens, apply_penalties
 from metalserve.executor.sampling_metadata import SamplingRequest, StepPlan, plan_step
 from metalserve.executor.seeding import UniformSource
+from metalserve.executor.structured import apply_grammar_masks
 from metalserve.executor.truncation import sample_rows
 from metalserve.outputs import TokenLogprob
 
@@ -51,6 +54,8 @@ class Sampler:
             return SamplerOutput(np.array(mx.argmax(logits, axis=-1)).tolist(), [None] * len(requests))
         be = self.backend
         raw = be.from_mlx(logits.astype(mx.float32))
+        if plan.grammar_rows:
+            raw = apply_grammar_masks(be, raw, requests, plan.grammar_rows)
         processed = self._process(be.copy(raw) if plan.logprob_rows else raw, requests, plan)
         tokens = self._choose(processed, requests, plan)
         pending = None

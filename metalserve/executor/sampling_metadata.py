@@ -57,11 +57,12 @@ class StepPlan:
     penalty_rows: list[int]
     min_tokens_rows: list[int]
     logprob_rows: list[int]
+    grammar_rows: list[int]  # rows whose next token a grammar constrains
 
     @property
     def argmax_only(self) -> bool:
         """Every row greedy with nothing that changes its logits or asks for logprobs: one argmax."""
-        changes = self.bias_rows or self.penalty_rows or self.min_tokens_rows
+        changes = self.bias_rows or self.penalty_rows or self.min_tokens_rows or self.grammar_rows
         return not (self.random_rows or changes or self.logprob_rows)
 
 
@@ -73,6 +74,7 @@ def plan_step(requests: Sequence[SamplingRequest]) -> StepPlan:
     penalty: list[int] = []
     min_tokens: list[int] = []
     logprob: list[int] = []
+    grammar: list[int] = []
     for i, request in enumerate(requests):
         params = request.sampling_params
         (greedy if is_greedy(params) else random).append(i)
@@ -84,4 +86,7 @@ def plan_step(requests: Sequence[SamplingRequest]) -> StepPlan:
             min_tokens.append(i)
         if params.logprobs is not None:
             logprob.append(i)
-    return StepPlan(greedy, random, bias, penalty, min_tokens, logprob)
+        structured = getattr(request, "structured", None)
+        if structured is not None and structured.constrains_next:
+            grammar.append(i)
+    return StepPlan(greedy, random, bias, penalty, min_tokens, logprob, grammar)

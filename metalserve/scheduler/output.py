@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from metalserve.outputs import TokenLogprob
+from metalserve.request import StructuredState
 from metalserve.sampling_params import SamplingParams
 
 
@@ -20,6 +21,7 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int  # tokens already in the KV cache (prefix cache hit)
+    structured: StructuredState | None = None  # the request's grammar (the sampler masks with it)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from metalserve.kvcache.block_pool import NUM_RESERVED_BLOCKS
 from metalserve.kvcache.manager import KVCacheManager
 from metalserve.outputs import EngineCoreOutput
 from metalserve.request import Request, RequestStatus
+from metalserve.scheduler.grammar_wait import grammar_verdict
 from metalserve.scheduler.output import CachedRequestData, ModelRunnerOutput, SchedulerOutput
 from metalserve.scheduler.queues import make_queue
 from metalserve.scheduler.stats import SchedulerStats
@@ -49,6 +50,7 @@ class Scheduler:
         self._pending_finish: dict[str, RequestStatus] = {}
         self._pending_outputs: list[EngineCoreOutput] = []
         self._stop_hints: dict[str, tuple[frozenset[int], int]] = {}
+        self.num_waiting_for_grammar = 0  # skipped by the last schedule(): their grammars still compile
         if config.scheduling_policy == "priority":
             self._victim_key = lambda r: (r.priority, r.arrival_time)
         else:
@@ -187,8 +189,11 @@ class Scheduler:
         step.preempted.add(request.request_id)
 
     def _schedule_waiting(self, step: StepBuilder) -> None:
+        skipped: list[Request] = []  # grammars still compiling: they wait without holding the queue
         while self.waiting and step.budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting.peek()
+            if request.structured is not None and not self._grammar_ready(request, skipped):
+                continue
             hit = self.kv.get_computed_blocks(request)
             n = self._num_new_tokens(request, hit.num_tokens, step.budget)
             new_ids = self.kv.allocate_slots(request, n, hit) if n > 0 else None
@@ -202,6 +207,21 @@ class Scheduler:
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = hit.num_tokens
             step.add_new(request, n, self.kv.get_block_ids(request.request_id))
+        for request in reversed(skipped):
+            self.waiting.prepend(request)
+        self.num_waiting_for_grammar = len(skipped)
+
+    def _grammar_ready(self, request: Request, skipped: list[Request]) -> bool:
+        """Whether the head request's grammar can be used; pops it (to skip or to fail) when not."""
+        verdict = grammar_verdict(request)
+        if verdict == "ready":
+            return True
+        self.waiting.pop()
+        if verdict == "compiling":
+            skipped.append(request)
+        else:  # a compile error (the API validates first, so only direct engine callers get here)
+            self.finish_requests(request.request_id, RequestStatus.FINISHED_ABORTED)
+        return False
 
     def _make_output(self, step: StepBuilder) -> SchedulerOutput:
         finished, self._finished_ids = self._finished_ids, set()
@@ -230,7 +250,7 @@ class Scheduler:
             if not token_ids or request is None or request.status is not RequestStatus.RUNNING:
                 continue
             out_ids, n_prompt = request.output_token_ids, len(request.prompt_token_ids)
-            if plain and len(token_ids) == 1:
+            if plain and len(token_ids) == 1 and request.structured is None:
                 # The decode fast path: one token that cannot stop the request and no logprobs.
                 stop_ids, max_out = hints[request_id]
                 token_id = token_ids[0]
@@ -268,6 +288,10 @@ class Scheduler:
             out_ids.append(token_id)
             num_new += 1
             # Most tokens stop nothing: only a possible stop id or a length limit needs the full check.
+            # A completed grammar is a natural stop: it wins over a length limit hit by the same token.
+            if request.structured is not None and request.structured.accept(token_id):
+                status = RequestStatus.FINISHED_STOPPED
+                break
             if token_id in stop_ids or len(out_ids) >= max_out:
                 status = check_stop(request, self.max_model_len)
                 if status is not None:

@@ -39,6 +39,7 @@ class StepBuilder:
                 sampling_params=request.sampling_params,
                 block_ids=block_ids,
                 num_computed_tokens=request.num_computed_tokens,
+                structured=request.structured,
             )
         )
         self.budget -= n

@@ -1,0 +1,142 @@
+"""Forced tool calls (`tool_choice` "required" or a named function) through the grammar.
+
+As vLLM does, independently of --tool-call-parser: a named function constrains the output to that
+tool's arguments JSON; "required" constrains it to a JSON array of {"name", "parameters"} objects,
+each validated by its tool's schema. The output is then mapped back to tool calls here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from metalserve.api.tool_parsers.base import DeltaMessage, ParsedToolCall, ToolCallDelta, make_tool_call_id
+from metalserve.structured.params import StructuredOutputsParams
+
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+class ToolChoiceError(ValueError):
+    """The tool_choice cannot be honoured with these tools (unknown name, no tools)."""
+
+
+def _tool_fields(tool: Any) -> tuple[str, dict[str, Any]]:
+    """(name, parameters schema) from a ToolDefinition model or its dict form."""
+    if not isinstance(tool, dict):
+        tool = tool.model_dump()
+    function = tool.get("function") or {}
+    return function["name"], function.get("parameters") or ANY_OBJECT
+
+
+def forced_name(tool_choice: Any) -> str | None:
+    """The function name of a named tool_choice (model or dict), else None."""
+    if tool_choice is None or isinstance(tool_choice, str):
+        return None
+    if not isinstance(tool_choice, dict):
+        tool_choice = tool_choice.model_dump()
+    return (tool_choice.get("function") or {}).get("name")
+
+
+def is_forced(tool_choice: Any) -> bool:
+    return tool_choice == "required" or forced_name(tool_choice) is not None
+
+
+def forced_tool_params(tools: list[Any] | None, tool_choice: Any) -> StructuredOutputsParams | None:
+    """The grammar of a forced tool choice; None when the choice is not forced (auto / none / absent)."""
+    if not is_forced(tool_choice):
+        return None
+    specs = dict(_tool_fields(t) for t in tools or [])
+    if not specs:
+        raise ToolChoiceError("tool_choice forces a tool call but the request has no tools")
+    name = forced_name(tool_choice)
+    if name is not None:
+        if name not in specs:
+            raise ToolChoiceError(f"tool_choice names the function {name!r}, which is not in tools ({sorted(specs)})")
+        return StructuredOutputsParams(json=specs[name])
+    return StructuredOutputsParams(json=required_schema(specs))
+
+
+def required_schema(specs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A non-empty array of calls, each {"name": one tool, "parameters": that tool's schema}."""
+    variants = [
+        {
+            "type": "object",
+            "properties": {"name": {"type": "string", "enum": [name]}, "parameters": schema},
+            "required": ["name", "parameters"],
+            "additionalProperties": False,
+        }
+        for name, schema in specs.items()
+    ]
+    return {"type": "array", "minItems": 1, "items": {"anyOf": variants}}
+
+
+def parse_forced_output(text: str, tool_choice: Any) -> list[ParsedToolCall]:
+    """The tool calls of a forced output; [] when the text is not complete JSON (cut by max_tokens)."""
+    name = forced_name(tool_choice)
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return []
+    if name is not None:
+        return [ParsedToolCall(name, json.dumps(value, ensure_ascii=False))]
+    if not isinstance(value, list):
+        return []
+    calls = []
+    for item in value:
+        if isinstance(item, dict) and isinstance(item.get("name"), str):
+            calls.append(ParsedToolCall(item["name"], json.dumps(item.get("parameters", {}), ensure_ascii=False)))
+    return calls
+
+
+class ForcedToolStreamer:
+    """Streams a forced output as tool-call deltas.
+
+    Named: the arguments are the output itself, sent as they grow. Required: each element of the
+    array is sent as one call when its object is complete (the grammar guarantees it will be).
+    """
+
+    def __init__(self, tool_choice: Any) -> None:
+        self.name = forced_name(tool_choice)
+        self.num_calls = 0
+        self._text = ""
+        self._pos = 0  # required: where the next array element may start
+        self._id = make_tool_call_id()
+        self._decoder = json.JSONDecoder()
+
+    @property
+    def tools_called(self) -> bool:
+        return self.num_calls > 0
+
+    def feed(self, delta: str) -> DeltaMessage:
+        self._text += delta
+        if self.name is not None:
+            return self._feed_named(delta)
+        return DeltaMessage(tool_calls=self._complete_elements())
+
+    def finish(self) -> DeltaMessage:
+        return DeltaMessage()
+
+    def _feed_named(self, delta: str) -> DeltaMessage:
+        if not delta:
+            return DeltaMessage()
+        if self.num_calls == 0:
+            self.num_calls = 1
+            return DeltaMessage(tool_calls=[ToolCallDelta(0, self._id, self.name, delta)])
+        return DeltaMessage(tool_calls=[ToolCallDelta(0, arguments=delta)])
+
+    def _complete_elements(self) -> list[ToolCallDelta]:
+        deltas: list[ToolCallDelta] = []
+        text = self._text
+        while True:
+            pos = self._pos
+            while pos < len(text) and text[pos] in " \t\r\n[,":
+                pos += 1
+            try:
+                item, end = self._decoder.raw_decode(text, pos)
+            except ValueError:
+                return deltas  # the element is still growing
+            self._pos = end
+            if isinstance(item, dict) and isinstance(item.get("name"), str):
+                arguments = json.dumps(item.get("parameters", {}), ensure_ascii=False)
+                deltas.append(ToolCallDelta(self.num_calls, make_tool_call_id(), item["name"], arguments))
+                self.num_calls += 1

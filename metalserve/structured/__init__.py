@@ -1,0 +1,1 @@
+"""Grammar-constrained decoding (llguidance): specs, a compile cache, matchers and batched token masks."""
