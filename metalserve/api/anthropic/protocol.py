@@ -79,8 +79,23 @@ class ToolChoice(_Strict):
 
 
 class Thinking(_Strict):
-    type: Literal["enabled", "disabled"]
+    """enabled / disabled turn the template's thinking on or off; adaptive leaves it to the model."""
+
+    type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: int | None = Field(default=None, ge=1024)
+    display: Literal["summarized"] | None = None  # the reasoning is shown as the model wrote it
+
+
+class JsonOutputFormat(_Strict):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(_Strict):
+    """Structured output (through the grammar) and effort (the template's reasoning_effort)."""
+
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: JsonOutputFormat | None = None
 
 
 class Metadata(_Strict):
@@ -96,6 +111,8 @@ class CountTokensRequest(_Strict):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
+    cache_control: CacheControl | None = None
 
 
 class MessagesRequest(CountTokensRequest):

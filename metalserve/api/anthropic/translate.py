@@ -28,8 +28,17 @@ def to_chat(req: CountTokensRequest, *, reasoning: bool) -> ChatCompletionReques
     messages = _system(req.system) + _turns(req.messages)
     fields: dict[str, Any] = {"model": req.model, "messages": messages}
     fields.update(_tools(req))
-    if req.thinking is not None:
-        fields["chat_template_kwargs"] = {"enable_thinking": _thinking(req, reasoning)}
+    kwargs: dict[str, Any] = {}
+    if req.thinking is not None and req.thinking.type != "adaptive":
+        kwargs["enable_thinking"] = _thinking(req, reasoning)
+    config = req.output_config
+    if config is not None and config.effort is not None:
+        kwargs["reasoning_effort"] = config.effort
+    if config is not None and config.format is not None:
+        schema = {"name": "output", "schema": config.format.schema_, "strict": True}
+        fields["response_format"] = {"type": "json_schema", "json_schema": schema}
+    if kwargs:
+        fields["chat_template_kwargs"] = kwargs
     if isinstance(req, MessagesRequest):
         fields.update(
             max_tokens=req.max_tokens,
