@@ -14,7 +14,7 @@ from sse_starlette.sse import EventSourceResponse
 from metalserve.api.deltas import ChoiceDelta, OutputParsing
 from metalserve.api.errors import OpenAIError
 from metalserve.api.protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice
-from metalserve.api.reasoning import ReasoningParser
+from metalserve.api.reasoning import ReasoningParser, gate_on_reasoning
 from metalserve.api.serving_common import (
     ChoiceState,
     ServingContext,
@@ -123,6 +123,7 @@ class ChatServing:
         parsing = self._parsing(req, prompt, parse_tools)
         if parsing.reasoning is not None and parsing.reasoning.keeps_special_tokens:
             params.skip_special_tokens = False  # its markers are special tokens
+        gate_on_reasoning(params, self.reasoning_parser, engine.tokenizer)
         streams = start_generations(self.ctx, random_id(id_prefix), [prompt], params, req.n, req)
         return Generation(prompt, streams, parsing)
 

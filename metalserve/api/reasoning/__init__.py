@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from metalserve.api.reasoning.base import ReasoningDelta, ReasoningParser, ReasoningStreamer
+from metalserve.api.reasoning.base import ReasoningDelta, ReasoningParser, ReasoningStreamer, gate_on_reasoning
 from metalserve.api.reasoning.harmony import GptOssReasoningParser
 from metalserve.api.reasoning.think import DeepSeekR1ReasoningParser, Qwen3ReasoningParser
 
@@ -21,4 +21,11 @@ def get_reasoning_parser(name: str) -> ReasoningParser:
         raise ValueError(f"unknown reasoning parser {name!r}; choose one of {sorted(REASONING_PARSERS)}") from None
 
 
-__all__ = ["REASONING_PARSERS", "ReasoningDelta", "ReasoningParser", "ReasoningStreamer", "get_reasoning_parser"]
+__all__ = [
+    "REASONING_PARSERS",
+    "ReasoningDelta",
+    "ReasoningParser",
+    "ReasoningStreamer",
+    "gate_on_reasoning",
+    "get_reasoning_parser",
+]

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
+
+from metalserve.sampling_params import SamplingParams
 
 
 @dataclass
@@ -48,3 +52,12 @@ def partial_tail(text: str, marker: str) -> int:
         if text.endswith(marker[:n]):
             return n
     return 0
+
+
+def gate_on_reasoning(params: SamplingParams, parser: ReasoningParser | None, tokenizer: Any) -> None:
+    """With a reasoning parser, a grammar starts only after the reasoning's end marker is in the output."""
+    spec = params.structured_outputs
+    if parser is None or spec is None or not parser.end_marker:
+        return
+    ids = tuple(int(t) for t in tokenizer.encode(parser.end_marker, add_special_tokens=False))
+    params.structured_outputs = dataclasses.replace(spec, reasoning_end_token_ids=ids)

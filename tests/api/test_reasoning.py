@@ -1,0 +1,111 @@
+"""Reasoning parsers: whole and character-by-character streaming agree; chat shows reasoning_content."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from metalserve.api.reasoning import ReasoningDelta, get_reasoning_parser
+from metalserve.api.settings import ServerSettings
+from tests.api.conftest import MODEL, Served, live, make_served
+
+HARMONY = (
+    "<|channel|>analysis<|message|>User wants the capital.<|end|>"
+    "<|start|>assistant<|channel|>final<|message|>Paris.<|return|>"
+)
+# (parser, prompt tail, output, reasoning, answer)
+CASES = [
+    ("qwen3", "", "<think>\nhmm</think>\n\nAnswer", "\nhmm", "Answer"),
+    ("qwen3", "", "No thinking here </think> really", "", "No thinking here </think> really"),
+    ("qwen3", "<|im_start|>assistant\n<think>\n", "hmm</think>ok", "hmm", "ok"),
+    ("qwen3", "", "  <thi", "", "  <thi"),
+    ("deepseek_r1", "", "hmm</think>\nok", "hmm", "ok"),
+    ("deepseek_r1", "", "<think>hmm</think>ok", "hmm", "ok"),
+    ("deepseek_r1", "", "cut off while thinking", "cut off while thinking", ""),
+    ("gpt_oss", "", HARMONY, "User wants the capital.", "Paris."),
+    ("gpt_oss", "", "plain answer", "", "plain answer"),
+    ("gpt_oss", "", "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>", "",
+     "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "tail", "text", "reasoning", "answer"), CASES)
+def test_split_whole_and_streamed(name: str, tail: str, text: str, reasoning: str, answer: str) -> None:
+    parser = get_reasoning_parser(name)
+    assert parser.split(text, tail) == ReasoningDelta(reasoning, answer)
+    streamer = parser.streaming(tail)
+    pieces = [streamer.feed(ch) for ch in text] + [streamer.finish()]
+    assert "".join(p.reasoning for p in pieces) == reasoning
+    assert "".join(p.content for p in pieces) == answer
+
+
+def test_unknown_parser_names_the_choices() -> None:
+    with pytest.raises(ValueError, match="deepseek_r1"):
+        get_reasoning_parser("nope")
+
+
+@pytest.fixture(scope="module")
+def qwen3_server() -> Iterator[Served]:
+    settings = ServerSettings(tool_call_parser="hermes", reasoning_parser="qwen3", log_stats_interval=0)
+    with live(make_served(settings)) as served:
+        yield served
+
+
+def _chat(server: Served, content: str, **body: Any) -> httpx.Response:
+    messages = [{"role": "user", "content": content}]
+    return httpx.post(f"{server.url}/v1/chat/completions", json={"model": MODEL, "messages": messages, **body})
+
+
+def test_chat_reasoning_content_streamed_and_not(qwen3_server: Served) -> None:
+    ask = "say:<think>Paris is the capital.</think>\n\nParis."
+    message = _chat(qwen3_server, ask).json()["choices"][0]["message"]
+    assert message == {"role": "assistant", "reasoning_content": "Paris is the capital.", "content": "Paris."}
+    lines = _chat(qwen3_server, ask, stream=True).text.splitlines()
+    chunks = [json.loads(ln[6:]) for ln in lines if ln.startswith("data: {")]
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "Paris is the capital."
+    assert "".join(d.get("content", "") for d in deltas) == "Paris."
+
+
+def test_reasoning_then_tool_call(qwen3_server: Served) -> None:
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    choice = _chat(qwen3_server, f"say:<think>Need weather.</think>{call}", tools=tools).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["reasoning_content"] == "Need weather."
+    assert choice["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+def test_parallel_tool_calls_false_keeps_the_first(server: Served) -> None:
+    calls = "".join(f'<tool_call>{{"name": "f{i}", "arguments": {{}}}}</tool_call>' for i in range(2))
+    tools = [{"type": "function", "function": {"name": f"f{i}"}} for i in range(2)]
+    for parallel, names in ((True, ["f0", "f1"]), (False, ["f0"])):
+        body = {"tools": tools, "parallel_tool_calls": parallel}
+        message = _chat(server, f"say:{calls}", **body).json()["choices"][0]["message"]
+        assert [c["function"]["name"] for c in message["tool_calls"]] == names
+        lines = _chat(server, f"say:{calls}", stream=True, **body).text.splitlines()
+        chunks = [json.loads(ln[6:]) for ln in lines if ln.startswith("data: {")]
+        streamed = [t["function"]["name"] for c in chunks for t in c["choices"][0]["delta"].get("tool_calls", [])
+                    if "id" in t]  # fmt: skip
+        assert streamed == names
+
+
+def test_grammar_waits_for_the_end_of_reasoning() -> None:
+    from metalserve.api.reasoning import gate_on_reasoning
+    from metalserve.sampling_params import SamplingParams
+    from metalserve.structured.params import StructuredOutputsParams
+    from tests.api.fakes import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    params = SamplingParams(structured_outputs=StructuredOutputsParams(json_object=True))
+    gate_on_reasoning(params, get_reasoning_parser("qwen3"), tok)
+    assert params.structured_outputs is not None
+    ids = params.structured_outputs.reasoning_end_token_ids
+    assert ids and tok.decode(list(ids)) == "</think>" and params.structured_outputs.json_object
+    plain = SamplingParams(structured_outputs=StructuredOutputsParams(json_object=True))
+    gate_on_reasoning(plain, None, tok)
+    assert plain.structured_outputs is not None and plain.structured_outputs.reasoning_end_token_ids == ()
