@@ -62,7 +62,8 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
         engine.observer = metrics
     ctx = ServingContext(engine, settings.served_model_name or engine.model_name)
     parser = get_tool_parser(settings.tool_call_parser) if settings.tool_call_parser else None
-    chat, completion = ChatServing(ctx, parser), CompletionServing(ctx)
+    chat = ChatServing(ctx, parser, auto_tools=settings.enable_auto_tool_choice)
+    completion = CompletionServing(ctx)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

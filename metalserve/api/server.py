@@ -55,7 +55,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tool-call-parser", choices=sorted(TOOL_PARSERS), default=None)
     parser.add_argument(
         "--enable-auto-tool-choice", action="store_true",
-        help="vLLM's flag: tool_choice 'auto' (on whenever --tool-call-parser is set); needs --tool-call-parser",
+        help="vLLM's flag: serve tool_choice 'auto' (given, or implied by tools) through --tool-call-parser, "
+        "which it needs; without it such requests get a 400. Forced calls (required, named) need neither",
     )  # fmt: skip
     parser.add_argument("--log-stats-interval", type=float, default=s.log_stats_interval, help="seconds; 0: off")
     parser.add_argument("--seed", type=int, default=d.seed)
@@ -110,7 +111,13 @@ def config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerSett
         served_model_name=args.served_model_name,
         log_stats_interval=args.log_stats_interval,
         tool_call_parser=args.tool_call_parser,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
     )
+    if args.tool_call_parser and not args.enable_auto_tool_choice:
+        logger.warning(
+            "--tool-call-parser %s without --enable-auto-tool-choice: tool_choice 'auto' (and tools without a "
+            "tool_choice) get a 400, as in vLLM", args.tool_call_parser,
+        )  # fmt: skip
     return config, settings
 
 

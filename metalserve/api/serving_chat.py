@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse
 
 from metalserve.api.errors import OpenAIError
-from metalserve.api.protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice
+from metalserve.api.protocol import ChatCompletionRequest, ChatMessage
 from metalserve.api.serving_common import (
     ChoiceState,
     ServingContext,
@@ -29,6 +29,8 @@ from metalserve.api.serving_common import (
     start_generations,
     total_usage,
 )
+from metalserve.api.structured import chat_structured, check_compiles
+from metalserve.api.tool_choice import ForcedToolStreamer, forced_message, is_forced
 from metalserve.api.tool_parsers import DeltaMessage, StreamingToolParser, ToolCallDelta, ToolParser
 from metalserve.engine.async_engine import RequestOutput
 
@@ -75,9 +77,10 @@ def tool_call_delta_json(delta: ToolCallDelta) -> dict[str, Any]:
 class ChatServing:
     """Renders the conversation, runs n engine requests and builds the chat response or stream."""
 
-    def __init__(self, ctx: ServingContext, tool_parser: ToolParser | None) -> None:
+    def __init__(self, ctx: ServingContext, tool_parser: ToolParser | None, *, auto_tools: bool = False) -> None:
         self.ctx = ctx
         self.tool_parser = tool_parser
+        self.auto_tools = auto_tools  # --enable-auto-tool-choice
         self.token_text = TokenText(ctx.engine.tokenizer)
 
     async def create(self, req: ChatCompletionRequest, raw: HTTPRequest) -> Response:
@@ -92,6 +95,8 @@ class ChatServing:
         params = build_sampling_params(
             req, max_tokens=max_tokens, logprobs=logprobs, vocab_size=len(engine.tokenizer)
         )
+        params.structured_outputs, source = chat_structured(req)
+        await check_compiles(self.ctx, params.structured_outputs, source)
         streams = start_generations(self.ctx, random_id("chatcmpl"), [prompt], params, req.n, req)
         if req.stream:
             return EventSourceResponse(self._stream(req, streams, parse_tools), sep="\n")
@@ -99,20 +104,17 @@ class ChatServing:
         return JSONResponse(self._response(req, choices, parse_tools))
 
     def _parse_tools(self, req: ChatCompletionRequest) -> bool:
+        """Whether the output goes through --tool-call-parser (tool_choice "auto"; forced calls do not)."""
         choice = req.tool_choice
-        if isinstance(choice, NamedToolChoice) or choice == "required":
+        if is_forced(choice) or choice == "none" or (choice is None and not req.tools):
+            return False
+        if not (self.auto_tools and self.tool_parser is not None):  # "auto", given or implied by tools
             raise OpenAIError(
-                'tool_choice "required" and named functions are not supported yet; use "auto" or "none"',
+                '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
                 400,
                 param="tool_choice",
             )
-        if choice == "auto" and self.tool_parser is None:
-            raise OpenAIError(
-                'tool_choice "auto" needs the server started with --tool-call-parser',
-                400,
-                param="tool_choice",
-            )
-        return bool(req.tools) and choice != "none" and self.tool_parser is not None
+        return bool(req.tools)
 
     def render(self, req: ChatCompletionRequest) -> list[int]:
         """The prompt's token ids: the conversation (and tools) through the chat template."""
@@ -154,7 +156,10 @@ class ChatServing:
     ) -> dict[str, Any]:
         out = []
         for i, c in enumerate(choices):
-            message, reason = self._message(c, parse_tools)
+            if is_forced(req.tool_choice):
+                message, reason = forced_message(c.text, c.finish_reason, req.tool_choice)
+            else:
+                message, reason = self._message(c, parse_tools)
             logprobs = None
             if req.logprobs:
                 logprobs = {
@@ -185,7 +190,9 @@ class ChatServing:
         head["model"] = self.ctx.served_model_name
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         tail = {"usage": None} if include_usage else {}
-        parsers = [self._streaming_parser(parse_tools) for _ in streams]
+        forced = is_forced(req.tool_choice)
+        parsers = [ForcedToolStreamer(req.tool_choice) if forced else self._streaming_parser(parse_tools)
+                   for _ in streams]  # fmt: skip
         totals = [ChoiceState() for _ in streams]
         for i in range(len(streams)):
             role = {

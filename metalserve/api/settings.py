@@ -15,6 +15,7 @@ class ServerSettings:
     served_model_name: str | None = None  # None: the engine's model name
     log_stats_interval: float = 10.0  # seconds between throughput log lines; 0 turns them off
     tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False  # tool_choice "auto" (given or implied by tools) needs it
     timeout_graceful_shutdown: float = 5.0
 
     def __post_init__(self) -> None:
