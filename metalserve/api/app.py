@@ -76,7 +76,8 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     ctx = ServingContext(engine, settings.served_model_name or engine.model_name)
     parser = get_tool_parser(settings.tool_call_parser) if settings.tool_call_parser else None
     reasoning = get_reasoning_parser(settings.reasoning_parser) if settings.reasoning_parser else None
-    chat, completion = ChatServing(ctx, parser, reasoning), CompletionServing(ctx)
+    chat = ChatServing(ctx, parser, reasoning, auto_tools=settings.enable_auto_tool_choice)
+    completion = CompletionServing(ctx)
     messages = MessagesServing(chat)
     responses = ResponsesServing(chat, ResponseStore(settings.responses_store_size))
 

@@ -7,8 +7,10 @@ Chat chunks, Anthropic events and Responses events are three renderings of the s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from metalserve.api.reasoning import ReasoningParser, ReasoningStreamer
+from metalserve.api.tool_choice import ForcedToolStreamer, parse_forced_output
 from metalserve.api.tool_parsers import ParsedToolCall, StreamingToolParser, ToolCallDelta, ToolParser
 from metalserve.engine.async_engine import RequestOutput
 from metalserve.outputs import TokenLogprob
@@ -50,12 +52,18 @@ class OutputParsing:
 
     reasoning: ReasoningParser | None = None
     tools: ToolParser | None = None  # None: tool calls are not parsed (no tools, or tool_choice none)
+    forced: Any = None  # a forced tool_choice ("required" or named): the grammar's output is the calls
     prompt_tail: str = ""
     single_call: bool = False  # parallel_tool_calls false
 
     def streamer(self, index: int) -> ChoiceParser:
         reasoning = self.reasoning.streaming(self.prompt_tail) if self.reasoning else None
-        return ChoiceParser(index, reasoning, self.tools.streaming() if self.tools else None, self.single_call)
+        tools: StreamingToolParser | None = None
+        if self.forced is not None:
+            tools = ForcedToolStreamer(self.forced)
+        elif self.tools is not None:
+            tools = self.tools.streaming()
+        return ChoiceParser(index, reasoning, tools, self.single_call)
 
     def final(self, text: str, finish_reason: str | None) -> FinalOutput:
         """The non-streamed split of a whole output text."""
@@ -63,13 +71,18 @@ class OutputParsing:
         if self.reasoning is not None:
             split = self.reasoning.split(text, self.prompt_tail)
             reasoning, text = split.reasoning, split.content
-        if self.tools is not None:
+        content: str | None = text
+        calls: list[ParsedToolCall] = []
+        if self.forced is not None:
+            calls = parse_forced_output(text, self.forced)  # [] when cut short: the text is all there is
+            content = None if calls else text
+        elif self.tools is not None:
             extracted = self.tools.extract(text)
-            if extracted.calls:
-                calls = extracted.calls[:1] if self.single_call else extracted.calls
-                reason = "tool_calls" if finish_reason == "stop" else finish_reason
-                return FinalOutput(reasoning, extracted.content, calls, reason)
-        return FinalOutput(reasoning, text, [], finish_reason)
+            calls, content = extracted.calls, (extracted.content if extracted.calls else text)
+        if not calls:
+            return FinalOutput(reasoning, content, [], finish_reason)
+        reason = "tool_calls" if finish_reason == "stop" else finish_reason
+        return FinalOutput(reasoning, content, calls[:1] if self.single_call else calls, reason)
 
 
 class ChoiceParser:

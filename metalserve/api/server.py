@@ -58,7 +58,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tool-call-parser", choices=sorted(TOOL_PARSERS), default=None)
     parser.add_argument(
         "--enable-auto-tool-choice", action="store_true",
-        help="vLLM's flag: tool_choice 'auto' (on whenever --tool-call-parser is set); needs --tool-call-parser",
+        help="vLLM's flag: serve tool_choice 'auto' (given, or implied by tools) through --tool-call-parser, "
+        "which it needs; without it such requests get a 400. Forced calls (required, named) need neither",
     )  # fmt: skip
     parser.add_argument(
         "--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None,
@@ -123,7 +124,13 @@ def config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerSett
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
         responses_store_size=args.responses_store_size,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
     )
+    if args.tool_call_parser and not args.enable_auto_tool_choice:
+        logger.warning(
+            "--tool-call-parser %s without --enable-auto-tool-choice: tool_choice 'auto' (and tools without a "
+            "tool_choice) get a 400, as in vLLM", args.tool_call_parser,
+        )  # fmt: skip
     return config, settings
 
 

@@ -13,7 +13,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from metalserve.api.deltas import ChoiceDelta, OutputParsing
 from metalserve.api.errors import OpenAIError
-from metalserve.api.protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice
+from metalserve.api.protocol import ChatCompletionRequest, ChatMessage
 from metalserve.api.reasoning import ReasoningParser, gate_on_reasoning
 from metalserve.api.serving_common import (
     ChoiceState,
@@ -32,6 +32,8 @@ from metalserve.api.serving_common import (
     start_generations,
     total_usage,
 )
+from metalserve.api.structured import chat_structured, check_compiles
+from metalserve.api.tool_choice import is_forced
 from metalserve.api.tool_parsers import ToolCallDelta, ToolParser
 from metalserve.engine.async_engine import RequestOutput
 
@@ -93,21 +95,27 @@ class ChatServing:
     """
 
     def __init__(
-        self, ctx: ServingContext, tool_parser: ToolParser | None, reasoning_parser: ReasoningParser | None = None
+        self,
+        ctx: ServingContext,
+        tool_parser: ToolParser | None,
+        reasoning_parser: ReasoningParser | None = None,
+        *,
+        auto_tools: bool = False,
     ) -> None:
         self.ctx = ctx
         self.tool_parser = tool_parser
         self.reasoning_parser = reasoning_parser
+        self.auto_tools = auto_tools  # --enable-auto-tool-choice
         self.token_text = TokenText(ctx.engine.tokenizer)
 
     async def create(self, req: ChatCompletionRequest, raw: HTTPRequest) -> Response:
-        gen = self.start(req)
+        gen = await self.start(req)
         if req.stream:
             return EventSourceResponse(self._stream(req, gen), sep="\n")
         choices = await cancel_on_disconnect(raw, lambda: collect(gen.streams))
         return JSONResponse(self._response(req, choices, gen.parsing))
 
-    def start(self, req: ChatCompletionRequest, id_prefix: str = "chatcmpl") -> Generation:
+    async def start(self, req: ChatCompletionRequest, id_prefix: str = "chatcmpl") -> Generation:
         """Check, render and submit the request; errors before any engine work are OpenAIErrors."""
         self.ctx.check_model(req.model)
         parse_tools = self._parse_tools(req)
@@ -120,6 +128,8 @@ class ChatServing:
         params = build_sampling_params(
             req, max_tokens=max_tokens, logprobs=logprobs, vocab_size=len(engine.tokenizer)
         )
+        params.structured_outputs, source = chat_structured(req)
+        await check_compiles(self.ctx, params.structured_outputs, source)
         parsing = self._parsing(req, prompt, parse_tools)
         if parsing.reasoning is not None and parsing.reasoning.keeps_special_tokens:
             params.skip_special_tokens = False  # its markers are special tokens
@@ -134,25 +144,23 @@ class ChatServing:
         return OutputParsing(
             reasoning=self.reasoning_parser,
             tools=self.tool_parser if parse_tools else None,
+            forced=req.tool_choice if is_forced(req.tool_choice) else None,
             prompt_tail=tail,
             single_call=req.parallel_tool_calls is False,
         )
 
     def _parse_tools(self, req: ChatCompletionRequest) -> bool:
+        """Whether the output goes through --tool-call-parser (tool_choice "auto"; forced calls do not)."""
         choice = req.tool_choice
-        if isinstance(choice, NamedToolChoice) or choice == "required":
+        if is_forced(choice) or choice == "none" or (choice is None and not req.tools):
+            return False
+        if not (self.auto_tools and self.tool_parser is not None):  # "auto", given or implied by tools
             raise OpenAIError(
-                'tool_choice "required" and named functions are not supported yet; use "auto" or "none"',
+                '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
                 400,
                 param="tool_choice",
             )
-        if choice == "auto" and self.tool_parser is None:
-            raise OpenAIError(
-                'tool_choice "auto" needs the server started with --tool-call-parser',
-                400,
-                param="tool_choice",
-            )
-        return bool(req.tools) and choice != "none" and self.tool_parser is not None
+        return bool(req.tools)
 
     def render(self, req: ChatCompletionRequest) -> list[int]:
         """The prompt's token ids: the conversation (and tools) through the chat template."""

@@ -28,7 +28,9 @@ from metalserve.api.serving_common import (
     start_generations,
     total_usage,
 )
+from metalserve.api.structured import check_compiles, completion_structured
 from metalserve.engine.async_engine import RequestOutput
+from metalserve.structured.params import StructuredOutputsParams
 
 
 class CompletionServing:
@@ -45,7 +47,9 @@ class CompletionServing:
         if req.best_of is not None and req.best_of != req.n:
             raise OpenAIError("best_of must equal n (or be left out)", 400, param="best_of")
         prompts = self._tokenize(req.prompt)
-        streams = self._start(req, prompts)
+        structured, source = completion_structured(req)
+        await check_compiles(self.ctx, structured, source)
+        streams = self._start(req, prompts, structured)
         if req.stream:
             return EventSourceResponse(self._stream(req, prompts, streams), sep="\n")
         choices = await cancel_on_disconnect(raw, lambda: collect(streams))
@@ -64,7 +68,9 @@ class CompletionServing:
             result.append(ids)
         return result
 
-    def _start(self, req: CompletionRequest, prompts: list[list[int]]) -> list[AsyncIterator[RequestOutput]]:
+    def _start(
+        self, req: CompletionRequest, prompts: list[list[int]], structured: StructuredOutputsParams | None
+    ) -> list[AsyncIterator[RequestOutput]]:
         engine = self.ctx.engine
         base_id = random_id("cmpl")
         streams: list[AsyncIterator[RequestOutput]] = []
@@ -73,6 +79,7 @@ class CompletionServing:
             params = build_sampling_params(
                 req, max_tokens=max_tokens, logprobs=req.logprobs, vocab_size=len(engine.tokenizer)
             )
+            params.structured_outputs = structured
             streams += start_generations(self.ctx, f"{base_id}-{p}", [prompt], params, req.n, req)
         return streams
 

@@ -17,6 +17,7 @@ class ServerSettings:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     responses_store_size: int = 1000  # responses kept for GET /v1/responses/{id} and previous_response_id
+    enable_auto_tool_choice: bool = False  # tool_choice "auto" (given or implied by tools) needs it
     timeout_graceful_shutdown: float = 5.0
 
     def __post_init__(self) -> None:

@@ -10,7 +10,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from metalserve.api.tool_parsers.base import DeltaMessage, ParsedToolCall, ToolCallDelta, make_tool_call_id
+from metalserve.api.tool_parsers.base import (
+    DeltaMessage,
+    ParsedToolCall,
+    StreamingToolParser,
+    ToolCallDelta,
+    make_tool_call_id,
+)
 from metalserve.structured.params import StructuredOutputsParams
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -88,7 +94,19 @@ def parse_forced_output(text: str, tool_choice: Any) -> list[ParsedToolCall]:
     return calls
 
 
-class ForcedToolStreamer:
+def forced_message(text: str, finish_reason: str | None, tool_choice: Any) -> tuple[dict[str, Any], str | None]:
+    """The assistant message of a forced output: its tool calls (content None), finish_reason "tool_calls"."""
+    calls = parse_forced_output(text, tool_choice)
+    if not calls:  # cut short (max_tokens): the partial text is all there is
+        return {"role": "assistant", "content": text}, finish_reason
+    tool_calls = [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
+    ]
+    reason = "tool_calls" if finish_reason == "stop" else finish_reason
+    return {"role": "assistant", "content": None, "tool_calls": tool_calls}, reason
+
+
+class ForcedToolStreamer(StreamingToolParser):
     """Streams a forced output as tool-call deltas.
 
     Named: the arguments are the output itself, sent as they grow. Required: each element of the
@@ -96,16 +114,12 @@ class ForcedToolStreamer:
     """
 
     def __init__(self, tool_choice: Any) -> None:
+        super().__init__()
         self.name = forced_name(tool_choice)
-        self.num_calls = 0
         self._text = ""
         self._pos = 0  # required: where the next array element may start
         self._id = make_tool_call_id()
         self._decoder = json.JSONDecoder()
-
-    @property
-    def tools_called(self) -> bool:
-        return self.num_calls > 0
 
     def feed(self, delta: str) -> DeltaMessage:
         self._text += delta

@@ -34,7 +34,7 @@ def make_served(settings: ServerSettings | None = None, **core_kwargs: Any) -> S
     tok = tiny_tokenizer()
     core = FakeCore(tok, core_kwargs.pop("reply", say_reply(tok)), **core_kwargs)
     engine = AsyncEngine(core, tok, model_name=MODEL, max_model_len=core.max_model_len, eos_token_ids={2})
-    settings = settings or ServerSettings(tool_call_parser="hermes", log_stats_interval=0)
+    settings = settings or ServerSettings(tool_call_parser="hermes", enable_auto_tool_choice=True, log_stats_interval=0)
     return Served(build_app(engine, settings), core, engine)
 
 

@@ -206,7 +206,9 @@ def test_cached_input_grows_over_five_turns(client: anthropic.Anthropic) -> None
 
 @pytest.fixture(scope="module")
 def thinking_server() -> Iterator[Served]:
-    settings = ServerSettings(tool_call_parser="hermes", reasoning_parser="qwen3", log_stats_interval=0)
+    settings = ServerSettings(
+        tool_call_parser="hermes", enable_auto_tool_choice=True, reasoning_parser="qwen3", log_stats_interval=0
+    )
     with live(make_served(settings)) as served:
         yield served
 
@@ -234,6 +236,8 @@ def test_x_api_key_and_bearer() -> None:
         assert bearer.messages.count_tokens(model=MODEL, messages=HI).input_tokens > 0  # type: ignore[arg-type]
         with pytest.raises(anthropic.AuthenticationError):
             anthropic.Anthropic(base_url=served.url, api_key="wrong", max_retries=0).messages.create(
-                model=MODEL, max_tokens=3, messages=HI  # type: ignore[arg-type]
+                model=MODEL,
+                max_tokens=3,
+                messages=HI,  # type: ignore[arg-type]
             )
         assert httpx.get(f"{served.url}/v1/models", headers={"x-api-key": "sekrit"}).status_code == 200

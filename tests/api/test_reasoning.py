@@ -50,7 +50,9 @@ def test_unknown_parser_names_the_choices() -> None:
 
 @pytest.fixture(scope="module")
 def qwen3_server() -> Iterator[Served]:
-    settings = ServerSettings(tool_call_parser="hermes", reasoning_parser="qwen3", log_stats_interval=0)
+    settings = ServerSettings(
+        tool_call_parser="hermes", enable_auto_tool_choice=True, reasoning_parser="qwen3", log_stats_interval=0
+    )
     with live(make_served(settings)) as served:
         yield served
 

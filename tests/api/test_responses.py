@@ -189,7 +189,9 @@ def test_store_is_a_bounded_lru() -> None:
 
 @pytest.fixture(scope="module")
 def thinking_server() -> Iterator[Served]:
-    settings = ServerSettings(tool_call_parser="hermes", reasoning_parser="deepseek_r1", log_stats_interval=0)
+    settings = ServerSettings(
+        tool_call_parser="hermes", enable_auto_tool_choice=True, reasoning_parser="deepseek_r1", log_stats_interval=0
+    )
     with live(make_served(settings)) as served:
         yield served
 

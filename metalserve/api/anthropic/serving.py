@@ -24,7 +24,7 @@ class MessagesServing:
 
     async def create(self, req: MessagesRequest, raw: HTTPRequest) -> Response:
         chat_req = to_chat(req, reasoning=self.chat.reasoning_parser is not None)
-        gen = self.chat.start(chat_req, id_prefix="msg")
+        gen = await self.chat.start(chat_req, id_prefix="msg")
         model = self.chat.ctx.served_model_name
         if req.stream:
             return EventSourceResponse(message_events(gen, model), sep="\n")

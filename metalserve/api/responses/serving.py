@@ -39,7 +39,7 @@ class ResponsesServing:
                 )
             history = previous.history()
         items = conversation(req, history)
-        gen = self.chat.start(to_chat(req, items, reasoning=self.chat.reasoning_parser is not None), "resp")
+        gen = await self.chat.start(to_chat(req, items, reasoning=self.chat.reasoning_parser is not None), "resp")
         rid, created = render.item_id("resp"), now()
         model = self.chat.ctx.served_model_name
 

@@ -1,0 +1,81 @@
+"""The API side of structured outputs: request fields -> one grammar spec, compiled before admission.
+
+Chat takes `response_format` (json_object, json_schema), `structured_outputs` (vLLM's field) or a forced
+`tool_choice`; completions take `structured_outputs`. At most one of them may constrain a request.
+Compiling here (on the grammar thread, awaited) turns a bad schema, regex or grammar into a 400 that
+names it before the engine ever sees the request; the engine then finds the grammar in the cache.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from metalserve.api.errors import OpenAIError
+from metalserve.api.protocol import StructuredOutputsRequest
+from metalserve.api.serving_common import ServingContext
+from metalserve.api.tool_choice import ToolChoiceError, forced_tool_params
+from metalserve.structured.compiler import GrammarError
+from metalserve.structured.params import StructuredOutputsParams
+
+
+def from_structured_outputs(field: StructuredOutputsRequest) -> StructuredOutputsParams:
+    """vLLM's `structured_outputs` object as params; exactly one constraint, else a 400."""
+    tag = field.structural_tag
+    try:
+        return StructuredOutputsParams(
+            json=field.json_,
+            json_object=bool(field.json_object),
+            regex=field.regex,
+            choice=tuple(field.choice) if field.choice is not None else None,
+            grammar=field.grammar,
+            structural_tag=json.dumps(tag) if isinstance(tag, dict) else tag,
+        )
+    except ValueError as exc:
+        raise OpenAIError(str(exc), 400, param="structured_outputs") from None
+
+
+def from_response_format(response_format: Any) -> StructuredOutputsParams | None:
+    """OpenAI's `response_format`: text -> None, json_object, json_schema ({"name", "schema", "strict"})."""
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    return StructuredOutputsParams(json=response_format.json_schema["schema"])
+
+
+def chat_structured(req: Any) -> tuple[StructuredOutputsParams | None, str]:
+    """The one constraint of a chat request and the field it came from ("" when none)."""
+    found: list[tuple[StructuredOutputsParams, str]] = []
+    fmt = from_response_format(req.response_format)
+    if fmt is not None:
+        found.append((fmt, "response_format"))
+    if req.structured_outputs is not None:
+        found.append((from_structured_outputs(req.structured_outputs), "structured_outputs"))
+    try:
+        forced = forced_tool_params(req.tools, req.tool_choice)
+    except ToolChoiceError as exc:
+        raise OpenAIError(str(exc), 400, param="tool_choice") from None
+    if forced is not None:
+        found.append((forced, "tool_choice"))
+    if len(found) > 1:
+        names = " and ".join(name for _, name in found)
+        raise OpenAIError(f"{names} each constrain the output; give only one of them", 400, param=found[1][1])
+    return found[0] if found else (None, "")
+
+
+def completion_structured(req: Any) -> tuple[StructuredOutputsParams | None, str]:
+    if req.structured_outputs is None:
+        return None, ""
+    return from_structured_outputs(req.structured_outputs), "structured_outputs"
+
+
+async def check_compiles(ctx: ServingContext, params: StructuredOutputsParams | None, param: str) -> None:
+    """Compile the grammar now; an invalid schema, regex or grammar is a 400 naming the field."""
+    if params is None:
+        return
+    try:
+        await ctx.engine.check_structured(params)
+    except GrammarError as exc:
+        field = param if param != "structured_outputs" else f"structured_outputs.{params.kind}"
+        raise OpenAIError(f"{field}: {exc}", 400, param=field) from None
