@@ -9,6 +9,7 @@ from typing import Any
 
 import anthropic
 import httpx
+import jsonschema
 import openai
 import pytest
 
@@ -22,7 +23,8 @@ TOOLS = [{"name": "get_weather", "description": "Current weather in a city", "in
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
-    flags = ("--max-model-len", "2048", "--kv-cache-memory", str(96 << 20), "--tool-call-parser", "hermes")
+    flags = ("--max-model-len", "2048", "--kv-cache-memory", str(96 << 20), "--tool-call-parser", "hermes",
+             "--enable-auto-tool-choice")  # fmt: skip
     with running_server(*flags) as s:
         yield s
 
@@ -136,3 +138,63 @@ def test_bad_input_is_a_4xx_and_the_server_goes_on(server: RunningServer) -> Non
     assert responses.status_code == 400 and "nope" in responses.json()["error"]["message"]
     ok = httpx.post(url, json={**base, "max_tokens": 4}, timeout=120)
     assert ok.status_code == 200 and json.loads(ok.text)["content"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True])
+def test_messages_forced_tool_use_round_trip(claude: anthropic.Anthropic, server: RunningServer, stream: bool) -> None:
+    ask: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
+    kwargs: Any = {"model": server.model, "max_tokens": 48, "messages": ask, "tools": TOOLS,
+                   "tool_choice": {"type": "tool", "name": "get_weather"}, "extra_body": GREEDY}  # fmt: skip
+    if stream:
+        with claude.messages.stream(**kwargs) as s:
+            first = s.get_final_message()
+    else:
+        first = claude.messages.create(**kwargs)
+    assert first.stop_reason == "tool_use"
+    [use] = first.content
+    assert use.type == "tool_use" and use.name == "get_weather"
+    jsonschema.validate(use.input, CITY)
+    history = [
+        *ask,
+        {"role": "assistant", "content": [use.model_dump(exclude_none=True)]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "22 C, sunny"}]},
+    ]
+    second = claude.messages.create(model=server.model, max_tokens=24, messages=history, tools=TOOLS,  # type: ignore[arg-type]
+                                    tool_choice={"type": "none"}, extra_body=GREEDY)  # fmt: skip
+    assert second.stop_reason in ("end_turn", "max_tokens") and second.content[0].type == "text"
+    assert (second.usage.cache_read_input_tokens or 0) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_forced_function_call_round_trip(oai: openai.OpenAI, server: RunningServer, stream: bool) -> None:
+    tools: Any = [{"type": "function", "name": "get_weather", "parameters": CITY, "strict": True}]
+    kwargs: Any = {"model": server.model, "input": "What is the weather in Paris?", "tools": tools,
+                   "tool_choice": "required", "max_output_tokens": 64, "temperature": 0}  # fmt: skip
+    if stream:
+        with oai.responses.stream(**kwargs) as s:
+            first = s.get_final_response()
+    else:
+        first = oai.responses.create(**kwargs)
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert calls and all(c.name == "get_weather" for c in calls)
+    for call in calls:
+        jsonschema.validate(json.loads(call.arguments), CITY)
+    outputs: Any = [{"type": "function_call_output", "call_id": c.call_id, "output": "22 C, sunny"} for c in calls]
+    second = oai.responses.create(model=server.model, previous_response_id=first.id, input=outputs, tools=tools,
+                                  tool_choice="none", max_output_tokens=24, temperature=0)  # fmt: skip
+    assert second.output_text and second.usage is not None
+    assert second.usage.input_tokens_details.cached_tokens > 0
+
+
+@pytest.mark.slow
+def test_json_formats_validate(claude: anthropic.Anthropic, oai: openai.OpenAI, server: RunningServer) -> None:
+    ask: Any = [{"role": "user", "content": "Name a city in France as JSON."}]
+    message = claude.messages.create(model=server.model, max_tokens=48, messages=ask, extra_body=GREEDY,
+                                     output_config={"format": {"type": "json_schema", "schema": CITY}})  # fmt: skip
+    jsonschema.validate(json.loads(message.content[0].text), CITY)  # type: ignore[union-attr]
+    text: Any = {"format": {"type": "json_schema", "name": "city", "schema": CITY, "strict": True}}
+    response = oai.responses.create(model=server.model, input="Name a city in France as JSON.", text=text,
+                                    max_output_tokens=48, temperature=0)  # fmt: skip
+    jsonschema.validate(json.loads(response.output_text), CITY)
