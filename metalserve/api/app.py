@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI
@@ -78,8 +78,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     reasoning = get_reasoning_parser(settings.reasoning_parser) if settings.reasoning_parser else None
     chat = ChatServing(ctx, parser, reasoning, auto_tools=settings.enable_auto_tool_choice)
     completion = CompletionServing(ctx)
-    messages = MessagesServing(chat)
-    responses = ResponsesServing(chat, ResponseStore(settings.responses_store_size))
+    store = ResponseStore(settings.responses_store_size)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -123,23 +122,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
         alive()
         return await chat.create(body, raw)
 
-    @app.post("/v1/messages")
-    async def anthropic_messages(body: MessagesRequest, raw: HTTPRequest) -> Response:
-        alive()
-        return await messages.create(body, raw)
-
-    @app.post("/v1/messages/count_tokens")
-    async def anthropic_count_tokens(body: CountTokensRequest) -> dict[str, Any]:
-        return messages.count_tokens(body)
-
-    @app.post("/v1/responses")
-    async def create_response(body: ResponsesRequest, raw: HTTPRequest) -> Response:
-        alive()
-        return await responses.create(body, raw)
-
-    @app.get("/v1/responses/{response_id}")
-    async def get_response(response_id: str) -> dict[str, Any]:
-        return responses.retrieve(response_id)
+    _add_agent_routes(app, MessagesServing(chat), ResponsesServing(chat, store), alive)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, raw: HTTPRequest) -> Response:
@@ -172,6 +155,30 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def _add_agent_routes(
+    app: FastAPI, messages: MessagesServing, responses: ResponsesServing, alive: Callable[[], None]
+) -> None:
+    """Anthropic's Messages and OpenAI's Responses routes (both on ChatServing's engine call)."""
+
+    @app.post("/v1/messages")
+    async def anthropic_messages(body: MessagesRequest, raw: HTTPRequest) -> Response:
+        alive()
+        return await messages.create(body, raw)
+
+    @app.post("/v1/messages/count_tokens")
+    async def anthropic_count_tokens(body: CountTokensRequest) -> dict[str, Any]:
+        return messages.count_tokens(body)
+
+    @app.post("/v1/responses")
+    async def create_response(body: ResponsesRequest, raw: HTTPRequest) -> Response:
+        alive()
+        return await responses.create(body, raw)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str) -> dict[str, Any]:
+        return responses.retrieve(response_id)
 
 
 async def _log_stats(metrics: Metrics, interval: float) -> None:
