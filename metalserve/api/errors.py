@@ -84,7 +84,10 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     first = errors[0]
     if first.get("type") == "json_invalid":
         return f"malformed JSON body: {first.get('ctx', {}).get('error', first.get('msg'))}", None
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    # Of a union's alternatives, the one that got furthest says what is wrong ("input.0.call_id: Field
+    # required", not "input.str: Input should be a valid string"); its branch names are left out.
+    first = max(errors, key=lambda e: len(e.get("loc", ())))
+    loc = [str(part) for part in first.get("loc", ()) if part != "body" and "[" not in str(part)]
     param = ".".join(loc) or None
     message = str(first.get("msg", "invalid value"))
     return (f"{param}: {message}" if param else message), param

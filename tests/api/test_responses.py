@@ -212,3 +212,10 @@ def test_reasoning_items_streamed_and_not(thinking_server: Served) -> None:
     # A reasoning item sent back is accepted (its text goes to the template as reasoning_content).
     again = _post(thinking_server, input=[*body["output"], {"role": "user", "content": "say:ok"}])
     assert again.status_code == 200, again.text
+
+
+def test_bad_item_errors_name_the_item_field(server: Served) -> None:
+    error = _post(server, input=[{"type": "function_call_output", "output": "x"}]).json()["error"]
+    assert error["param"] == "input.0.function_call_output.call_id" and "required" in error["message"]
+    error = _post(server, input=[{"type": "item_reference", "id": "x"}]).json()["error"]
+    assert error["param"] == "input.0" and "item_reference" in error["message"]

@@ -6,9 +6,9 @@ previous response's output back as input.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 
 class _Strict(BaseModel):
@@ -72,7 +72,19 @@ class ReasoningItem(_Strict):
     status: str | None = None
 
 
-InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+def _item_type(value: Any) -> str:
+    """Items are told apart by `type`; a message may leave it out."""
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return kind or "message"
+
+
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")],
+    Discriminator(_item_type),
+]
 
 
 class FunctionTool(_Strict):
