@@ -96,6 +96,8 @@ class ChatServing:
             req, max_tokens=max_tokens, logprobs=logprobs, vocab_size=len(engine.tokenizer)
         )
         params.structured_outputs, source = chat_structured(req)
+        if parse_tools is not None and parse_tools.keeps_special_tokens:
+            params.skip_special_tokens = False  # the call markers are special tokens
         await check_compiles(self.ctx, params.structured_outputs, source)
         streams = start_generations(self.ctx, random_id("chatcmpl"), [prompt], params, req.n, req)
         if req.stream:
@@ -103,18 +105,18 @@ class ChatServing:
         choices = await cancel_on_disconnect(raw, lambda: collect(streams))
         return JSONResponse(self._response(req, choices, parse_tools))
 
-    def _parse_tools(self, req: ChatCompletionRequest) -> bool:
-        """Whether the output goes through --tool-call-parser (tool_choice "auto"; forced calls do not)."""
+    def _parse_tools(self, req: ChatCompletionRequest) -> ToolParser | None:
+        """The --tool-call-parser for this request when its output goes through it (tool_choice "auto")."""
         choice = req.tool_choice
         if is_forced(choice) or choice == "none" or (choice is None and not req.tools):
-            return False
+            return None
         if not (self.auto_tools and self.tool_parser is not None):  # "auto", given or implied by tools
             raise OpenAIError(
                 '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
                 400,
                 param="tool_choice",
             )
-        return bool(req.tools)
+        return self.tool_parser.for_request(req.tools) if req.tools else None
 
     def render(self, req: ChatCompletionRequest) -> list[int]:
         """The prompt's token ids: the conversation (and tools) through the chat template."""
@@ -139,9 +141,9 @@ class ChatServing:
             raise OpenAIError(f"chat template failed: {exc}", 400, param="messages") from None
         return list(tokenizer.encode(str(text), add_special_tokens=False))
 
-    def _message(self, choice: ChoiceState, parse_tools: bool) -> tuple[dict[str, Any], str | None]:
-        if parse_tools and self.tool_parser is not None:
-            extracted = self.tool_parser.extract(choice.text)
+    def _message(self, choice: ChoiceState, parser: ToolParser | None) -> tuple[dict[str, Any], str | None]:
+        if parser is not None:
+            extracted = parser.extract(choice.text)
             if extracted.calls:
                 calls = [
                     {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
@@ -152,7 +154,7 @@ class ChatServing:
         return {"role": "assistant", "content": choice.text}, choice.finish_reason
 
     def _response(
-        self, req: ChatCompletionRequest, choices: list[ChoiceState], parse_tools: bool
+        self, req: ChatCompletionRequest, choices: list[ChoiceState], parse_tools: ToolParser | None
     ) -> dict[str, Any]:
         out = []
         for i, c in enumerate(choices):
@@ -184,7 +186,10 @@ class ChatServing:
         }
 
     async def _stream(
-        self, req: ChatCompletionRequest, streams: list[AsyncIterator[RequestOutput]], parse_tools: bool
+        self,
+        req: ChatCompletionRequest,
+        streams: list[AsyncIterator[RequestOutput]],
+        parse_tools: ToolParser | None,
     ) -> AsyncIterator[dict[str, str]]:
         head = {"id": random_id("chatcmpl"), "object": "chat.completion.chunk", "created": now()}
         head["model"] = self.ctx.served_model_name
@@ -214,8 +219,8 @@ class ChatServing:
             yield sse_data(engine_error(exc).to_dict())
         yield sse_data("[DONE]")
 
-    def _streaming_parser(self, parse_tools: bool) -> StreamingToolParser | None:
-        return self.tool_parser.streaming() if parse_tools and self.tool_parser is not None else None
+    def _streaming_parser(self, parser: ToolParser | None) -> StreamingToolParser | None:
+        return parser.streaming() if parser is not None else None
 
     def _chunk_choice(
         self, req: ChatCompletionRequest, index: int, out: RequestOutput, parser: StreamingToolParser | None
