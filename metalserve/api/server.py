@@ -94,7 +94,7 @@ def default_token_budget() -> int:
 def config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
     """Map parsed flags onto the two frozen configs (both validate themselves)."""
     if args.enable_auto_tool_choice and not args.tool_call_parser:
-        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes, qwen or llama3_json)")
+        raise ValueError(f"--enable-auto-tool-choice needs --tool-call-parser ({', '.join(sorted(TOOL_PARSERS))})")
     config = EngineConfig(
         model=args.model,
         served_model_name=args.served_model_name,

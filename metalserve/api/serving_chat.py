@@ -129,6 +129,8 @@ class ChatServing:
             req, max_tokens=max_tokens, logprobs=logprobs, vocab_size=len(engine.tokenizer)
         )
         params.structured_outputs, source = chat_structured(req)
+        if parse_tools is not None and parse_tools.keeps_special_tokens:
+            params.skip_special_tokens = False  # the call markers are special tokens
         await check_compiles(self.ctx, params.structured_outputs, source)
         parsing = self._parsing(req, prompt, parse_tools)
         if parsing.reasoning is not None and parsing.reasoning.keeps_special_tokens:
@@ -137,30 +139,32 @@ class ChatServing:
         streams = start_generations(self.ctx, random_id(id_prefix), [prompt], params, req.n, req)
         return Generation(prompt, streams, parsing)
 
-    def _parsing(self, req: ChatCompletionRequest, prompt: list[int], parse_tools: bool) -> OutputParsing:
+    def _parsing(
+        self, req: ChatCompletionRequest, prompt: list[int], parse_tools: ToolParser | None
+    ) -> OutputParsing:
         tail = ""
         if self.reasoning_parser is not None:
             tail = str(self.ctx.engine.tokenizer.decode(prompt[-8:], skip_special_tokens=False))
         return OutputParsing(
             reasoning=self.reasoning_parser,
-            tools=self.tool_parser if parse_tools else None,
+            tools=parse_tools,
             forced=req.tool_choice if is_forced(req.tool_choice) else None,
             prompt_tail=tail,
             single_call=req.parallel_tool_calls is False,
         )
 
-    def _parse_tools(self, req: ChatCompletionRequest) -> bool:
-        """Whether the output goes through --tool-call-parser (tool_choice "auto"; forced calls do not)."""
+    def _parse_tools(self, req: ChatCompletionRequest) -> ToolParser | None:
+        """The --tool-call-parser for this request when its output goes through it (tool_choice "auto")."""
         choice = req.tool_choice
         if is_forced(choice) or choice == "none" or (choice is None and not req.tools):
-            return False
+            return None
         if not (self.auto_tools and self.tool_parser is not None):  # "auto", given or implied by tools
             raise OpenAIError(
                 '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
                 400,
                 param="tool_choice",
             )
-        return bool(req.tools)
+        return self.tool_parser.for_request(req.tools) if req.tools else None
 
     def render(self, req: ChatCompletionRequest) -> list[int]:
         """The prompt's token ids: the conversation (and tools) through the chat template."""

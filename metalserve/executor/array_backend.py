@@ -65,11 +65,13 @@ class ArrayBackend:
         (row, col) pairs must be distinct."""
         return getattr(x.at[rows, cols], op)(values)
 
-    def mask_rows(self, x: Array, rows: np.ndarray, allowed: np.ndarray) -> Array:
-        """x with x[rows[i], j] = -inf wherever allowed[i, j] is False (one select over the batch)."""
-        full = np.ones(x.shape, np.bool_)
-        full[rows] = allowed
-        return mx.where(mx.array(full), x, -math.inf)
+    def add_rows(self, x: Array, rows: list[int], bias: np.ndarray) -> Array:
+        """x with bias[i] added to row rows[i] (a host array; the grammar masks are 0 / -inf)."""
+        if len(rows) != x.shape[0]:
+            full = np.zeros(x.shape, np.float32)
+            full[rows] = bias
+            bias = full
+        return x + mx.array(bias)
 
     def evaluate(self, *arrays: Array) -> None:
         mx.eval(*arrays)
@@ -114,8 +116,12 @@ class NumpyBackend(ArrayBackend):
         x[rows, cols] = getattr(np, op)(x[rows, cols], values)
         return x
 
-    def mask_rows(self, x: Array, rows: np.ndarray, allowed: np.ndarray) -> Array:
-        x[rows] = np.where(allowed, x[rows], np.float32(-np.inf))
+    def add_rows(self, x: Array, rows: list[int], bias: np.ndarray) -> Array:
+        if len(rows) == x.shape[0]:  # every row (rows are increasing): one in-place add
+            np.add(x, bias, out=x)
+            return x
+        for i, row in enumerate(rows):  # in place through row views: no gather or scatter copies
+            np.add(x[row], bias[i], out=x[row])
         return x
 
     def evaluate(self, *arrays: Array) -> None:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
 from metalserve.executor.array_backend import Array, ArrayBackend
 from metalserve.executor.sampling_metadata import SamplingRequest
 from metalserve.structured.bitmask import BatchMasker
@@ -26,5 +24,5 @@ def apply_grammar_masks(
             state.replay(request.output_token_ids)  # the matcher missed tokens: rebuild it from the output
         states.append(state)
     vocab = logits.shape[-1]
-    allowed = _MASKER.allowed(states, states[0].vocab_size, vocab)
-    return be.mask_rows(logits, np.asarray(rows, dtype=np.int64), allowed)
+    bias = _MASKER.bias(states, states[0].vocab_size, vocab)
+    return be.add_rows(logits, list(rows), bias)

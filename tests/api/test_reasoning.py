@@ -111,3 +111,28 @@ def test_grammar_waits_for_the_end_of_reasoning() -> None:
     plain = SamplingParams(structured_outputs=StructuredOutputsParams(json_object=True))
     gate_on_reasoning(plain, None, tok)
     assert plain.structured_outputs is not None and plain.structured_outputs.reasoning_end_token_ids == ()
+
+
+def test_harmony_reasoning_leaves_calls_to_the_openai_tool_parser() -> None:
+    from metalserve.api.deltas import OutputParsing
+    from metalserve.api.tool_parsers import get_tool_parser
+
+    text = (
+        "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary "
+        'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>'
+    )
+    parsing = OutputParsing(reasoning=get_reasoning_parser("gpt_oss"), tools=get_tool_parser("openai"))
+    final = parsing.final(text, "stop")
+    assert final.reasoning == "Need weather." and final.finish_reason == "tool_calls"
+    assert [(c.name, c.arguments) for c in final.tool_calls] == [("get_weather", '{"city": "Paris"}')]
+    streamer = parsing.streamer(0)
+    from metalserve.engine.async_engine import RequestOutput
+
+    deltas = [
+        streamer.feed(RequestOutput("r", ch, [], None, "stop" if i == len(text) - 1 else None, None, 5, 0, i + 1))
+        for i, ch in enumerate(text)
+    ]
+    assert "".join(d.reasoning for d in deltas) == "Need weather."
+    calls = [c for d in deltas for c in d.tool_calls]
+    assert calls[0].name == "get_weather" and "".join(c.arguments for c in calls) == '{"city": "Paris"}'
+    assert deltas[-1].finish_reason == "tool_calls"

@@ -85,3 +85,15 @@ def test_server_specs_and_a_failed_start_is_reported(tmp_path: Path) -> None:
         RunningServer(spec, tmp_path / "l.log"),
     ):
         pass
+
+
+def test_grammar_bench_shares() -> None:
+    import grammar
+
+    s = grammar.summarize([0.100, 0.100, 0.500], [0.120, 0.100, 0.100], [0.002, 0.004], [0.001, 0.001])
+    assert s["step_free_ms"] == pytest.approx(100.0) and s["step_json_ms"] == pytest.approx(100.0)
+    assert s["mask_ms"] == pytest.approx(3.0) and s["advance_ms"] == pytest.approx(1.0)
+    assert s["share_pct"] == pytest.approx(4.0) and s["share_of_free_pct"] == pytest.approx(4.0)
+    timer = grammar.Timer()
+    timer.wrap(lambda: None)()
+    assert timer.take() > 0 and timer.take() == 0

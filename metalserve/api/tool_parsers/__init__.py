@@ -10,13 +10,24 @@ from metalserve.api.tool_parsers.base import (
     ToolCallDelta,
     ToolParser,
 )
+from metalserve.api.tool_parsers.deepseek_v3 import DeepSeekV3ToolParser
 from metalserve.api.tool_parsers.hermes import HermesToolParser
 from metalserve.api.tool_parsers.llama3 import Llama3JsonToolParser
+from metalserve.api.tool_parsers.mistral import MistralToolParser
+from metalserve.api.tool_parsers.openai_harmony import HarmonyToolParser
+from metalserve.api.tool_parsers.pythonic import PythonicToolParser
+from metalserve.api.tool_parsers.qwen3_coder import Qwen3CoderToolParser
 
+# Names as vLLM spells them (`openai` is its parser for gpt-oss's harmony format).
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "hermes": HermesToolParser,
     "qwen": HermesToolParser,
     "llama3_json": Llama3JsonToolParser,
+    "mistral": MistralToolParser,
+    "qwen3_coder": Qwen3CoderToolParser,
+    "pythonic": PythonicToolParser,
+    "deepseek_v3": DeepSeekV3ToolParser,
+    "openai": HarmonyToolParser,
 }
 
 

@@ -149,6 +149,12 @@ class ToolParser(ABC):
     """A model family's tool-call format: parse a whole text, or make a streaming parser."""
 
     name: str = ""
+    # The format's markers are special tokens: the output must be detokenized with them kept.
+    keeps_special_tokens: bool = False
+
+    def for_request(self, tools: list[Any] | None) -> ToolParser:
+        """The parser for one request's tools (formats that type arguments by the schema need them)."""
+        return self
 
     @abstractmethod
     def extract(self, text: str) -> ExtractedToolCalls: ...
