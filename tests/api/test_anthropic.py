@@ -241,3 +241,12 @@ def test_x_api_key_and_bearer() -> None:
                 messages=HI,  # type: ignore[arg-type]
             )
         assert httpx.get(f"{served.url}/v1/models", headers={"x-api-key": "sekrit"}).status_code == 200
+
+
+def test_tool_fields_claude_code_sends(server: Served) -> None:
+    tools = [{**TOOLS[0], "strict": True, "eager_input_streaming": True, "cache_control": {"type": "ephemeral"}}]
+    reply = [{"type": "text", "text": "ok", "citations": None}]
+    history = [*HI, {"role": "assistant", "content": reply}, {"role": "user", "content": "again"}]
+    assert _post(server, max_tokens=3, messages=history, tools=tools).status_code == 200
+    refused = _post(server, max_tokens=3, messages=HI, tools=[{**TOOLS[0], "defer_loading": True}])
+    assert refused.status_code == 400 and "defer_loading" in refused.json()["error"]["message"]

@@ -136,3 +136,15 @@ def test_harmony_reasoning_leaves_calls_to_the_openai_tool_parser() -> None:
     calls = [c for d in deltas for c in d.tool_calls]
     assert calls[0].name == "get_weather" and "".join(c.arguments for c in calls) == '{"city": "Paris"}'
     assert deltas[-1].finish_reason == "tool_calls"
+
+
+def test_structured_requests_are_gated_on_the_reasoning_end(qwen3_server: Served) -> None:
+    ask = [{"role": "user", "content": 'say:<think>hm</think>{"a": 1}'}]
+    chat = {"model": MODEL, "messages": ask, "response_format": {"type": "json_object"}}
+    messages = {"model": MODEL, "max_tokens": 32, "messages": ask,
+                "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}  # fmt: skip
+    for route, body in (("chat/completions", chat), ("messages", messages)):
+        response = httpx.post(f"{qwen3_server.url}/v1/{route}", json=body, timeout=30)
+        assert response.status_code == 200, response.text
+        spec = qwen3_server.core.added[-1].sampling_params.structured_outputs
+        assert spec is not None and qwen3_server.engine.tokenizer.decode(list(spec.reasoning_end_token_ids)) == "</think>"

@@ -22,6 +22,7 @@ class TextBlock(_Strict):
     type: Literal["text"]
     text: str
     cache_control: CacheControl | None = None
+    citations: None = None  # this server never cites; a client echoing a null back is fine
 
 
 class ImageBlock(_Strict):
@@ -70,6 +71,8 @@ class Tool(_Strict):
     description: str | None = None
     input_schema: dict[str, Any]
     cache_control: CacheControl | None = None
+    strict: bool | None = None  # as chat's function `strict`: forced calls always follow the schema
+    eager_input_streaming: bool | None = None  # input_json_delta goes out as the model writes it anyway
 
 
 class ToolChoice(_Strict):

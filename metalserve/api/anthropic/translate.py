@@ -14,6 +14,7 @@ from metalserve.api.anthropic.protocol import (
     MessagesRequest,
     TextBlock,
     ThinkingBlock,
+    Tool,
     ToolResultBlock,
     ToolUseBlock,
 )
@@ -137,9 +138,7 @@ def _tools(req: CountTokensRequest) -> dict[str, Any]:
     tools = req.tools or []
     out: dict[str, Any] = {}
     if tools:
-        out["tools"] = [
-            {"function": {"name": t.name, "description": t.description, "parameters": t.input_schema}} for t in tools
-        ]
+        out["tools"] = [{"function": _function(t)} for t in tools]
     choice = req.tool_choice
     if choice is None:
         return out
@@ -156,6 +155,11 @@ def _tools(req: CountTokensRequest) -> dict[str, Any]:
     if choice.disable_parallel_tool_use:
         out["parallel_tool_calls"] = False
     return out
+
+
+def _function(tool: Tool) -> dict[str, Any]:
+    function = {"name": tool.name, "description": tool.description, "parameters": tool.input_schema}
+    return function if tool.strict is None else {**function, "strict": tool.strict}
 
 
 def _thinking(req: CountTokensRequest, reasoning: bool) -> bool:
