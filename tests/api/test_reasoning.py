@@ -147,4 +147,5 @@ def test_structured_requests_are_gated_on_the_reasoning_end(qwen3_server: Served
         response = httpx.post(f"{qwen3_server.url}/v1/{route}", json=body, timeout=30)
         assert response.status_code == 200, response.text
         spec = qwen3_server.core.added[-1].sampling_params.structured_outputs
-        assert spec is not None and qwen3_server.engine.tokenizer.decode(list(spec.reasoning_end_token_ids)) == "</think>"
+        assert spec is not None
+        assert qwen3_server.engine.tokenizer.decode(list(spec.reasoning_end_token_ids)) == "</think>"
