@@ -25,9 +25,10 @@ def sse(kind: str, payload: dict[str, Any]) -> dict[str, str]:
 class _Blocks:
     """The open content block; a segment of another block closes it and opens its own."""
 
-    def __init__(self) -> None:
+    def __init__(self, omit_thinking: bool) -> None:
         self.index = -1
         self.open: tuple[str, int] | None = None
+        self.omit_thinking = omit_thinking  # thinking.display "omitted": the block stays empty
 
     def add(self, seg: Segment) -> list[dict[str, str]]:
         events = []
@@ -36,7 +37,7 @@ class _Blocks:
             self.index += 1
             self.open = seg.block
             events.append(sse("content_block_start", {"index": self.index, "content_block": _start_block(seg)}))
-        delta = _delta(seg)
+        delta = None if seg.kind == "reasoning" and self.omit_thinking else _delta(seg)
         if delta is not None:
             events.append(sse("content_block_delta", {"index": self.index, "delta": delta}))
         return events
@@ -64,10 +65,10 @@ def _delta(seg: Segment) -> dict[str, Any] | None:
     return {"type": "input_json_delta", "partial_json": seg.text} if seg.text else None
 
 
-async def message_events(gen: Generation, model: str) -> AsyncIterator[dict[str, str]]:
+async def message_events(gen: Generation, model: str, omit_thinking: bool) -> AsyncIterator[dict[str, str]]:
     """The whole event stream of one Messages request."""
     parser = gen.parsing.streamer(0)
-    blocks = _Blocks()
+    blocks = _Blocks(omit_thinking)
     started = False
     try:
         async for _, out in merge_streams(gen.streams):

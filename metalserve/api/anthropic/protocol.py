@@ -61,7 +61,7 @@ ContentBlock = Annotated[
 
 
 class Message(_Strict):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # a system turn mid-conversation (text blocks only)
     content: str | list[ContentBlock]
 
 
@@ -72,6 +72,7 @@ class Tool(_Strict):
     input_schema: dict[str, Any]
     cache_control: CacheControl | None = None
     strict: bool | None = None  # as chat's function `strict`: forced calls always follow the schema
+    defer_loading: bool | None = None  # deferred: left out of the prompt (and so not callable) until loaded
     eager_input_streaming: bool | None = None  # input_json_delta goes out as the model writes it anyway
 
 
@@ -86,7 +87,8 @@ class Thinking(_Strict):
 
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: int | None = Field(default=None, ge=1024)
-    display: Literal["summarized"] | None = None  # the reasoning is shown as the model wrote it
+    # summarized (or absent): the reasoning as the model wrote it; omitted: thinking blocks stay empty.
+    display: Literal["summarized", "omitted"] | None = None
 
 
 class JsonOutputFormat(_Strict):
@@ -99,6 +101,22 @@ class OutputConfig(_Strict):
 
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
     format: JsonOutputFormat | None = None
+
+
+class ThinkingTurns(_Strict):
+    type: Literal["thinking_turns"]
+    value: int = Field(ge=1)
+
+
+class ClearThinking(_Strict):
+    """Drop the thinking of all but the last `keep` assistant turns from the prompt ("all": keep every one)."""
+
+    type: Literal["clear_thinking_20251015"]
+    keep: Literal["all"] | ThinkingTurns = ThinkingTurns(type="thinking_turns", value=1)
+
+
+class ContextManagement(_Strict):
+    edits: list[ClearThinking]
 
 
 class Metadata(_Strict):
@@ -116,6 +134,7 @@ class CountTokensRequest(_Strict):
     thinking: Thinking | None = None
     output_config: OutputConfig | None = None
     cache_control: CacheControl | None = None
+    context_management: ContextManagement | None = None
 
 
 class MessagesRequest(CountTokensRequest):

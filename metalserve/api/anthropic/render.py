@@ -56,11 +56,12 @@ def tool_input(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"arguments": value}
 
 
-def message_body(model: str, final: FinalOutput, state: ChoiceState) -> dict[str, Any]:
+def message_body(model: str, final: FinalOutput, state: ChoiceState, omit_thinking: bool) -> dict[str, Any]:
     """The non-streamed Messages response: thinking, text and tool_use blocks in that order."""
     content: list[dict[str, Any]] = []
     if final.reasoning:
-        content.append({"type": "thinking", "thinking": final.reasoning, "signature": ""})
+        thinking = "" if omit_thinking else final.reasoning
+        content.append({"type": "thinking", "thinking": thinking, "signature": ""})
     if final.content:
         content.append({"type": "text", "text": final.content})
     for call in final.tool_calls:

@@ -26,11 +26,12 @@ class MessagesServing:
         chat_req = to_chat(req, reasoning=self.chat.reasoning_parser is not None)
         gen = await self.chat.start(chat_req, id_prefix="msg")
         model = self.chat.ctx.served_model_name
+        omit = req.thinking is not None and req.thinking.display == "omitted"
         if req.stream:
-            return EventSourceResponse(message_events(gen, model), sep="\n")
+            return EventSourceResponse(message_events(gen, model, omit), sep="\n")
         [state] = await cancel_on_disconnect(raw, lambda: collect(gen.streams))
         final = gen.parsing.final(state.text, state.finish_reason)
-        return JSONResponse(message_body(model, final, state))
+        return JSONResponse(message_body(model, final, state, omit))
 
     def count_tokens(self, req: CountTokensRequest) -> dict[str, Any]:
         chat_req = to_chat(req, reasoning=self.chat.reasoning_parser is not None)

@@ -27,19 +27,18 @@ NO_IMAGES = "image content blocks are not supported: this server has no vision i
 def to_chat(req: CountTokensRequest, *, reasoning: bool) -> ChatCompletionRequest:
     """The chat request this Messages request means; anything it cannot mean is a 400 naming it."""
     messages = _system(req.system) + _turns(req.messages)
+    for edit in req.context_management.edits if req.context_management else []:
+        if edit.keep != "all":
+            _clear_thinking(messages, edit.keep.value)
     fields: dict[str, Any] = {"model": req.model, "messages": messages}
     fields.update(_tools(req))
-    kwargs: dict[str, Any] = {}
-    if req.thinking is not None and req.thinking.type != "adaptive":
-        kwargs["enable_thinking"] = _thinking(req, reasoning)
+    kwargs = _template_kwargs(req, reasoning)
+    if kwargs:
+        fields["chat_template_kwargs"] = kwargs
     config = req.output_config
-    if config is not None and config.effort is not None:
-        kwargs["reasoning_effort"] = config.effort
     if config is not None and config.format is not None:
         schema = {"name": "output", "schema": config.format.schema_, "strict": True}
         fields["response_format"] = {"type": "json_schema", "json_schema": schema}
-    if kwargs:
-        fields["chat_template_kwargs"] = kwargs
     if isinstance(req, MessagesRequest):
         fields.update(
             max_tokens=req.max_tokens,
@@ -54,6 +53,22 @@ def to_chat(req: CountTokensRequest, *, reasoning: bool) -> ChatCompletionReques
         return ChatCompletionRequest(**fields)
     except ValidationError as exc:
         raise OpenAIError(f"invalid request: {exc.errors()[0].get('msg')}", 400) from None
+
+
+def _template_kwargs(req: CountTokensRequest, reasoning: bool) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    if req.thinking is not None and req.thinking.type != "adaptive":
+        kwargs["enable_thinking"] = _thinking(req, reasoning)
+    if req.output_config is not None and req.output_config.effort is not None:
+        kwargs["reasoning_effort"] = req.output_config.effort
+    return kwargs
+
+
+def _clear_thinking(messages: list[dict[str, Any]], keep: int) -> None:
+    """context_management's clear_thinking: only the last `keep` thinking turns keep their reasoning."""
+    thinking = [m for m in messages if m.get("reasoning_content")]
+    for message in thinking[: max(len(thinking) - keep, 0)]:
+        del message["reasoning_content"]
 
 
 def _system(system: str | list[TextBlock] | None) -> list[dict[str, Any]]:
@@ -72,7 +87,11 @@ def _turns(turns: list[Message]) -> list[dict[str, Any]]:
         blocks = [TextBlock(type="text", text=turn.content)] if isinstance(turn.content, str) else turn.content
         if any(isinstance(b, ImageBlock) for b in blocks):
             raise OpenAIError(NO_IMAGES, 400)
-        if turn.role == "assistant":
+        if turn.role == "system":
+            if not all(isinstance(b, TextBlock) for b in blocks):
+                raise OpenAIError(f"messages.{i}: system messages hold text blocks only", 400)
+            out += _system([b for b in blocks if isinstance(b, TextBlock)])
+        elif turn.role == "assistant":
             message, previous_ids = _assistant(blocks)
             out.append(message)
         else:
@@ -135,7 +154,7 @@ def _result_text(block: ToolResultBlock) -> str:
 
 def _tools(req: CountTokensRequest) -> dict[str, Any]:
     """tools and tool_choice: auto -> auto, any -> required, tool -> named, none -> none."""
-    tools = req.tools or []
+    tools = [t for t in req.tools or [] if not t.defer_loading]
     out: dict[str, Any] = {}
     if tools:
         out["tools"] = [{"function": _function(t)} for t in tools]
