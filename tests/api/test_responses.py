@@ -219,3 +219,42 @@ def test_bad_item_errors_name_the_item_field(server: Served) -> None:
     assert error["param"] == "input.0.function_call_output.call_id" and "required" in error["message"]
     error = _post(server, input=[{"type": "item_reference", "id": "x"}]).json()["error"]
     assert error["param"] == "input.0" and "item_reference" in error["message"]
+
+
+@pytest.fixture(scope="module")
+def big_server() -> Iterator[Served]:
+    with live(make_served(max_model_len=1024)) as served:  # tools in the template make long prompts
+        yield served
+
+
+def test_what_codex_sends(big_server: Served) -> None:
+    """Namespaced and deferred function tools, client_metadata, include, store false, reasoning.summary."""
+    ASK = "say:" + ONLY_CALL.replace("get_weather", "spawn_agent")  # noqa: N806
+    agents = {
+        "type": "namespace",
+        "name": "agents",
+        "description": "Sub-agents.",
+        "tools": [
+            {"type": "function", "name": "spawn_agent", "description": "Start one.", "parameters": {"type": "object"}}
+        ],
+    }
+    later = {"type": "function", "name": "later", "parameters": {"type": "object"}, "defer_loading": True}
+    body = {
+        "input": [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be safe."}]},
+                  {"type": "message", "role": "user", "content": [{"type": "input_text", "text": ASK}]}],
+        "tools": [*TOOLS, agents, later], "tool_choice": "auto", "parallel_tool_calls": True, "store": False,
+        "reasoning": {"summary": "auto"}, "include": ["reasoning.encrypted_content"], "prompt_cache_key": "k",
+        "client_metadata": {"session_id": "s"}, "stream": True,
+    }  # fmt: skip
+    events = _events(_post(big_server, **body))
+    prompt = big_server.engine.tokenizer.decode(big_server.core.added[-1].prompt_token_ids)
+    assert "[agents] Sub-agents.: Start one." in prompt and "later" not in prompt
+    assert prompt.startswith("<|im_start|>system\nTools:") and "system\nBe safe." in prompt
+    [done] = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert done["name"] == "spawn_agent" and done["namespace"] == "agents"
+    # The call goes back as input with its namespace.
+    output = {"type": "function_call_output", "call_id": done["call_id"], "output": "say:ok"}
+    again = _post(big_server, **{**body, "stream": False, "input": [*body["input"], done, output]})
+    assert again.status_code == 200 and again.json()["output"][0]["content"][0]["text"] == "ok"
+    twice = {**body, "tools": [*TOOLS, {**agents, "tools": [{**agents["tools"][0], "name": "get_weather"}]}]}
+    assert _post(big_server, **twice).status_code == 400

@@ -23,9 +23,10 @@ Finish = Callable[[ChoiceDelta, list[dict[str, Any]], str], dict[str, Any]]
 class ResponseEvents:
     """Renders one response's stream; `output` holds the finished items for the final object."""
 
-    def __init__(self, shell: dict[str, Any], summary: bool) -> None:
+    def __init__(self, shell: dict[str, Any], summary: bool, namespaces: dict[str, str]) -> None:
         self.shell = shell
         self.summary = summary
+        self.namespaces = namespaces
         self.sequence = 0
         self.output: list[dict[str, Any]] = []
         self.reasoning_text = ""
@@ -65,7 +66,9 @@ class ResponseEvents:
             part = {"type": "reasoning_text", "text": ""}
         else:
             fid, call_id = render.item_id("fc"), seg.tool_id or render.item_id("call")
-            self._item = render.function_call_item(fid, call_id, seg.tool_name or "", "", "in_progress")
+            name = seg.tool_name or ""
+            namespace = self.namespaces.get(name)
+            self._item = render.function_call_item(fid, call_id, name, "", "in_progress", namespace)
             return [self.event("response.output_item.added", output_index=len(self.output), item=self._item)]
         where = {"item_id": self._item["id"], "output_index": len(self.output)}
         return [
@@ -92,7 +95,8 @@ class ResponseEvents:
             events.append(self.event("response.reasoning_text.done", **where, content_index=0, text=text))
             events.append(self.event("response.content_part.done", **where, content_index=0, part=part))
         else:
-            done = render.function_call_item(item["id"], item["call_id"], item["name"], text)
+            namespace = item.get("namespace")
+            done = render.function_call_item(item["id"], item["call_id"], item["name"], text, namespace=namespace)
             events.append(
                 self.event("response.function_call_arguments.done", **where, name=item["name"], arguments=text)
             )

@@ -41,6 +41,7 @@ class FunctionCallItem(_Strict):
     call_id: str = Field(min_length=1)
     name: str = Field(min_length=1)
     arguments: str
+    namespace: str | None = None
     id: str | None = None
     status: str | None = None
 
@@ -93,6 +94,16 @@ class FunctionTool(_Strict):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    defer_loading: bool | None = None  # deferred: left out of the prompt (and so not callable)
+
+
+class NamespaceTool(_Strict):
+    """A named group of function tools; their calls come back with the group's `namespace`."""
+
+    type: Literal["namespace"]
+    name: str = Field(min_length=1)
+    description: str | None = None
+    tools: list[FunctionTool]
 
 
 class NamedFunction(_Strict):
@@ -121,7 +132,7 @@ class ResponsesRequest(_Strict):
     model: str | None = None
     input: str | list[InputItem]
     instructions: str | None = None
-    tools: list[FunctionTool] | None = None
+    tools: list[Annotated[FunctionTool | NamespaceTool, Field(discriminator="type")]] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedFunction | None = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
@@ -138,3 +149,4 @@ class ResponsesRequest(_Strict):
     include: list[Literal["reasoning.encrypted_content"]] | None = None
     truncation: Literal["disabled"] | None = None
     prompt_cache_key: str | None = None  # every prefix is cached anyway
+    client_metadata: dict[str, str] | None = None  # the client's own bookkeeping (Codex); no effect here

@@ -28,15 +28,11 @@ def output_text(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def function_call_item(fid: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
-    return {
-        "type": "function_call",
-        "id": fid,
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-        "status": status,
-    }
+def function_call_item(
+    fid: str, call_id: str, name: str, arguments: str, status: str = "completed", namespace: str | None = None
+) -> dict[str, Any]:
+    item = {"type": "function_call", "id": fid, "call_id": call_id, "name": name, "arguments": arguments}
+    return {**item, "status": status, **({"namespace": namespace} if namespace else {})}
 
 
 def usage(prompt_tokens: int, cached_tokens: int, output_tokens: int, reasoning_tokens: int) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from metalserve.api.responses import render
 from metalserve.api.responses.events import ResponseEvents, response_events
 from metalserve.api.responses.protocol import ResponsesRequest
 from metalserve.api.responses.store import ResponseStore, StoredResponse
-from metalserve.api.responses.translate import conversation, to_chat
+from metalserve.api.responses.translate import conversation, namespaces, to_chat
 from metalserve.api.serving_chat import ChatServing
 from metalserve.api.serving_common import cancel_on_disconnect, collect, now
 
@@ -59,12 +59,13 @@ class ResponsesServing:
                 )
                 return finish(_status(delta.finish_reason), output, usage)
 
-            events = response_events(gen, ResponseEvents(shell, summary), finish_stream)
+            events = response_events(gen, ResponseEvents(shell, summary, namespaces(req)), finish_stream)
             return EventSourceResponse(events, sep="\n")
         [state] = await cancel_on_disconnect(raw, lambda: collect(gen.streams))
         final = gen.parsing.final(state.text, state.finish_reason)
         usage = self._usage(state.num_prompt_tokens, state.num_cached_tokens, state.num_tokens, final.reasoning or "")
-        return JSONResponse(finish(_status(final.finish_reason), _output(final, summary), usage))
+        output = _output(final, summary, namespaces(req))
+        return JSONResponse(finish(_status(final.finish_reason), output, usage))
 
     def retrieve(self, response_id: str) -> dict[str, Any]:
         stored = self.store.get(response_id)
@@ -82,7 +83,7 @@ def _status(finish_reason: str | None) -> str:
     return "incomplete" if finish_reason == "length" else "completed"
 
 
-def _output(final: FinalOutput, summary: bool) -> list[dict[str, Any]]:
+def _output(final: FinalOutput, summary: bool, namespaces: dict[str, str]) -> list[dict[str, Any]]:
     """Output items in the order the model wrote them: reasoning, the message, then function calls."""
     output = []
     if final.reasoning:
@@ -90,5 +91,6 @@ def _output(final: FinalOutput, summary: bool) -> list[dict[str, Any]]:
     if final.content:
         output.append(render.message_item(render.item_id("msg"), final.content))
     for call in final.tool_calls:
-        output.append(render.function_call_item(render.item_id("fc"), call.id, call.name, call.arguments))
+        fid, namespace = render.item_id("fc"), namespaces.get(call.name)
+        output.append(render.function_call_item(fid, call.id, call.name, call.arguments, namespace=namespace))
     return output

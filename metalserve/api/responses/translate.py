@@ -10,9 +10,11 @@ from metalserve.api.errors import OpenAIError
 from metalserve.api.protocol import ChatCompletionRequest
 from metalserve.api.responses.protocol import (
     FunctionCallItem,
+    FunctionTool,
     ImageContent,
     InputItem,
     MessageItem,
+    NamespaceTool,
     ReasoningItem,
     ResponsesRequest,
     TextContent,
@@ -44,8 +46,11 @@ def to_chat(req: ResponsesRequest, items: list[dict[str, Any]], *, reasoning: bo
         "user": req.user,
         "stream": req.stream,
     }
-    if req.tools:
-        fields["tools"] = [{"function": t.model_dump(exclude={"type"}, exclude_none=True)} for t in req.tools]
+    functions = [t for t, _ in flat_tools(req) if not t.defer_loading]
+    if functions:
+        fields["tools"] = [
+            {"function": t.model_dump(exclude={"type", "defer_loading"}, exclude_none=True)} for t in functions
+        ]
     fields.update(_tool_choice(req))
     if req.parallel_tool_calls is not None:
         fields["parallel_tool_calls"] = req.parallel_tool_calls
@@ -63,6 +68,29 @@ def to_chat(req: ResponsesRequest, items: list[dict[str, Any]], *, reasoning: bo
     except ValidationError as exc:
         first = exc.errors()[0]
         raise OpenAIError(f"invalid request: {first.get('msg')}", 400) from None
+
+
+def flat_tools(req: ResponsesRequest) -> list[tuple[FunctionTool, str | None]]:
+    """Every function tool with its namespace (None at top level); a name may be given only once."""
+    out: list[tuple[FunctionTool, str | None]] = []
+    for tool in req.tools or []:
+        if isinstance(tool, NamespaceTool):
+            about = f"[{tool.name}] {tool.description or ''}".strip()
+            for t in tool.tools:
+                description = f"{about}: {t.description}" if t.description else about
+                out.append((t.model_copy(update={"description": description}), tool.name))
+        else:
+            out.append((tool, None))
+    names = [t.name for t, _ in out]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise OpenAIError(f"tools: function names given more than once: {repeated}", 400, param="tools")
+    return out
+
+
+def namespaces(req: ResponsesRequest) -> dict[str, str]:
+    """Function name -> namespace, for the function_call items of namespaced tools."""
+    return {t.name: ns for t, ns in flat_tools(req) if ns is not None}
 
 
 def _messages(items: list[InputItem]) -> list[dict[str, Any]]:
@@ -118,7 +146,7 @@ def _tool_choice(req: ResponsesRequest) -> dict[str, Any]:
         if choice == "required" and not req.tools:
             raise OpenAIError('tool_choice "required" needs tools', 400, param="tool_choice")
         return {"tool_choice": choice}
-    if choice.name not in {t.name for t in req.tools or []}:
+    if choice.name not in {t.name for t, _ in flat_tools(req) if not t.defer_loading}:
         raise OpenAIError(
             f"tool_choice names function {choice.name!r}, which is not in tools", 400, param="tool_choice"
         )
