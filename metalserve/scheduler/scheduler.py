@@ -66,6 +66,7 @@ class Scheduler:
                 f"request {request.request_id!r} has {request.num_tokens} tokens, more than "
                 f"max_model_len={self.max_model_len}"
             )
+        self.kv.hash_prompt(request)
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
         self._stop_hints[request.request_id] = self._stop_hint(request)

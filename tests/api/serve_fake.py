@@ -11,5 +11,5 @@ from tests.api.conftest import make_served
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
-    settings = ServerSettings(port=int(sys.argv[1]), log_stats_interval=0.2, timeout_graceful_shutdown=2)
+    settings = ServerSettings(port=int(sys.argv[1]), log_stats_interval=0.2, graceful_shutdown_timeout=2)
     serve_app(make_served(settings, step_delay=0.01).app, settings)
