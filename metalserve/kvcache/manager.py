@@ -36,6 +36,7 @@ class KVCacheManager:
         num_blocks: int,
         block_size: int,
         enable_caching: bool = True,
+        initial_blocks: int | None = None,
         hash_algorithm: str = DEFAULT_HASH_ALGORITHM,
     ) -> None:
         if block_size < 1:
@@ -43,7 +44,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.hash_algorithm = hash_algorithm
-        self.pool = BlockPool(num_blocks, enable_caching)
+        self.pool = BlockPool(num_blocks, enable_caching, initial_blocks)
         self.req_to_blocks: dict[str, list[KVBlock]] = {}
         # How many leading blocks of each request were already offered to the cache.
         self._num_cached_blocks: dict[str, int] = {}

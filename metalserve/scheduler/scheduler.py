@@ -31,7 +31,10 @@ class Scheduler:
     requests' outputs are delivered.
     """
 
-    def __init__(self, config: EngineConfig, num_blocks: int, max_model_len: int) -> None:
+    def __init__(
+        self, config: EngineConfig, num_blocks: int, max_model_len: int, initial_blocks: int | None = None
+    ) -> None:
+        """`initial_blocks`: start the KV pool this small and grow it on demand (None: all at once)."""
         needed = -(-max_model_len // config.block_size) + NUM_RESERVED_BLOCKS
         if num_blocks < needed:
             raise ConfigError(
@@ -40,7 +43,7 @@ class Scheduler:
             )
         self.config = config
         self.max_model_len = max_model_len
-        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching, initial_blocks)
         self.requests: dict[str, Request] = {}
         self.waiting = make_queue(config.scheduling_policy)
         self.running: list[Request] = []
@@ -213,6 +216,7 @@ class Scheduler:
             total_num_scheduled_tokens=self.config.max_num_batched_tokens - step.budget,
             finished_req_ids=finished,
             preempted_req_ids=step.preempted,
+            num_kv_blocks=self.kv.pool.num_allocated_blocks,
         )
 
     # ---- after the runner -----------------------------------------------------------------------
