@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -92,5 +93,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unhandled error")
-        return error_response(OpenAIError(f"internal server error: {exc!r}", 500))
+        return error_response(internal_error(exc))
+
+
+def internal_error(exc: BaseException) -> OpenAIError:
+    """A 500 whose body names a log reference, never the exception's own text (it may hold internals)."""
+    ref = uuid.uuid4().hex[:12]
+    logger.error("internal error (ref %s)", ref, exc_info=exc)
+    return OpenAIError(f"internal server error (ref {ref}; the server log has the details)", 500)
