@@ -54,6 +54,10 @@ class SamplingParams:
             (self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be at least 1"),
             (self.min_tokens >= 0, "min_tokens must be >= 0"),
             (
+                self.max_tokens is None or self.min_tokens <= self.max_tokens,
+                "min_tokens must be less than or equal to max_tokens",
+            ),
+            (
                 self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
                 f"logprobs must be between 0 and {MAX_LOGPROBS}",
             ),

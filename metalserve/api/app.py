@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi import Request as HTTPRequest
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -18,6 +19,7 @@ import metalserve
 from metalserve.api.anthropic.errors import anthropic_error_body
 from metalserve.api.anthropic.protocol import CountTokensRequest, MessagesRequest
 from metalserve.api.anthropic.serving import MessagesServing
+from metalserve.api.body_limit import BodyLimitMiddleware
 from metalserve.api.errors import ErrorShapes, OpenAIError, install_error_handlers
 from metalserve.api.metrics import Metrics
 from metalserve.api.protocol import (
@@ -34,8 +36,9 @@ from metalserve.api.serving_chat import ChatServing
 from metalserve.api.serving_common import ServingContext, now
 from metalserve.api.serving_completion import CompletionServing
 from metalserve.api.settings import ServerSettings
+from metalserve.api.text_guard import TextCheckedRoute
 from metalserve.api.tool_parsers import get_tool_parser
-from metalserve.engine.async_engine import AsyncEngine
+from metalserve.engine.async_engine import DEAD_MESSAGE, AsyncEngine
 
 # Paths a load balancer or supervisor must reach without the key.
 _OPEN_PATHS = {"/health"}
@@ -55,7 +58,8 @@ class ApiKeyMiddleware:
         self.key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in _OPEN_PATHS:
+        # CORS preflights carry no credentials by design; CORSMiddleware (outside this one) answers them.
+        if scope["type"] != "http" or scope["path"] in _OPEN_PATHS or scope["method"] == "OPTIONS":
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
@@ -88,22 +92,38 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
             yield
         finally:
             logger_task.cancel()
-            await engine.shutdown()
+            await engine.shutdown(settings.engine_shutdown_timeout)
 
     app = FastAPI(title="metalserve", version=metalserve.__version__, lifespan=lifespan)
+    app.router.route_class = TextCheckedRoute
     install_error_handlers(app, ERROR_SHAPES)
+    # Middleware added last runs first: CORS, then the key, then the body limit.
+    app.add_middleware(
+        BodyLimitMiddleware, max_body_bytes=settings.body_limit(engine.max_model_len), shapes=ERROR_SHAPES
+    )
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=list(settings.allowed_origins),
+        allow_credentials=settings.allow_credentials,
+        allow_methods=list(settings.allowed_methods),
+        allow_headers=list(settings.allowed_headers),
+    )
     app.state.metrics = metrics
     app.state.engine = engine
 
     def alive() -> None:
         if engine.dead_error is not None:
-            raise OpenAIError(f"engine is dead: {engine.dead_error!r}", 503)
+            raise OpenAIError(DEAD_MESSAGE, 503)
+        if engine.draining:
+            raise OpenAIError("the server is shutting down", 503)
 
     @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200 if engine.dead_error is None else 503)
+
+    app.head("/health", include_in_schema=False)(health)  # load balancers probe with HEAD
 
     @app.get("/version")
     async def version() -> dict[str, str]:
@@ -136,10 +156,11 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
             req = ChatCompletionRequest(
                 messages=body.messages, add_generation_prompt=body.add_generation_prompt
             )
-            tokens = chat.render(req)
+            tokens = await chat.render_off_loop(req)
         else:
-            tokens = list(
-                engine.tokenizer.encode(body.prompt or "", add_special_tokens=body.add_special_tokens)
+            text = body.prompt or ""
+            tokens = await ctx.off_loop(
+                lambda: list(engine.tokenizer.encode(text, add_special_tokens=body.add_special_tokens))
             )
         return {"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens}
 
@@ -148,7 +169,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
         ctx.check_model(body.model)
         if any(not 0 <= t < len(engine.tokenizer) for t in body.tokens):
             raise OpenAIError("tokens holds an id outside the vocabulary", 400, param="tokens")
-        return {"prompt": str(engine.tokenizer.decode(body.tokens))}
+        return {"prompt": str(await ctx.off_loop(engine.tokenizer.decode, body.tokens))}
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -169,7 +190,7 @@ def _add_agent_routes(
 
     @app.post("/v1/messages/count_tokens")
     async def anthropic_count_tokens(body: CountTokensRequest) -> dict[str, Any]:
-        return messages.count_tokens(body)
+        return await messages.count_tokens(body)
 
     @app.post("/v1/responses")
     async def create_response(body: ResponsesRequest, raw: HTTPRequest) -> Response:

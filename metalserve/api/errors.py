@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -120,5 +121,11 @@ def install_error_handlers(app: FastAPI, shapes: ErrorShapes | None = None) -> N
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unhandled error")
-        return await _openai(request, OpenAIError(f"internal server error: {exc!r}", 500))
+        return await _openai(request, internal_error(exc))
+
+
+def internal_error(exc: BaseException) -> OpenAIError:
+    """A 500 whose body names a log reference, never the exception's own text (it may hold internals)."""
+    ref = uuid.uuid4().hex[:12]
+    logger.error("internal error (ref %s)", ref, exc_info=exc)
+    return OpenAIError(f"internal server error (ref {ref}; the server log has the details)", 500)

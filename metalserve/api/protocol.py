@@ -9,6 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from metalserve.sampling_params import MAX_LOGPROBS
 
 MAX_N = 16  # choices per request; each is its own engine request
+# Seeds and priorities are 64-bit signed integers, as vLLM checks them.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class StreamOptions(BaseModel):
@@ -105,7 +107,7 @@ class _SamplingRequest(BaseModel):
     repetition_penalty: float = Field(default=1.0, gt=0.0)
     logit_bias: dict[str, float] | None = None
     n: int = Field(default=1, ge=1, le=MAX_N)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     stream: bool = False
@@ -119,8 +121,8 @@ class _SamplingRequest(BaseModel):
     min_tokens: int = Field(default=0, ge=0)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    cache_salt: str | None = None
-    priority: int = 0
+    cache_salt: str | None = Field(default=None, min_length=1)
+    priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
     structured_outputs: StructuredOutputsRequest | None = None
 
     @model_validator(mode="after")

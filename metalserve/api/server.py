@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
+import sys
 from pathlib import Path
 
 import uvicorn
@@ -13,6 +15,7 @@ from fastapi import FastAPI
 from metalserve.api.app import build_app
 from metalserve.api.reasoning import REASONING_PARSERS
 from metalserve.api.settings import ServerSettings
+from metalserve.api.shutdown import GracefulServer
 from metalserve.api.tool_parsers import TOOL_PARSERS
 from metalserve.config import CPU_MAX_NUM_BATCHED_TOKENS, EngineConfig
 from metalserve.engine.async_engine import AsyncEngine
@@ -71,6 +74,22 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--log-stats-interval", type=float, default=s.log_stats_interval, help="seconds; 0: off")
     parser.add_argument("--seed", type=int, default=d.seed)
+    _add_http_args(parser, s)
+
+
+def _add_http_args(parser: argparse.ArgumentParser, s: ServerSettings) -> None:
+    parser.add_argument(
+        "--graceful-shutdown-timeout", type=float, default=s.graceful_shutdown_timeout,
+        help="seconds running requests get to finish after SIGTERM/SIGINT; then they end with an error",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-request-body-bytes", type=int, default=None,
+        help="largest request body (413 above it; default: 64 bytes per context token, at least 16 MiB)",
+    )  # fmt: skip
+    parser.add_argument("--allowed-origins", type=json.loads, default=list(s.allowed_origins), help="CORS, JSON list")
+    parser.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    parser.add_argument("--allowed-methods", type=json.loads, default=list(s.allowed_methods), help="CORS, JSON list")
+    parser.add_argument("--allowed-headers", type=json.loads, default=list(s.allowed_headers), help="CORS, JSON list")
 
 
 def _chat_template(value: str | None) -> str | None:
@@ -125,6 +144,12 @@ def config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerSett
         reasoning_parser=args.reasoning_parser,
         responses_store_size=args.responses_store_size,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
+        graceful_shutdown_timeout=args.graceful_shutdown_timeout,
+        max_request_body_bytes=args.max_request_body_bytes,
+        allowed_origins=_string_list(args.allowed_origins, "--allowed-origins"),
+        allow_credentials=args.allow_credentials,
+        allowed_methods=_string_list(args.allowed_methods, "--allowed-methods"),
+        allowed_headers=_string_list(args.allowed_headers, "--allowed-headers"),
     )
     if args.tool_call_parser and not args.enable_auto_tool_choice:
         logger.warning(
@@ -132,6 +157,12 @@ def config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerSett
             "tool_choice) get a 400, as in vLLM", args.tool_call_parser,
         )  # fmt: skip
     return config, settings
+
+
+def _string_list(value: object, flag: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f'{flag} takes a JSON list of strings, e.g. \'["*"]\'')
+    return tuple(value)
 
 
 def default_model_name(config: EngineConfig, source: str) -> str:
@@ -162,16 +193,12 @@ def run_server(config: EngineConfig, settings: ServerSettings) -> None:
 
 
 def serve_app(app: FastAPI, settings: ServerSettings) -> None:
-    """Run uvicorn; on SIGINT/SIGTERM it stops accepting, lets requests finish briefly, then shuts down."""
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level="info",
-        timeout_graceful_shutdown=int(settings.timeout_graceful_shutdown),
-    )
+    """Run uvicorn until SIGINT/SIGTERM (a graceful stop, exit 0) or an engine failure (exit 1)."""
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info")
+    server = GracefulServer(config, app.state.engine, settings.graceful_shutdown_timeout)
     logger.info("serving on http://%s:%d/v1", settings.host, settings.port)
-    try:
-        uvicorn.Server(config).run()
-    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its clean shutdown; nothing is left to do
-        logger.info("stopped")
+    server.run()
+    if server.engine_failed:
+        logger.error("exiting after the engine failed, so a supervisor can restart the server")
+        sys.exit(1)
+    logger.info("stopped")

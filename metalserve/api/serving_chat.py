@@ -22,6 +22,7 @@ from metalserve.api.serving_common import (
     build_sampling_params,
     cancel_on_disconnect,
     chat_logprobs,
+    check_sequence_count,
     collect,
     engine_error,
     merge_streams,
@@ -69,6 +70,13 @@ def message_dict(message: ChatMessage) -> dict[str, Any]:
             )
         out["tool_calls"] = calls
     return out
+
+
+def _content_chars(message: ChatMessage) -> int:
+    content = message.content
+    if isinstance(content, list):
+        return sum(len(part.text) for part in content)
+    return len(content or "")
 
 
 def tool_call_delta_json(delta: ToolCallDelta) -> dict[str, Any]:
@@ -119,7 +127,8 @@ class ChatServing:
         """Check, render and submit the request; errors before any engine work are OpenAIErrors."""
         self.ctx.check_model(req.model)
         parse_tools = self._parse_tools(req)
-        prompt = self.render(req)
+        check_sequence_count(1, req.n)
+        prompt = await self.render_off_loop(req)
         engine = self.ctx.engine
         max_tokens = resolve_max_tokens(
             req.max_completion_tokens or req.max_tokens, len(prompt), engine.max_model_len
@@ -165,6 +174,11 @@ class ChatServing:
                 param="tool_choice",
             )
         return self.tool_parser.for_request(req.tools) if req.tools else None
+
+    async def render_off_loop(self, req: ChatCompletionRequest) -> list[int]:
+        """`render` in the tokenizer thread, after refusing a conversation too long to fit by its length."""
+        await self.ctx.check_prompt_chars(sum(_content_chars(m) for m in req.messages), "messages")
+        return await self.ctx.off_loop(self.render, req)
 
     def render(self, req: ChatCompletionRequest) -> list[int]:
         """The prompt's token ids: the conversation (and tools) through the chat template."""

@@ -17,6 +17,7 @@ from metalserve.api.serving_common import (
     TokenText,
     build_sampling_params,
     cancel_on_disconnect,
+    check_sequence_count,
     collect,
     completion_logprobs,
     engine_error,
@@ -46,7 +47,12 @@ class CompletionServing:
             raise OpenAIError("suffix is not supported", 400, param="suffix")
         if req.best_of is not None and req.best_of != req.n:
             raise OpenAIError("best_of must equal n (or be left out)", 400, param="best_of")
-        prompts = self._tokenize(req.prompt)
+        items = self._prompt_items(req.prompt)
+        check_sequence_count(len(items), req.n)
+        for item in items:
+            if isinstance(item, str):
+                await self.ctx.check_prompt_chars(len(item), "prompt")
+        prompts = await self.ctx.off_loop(self._tokenize, items)
         structured, source = completion_structured(req)
         await check_compiles(self.ctx, structured, source)
         streams = self._start(req, prompts, structured)
@@ -55,9 +61,13 @@ class CompletionServing:
         choices = await cancel_on_disconnect(raw, lambda: collect(streams))
         return JSONResponse(self._response(req, prompts, choices))
 
-    def _tokenize(self, prompt: Any) -> list[list[int]]:
+    @staticmethod
+    def _prompt_items(prompt: Any) -> list[Any]:
+        """The prompts of the call: a string or token ids, or a list of either."""
+        return prompt if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else [prompt]
+
+    def _tokenize(self, items: list[Any]) -> list[list[int]]:
         tokenizer = self.ctx.engine.tokenizer
-        items = prompt if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else [prompt]
         result: list[list[int]] = []
         for item in items:
             ids = list(tokenizer.encode(item)) if isinstance(item, str) else list(item)

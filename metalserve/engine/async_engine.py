@@ -8,78 +8,58 @@ HTTP stays responsive during a forward. Only the worker thread touches the core.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
 
 from metalserve.engine.detokenizer import IncrementalDetokenizer
-from metalserve.engine.protocol import EngineCoreProtocol, SchedulerStatsLike
-from metalserve.outputs import EngineCoreOutput, TokenLogprob
+from metalserve.engine.errors import ClientTooSlowError, EngineDeadError, EngineDrainingError
+from metalserve.engine.protocol import EngineCoreProtocol
+from metalserve.engine.request_output import EngineObserver, IterationStats, RequestOutput
+from metalserve.engine.request_state import RequestState, hand_over, make_output
+from metalserve.outputs import EngineCoreOutput
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
 from metalserve.structured.compiler import GrammarCompiler
 from metalserve.structured.params import StructuredOutputsParams
 
+__all__ = [
+    "AsyncEngine", "ClientTooSlowError", "EngineDeadError", "EngineDrainingError", "EngineObserver",
+    "IterationStats", "RequestOutput",
+]  # fmt: skip
+
 logger = logging.getLogger(__name__)
 
-
-class EngineDeadError(RuntimeError):
-    """The engine core raised; no request can be served any more."""
+DEAD_MESSAGE = "the engine stopped after an internal error (the server log has the details)"
 
 
-@dataclass
-class RequestOutput:
-    """A delta for one request as the serving layer sees it: new text, new tokens, and the end."""
-
-    request_id: str
-    text: str
-    token_ids: list[int]
-    logprobs: list[TokenLogprob] | None
-    finish_reason: str | None
-    stop_reason: int | str | None
-    num_prompt_tokens: int
-    num_cached_tokens: int
-    num_output_tokens: int  # cumulative
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
+# The worker's commands: typed, so the loop that applies them is a match over four shapes.
+@dataclass(frozen=True)
+class _Add:
+    request: Request
+    state: RequestState
 
 
-@dataclass
-class IterationStats:
-    """What one step produced, for the metrics: token counts and latencies in seconds."""
-
-    num_prompt_tokens: int = 0
-    num_generation_tokens: int = 0
-    time_to_first_tokens: list[float] = field(default_factory=list)
-    inter_token_latencies: list[float] = field(default_factory=list)
-    finished: list[tuple[str, float]] = field(default_factory=list)  # (finish_reason, e2e latency)
+@dataclass(frozen=True)
+class _Abort:
+    request_ids: list[str]
 
 
-class EngineObserver(Protocol):
-    """Receives the scheduler snapshot and the iteration stats after every step (worker thread)."""
-
-    def on_step(self, scheduler_stats: SchedulerStatsLike, iteration: IterationStats) -> None: ...
-
-
-@dataclass
-class _RequestState:
-    loop: asyncio.AbstractEventLoop  # the caller's loop: results are handed over on it
-    loop_queue: asyncio.Queue[RequestOutput | BaseException]
-    detokenizer: IncrementalDetokenizer
-    num_prompt_tokens: int
-    arrival_time: float = field(default_factory=time.monotonic)
-    last_token_time: float = 0.0
-    num_output_tokens: int = 0
+@dataclass(frozen=True)
+class _FailAll:
+    error: BaseException
 
 
-_Command = tuple[str, Any, Any]
+@dataclass(frozen=True)
+class _Stop:
+    pass
+
+
+_Command = _Add | _Abort | _FailAll | _Stop
 
 
 class AsyncEngine:
@@ -104,8 +84,10 @@ class AsyncEngine:
         self.chat_template = chat_template
         self.observer = observer
         self.dead_error: BaseException | None = None
+        self.on_dead: Callable[[], None] | None = None  # called on the worker thread once the core failed
+        self.draining = False
         self._commands: queue.Queue[_Command] = queue.Queue()
-        self._states: dict[str, _RequestState] = {}  # worker thread only
+        self._states: dict[str, RequestState] = {}  # worker thread only
         self._active_ids: set[str] = set()  # event loop only
         self._thread: threading.Thread | None = None
         self._grammar: GrammarCompiler | None = None
@@ -114,6 +96,10 @@ class AsyncEngine:
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self.dead_error is None
 
+    @property
+    def num_active_requests(self) -> int:
+        return len(self._active_ids)
+
     def start(self) -> None:
         """Start the worker thread (idempotent)."""
         if self._thread is not None:
@@ -121,13 +107,26 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="metalserve-engine-core", daemon=True)
         self._thread.start()
 
-    async def shutdown(self) -> None:
-        """Stop the worker after its current step; pending requests end with EngineDeadError."""
+    def begin_drain(self) -> None:
+        """Refuse new requests from now on; running ones go on (graceful shutdown)."""
+        self.draining = True
+
+    def fail_open_requests(self, message: str) -> None:
+        """End every open request with an error (the grace period of a shutdown ran out)."""
+        self._commands.put(_FailAll(EngineDrainingError(message)))
+
+    async def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the worker after its current step; pending requests end with EngineDeadError.
+
+        A step that does not end within `timeout` seconds is left behind (the thread is a daemon)."""
         if self._thread is None:
             return
-        self._commands.put(("stop", None, None))
-        await asyncio.to_thread(self._thread.join)
-        self._thread = None
+        self._commands.put(_Stop())
+        thread, self._thread = self._thread, None
+        try:
+            await asyncio.wait_for(asyncio.to_thread(thread.join), timeout)
+        except asyncio.TimeoutError:
+            logger.error("the engine's step did not end within %.0f s of shutdown; leaving it", timeout)
 
     async def generate(
         self,
@@ -138,33 +137,25 @@ class AsyncEngine:
         priority: int = 0,
         cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Submit one request and yield its deltas; closing the iterator early aborts the request."""
-        if self.dead_error is not None:
-            raise EngineDeadError(f"engine is dead: {self.dead_error!r}")
-        if request_id in self._active_ids:
-            raise ValueError(f"request id {request_id!r} is already running")
-        self.start()
-        request = Request(
-            request_id=request_id,
-            prompt_token_ids=list(prompt_token_ids),
-            sampling_params=sampling_params,
-            eos_token_ids=self.eos_token_ids,
-            priority=priority,
-            cache_salt=cache_salt,
-        )
-        if sampling_params.structured_outputs is not None:
-            request.structured = self.grammar.make_state(sampling_params.structured_outputs)
-        detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, sampling_params)
-        state = _RequestState(asyncio.get_running_loop(), asyncio.Queue(), detok, len(request.prompt_token_ids))
-        self._active_ids.add(request_id)
-        self._commands.put(("add", request, state))
+        """Submit one request and yield its deltas; closing the iterator early aborts the request.
+
+        Deltas that queued up while the reader was busy come merged into one."""
+        state = self._submit(prompt_token_ids, sampling_params, request_id, priority, cache_salt)
         finished = False
+        pending: RequestOutput | BaseException | None = None
         try:
             while True:
-                item = await state.loop_queue.get()
+                item = pending if pending is not None else await state.loop_queue.get()
+                pending = None
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
+                while not item.finished and not state.loop_queue.empty():
+                    later = state.loop_queue.get_nowait()
+                    if isinstance(later, BaseException):
+                        pending = later
+                        break
+                    item = item.merged_with(later)
                 finished = item.finished
                 yield item
                 if finished:
@@ -172,7 +163,38 @@ class AsyncEngine:
         finally:
             self._active_ids.discard(request_id)
             if not finished:
-                self._commands.put(("abort", [request_id], None))
+                self._commands.put(_Abort([request_id]))
+
+    def _submit(
+        self, prompt: list[int], params: SamplingParams, request_id: str, priority: int, cache_salt: str | None
+    ) -> RequestState:
+        if self.dead_error is not None:
+            raise EngineDeadError(DEAD_MESSAGE)
+        if self.draining:
+            raise EngineDrainingError("the server is shutting down")
+        if request_id in self._active_ids:
+            raise ValueError(f"request id {request_id!r} is already running")
+        self.start()
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=list(prompt),
+            sampling_params=params,
+            eos_token_ids=self.eos_token_ids,
+            priority=priority,
+            cache_salt=cache_salt,
+        )
+        if params.structured_outputs is not None:
+            request.structured = self.grammar.make_state(params.structured_outputs)
+        detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params)
+
+        def on_overflow() -> None:
+            self._commands.put(_Abort([request_id]))
+
+        loop = asyncio.get_running_loop()
+        state = RequestState(loop, asyncio.Queue(), detok, len(request.prompt_token_ids), on_overflow)
+        self._active_ids.add(request_id)
+        self._commands.put(_Add(request, state))
+        return state
 
     @property
     def grammar(self) -> GrammarCompiler:
@@ -187,7 +209,7 @@ class AsyncEngine:
 
     async def abort(self, request_id: str) -> None:
         """Abort a request (a client went away); its blocks are freed before the next step."""
-        self._commands.put(("abort", [request_id], None))
+        self._commands.put(_Abort([request_id]))
 
     # ---- worker thread ----
 
@@ -199,36 +221,41 @@ class AsyncEngine:
         except BaseException as exc:  # the core is broken: fail everyone, refuse new work
             logger.exception("engine core failed")
             self.dead_error = exc
-            self._fail_all(EngineDeadError(f"engine core failed: {exc!r}"))
+            self._fail_all(EngineDeadError(DEAD_MESSAGE))
+            if self.on_dead is not None:
+                self.on_dead()
             return
         self._fail_all(EngineDeadError("engine is shutting down"))
 
     def _apply_commands(self, block: bool) -> bool:
-        """Apply queued adds and aborts; False once a stop command arrives."""
+        """Apply queued commands; False once a stop command arrives."""
         try:
             command = self._commands.get(block=block)
         except queue.Empty:
             return True
         while True:
-            kind, payload, extra = command
-            if kind == "stop":
+            if isinstance(command, _Stop):
                 return False
-            if kind == "add":
-                self._add(payload, extra)
-            elif kind == "abort":
-                ids = [rid for rid in payload if self._states.pop(rid, None) is not None]
+            if isinstance(command, _Add):
+                self._add(command.request, command.state)
+            elif isinstance(command, _Abort):
+                ids = [rid for rid in command.request_ids if self._states.pop(rid, None) is not None]
                 if ids:
                     self.core.abort_requests(ids)
+            else:
+                if self._states:
+                    self.core.abort_requests(list(self._states))
+                self._fail_all(command.error)
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return True
 
-    def _add(self, request: Request, state: _RequestState) -> None:
+    def _add(self, request: Request, state: RequestState) -> None:
         try:
             self.core.add_request(request)
-        except Exception as exc:  # a request the core refuses fails alone
-            _hand_over([(state, exc)])
+        except Exception as exc:  # a request the core refuses (or cannot hash) fails alone
+            hand_over([(state, exc)])
             return
         self._states[request.request_id] = state
 
@@ -236,7 +263,7 @@ class AsyncEngine:
         """Detokenize this step's outputs, finish requests that hit a stop string, hand results over."""
         now = time.monotonic()
         iteration = IterationStats()
-        deliveries: list[tuple[_RequestState, RequestOutput | BaseException]] = []
+        deliveries: list[tuple[RequestState, RequestOutput | BaseException]] = []
         stopped: list[str] = []
         for out in outputs:
             state = self._states.get(out.request_id)
@@ -244,7 +271,7 @@ class AsyncEngine:
                 continue  # aborted or already finished by a stop string
             result: RequestOutput | BaseException
             try:
-                result = self._make_output(out, state, now, iteration)
+                result = make_output(out, state, now, iteration)
             except Exception as exc:  # a broken request must not take the engine down
                 logger.exception("output processing failed for %s", out.request_id)
                 result = exc
@@ -257,63 +284,13 @@ class AsyncEngine:
             deliveries.append((state, result))
         if stopped:
             self.core.finish_requests(stopped)
-        _hand_over(deliveries)
+        hand_over(deliveries)
         if self.observer is not None:
             self.observer.on_step(self.core.make_stats(), iteration)
 
-    def _make_output(
-        self, out: EngineCoreOutput, state: _RequestState, now: float, iteration: IterationStats
-    ) -> RequestOutput:
-        n_new = len(out.new_token_ids)
-        if n_new:
-            if state.num_output_tokens == 0:
-                iteration.num_prompt_tokens += state.num_prompt_tokens
-                iteration.time_to_first_tokens.append(now - state.arrival_time)
-            else:
-                iteration.inter_token_latencies.append((now - state.last_token_time) / n_new)
-            state.last_token_time = now
-            state.num_output_tokens += n_new
-            iteration.num_generation_tokens += n_new
-        detok = state.detokenizer
-        text = detok.update(out.new_token_ids, finished=out.finished)
-        finish_reason, stop_reason = out.finish_reason, out.stop_reason
-        if detok.stop_reason is not None:
-            finish_reason, stop_reason = "stop", detok.stop_reason
-        if finish_reason is not None:
-            iteration.finished.append((finish_reason, now - state.arrival_time))
-        return RequestOutput(
-            request_id=out.request_id,
-            text=text,
-            token_ids=list(out.new_token_ids),
-            logprobs=out.new_logprobs,
-            finish_reason=finish_reason,
-            stop_reason=stop_reason,
-            num_prompt_tokens=out.num_prompt_tokens or state.num_prompt_tokens,
-            num_cached_tokens=max(out.num_cached_tokens, 0),
-            num_output_tokens=state.num_output_tokens,
-        )
-
     def _fail_all(self, error: BaseException) -> None:
-        deliveries: list[tuple[_RequestState, RequestOutput | BaseException]] = [
+        deliveries: list[tuple[RequestState, RequestOutput | BaseException]] = [
             (state, error) for state in self._states.values()
         ]
         self._states.clear()
-        _hand_over(deliveries)
-
-
-_Delivery = tuple[_RequestState, RequestOutput | BaseException]
-
-
-def _hand_over(deliveries: list[_Delivery]) -> None:
-    """Queue results on their callers' event loops, one call per loop (usually there is one loop)."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[_Delivery]] = {}
-    for delivery in deliveries:
-        by_loop.setdefault(delivery[0].loop, []).append(delivery)
-    for loop, items in by_loop.items():
-        with contextlib.suppress(RuntimeError):  # that loop is closed: nobody is waiting any more
-            loop.call_soon_threadsafe(_deliver, items)
-
-
-def _deliver(deliveries: list[_Delivery]) -> None:
-    for state, item in deliveries:
-        state.loop_queue.put_nowait(item)
+        hand_over(deliveries)

@@ -11,12 +11,11 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from metalserve.config import ConfigError, EngineConfig
-from metalserve.engine.memory import format_bytes, kv_budget_bytes
+from metalserve.engine.kv_plan import plan_kv_pool
 from metalserve.executor.context import AttentionFn
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import KVCacheSpec, ModelRunner
 from metalserve.executor.sampler import Sampler
-from metalserve.kvcache.sizing import kv_bytes_per_block, num_blocks_for_budget
 from metalserve.loader import LoadedModel, load_model
 from metalserve.outputs import EngineCoreOutput
 from metalserve.request import Request, RequestStatus
@@ -57,25 +56,13 @@ class EngineCore:
         attention = select_attention(config.attention_backend, loaded.dtype)
         logger.info("attention: %s", attention.description)
         logger.info("on the host: %s", model.host_description())
-        per_block = kv_bytes_per_block(
-            loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype.size, config.block_size
-        )
-        budget = config.kv_cache_memory
-        if budget is None:
+        peak = held = 0
+        if config.kv_cache_memory is None:
             host = model.host_bytes()  # the CPU path's stored codes live outside MLX's counters
+            held = int(mx.get_active_memory()) + host
             peak = measure_step_peak(model, loaded, config, attention) + host
-            budget = kv_budget_bytes(config.gpu_memory_utilization, peak)
-            logger.info(
-                "warm-up step of %d tokens: weights + activations peak %s (%s of it on the host); KV budget %s "
-                "(%.0f%% of memory)",
-                config.max_num_batched_tokens, format_bytes(peak), format_bytes(host), format_bytes(budget),
-                100 * config.gpu_memory_utilization,
-            )  # fmt: skip
-        num_blocks = num_blocks_for_budget(
-            budget, loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype.size,
-            config.block_size, max_model_len,
-        )  # fmt: skip
-        spec = KVCacheSpec.for_model(loaded, config.block_size, num_blocks)
+        plan = plan_kv_pool(config, loaded, max_model_len, peak, held)
+        spec = KVCacheSpec.for_model(loaded, config.block_size, plan.initial_blocks)
         runner = ModelRunner(
             model,
             spec,
@@ -84,14 +71,9 @@ class EngineCore:
             attention_fn=attention.fn,
             cpu_attention=attention.cpu,
         )
-        mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * budget))
-        tokens = num_blocks * config.block_size
-        logger.info(
-            "KV cache: %d blocks of %d tokens (%s), %d tokens; max concurrency at %d tokens/request: %.1fx",
-            num_blocks, config.block_size, format_bytes(per_block * num_blocks), tokens, max_model_len,
-            tokens / max_model_len,
-        )  # fmt: skip
-        return cls(Scheduler(config, num_blocks, max_model_len), runner, max_model_len)
+        mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * plan.num_blocks * spec.bytes_per_block))
+        scheduler = Scheduler(config, plan.num_blocks, max_model_len, initial_blocks=plan.initial_blocks)
+        return cls(scheduler, runner, max_model_len)
 
     def add_request(self, request: Request) -> None:
         if request.num_prompt_tokens > self.max_model_len:

@@ -37,6 +37,10 @@ class LayerKV:
     def arrays(self) -> list[mx.array]:
         return [self.k, self.v]
 
+    def extended(self, more: LayerKV) -> LayerKV:
+        """These pools followed by `more`'s slots (a grown pool)."""
+        return LayerKV(mx.concatenate([self.k, more.k]), mx.concatenate([self.v, more.v]))
+
 
 @dataclass
 class PortableKV:
@@ -47,6 +51,10 @@ class PortableKV:
 
     def arrays(self) -> list[mx.array]:
         return [self.pool]
+
+    def extended(self, more: PortableKV) -> PortableKV:
+        """This pool followed by `more`'s slots (a grown pool); the host view is made anew."""
+        return PortableKV(mx.concatenate([self.pool, more.pool], axis=2))
 
 
 @dataclass(frozen=True)

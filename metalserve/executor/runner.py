@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 import mlx.core as mx
@@ -32,6 +32,10 @@ class KVCacheSpec:
     @property
     def num_slots(self) -> int:
         return self.num_blocks * self.block_size
+
+    @property
+    def bytes_per_block(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.size * self.block_size
 
     @classmethod
     def for_model(cls, loaded: LoadedModel, block_size: int, num_blocks: int) -> KVCacheSpec:
@@ -75,14 +79,28 @@ class ModelRunner:
             sampler = Sampler()
         self.sampler = sampler
         self.kv = allocate_kv(spec, portable=attention_fn is None)
+        self._attach_kv()
+        self.requests: dict[str, CachedRequestState] = {}
+
+    def _attach_kv(self) -> None:
+        """Materialize the pools; the CPU path writes them through NumPy views of their buffers."""
         mx.eval(self._kv_arrays())
-        if cpu_attention:
+        if self.cpu_attention:
             from metalserve.kernels.cpu import host_view
 
             for layer in self.kv:
                 assert isinstance(layer, PortableKV)
                 layer.host = host_view(layer.pool)
-        self.requests: dict[str, CachedRequestState] = {}
+
+    def grow_kv(self, num_blocks: int) -> None:
+        """Extend every layer's pool to `num_blocks` blocks, keeping what the old blocks hold."""
+        more = replace(self.spec, num_blocks=num_blocks - self.spec.num_blocks)
+        extra = allocate_kv(more, portable=self.attention_fn is None)
+        old_kv: list[LayerKV | PortableKV] = list(self.kv)
+        self.kv = [old.extended(new) for old, new in zip(old_kv, extra, strict=True)]  # type: ignore[arg-type,assignment]
+        self.spec = replace(self.spec, num_blocks=num_blocks)
+        self._attach_kv()
+        mx.clear_cache()  # the old, smaller buffers are not needed again
 
     def _kv_arrays(self) -> list[mx.array]:
         return [a for layer in self.kv for a in layer.arrays()]
@@ -136,6 +154,8 @@ class ModelRunner:
         )
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        if so.num_kv_blocks > self.spec.num_blocks:
+            self.grow_kv(so.num_kv_blocks)
         self._update_states(so)
         if so.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput(sampled_token_ids={})

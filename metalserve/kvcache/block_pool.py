@@ -67,6 +67,16 @@ class FreeBlockQueue:
         block.prev_free = block.next_free = None
         self._len -= 1
 
+    def prepend(self, blocks: list[KVBlock]) -> None:
+        """Put never-used blocks at the head, in order: they go out before any cached block is evicted."""
+        for block in reversed(blocks):
+            first = self._head.next_free
+            assert first is not None and block.prev_free is None
+            block.prev_free, block.next_free = self._head, first
+            first.prev_free = block
+            self._head.next_free = block
+            self._len += 1
+
     def append(self, block: KVBlock) -> None:
         if block.prev_free is not None:
             raise ValueError(f"block {block.block_id} is already in the free queue")
@@ -89,18 +99,30 @@ class FreeBlockQueue:
 
 
 class BlockPool:
-    """All blocks of the KV cache, the free queue and the hash -> block map of cached full blocks."""
+    """All blocks of the KV cache, the free queue and the hash -> block map of cached full blocks.
 
-    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+    With `initial_blocks` below `num_blocks` the pool starts small and grows (doubling) when an
+    allocation would otherwise evict a cached block or fail, so the runner allocates memory as it is
+    used; block ids never move. Blocks not yet grown count as free for admission.
+    """
+
+    def __init__(self, num_blocks: int, enable_caching: bool = True, initial_blocks: int | None = None) -> None:
         if num_blocks <= NUM_RESERVED_BLOCKS:
             raise ValueError(f"num_blocks must be more than {NUM_RESERVED_BLOCKS}, got {num_blocks}")
+        start = num_blocks if initial_blocks is None else min(max(initial_blocks, NUM_RESERVED_BLOCKS + 1), num_blocks)
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
-        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        self.blocks = [KVBlock(i) for i in range(start)]
         self.null_block = self.blocks[NULL_BLOCK_ID]
         self.free_queue = FreeBlockQueue(self.blocks[NUM_RESERVED_BLOCKS:])
         self.cached: dict[BlockHash, KVBlock] = {}
         self.num_evictions = 0
+        self._num_free_cached = 0  # free blocks still holding a cached hash
+
+    @property
+    def num_allocated_blocks(self) -> int:
+        """Blocks grown so far: the runner's pools hold this many."""
+        return len(self.blocks)
 
     @property
     def num_usable_blocks(self) -> int:
@@ -108,7 +130,18 @@ class BlockPool:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_queue)
+        return len(self.free_queue) + self.num_blocks - len(self.blocks)
+
+    def _grow_for(self, n: int) -> None:
+        """Grow (doubling, at least by the shortfall) when `n` blocks would otherwise evict or fail."""
+        shortfall = n - (len(self.free_queue) - self._num_free_cached)
+        if shortfall <= 0 or len(self.blocks) == self.num_blocks:
+            return
+        start = len(self.blocks)
+        stop = min(self.num_blocks, max(2 * start, start + shortfall))
+        new = [KVBlock(i) for i in range(start, stop)]
+        self.blocks += new
+        self.free_queue.prepend(new)
 
     @property
     def usage(self) -> float:
@@ -116,12 +149,14 @@ class BlockPool:
 
     def get_new_blocks(self, n: int) -> list[KVBlock]:
         """Take `n` blocks from the head of the free queue, evicting their cached contents."""
+        self._grow_for(n)
         if n > len(self.free_queue):
             raise ValueError(f"asked for {n} blocks, only {len(self.free_queue)} free")
         out = []
         for _ in range(n):
             block = self.free_queue.popleft()
             if block.block_hash is not None:
+                self._num_free_cached -= 1
                 self._evict(block)
             block.ref_cnt = 1
             out.append(block)
@@ -141,6 +176,7 @@ class BlockPool:
         """Publish a full, computed block. Returns False if another block already holds that hash."""
         if block.block_hash is not None or block_hash in self.cached:
             return False
+        self._num_free_cached += block.ref_cnt == 0
         block.block_hash = block_hash
         self.cached[block_hash] = block
         return True
@@ -150,6 +186,7 @@ class BlockPool:
         for block in blocks:
             if block.ref_cnt == 0:
                 self.free_queue.remove(block)
+                self._num_free_cached -= block.block_hash is not None
             block.ref_cnt += 1
 
     def free_blocks(self, ordered_blocks: Iterable[KVBlock]) -> None:
@@ -160,3 +197,4 @@ class BlockPool:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 self.free_queue.append(block)
+                self._num_free_cached += block.block_hash is not None

@@ -35,7 +35,10 @@ def _encode_key(key: ExtraKey) -> bytes:
     if isinstance(key, int):
         return b"i" + struct.pack("<q", key)
     if isinstance(key, str):
-        data = key.encode("utf-8")
+        try:
+            data = key.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("a prefix-cache key (cache_salt) holds text that is not valid Unicode") from None
         return b"s" + struct.pack("<I", len(data)) + data
     if isinstance(key, bytes):
         return b"b" + struct.pack("<I", len(key)) + key

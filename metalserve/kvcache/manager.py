@@ -36,6 +36,7 @@ class KVCacheManager:
         num_blocks: int,
         block_size: int,
         enable_caching: bool = True,
+        initial_blocks: int | None = None,
         hash_algorithm: str = DEFAULT_HASH_ALGORITHM,
     ) -> None:
         if block_size < 1:
@@ -43,7 +44,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.hash_algorithm = hash_algorithm
-        self.pool = BlockPool(num_blocks, enable_caching)
+        self.pool = BlockPool(num_blocks, enable_caching, initial_blocks)
         self.req_to_blocks: dict[str, list[KVBlock]] = {}
         # How many leading blocks of each request were already offered to the cache.
         self._num_cached_blocks: dict[str, int] = {}
@@ -62,6 +63,12 @@ class KVCacheManager:
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
+
+    def hash_prompt(self, request: Request) -> None:
+        """Hash the request's full blocks now, at admission: content that cannot be hashed (a salt that is
+        not valid Unicode) fails this one request here instead of a step that serves everyone."""
+        if self.enable_caching:
+            self._block_hashes(request, request.num_tokens // self.block_size)
 
     def get_computed_blocks(self, request: Request) -> ComputedBlocks:
         """The longest cached prefix of full blocks, leaving at least the last token to recompute.
@@ -115,7 +122,7 @@ class KVCacheManager:
             blocks = self.req_to_blocks[request.request_id] = []
         blocks += hit.blocks
         blocks += new_blocks
-        if new_computed_blocks is not None:
+        if new_computed_blocks is not None and self.enable_caching:
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += hit.num_tokens
         self._cache_full_blocks(request, blocks, num_computed)

@@ -39,6 +39,8 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     finished_req_ids: set[str] = field(default_factory=set)  # finished or aborted since the last step
     preempted_req_ids: set[str] = field(default_factory=set)
+    # Blocks the KV pool has grown to (0: unchanged); the runner grows its pools to match.
+    num_kv_blocks: int = 0
 
     @property
     def is_empty(self) -> bool:

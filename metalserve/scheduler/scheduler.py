@@ -32,7 +32,10 @@ class Scheduler:
     requests' outputs are delivered.
     """
 
-    def __init__(self, config: EngineConfig, num_blocks: int, max_model_len: int) -> None:
+    def __init__(
+        self, config: EngineConfig, num_blocks: int, max_model_len: int, initial_blocks: int | None = None
+    ) -> None:
+        """`initial_blocks`: start the KV pool this small and grow it on demand (None: all at once)."""
         needed = -(-max_model_len // config.block_size) + NUM_RESERVED_BLOCKS
         if num_blocks < needed:
             raise ConfigError(
@@ -41,7 +44,7 @@ class Scheduler:
             )
         self.config = config
         self.max_model_len = max_model_len
-        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching, initial_blocks)
         self.requests: dict[str, Request] = {}
         self.waiting = make_queue(config.scheduling_policy)
         self.running: list[Request] = []
@@ -68,6 +71,7 @@ class Scheduler:
                 f"request {request.request_id!r} has {request.num_tokens} tokens, more than "
                 f"max_model_len={self.max_model_len}"
             )
+        self.kv.hash_prompt(request)
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
         self._stop_hints[request.request_id] = self._stop_hint(request)
@@ -232,6 +236,7 @@ class Scheduler:
             total_num_scheduled_tokens=self.config.max_num_batched_tokens - step.budget,
             finished_req_ids=finished,
             preempted_req_ids=step.preempted,
+            num_kv_blocks=self.kv.pool.num_allocated_blocks,
         )
 
     # ---- after the runner -----------------------------------------------------------------------

@@ -135,7 +135,10 @@ class GrammarCompiler:
     def _compile(self, params: StructuredOutputsParams) -> CompiledGrammar:
         text = grammar_text(params)
         tokenizer = self.ll_tokenizer
-        matcher = llguidance.LLMatcher(tokenizer, text, log_level=0)
+        try:
+            matcher = llguidance.LLMatcher(tokenizer, text, log_level=0)
+        except Exception as exc:  # llguidance reports grammar errors on the matcher, but be sure: a 400
+            raise GrammarError(params.kind, str(exc) or type(exc).__name__) from None
         self.num_compiles += 1
         if matcher.is_error():
             raise GrammarError(params.kind, matcher.get_error())

@@ -300,3 +300,15 @@ def test_thinking_display_omitted(thinking_server: Served) -> None:
     events = _events(_post(thinking_server, max_tokens=64, messages=ask, thinking=thinking, stream=True))
     assert [d["content_block"]["type"] for n, d in events if n == "content_block_start"] == ["thinking", "text"]
     assert "secret" not in json.dumps([d for _, d in events])
+
+
+def test_hardening_errors_in_anthropic_shape(server: Served) -> None:
+    raw = '{"model": "tiny-model", "max_tokens": 3, "messages": [{"role": "user", "content": "\\ud800"}]}'
+    response = httpx.post(f"{server.url}/v1/messages", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 400 and response.json()["type"] == "error"
+    assert "surrogate" in response.json()["error"]["message"]
+    with live(make_served(ServerSettings(max_request_body_bytes=2048, log_stats_interval=0))) as small:
+        big = {"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": "x" * 5000}]}
+        too_large = httpx.post(f"{small.url}/v1/messages", json=big)
+        assert too_large.status_code == 413 and too_large.json()["error"]["type"] == "request_too_large"
+        assert httpx.post(f"{small.url}/v1/chat/completions", json={"messages": big["messages"]}).json()["error"]

@@ -103,8 +103,7 @@ def test_signal_shuts_down_cleanly(sig: signal.Signals) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
-    # uvicorn re-raises the caught signal once shut down, so the exit status still says why it stopped.
-    assert proc.returncode in (0, -sig, 128 + sig), output
+    assert proc.returncode == 0, output  # a signal asks for this stop: an orderly end
     assert "Application shutdown complete" in output and "Traceback" not in output
     assert "Avg generation throughput" in output
     with pytest.raises(httpx.ConnectError):

@@ -71,8 +71,17 @@ def test_plain_text_stays_content(name: str, text: str) -> None:
     got = get_tool_parser(name).extract(text)
     assert got.content == text and not got.calls
     for size in (1, 4, 100):
+        assert _stream(get_tool_parser(name), text, size)[:2] == (text, [])
+    for size in (1, 4, 100):
         streamed, calls, _ = _stream(get_tool_parser(name), text, size)
         assert streamed == text and not calls
+
+
+@pytest.mark.parametrize(("name", "eos"), [("mistral", "</s>"), ("deepseek_v3", "<｜end▁of▁sentence｜>")])
+def test_the_end_of_sequence_text_is_not_content(name: str, eos: str) -> None:
+    assert get_tool_parser(name).extract(f"Hello there.{eos}").content == "Hello there."
+    for size in (1, 3, 50):
+        assert _stream(get_tool_parser(name), f"Hello there.{eos}", size)[0] == "Hello there."
 
 
 def test_qwen3_coder_types_parameters_by_the_tool_schema() -> None:
@@ -116,3 +125,15 @@ def test_a_special_token_format_turns_skip_special_tokens_off() -> None:
         assert served.core.added[-1].sampling_params.skip_special_tokens is False
         assert httpx.post(url, json=body).is_success  # no tools: no parsing, the default stays
         assert served.core.added[-1].sampling_params.skip_special_tokens is True
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [("mistral", "[TOOL_CALLS] not json"), ("deepseek_v3", "<｜tool▁calls▁begin｜>garbage"),
+     ("qwen3_coder", "<tool_call>\n<function=f>\nunclosed")],
+)  # fmt: skip
+def test_a_broken_call_gives_the_text_back(name: str, text: str) -> None:
+    got = get_tool_parser(name).extract(text)
+    assert got.content == text and not got.calls
+    for size in (1, 4, 100):
+        assert _stream(get_tool_parser(name), text, size)[:2] == (text, [])

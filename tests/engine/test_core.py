@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import mlx.core as mx
+import pytest
 
 from metalserve.config import EngineConfig
+from metalserve.engine import kv_plan
 from metalserve.engine.core import EngineCore
 from metalserve.loader import LoadedModel
 from metalserve.request import Request
@@ -64,3 +66,27 @@ def test_a_pool_too_small_for_all_requests_preempts_or_queues_and_stays_correct(
     assert most_waiting > 0 or core.make_stats().num_preemptions > 0
     stats = core.make_stats()
     assert stats.num_free_blocks == stats.num_total_blocks
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_the_pool_grows_under_load_and_outputs_stay_exact(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
+    monkeypatch.setattr(kv_plan, "INITIAL_POOL_BLOCKS", 4)
+    loaded = tiny_loaded()
+    prompts = prompts_of([30, 45, 12, 60, 33, 20], loaded.model.args.vocab_size, seed=9)
+    expected = [mlx_lm_greedy(loaded.model, p, 20) for p in prompts]
+    config = EngineConfig(
+        kv_cache_memory=1 << 22, block_size=8, max_num_batched_tokens=64, attention_backend=backend  # type: ignore[arg-type]
+    )
+    core = EngineCore.from_loaded(config, loaded)
+    assert core.runner.spec.num_blocks == 4
+    got, _ = run_all(core, prompts, 20)
+    assert [got[f"r{i}"] for i in range(len(prompts))] == expected
+    grown = core.scheduler.kv.pool.num_allocated_blocks
+    assert core.runner.spec.num_blocks == grown > 4 and grown < core.scheduler.kv.pool.num_blocks
+
+
+def test_the_pool_is_capped_at_what_max_num_seqs_requests_can_use() -> None:
+    loaded = tiny_loaded()
+    config = EngineConfig(kv_cache_memory=1 << 24, block_size=8, max_num_seqs=2, max_model_len=64)
+    core = EngineCore.from_loaded(config, loaded)
+    assert core.scheduler.kv.pool.num_blocks == 2 * 8 + 1

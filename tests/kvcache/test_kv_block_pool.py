@@ -87,3 +87,32 @@ def test_pool_refuses_duplicate_hash() -> None:
 def test_pool_needs_a_usable_block() -> None:
     with pytest.raises(ValueError, match="more than 1"):
         BlockPool(1)
+
+
+def test_a_growing_pool_doubles_when_free_blocks_run_out_and_keeps_ids() -> None:
+    pool = BlockPool(10, initial_blocks=4)
+    assert pool.num_allocated_blocks == 4 and pool.free_queue.block_ids() == [1, 2, 3]
+    assert pool.num_free_blocks == 9 and pool.usage == 0.0  # blocks not grown yet count as free
+    a = pool.get_new_blocks(2)
+    assert [b.block_id for b in a] == [1, 2]
+    b = pool.get_new_blocks(2)  # one free block is not enough: 4 -> 8, new blocks first
+    assert [x.block_id for x in b] == [4, 5] and pool.num_allocated_blocks == 8
+    assert pool.free_queue.block_ids() == [6, 7, 3] and pool.num_free_blocks == 5
+    c = pool.get_new_blocks(5)  # 3 free + the last 2 grown: 8 -> 10, capped
+    assert [x.block_id for x in c] == [8, 9, 6, 7, 3] and pool.num_allocated_blocks == 10
+    assert pool.num_free_blocks == 0
+    with pytest.raises(ValueError, match="only 0 free"):
+        pool.get_new_blocks(1)
+
+
+def test_a_growing_pool_grows_before_it_evicts_a_cached_block() -> None:
+    pool = BlockPool(8, initial_blocks=3)
+    x, y = pool.get_new_blocks(2)
+    assert pool.cache_block(x, BlockHash(b"h-x"))
+    pool.free_blocks([y, x])  # free queue: 2 (plain), 1 (cached)
+    got = pool.get_new_blocks(2)  # one plain free block: grow instead of evicting block 1
+    assert [b.block_id for b in got] == [3, 4] and pool.num_allocated_blocks == 6
+    assert pool.get_cached_block(BlockHash(b"h-x")) is x and pool.num_evictions == 0
+    pool.touch([x])  # a prefix hit takes the cached block out of the free queue
+    assert pool.free_queue.block_ids() == [5, 2]
+    assert [b.block_id for b in pool.get_new_blocks(2)] == [5, 2] and pool.num_allocated_blocks == 6

@@ -100,3 +100,21 @@ def test_no_mlx_import_statement_in_kvcache_or_scheduler() -> None:
             elif isinstance(node, ast.ImportFrom):
                 names = [node.module or ""]
             assert not any(n == "mlx" or n.startswith("mlx.") for n in names), path
+
+
+def test_memory_readers_and_the_pool_cap() -> None:
+    from metalserve.engine.memory import memory_limit, parse_meminfo, parse_vm_stat, pool_block_cap
+
+    assert parse_meminfo("MemTotal:       24000000 kB\nMemAvailable:   12000000 kB\n") == 12000000 * 1024
+    assert parse_meminfo("MemTotal: 1 kB\n") is None
+    vm_stat = (
+        "Mach Virtual Memory Statistics: (page size of 16384 bytes)\nPages free:  1000.\n"
+        "Pages active:  5000.\nPages inactive:  2000.\nPages speculative:  300.\nPages purgeable:  100.\n"
+    )
+    assert parse_vm_stat(vm_stat) == (1000 + 2000 + 300 + 100) * 16384
+    gib = 1 << 30
+    assert memory_limit(0.5, 24 * gib, 20 * gib, gib) == (12 * gib, "50% of 24.0 GiB")
+    limit, why = memory_limit(0.5, 24 * gib, 4 * gib, gib)  # another program holds most of the memory
+    assert limit == 5 * gib and "available" in why
+    assert memory_limit(0.5, 24 * gib, None, gib)[0] == 12 * gib
+    assert pool_block_cap(max_num_seqs=4, max_model_len=100, block_size=16) == 4 * 7 + 1

@@ -108,9 +108,11 @@ def check_blocks(s: Scheduler) -> None:
     free_ids = pool.free_queue.block_ids()
     holders = Counter(b.block_id for blocks in s.kv.req_to_blocks.values() for b in blocks)
     assert NULL_BLOCK_ID not in holders and NULL_BLOCK_ID not in free_ids
-    assert len(free_ids) == len(set(free_ids)) == pool.num_free_blocks
+    not_grown = pool.num_blocks - pool.num_allocated_blocks
+    assert len(free_ids) == len(set(free_ids)) == pool.num_free_blocks - not_grown
     assert set(free_ids).isdisjoint(holders)
-    assert set(free_ids) | set(holders) == set(range(1, pool.num_blocks))
+    assert set(free_ids) | set(holders) == set(range(1, pool.num_allocated_blocks))
+    assert pool._num_free_cached == sum(pool.blocks[i].block_hash is not None for i in free_ids)
     for block in pool.blocks[1:]:
         assert block.ref_cnt == holders.get(block.block_id, 0)
         if block.ref_cnt > 1:
@@ -139,8 +141,10 @@ def check_output(s: Scheduler, cfg: EngineConfig, out: SchedulerOutput, runner: 
     assert out.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
     assert len(out.num_scheduled_tokens) <= cfg.max_num_seqs
     assert all(n >= 1 for n in out.num_scheduled_tokens.values())
+    assert out.num_kv_blocks == s.kv.pool.num_allocated_blocks
     runner.apply(out)
     runner.forward(s, out)
+    assert all(b < out.num_kv_blocks for table in runner.tables.values() for b in table)
     for rid in out.num_scheduled_tokens:
         assert runner.tables[rid] == s.kv.get_block_ids(rid)
         assert runner.computed[rid] == s.requests[rid].num_computed_tokens <= MAX_MODEL_LEN
@@ -174,12 +178,13 @@ def make_request(i: int, op: tuple[Any, ...], rng: random.Random) -> Request:
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cfg_kwargs=configs, extra_blocks=st.integers(0, 4), ops=ops)
+@given(cfg_kwargs=configs, extra_blocks=st.integers(0, 4), initial=st.none() | st.integers(2, 8), ops=ops)
 def test_random_sequences_keep_invariants(
-    cfg_kwargs: dict[str, Any], extra_blocks: int, ops: list[tuple[Any, ...]]
+    cfg_kwargs: dict[str, Any], extra_blocks: int, initial: int | None, ops: list[tuple[Any, ...]]
 ) -> None:
+    """With `initial`, the pool starts that small and grows while the sequence runs."""
     cfg = EngineConfig(**cfg_kwargs)
-    s = Scheduler(cfg, MAX_MODEL_LEN // BS + 1 + extra_blocks, MAX_MODEL_LEN)
+    s = Scheduler(cfg, MAX_MODEL_LEN // BS + 1 + extra_blocks, MAX_MODEL_LEN, initial_blocks=initial)
     runner, rng, done = FakeRunner(), random.Random(0), Done()
     added: list[str] = []
     aborted: set[str] = set()
@@ -211,3 +216,4 @@ def test_random_sequences_keep_invariants(
     event(f"preempted: {s.num_preemptions > 0}")
     event(f"prefix hits: {s.kv.prefix_cache_hits > 0}")
     event(f"aborted: {bool(aborted)}")
+    event(f"pool grew: {initial is not None and s.kv.pool.num_allocated_blocks > initial}")

@@ -33,7 +33,7 @@ class MessagesServing:
         final = gen.parsing.final(state.text, state.finish_reason)
         return JSONResponse(message_body(model, final, state, omit))
 
-    def count_tokens(self, req: CountTokensRequest) -> dict[str, Any]:
+    async def count_tokens(self, req: CountTokensRequest) -> dict[str, Any]:
         chat_req = to_chat(req, reasoning=self.chat.reasoning_parser is not None)
         self.chat.ctx.check_model(chat_req.model)
-        return {"input_tokens": len(self.chat.render(chat_req))}
+        return {"input_tokens": len(await self.chat.render_off_loop(chat_req))}

@@ -24,6 +24,7 @@ _FENCE_RE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
 
 class DeepSeekV3ToolParser(ReparsingToolParser):
     name = "deepseek_v3"
+    end_markers = ("<｜end▁of▁sentence｜>",)
     keeps_special_tokens = True  # the markers are special tokens of DeepSeek's tokenizer
 
     def parse(self, text: str, final: bool) -> Parsed:

@@ -14,6 +14,7 @@ _DECODER = json.JSONDecoder()
 
 class MistralToolParser(ReparsingToolParser):
     name = "mistral"
+    end_markers = ("</s>",)
     keeps_special_tokens = True  # [TOOL_CALLS] is a special token
 
     def parse(self, text: str, final: bool) -> Parsed:

@@ -34,7 +34,7 @@ class HarmonyToolParser(ReparsingToolParser):
     def extract(self, text: str) -> ExtractedToolCalls:
         if not any(m in text for m in MARKERS):
             return ExtractedToolCalls(text, [])
-        parsed = self.parse(text, True)  # structured: only the final channel is content, calls or not
+        parsed = self.settled(text, True)  # structured: only the final channel is content, calls or not
         return ExtractedToolCalls(parsed.content.strip() or None, parsed.calls)
 
     def parse(self, text: str, final: bool) -> Parsed:

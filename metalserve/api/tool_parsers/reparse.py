@@ -31,14 +31,28 @@ class Parsed:
 class ReparsingToolParser(ToolParser):
     """A format given by one `parse`; `extract` and `streaming` follow from it."""
 
+    # End-of-sequence texts that show up when special tokens are kept; never content.
+    end_markers: tuple[str, ...] = ()
+
+    def settled(self, text: str, final: bool) -> Parsed:
+        """`parse`, with an end-of-sequence marker (or, while streaming, its start) cut off the content."""
+        parsed = self.parse(text, final)
+        for marker in self.end_markers:
+            parsed.content = parsed.content.removesuffix(marker)
+        if not final:
+            parsed.content = hold_partial(parsed.content, self.end_markers)
+        return parsed
+
     @abstractmethod
     def parse(self, text: str, final: bool) -> Parsed:
         """`final`: the text is all there is (else a trailing piece may still grow into a marker or a call).
         The content of a prefix must be a prefix of the content of the whole."""
 
     def extract(self, text: str) -> ExtractedToolCalls:
-        parsed = self.parse(text, True)
-        if not parsed.calls:
+        parsed = self.settled(text, True)
+        if not parsed.calls:  # no well-formed call: all of it is content (as the model wrote it)
+            for marker in self.end_markers:
+                text = text.removesuffix(marker)
             return ExtractedToolCalls(text, [])
         return ExtractedToolCalls(parsed.content.strip() or None, parsed.calls)
 
@@ -55,10 +69,13 @@ class ReparsingStreamer(StreamingToolParser):
 
     def feed(self, delta: str) -> DeltaMessage:
         self._text += delta
-        return self._emit(self._parser.parse(self._text, False))
+        return self._emit(self._parser.settled(self._text, False))
 
     def finish(self) -> DeltaMessage:
-        return self._emit(self._parser.parse(self._text, True))
+        parsed = self._parser.settled(self._text, True)
+        if not parsed.calls and not self.num_calls:  # no call after all: the held text is content, as in extract
+            parsed.content = self._parser.extract(self._text).content or ""
+        return self._emit(parsed)
 
     def _emit(self, parsed: Parsed) -> DeltaMessage:
         out = DeltaMessage()

@@ -1,0 +1,15 @@
+"""Errors the async engine hands to the serving layer; their messages are safe to show a client."""
+
+from __future__ import annotations
+
+
+class EngineDeadError(RuntimeError):
+    """The engine core failed (the log has why); no request can be served any more."""
+
+
+class EngineDrainingError(EngineDeadError):
+    """The server is shutting down: running requests finish, new ones are refused."""
+
+
+class ClientTooSlowError(RuntimeError):
+    """A stream's reader fell too far behind; the request was aborted to bound what it buffers."""

@@ -1,0 +1,57 @@
+"""How big the KV pool may grow and how it starts: the budget, the cap, and the start-up line saying why."""
+
+from __future__ import annotations
+
+import logging
+from typing import NamedTuple
+
+from metalserve.config import EngineConfig
+from metalserve.engine.memory import (
+    INITIAL_POOL_BLOCKS,
+    available_memory_bytes,
+    format_bytes,
+    memory_limit,
+    pool_block_cap,
+    total_memory_bytes,
+)
+from metalserve.kvcache.sizing import kv_bytes_per_block, num_blocks_for_budget
+from metalserve.loader import LoadedModel
+
+logger = logging.getLogger("metalserve.engine")
+
+
+class KVPoolPlan(NamedTuple):
+    num_blocks: int  # the most the pool may grow to
+    initial_blocks: int  # what it allocates at start-up
+
+
+def plan_kv_pool(config: EngineConfig, loaded: LoadedModel, max_model_len: int, peak: int, held: int) -> KVPoolPlan:
+    """`peak`: weights + activations of a warm-up step (0 with --kv-cache-memory); `held`: bytes this
+    process holds already, which the OS no longer reports as available."""
+    per_block = kv_bytes_per_block(
+        loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype.size, config.block_size
+    )
+    if config.kv_cache_memory is not None:
+        budget, why = config.kv_cache_memory, "--kv-cache-memory"
+    else:
+        limit, why = memory_limit(
+            config.gpu_memory_utilization, total_memory_bytes(), available_memory_bytes(), held
+        )
+        budget = limit - peak
+        why = f"{why} - {format_bytes(peak)} weights and a warm-up step"
+    fits = num_blocks_for_budget(
+        budget, loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype.size,
+        config.block_size, max_model_len,
+    )  # fmt: skip
+    cap = pool_block_cap(config.max_num_seqs, max_model_len, config.block_size)
+    num_blocks = min(fits, cap)
+    initial = min(num_blocks, INITIAL_POOL_BLOCKS)
+    capped = f", capped at --max-num-seqs {config.max_num_seqs} x {max_model_len} tokens" if cap < fits else ""
+    logger.info(
+        "KV budget %s (%s); pool up to %d blocks of %d tokens (%s, %d tokens%s), %d allocated now (%s), "
+        "growing as requests need them; max concurrency at %d tokens/request: %.1fx",
+        format_bytes(budget), why, num_blocks, config.block_size, format_bytes(per_block * num_blocks),
+        num_blocks * config.block_size, capped, initial, format_bytes(per_block * initial), max_model_len,
+        num_blocks * config.block_size / max_model_len,
+    )  # fmt: skip
+    return KVPoolPlan(num_blocks, initial)
