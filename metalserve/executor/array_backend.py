@@ -117,11 +117,11 @@ class NumpyBackend(ArrayBackend):
         return x
 
     def add_rows(self, x: Array, rows: list[int], bias: np.ndarray) -> Array:
-        if len(rows) == x.shape[0]:  # every row (rows are increasing): one in-place add
-            np.add(x, bias, out=x)
-            return x
-        for i, row in enumerate(rows):  # in place through row views: no gather or scatter copies
-            np.add(x[row], bias[i], out=x[row])
+        if len(rows) != x.shape[0]:  # some rows: spread the bias over the batch, then one add still
+            full = np.zeros(x.shape, np.float32)
+            full[rows] = bias
+            bias = full
+        np.add(x, bias, out=x)  # in place
         return x
 
     def evaluate(self, *arrays: Array) -> None:

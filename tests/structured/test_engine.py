@@ -175,3 +175,13 @@ def test_stop_strings_and_streaming_through_the_async_engine() -> None:
 
     pieces, reason = asyncio.run(go())
     assert "".join(pieces) == "Hello world! " and reason == "stop" and len(pieces) > 1
+
+
+def test_the_grammar_starts_after_the_reasoning_end_marker() -> None:
+    compiler = GrammarCompiler(TOK)
+    free = run(make_core(), [request("f", compiler, None, temperature=0.0, max_tokens=3, ignore_eos=True)])[0]["f"]
+    marker = tuple(free[:2])  # what this model writes first, greedily: a stand-in for `</think>`
+    spec = S(choice=("Paris",), reasoning_end_token_ids=marker)
+    tokens, reasons, _ = run(make_core(), [request("g", compiler, spec, temperature=0.0)])
+    assert tuple(tokens["g"][:2]) == marker  # unconstrained until the marker is out
+    assert text(tokens["g"][2:]) == "Paris" and reasons["g"] == "stop"

@@ -108,3 +108,12 @@ def test_batched_fill_equals_one_by_one() -> None:
     assert not batched[:, len(TOK) :].any()  # ids past the tokenizer (padded logits) are never allowed
     for row, state in enumerate(states):
         assert set(np.flatnonzero(batched[row]).tolist()) == allowed_ids(state)
+
+
+def test_eos_is_allowed_only_where_the_grammar_may_end() -> None:
+    eos = TOK.eos_token_id
+    state = ready(S(regex="[0-9]+"))
+    assert eos not in allowed_ids(state)  # an empty output does not match
+    state.accept(ids("7")[0])
+    assert eos in allowed_ids(state)  # "7" matches, and more digits could follow
+    assert not state.terminated
