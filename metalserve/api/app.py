@@ -201,6 +201,10 @@ def _add_agent_routes(
     async def get_response(response_id: str) -> dict[str, Any]:
         return responses.retrieve(response_id)
 
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str) -> dict[str, Any]:
+        return responses.delete(response_id)
+
 
 async def _log_stats(metrics: Metrics, interval: float) -> None:
     if interval <= 0:

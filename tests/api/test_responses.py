@@ -41,6 +41,11 @@ def test_text_response_and_retrieve(client: openai.OpenAI) -> None:
     assert response.usage.total_tokens == response.usage.input_tokens + response.usage.output_tokens
     again = client.responses.retrieve(response.id)
     assert again.output_text == DEFAULT_REPLY and again.id == response.id
+    client.responses.delete(response.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(response.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.delete(response.id)
 
 
 def test_event_sequence_in_order(server: Served) -> None:

@@ -73,6 +73,11 @@ class ResponsesServing:
             raise OpenAIError(f"Response with id '{response_id}' not found.", 404, param="response_id")
         return stored.body
 
+    def delete(self, response_id: str) -> dict[str, Any]:
+        if not self.store.delete(response_id):
+            raise OpenAIError(f"Response with id '{response_id}' not found.", 404, param="response_id")
+        return {"id": response_id, "object": "response", "deleted": True}
+
     def _usage(self, prompt: int, cached: int, output: int, reasoning: str) -> dict[str, Any]:
         tokenizer = self.chat.ctx.engine.tokenizer
         reasoning_tokens = len(tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
