@@ -145,3 +145,14 @@ def test_chunked_body_over_the_limit_is_a_413_too() -> None:
             f"{served.url}/v1/chat/completions", content=chunks(), headers={"content-type": "application/json"}
         )
         assert response.status_code == 413 and "4096 bytes" in response.json()["error"]["message"]
+
+
+def test_agent_apis_refuse_lone_surrogates_in_their_own_error_shapes(server: Served) -> None:
+    messages = '{"model": "tiny-model", "max_tokens": 4, "messages": [{"role": "user", "content": "\\ud800"}]}'
+    response = _post(server, "/v1/messages", messages)
+    body = response.json()
+    assert response.status_code == 400 and body["type"] == "error"
+    assert body["error"]["type"] == "invalid_request_error" and "messages.0.content" in body["error"]["message"]
+    responses = '{"model": "tiny-model", "input": "\\udc00"}'
+    response = _post(server, "/v1/responses", responses)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "input"
