@@ -33,8 +33,11 @@ from metalserve.api.responses.protocol import ResponsesRequest
 from metalserve.api.responses.serving import ResponsesServing
 from metalserve.api.responses.store import ResponseStore
 from metalserve.api.serving_chat import ChatServing
-from metalserve.api.serving_common import ServingContext, now
+from metalserve.api.serving_common import (
+    now,
+)
 from metalserve.api.serving_completion import CompletionServing
+from metalserve.api.serving_context import ServingContext
 from metalserve.api.settings import ServerSettings
 from metalserve.api.text_guard import TextCheckedRoute
 from metalserve.api.tool_parsers import get_tool_parser
@@ -97,10 +100,35 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     app = FastAPI(title="metalserve", version=metalserve.__version__, lifespan=lifespan)
     app.router.route_class = TextCheckedRoute
     install_error_handlers(app, ERROR_SHAPES)
+    _add_middleware(app, settings, engine.max_model_len)
+    app.state.metrics = metrics
+    app.state.engine = engine
+
+    def alive() -> None:
+        if engine.dead_error is not None:
+            raise OpenAIError(DEAD_MESSAGE, 503)
+        if engine.draining:
+            raise OpenAIError("the server is shutting down", 503)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, raw: HTTPRequest) -> Response:
+        alive()
+        return await chat.create(body, raw)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, raw: HTTPRequest) -> Response:
+        alive()
+        return await completion.create(body, raw)
+
+    _add_agent_routes(app, MessagesServing(chat), ResponsesServing(chat, store), alive)
+    _add_info_routes(app, ctx, metrics)
+    _add_token_routes(app, ctx, chat)
+    return app
+
+
+def _add_middleware(app: FastAPI, settings: ServerSettings, max_model_len: int) -> None:
     # Middleware added last runs first: CORS, then the key, then the body limit.
-    app.add_middleware(
-        BodyLimitMiddleware, max_body_bytes=settings.body_limit(engine.max_model_len), shapes=ERROR_SHAPES
-    )
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.body_limit(max_model_len), shapes=ERROR_SHAPES)
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     app.add_middleware(
@@ -110,14 +138,11 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
         allow_methods=list(settings.allowed_methods),
         allow_headers=list(settings.allowed_headers),
     )
-    app.state.metrics = metrics
-    app.state.engine = engine
 
-    def alive() -> None:
-        if engine.dead_error is not None:
-            raise OpenAIError(DEAD_MESSAGE, 503)
-        if engine.draining:
-            raise OpenAIError("the server is shutting down", 503)
+
+def _add_info_routes(app: FastAPI, ctx: ServingContext, metrics: Metrics) -> None:
+    """Liveness, version, the model card and the Prometheus metrics."""
+    engine = ctx.engine
 
     @app.get("/health")
     async def health() -> Response:
@@ -137,45 +162,34 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
             "data": [{**card, "root": engine.model_name, "max_model_len": engine.max_model_len}],
         }
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, raw: HTTPRequest) -> Response:
-        alive()
-        return await chat.create(body, raw)
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    _add_agent_routes(app, MessagesServing(chat), ResponsesServing(chat, store), alive)
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, raw: HTTPRequest) -> Response:
-        alive()
-        return await completion.create(body, raw)
+def _add_token_routes(app: FastAPI, ctx: ServingContext, chat: ChatServing) -> None:
+    """vLLM's /tokenize and /detokenize, in the tokenizer thread like every prompt."""
+    tokenizer = ctx.engine.tokenizer
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
         ctx.check_model(body.model)
         if body.messages is not None:
-            req = ChatCompletionRequest(
-                messages=body.messages, add_generation_prompt=body.add_generation_prompt
-            )
+            req = ChatCompletionRequest(messages=body.messages, add_generation_prompt=body.add_generation_prompt)
             tokens = await chat.render_off_loop(req)
         else:
             text = body.prompt or ""
             tokens = await ctx.off_loop(
-                lambda: list(engine.tokenizer.encode(text, add_special_tokens=body.add_special_tokens))
+                lambda: list(tokenizer.encode(text, add_special_tokens=body.add_special_tokens))
             )
-        return {"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens}
+        return {"count": len(tokens), "max_model_len": ctx.engine.max_model_len, "tokens": tokens}
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict[str, str]:
         ctx.check_model(body.model)
-        if any(not 0 <= t < len(engine.tokenizer) for t in body.tokens):
+        if any(not 0 <= t < len(tokenizer) for t in body.tokens):
             raise OpenAIError("tokens holds an id outside the vocabulary", 400, param="tokens")
-        return {"prompt": str(await ctx.off_loop(engine.tokenizer.decode, body.tokens))}
-
-    @app.get("/metrics")
-    async def prometheus() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    return app
+        return {"prompt": str(await ctx.off_loop(tokenizer.decode, body.tokens))}
 
 
 def _add_agent_routes(

@@ -13,16 +13,13 @@ from sse_starlette.sse import EventSourceResponse
 
 from metalserve.api.deltas import ChoiceDelta, OutputParsing
 from metalserve.api.errors import OpenAIError
+from metalserve.api.logprobs_format import TokenText, chat_logprobs
 from metalserve.api.protocol import ChatCompletionRequest, ChatMessage
 from metalserve.api.reasoning import ReasoningParser, gate_on_reasoning
 from metalserve.api.serving_common import (
     ChoiceState,
-    ServingContext,
-    TokenText,
     build_sampling_params,
     cancel_on_disconnect,
-    chat_logprobs,
-    check_sequence_count,
     collect,
     engine_error,
     merge_streams,
@@ -33,6 +30,7 @@ from metalserve.api.serving_common import (
     start_generations,
     total_usage,
 )
+from metalserve.api.serving_context import ServingContext, check_sequence_count
 from metalserve.api.structured import chat_structured, check_compiles
 from metalserve.api.tool_choice import is_forced
 from metalserve.api.tool_parsers import ToolCallDelta, ToolParser

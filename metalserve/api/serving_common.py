@@ -3,87 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
-import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import Request as HTTPRequest
 
 from metalserve.api.errors import OpenAIError, internal_error
 from metalserve.api.protocol import _SamplingRequest
-from metalserve.engine.async_engine import AsyncEngine, ClientTooSlowError, EngineDeadError, RequestOutput
+from metalserve.api.serving_context import ServingContext
+from metalserve.engine.async_engine import ClientTooSlowError, EngineDeadError, RequestOutput
 from metalserve.outputs import TokenLogprob
 from metalserve.sampling_params import SamplingParams
 
 T = TypeVar("T")
 _DONE = object()
-# Engine requests one call may start (prompts x n): each holds KV blocks and a slot in the batch.
-MAX_SEQUENCES_PER_CALL = 128
-
-
-def _tokenizer_thread() -> ThreadPoolExecutor:
-    # One thread: HF fast tokenizers are not safe to call from several threads at once.
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="metalserve-tokenizer")
-
-
-@dataclass
-class ServingContext:
-    """The engine, the names a serving class needs, and the thread that tokenizes off the event loop."""
-
-    engine: AsyncEngine
-    served_model_name: str
-    tokenizer_thread: ThreadPoolExecutor = field(default_factory=_tokenizer_thread)
-
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.served_model_name:
-            raise OpenAIError(
-                f"The model `{model}` does not exist.", 404, param="model", code="model_not_found"
-            )
-
-    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run tokenizer or template work in the tokenizer thread, so a huge prompt never stalls HTTP."""
-        return await asyncio.get_running_loop().run_in_executor(self.tokenizer_thread, fn, *args)
-
-    @functools.cached_property
-    def max_token_bytes(self) -> int:
-        """The longest vocabulary entry in UTF-8 bytes: no token covers more of the input text."""
-        return max((len(str(t).encode("utf-8")) for t in self.engine.tokenizer.get_vocab()), default=1)
-
-    async def check_prompt_chars(self, num_chars: int, param: str) -> None:
-        """Refuse before tokenizing a text whose length alone proves it exceeds the context.
-
-        Each token covers at most `max_token_bytes` bytes and each character is at least one byte (for
-        tokenizers whose normalizer removes no characters), so the text has at least this many tokens."""
-        limit = self.engine.max_model_len
-        if num_chars <= limit:
-            return
-        least = num_chars // await self.off_loop(lambda: self.max_token_bytes)
-        if least >= limit:
-            raise OpenAIError(
-                f"This model's maximum context length is {limit} tokens. However, your request has at "
-                f"least {least} input tokens ({num_chars} characters). Please reduce the length of the input.",
-                400,
-                param=param,
-                code="context_length_exceeded",
-            )
-
-
-def check_sequence_count(num_prompts: int, n: int) -> None:
-    if num_prompts * n > MAX_SEQUENCES_PER_CALL:
-        raise OpenAIError(
-            f"this call asks for {num_prompts} prompts x n={n} = {num_prompts * n} sequences; "
-            f"at most {MAX_SEQUENCES_PER_CALL} per call",
-            400,
-            param="n",
-        )
-
-
 def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
@@ -263,56 +200,6 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    }
-
-
-def safe_logprob(value: float) -> float:
-    """JSON has no -inf; vLLM reports -9999.0 for impossible tokens."""
-    return max(value, -9999.0) if math.isfinite(value) or value < 0 else 0.0
-
-
-class TokenText:
-    """Per-token strings for logprobs, cached per id (the same ids recur)."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._tokenizer = tokenizer
-        self._cache: dict[int, str] = {}
-
-    def __call__(self, token_id: int) -> str:
-        text = self._cache.get(token_id)
-        if text is None:
-            text = str(self._tokenizer.decode([token_id], skip_special_tokens=False))
-            self._cache[token_id] = text
-        return text
-
-
-def chat_logprobs(entries: list[TokenLogprob], top_n: int, text: TokenText) -> list[dict[str, Any]]:
-    """The chat API's `logprobs.content` items for these tokens."""
-
-    def item(token_id: int, logprob: float) -> dict[str, Any]:
-        token = text(token_id)
-        return {"token": token, "logprob": safe_logprob(logprob), "bytes": list(token.encode("utf-8"))}
-
-    return [
-        {**item(e.token_id, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top[:top_n]]}
-        for e in entries
-    ]
-
-
-def completion_logprobs(
-    entries: list[TokenLogprob], top_n: int, text: TokenText, offset: int
-) -> dict[str, list[Any]]:
-    """The completions API's column-wise logprobs; `offset` is where this piece starts in the text."""
-    tokens = [text(e.token_id) for e in entries]
-    offsets = []
-    for token in tokens:
-        offsets.append(offset)
-        offset += len(token)
-    return {
-        "tokens": tokens,
-        "token_logprobs": [safe_logprob(e.logprob) for e in entries],
-        "top_logprobs": [{text(t): safe_logprob(lp) for t, lp in e.top[:top_n]} for e in entries],
-        "text_offset": offsets,
     }
 
 

@@ -10,16 +10,13 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse
 
 from metalserve.api.errors import OpenAIError
+from metalserve.api.logprobs_format import TokenText, completion_logprobs
 from metalserve.api.protocol import CompletionRequest
 from metalserve.api.serving_common import (
     ChoiceState,
-    ServingContext,
-    TokenText,
     build_sampling_params,
     cancel_on_disconnect,
-    check_sequence_count,
     collect,
-    completion_logprobs,
     engine_error,
     merge_streams,
     now,
@@ -29,6 +26,7 @@ from metalserve.api.serving_common import (
     start_generations,
     total_usage,
 )
+from metalserve.api.serving_context import ServingContext, check_sequence_count
 from metalserve.api.structured import check_compiles, completion_structured
 from metalserve.engine.async_engine import RequestOutput
 from metalserve.structured.params import StructuredOutputsParams

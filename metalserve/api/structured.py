@@ -13,7 +13,7 @@ from typing import Any
 
 from metalserve.api.errors import OpenAIError
 from metalserve.api.protocol import StructuredOutputsRequest
-from metalserve.api.serving_common import ServingContext
+from metalserve.api.serving_context import ServingContext
 from metalserve.api.tool_choice import ToolChoiceError, forced_tool_params
 from metalserve.structured.compiler import GrammarError
 from metalserve.structured.params import StructuredOutputsParams

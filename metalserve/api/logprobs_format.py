@@ -1,0 +1,58 @@
+"""Logprobs as the chat and completions APIs spell them (per-token strings cached, no -inf in JSON)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from metalserve.outputs import TokenLogprob
+
+
+def safe_logprob(value: float) -> float:
+    """JSON has no -inf; vLLM reports -9999.0 for impossible tokens."""
+    return max(value, -9999.0) if math.isfinite(value) or value < 0 else 0.0
+
+
+class TokenText:
+    """Per-token strings for logprobs, cached per id (the same ids recur)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._cache: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        text = self._cache.get(token_id)
+        if text is None:
+            text = str(self._tokenizer.decode([token_id], skip_special_tokens=False))
+            self._cache[token_id] = text
+        return text
+
+
+def chat_logprobs(entries: list[TokenLogprob], top_n: int, text: TokenText) -> list[dict[str, Any]]:
+    """The chat API's `logprobs.content` items for these tokens."""
+
+    def item(token_id: int, logprob: float) -> dict[str, Any]:
+        token = text(token_id)
+        return {"token": token, "logprob": safe_logprob(logprob), "bytes": list(token.encode("utf-8"))}
+
+    return [
+        {**item(e.token_id, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top[:top_n]]}
+        for e in entries
+    ]
+
+
+def completion_logprobs(
+    entries: list[TokenLogprob], top_n: int, text: TokenText, offset: int
+) -> dict[str, list[Any]]:
+    """The completions API's column-wise logprobs; `offset` is where this piece starts in the text."""
+    tokens = [text(e.token_id) for e in entries]
+    offsets = []
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [safe_logprob(e.logprob) for e in entries],
+        "top_logprobs": [{text(t): safe_logprob(lp) for t, lp in e.top[:top_n]} for e in entries],
+        "text_offset": offsets,
+    }

@@ -1,0 +1,75 @@
+"""What every serving class is handed: the engine, the public model name, and the tokenizer thread
+(with the checks that run before tokenizing)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from metalserve.api.errors import OpenAIError
+from metalserve.engine.async_engine import AsyncEngine
+
+T = TypeVar("T")
+# Engine requests one call may start (prompts x n): each holds KV blocks and a slot in the batch.
+MAX_SEQUENCES_PER_CALL = 128
+
+
+def _tokenizer_thread() -> ThreadPoolExecutor:
+    # One thread: HF fast tokenizers are not safe to call from several threads at once.
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="metalserve-tokenizer")
+
+
+@dataclass
+class ServingContext:
+    """The engine, the names a serving class needs, and the thread that tokenizes off the event loop."""
+
+    engine: AsyncEngine
+    served_model_name: str
+    tokenizer_thread: ThreadPoolExecutor = field(default_factory=_tokenizer_thread)
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.served_model_name:
+            raise OpenAIError(
+                f"The model `{model}` does not exist.", 404, param="model", code="model_not_found"
+            )
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run tokenizer or template work in the tokenizer thread, so a huge prompt never stalls HTTP."""
+        return await asyncio.get_running_loop().run_in_executor(self.tokenizer_thread, fn, *args)
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """The longest vocabulary entry in UTF-8 bytes: no token covers more of the input text."""
+        return max((len(str(t).encode("utf-8")) for t in self.engine.tokenizer.get_vocab()), default=1)
+
+    async def check_prompt_chars(self, num_chars: int, param: str) -> None:
+        """Refuse before tokenizing a text whose length alone proves it exceeds the context.
+
+        Each token covers at most `max_token_bytes` bytes and each character is at least one byte (for
+        tokenizers whose normalizer removes no characters), so the text has at least this many tokens."""
+        limit = self.engine.max_model_len
+        if num_chars <= limit:
+            return
+        least = num_chars // await self.off_loop(lambda: self.max_token_bytes)
+        if least >= limit:
+            raise OpenAIError(
+                f"This model's maximum context length is {limit} tokens. However, your request has at "
+                f"least {least} input tokens ({num_chars} characters). Please reduce the length of the input.",
+                400,
+                param=param,
+                code="context_length_exceeded",
+            )
+
+
+def check_sequence_count(num_prompts: int, n: int) -> None:
+    if num_prompts * n > MAX_SEQUENCES_PER_CALL:
+        raise OpenAIError(
+            f"this call asks for {num_prompts} prompts x n={n} = {num_prompts * n} sequences; "
+            f"at most {MAX_SEQUENCES_PER_CALL} per call",
+            400,
+            param="n",
+        )
