@@ -60,3 +60,22 @@ def test_32_streams_on_a_small_pool_all_complete_correctly() -> None:
         assert server.metric("vllm:num_preemptions_total") > 0 or most_waiting > 0
         assert server.metric("vllm:kv_cache_usage_perc") == 0.0
         assert server.metric("vllm:num_requests_running") == 0
+
+
+def test_the_kv_pool_grows_under_load_on_the_default_model() -> None:
+    # The pool starts at 256 blocks (4,096 tokens); six 900-token prompts at once need more, so it grows
+    # while the host forward reads and writes it. Every text still equals its run alone.
+    words = [f"{t.split()[-1]}{i}" for i, t in enumerate(TOPICS * 30)]
+    prompts = [" ".join(words[j:] + words[:j]) + f" Summary {j}:" for j in range(6)]
+    with running_server("--max-model-len", "2048") as server:
+
+        async def run_all() -> tuple[list[str], list[str]]:
+            async with httpx.AsyncClient(timeout=600) as client:
+                together = await asyncio.gather(*(stream_text(client, server, p) for p in prompts))
+                alone = [await stream_text(client, server, p) for p in prompts]
+            return list(together), alone
+
+        together, alone = asyncio.run(run_all())
+        assert together == alone and all(together)
+        tokens = httpx.post(f"{server.base_url}/tokenize", json={"prompt": prompts[0]}).json()["count"]
+        assert 6 * tokens > 256 * 16  # more than the initial pool holds
