@@ -26,6 +26,15 @@ _TG_DECL = re.compile(
     r"([A-Za-z_]\w*)\s*((?:\[[^\]]+\]\s*)*);"
 )
 
+_TYPE = r"([A-Za-z_][\w:]*(?:\s*<[^;<>]*>)?)"
+_READ_ONLY = r"(?:const\s+(?:device|constant)|(?:device|constant)\s+const)"
+# `(const device half4*)(expr)`: a read-only device pointer cast, kept counted as dev_cast<...>(expr).
+_DEVICE_CAST = re.compile(r"\(\s*" + _READ_ONLY + r"\s+" + _TYPE + r"\s*\*\s*\)\s*\(")
+# `const device T*` anywhere else (parameters, locals, helpers' arguments).
+_DEVICE_PTR = re.compile(r"(?<![\w:])" + _READ_ONLY + r"\s+" + _TYPE + r"\s*\*")
+COUNT_SLOTS = 64  # msl_rt::kMaxBuffers: byte counters, one per buffer slot
+COUNT_NAMES = ("barriers", "simd_ops", "simd_mma")  # the counters after them
+
 
 class EmulatorBuildError(RuntimeError):
     """g++ rejected the kernel; the message holds the compiler's output."""
@@ -52,14 +61,21 @@ def rewrite_threadgroup_decls(source: str) -> str:
     )
 
 
+def rewrite_device_pointers(source: str) -> str:
+    """Read-only device pointers become msl_rt::dev_ptr, which counts the bytes read per buffer."""
+    source = _DEVICE_CAST.sub(lambda m: f"::msl_rt::dev_cast<const {m.group(1)}>(", source)
+    return _DEVICE_PTR.sub(lambda m: f"::msl_rt::dev_ptr<const {m.group(1)}> ", source)
+
+
 def _argument(p: Param, slot: int) -> str:
     """The launcher's expression for one kernel parameter; `slot` indexes the buffer array."""
     if p.kind == "attribute":
         return f"c.{p.ctype}"
     if p.kind in ("scalar", "ndim"):
         return f"*reinterpret_cast<const {p.ctype}*>(bufs[{slot}])"
-    const = "" if p.kind == "output" else "const "
-    return f"reinterpret_cast<{const}{p.ctype}*>(bufs[{slot}])"
+    if p.kind == "output":
+        return f"reinterpret_cast<{p.ctype}*>(bufs[{slot}])"
+    return f"::msl_rt::dev_ptr<const {p.ctype}>(reinterpret_cast<const {p.ctype}*>(bufs[{slot}]), {slot})"
 
 
 def launcher_source(kernel: GeneratedKernel, asan: bool) -> str:
@@ -70,15 +86,17 @@ def launcher_source(kernel: GeneratedKernel, asan: bool) -> str:
         args.append(_argument(p, slot))
         slot += p.kind != "attribute"
     call = f"{kernel.name}{kernel.template_args}(\n      " + ",\n      ".join(args) + ");"
-    text = '#include "msl.h"\n' + rewrite_threadgroup_decls(kernel.source)
+    text = '#include "msl.h"\n' + rewrite_device_pointers(rewrite_threadgroup_decls(kernel.source))
     text += f"""
 extern "C" int msl_run(void* const* bufs, const unsigned* dims, int reverse, int workers,
-                       unsigned long stack, char* err, int err_len) {{
+                       unsigned long stack, char* err, int err_len, unsigned long long* counts) {{
   msl_rt::Dims d{{{{dims[0], dims[1], dims[2]}}, {{dims[3], dims[4], dims[5]}}}};
   std::function<void(const msl_rt::ThreadCtx&)> body = [&](const msl_rt::ThreadCtx& c) {{
     {call}
   }};
-  std::string e = msl_rt::launch(d, reverse != 0, workers, stack, body);
+  static_assert(msl_rt::kMaxBuffers == {COUNT_SLOTS} && msl_rt::kNumCounts == {COUNT_SLOTS + len(COUNT_NAMES)});
+  std::string e = msl_rt::launch(d, reverse != 0, workers, stack, body,
+                                 reinterpret_cast<uint64_t*>(counts));
   std::snprintf(err, err_len, "%s", e.c_str());
   return e.empty() ? 0 : 1;
 }}

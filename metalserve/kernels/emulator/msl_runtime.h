@@ -44,6 +44,10 @@ struct ThreadCtx {
 constexpr int kSimdWidth = 32;
 constexpr size_t kMaxThreadgroupBytes = 32 * 1024;
 constexpr int kSlotBytes = 64;
+constexpr int kMaxBuffers = 64;
+// What a launch counts: device bytes read per buffer slot, then barriers, simdgroup operations
+// (every collective, matrix ones included) and simdgroup multiply-accumulates.
+enum Count { kBarriers = kMaxBuffers, kSimdOps, kSimdMma, kNumCounts };
 
 enum class State { Ready, Barrier, Simd, Done };
 
@@ -99,6 +103,7 @@ struct Worker {
   ucontext_t sched_uc{};
 #endif
   std::string error;
+  uint64_t counts[kNumCounts] = {};
 
   explicit Worker(size_t stack) : stack_bytes(stack), arena(kMaxThreadgroupBytes + 64) {}
   ~Worker() {
@@ -298,6 +303,7 @@ inline void barrier(uint32_t line) {
   Fiber& f = w.me();
   if (++w.barrier_arrived == static_cast<int>(w.fibers.size())) {
     w.barrier_arrived = 0;
+    ++w.counts[kBarriers];
     for (auto& g : w.fibers)
       if (g.state == State::Barrier) g.state = State::Ready;
     return;
@@ -328,6 +334,7 @@ inline T simd_collective(const T& value, int arg, uint32_t line, Pick pick) {
   uint64_t my_gen = f.simd_gen++;
   if (++sg.arrived[b] == sg.lanes) {
     sg.arrived[b] = 0;
+    ++w.counts[kSimdOps];
     sg.completed = my_gen + 1;
     for (auto& g : w.fibers) {
       if (g.state == State::Simd && g.ctx.simdgroup_index_in_threadgroup ==
@@ -374,7 +381,7 @@ struct Dims {
 
 // Runs every threadgroup of the grid; returns an error message, empty on success.
 inline std::string launch(const Dims& d, bool reverse, int num_workers, size_t stack_bytes,
-                          const std::function<void(const ThreadCtx&)>& body) {
+                          const std::function<void(const ThreadCtx&)>& body, uint64_t* counts) {
   for (int a = 0; a < 3; ++a) {
     if (d.tg[a] == 0 || d.grid[a] % d.tg[a] != 0)
       return "grid must be a positive multiple of the threadgroup size in every dimension";
@@ -418,6 +425,8 @@ inline std::string launch(const Dims& d, bool reverse, int num_workers, size_t s
       }
     }
     tls_worker = nullptr;
+    std::lock_guard<std::mutex> lock(mu);
+    for (int i = 0; i < kNumCounts; ++i) counts[i] += w.counts[i];
   };
   int workers = static_cast<int>(std::max<uint64_t>(1, std::min<uint64_t>(num_workers, total)));
   std::vector<std::thread> pool;
