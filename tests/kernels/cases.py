@@ -49,6 +49,13 @@ CASES: tuple[Case, ...] = (
     Case("split_all_options", ((1, 70), (3, 50)), dtype="float16", partition_size=32, sliding_window=40,
          softcap=4.0, sinks=True),
     Case("head_dim_256", ((1, 18), (4, 12)), head_dim=256, block_size=8, num_q_heads=4, num_kv_heads=2),
+    # For the tiled kernel: query tiles that end inside a request and requests that start inside the
+    # packed tile grid, partial key tiles, GQA 1, 4 and 8 packed into the tile, options across tiles.
+    Case("tiles_gqa4", ((40, 40), (33, 70), (1, 9), (31, 31)), num_q_heads=8, num_kv_heads=2),
+    Case("tiles_gqa1", ((70, 100), (5, 5)), dtype="float16", head_dim=128, num_q_heads=2, num_kv_heads=2),
+    Case("tiles_gqa8", ((20, 37), (17, 17)), dtype="bfloat16", num_q_heads=8, num_kv_heads=1),
+    Case("tiles_all_options", ((45, 60), (3, 3)), dtype="float16", head_dim=80, block_size=8,
+         num_q_heads=6, num_kv_heads=2, sliding_window=20, softcap=3.0, sinks=True),
 )
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import ctypes
 import os
-from dataclasses import dataclass
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 

@@ -1,0 +1,61 @@
+"""The traffic model (kernels/traffic.py) against the emulator's exact byte counts, on small shapes."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from metalserve.kernels.emulator import LaunchCounts, emulate_counted
+from metalserve.kernels.launch import KernelLaunch
+from metalserve.kernels.paged import PagedArgs, run_paged_attention
+from metalserve.kernels.traffic import Heads, kv_bytes
+from tests.kernels.cases import Case, make_inputs
+
+# (case, kernels to count); sizes reuse the kernel tests' template instances (no extra builds).
+TRAFFIC_CASES = (
+    Case("prefix_and_decodes", ((40, 40), (33, 70), (1, 9), (31, 31)), num_q_heads=8, num_kv_heads=2),
+    Case("window_prefill", ((45, 60), (3, 3)), dtype="float16", head_dim=80, block_size=8, num_q_heads=6,
+         num_kv_heads=2, sliding_window=20, softcap=3.0, sinks=True),
+    Case("split_decode", ((1, 70), (1, 33)), partition_size=32),
+)
+
+
+def counted(case: Case, kernel: str) -> list[LaunchCounts]:
+    x = make_inputs(case)
+    args = PagedArgs(x.q, x.k_pool, x.v_pool, x.block_tables, x.cu_seqlens_q, x.seq_lens, case.block_size,
+                     x.scale, case.sliding_window, case.softcap, x.sinks)
+    seen: list[LaunchCounts] = []
+
+    def execute(launch: KernelLaunch) -> list[mx.array]:
+        outputs, counts = emulate_counted(launch)
+        seen.append(counts)
+        return outputs
+
+    run_paged_attention(args, execute, None if kernel == "tiled" else case.partition_size, kernel)
+    return seen
+
+
+@pytest.mark.parametrize("kernel", ["tiled", "decode"])
+@pytest.mark.parametrize("case", TRAFFIC_CASES, ids=[c.name for c in TRAFFIC_CASES])
+def test_model_equals_emulated_kv_bytes(case: Case, kernel: str) -> None:
+    heads = Heads(case.num_q_heads, case.num_kv_heads, case.head_dim, 4 if case.dtype == "float32" else 2)
+    counts = counted(case, kernel)
+    emulated = sum(c.bytes_read.get("k_pool", 0) + c.bytes_read.get("v_pool", 0) for c in counts)
+    assert emulated == kv_bytes(case.reqs, heads, kernel, case.sliding_window)
+    assert counts[0].bytes_read["k_pool"] == counts[0].bytes_read["v_pool"]
+
+
+def test_tiled_kernel_reads_each_key_once_per_tile_and_uses_mma() -> None:
+    """One request of 64 tokens in one tile (G=1, 64 tokens per tile): K/V read once, tile_q x fewer
+    times than the one-token kernel, with barriers and matrix multiply-accumulates counted."""
+    case = Case("one_tile", ((64, 100),), dtype="float16", head_dim=128, num_q_heads=2, num_kv_heads=2)
+    heads = Heads(2, 2, 128, 2)
+    (tiled,) = counted(case, "tiled")
+    assert tiled.bytes_read["k_pool"] + tiled.bytes_read["v_pool"] == 100 * heads.per_key()
+    (decode,) = counted(case, "decode")
+    assert decode.bytes_read["k_pool"] == sum(range(37, 101)) * heads.per_key() // 2
+    key_tiles = -(-100 // 16)  # BK = 16 for D = 128 with 64 rows
+    assert tiled.barriers == 2 * key_tiles * 2  # two per key tile, per KV head
+    # per key tile and simdgroup: (BK/8) x (D/8) for QK^T plus as many for PV; 8 simdgroups, 2 heads
+    assert tiled.simd_mma == key_tiles * 2 * (16 // 8) * (128 // 8) * 8 * 2
+    assert decode.simd_mma == 0 and decode.simd_ops > 0
