@@ -46,6 +46,8 @@ const int key_lo = window > 0 ? metal::max(0, pos0 + t0 - window + 1) : 0;
 // This lane's fragment coordinates (Apple's simdgroup_matrix layout: two adjacent columns per lane).
 const int frag_row = ((lane >> 2) & 4) + ((lane >> 1) & 3);
 const int frag_col = (((lane >> 3) & 1) << 2) + ((lane & 1) << 1);
+// A simdgroup whose 8 rows all lie past the tile's last token (a short request's tile) only stages.
+const bool sg_active = sg * 8 < rows;
 const int my_row = sg * 8 + frag_row;
 const bool my_row_valid = my_row < rows;
 const long my_out = (long(t0 + my_row / group) * num_q_heads + kvh * group + my_row % group) * D;
@@ -99,6 +101,9 @@ for (int kt = (key_lo / BK) * BK; kt < key_hi; kt += BK) {
     *((threadgroup float4*)(sv + kr * D + d4)) = vx;
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (!sg_active) {
+    continue;  // simdgroup-uniform: no simdgroup operation is skipped by part of a simdgroup
+  }
 
   for (int kf = 0; kf < KF; ++kf) {
     simdgroup_float8x8 acc = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
@@ -160,6 +165,9 @@ for (int kt = (key_lo / BK) * BK; kt < key_hi; kt += BK) {
   }
 }
 
+if (!sg_active) {
+  return;
+}
 simdgroup_barrier(mem_flags::mem_threadgroup);  // every lane has read sc for the last tile
 if (sm_quarter == 0) {
   sc[sm_row] = l_run > 0.0f ? 1.0f / l_run : 0.0f;

@@ -67,6 +67,8 @@ struct Fiber {
 
 struct SimdGroup {
   int lanes = 0;
+  uint64_t product_gen = ~uint64_t(0);  // which multiply-accumulate `product` holds
+  float product[64];
   int arrived[2] = {0, 0};
   uint32_t site[2] = {0, 0};
   uint64_t completed = 0;

@@ -25,10 +25,6 @@ namespace sgm {
 // Lane l holds row ((l >> 2) & 4) + ((l >> 1) & 3) and columns col(l), col(l) + 1.
 inline int row_of(int l) { return ((l >> 2) & 4) + ((l >> 1) & 3); }
 inline int col_of(int l) { return (((l >> 3) & 1) << 2) + ((l & 1) << 1); }
-// The lane holding element (r, c); its element index there is c & 1.
-inline int lane_of(int r, int c) {
-  return ((r >> 2) << 4) | ((c >> 2) << 3) | (((r >> 1) & 1) << 2) | ((r & 1) << 1) | ((c >> 1) & 1);
-}
 inline int my_lane() { return static_cast<int>(msl_rt::worker().me().ctx.thread_index_in_simdgroup); }
 
 struct Access {
@@ -41,12 +37,12 @@ struct Access {
 
 // The meeting of a load/store/fill: all 32 lanes, with the same arguments.
 inline void meet(const Access& a, const char* what, uint32_t line) {
-  msl_rt::simd_collective(a, 0, line, [what, line](auto get, int n, int, const int*) {
+  msl_rt::simd_collective(a, 0, line, [what, line](auto get, int n, int lane, const int*) {
     if (n != msl_rt::kSimdWidth) {
       msl_rt::worker().fail(std::string(what) + " at line " + std::to_string(line) +
                             " in a simdgroup of " + std::to_string(n) + " lanes (needs 32)");
     }
-    for (int l = 1; l < n; ++l) {
+    for (int l = 1; l < n && lane == 0; ++l) {  // one lane checks for all
       if (!(get(l) == get(0))) {
         msl_rt::worker().fail(std::string(what) + " at line " + std::to_string(line) +
                               ": lanes pass different pointers, strides, origins or transposes");
@@ -123,20 +119,35 @@ void simdgroup_multiply_accumulate(simdgroup_matrix<T, 8, 8>& d, const simdgroup
   sgm::Operands mine{{float(a.elems[0]), float(a.elems[1])}, {float(b.elems[0]), float(b.elems[1])},
                      {float(c.elems[0]), float(c.elems[1])}};
   uint32_t line = s.line();
-  auto out = msl_rt::simd_collective(mine, 0, line, [line](auto get, int n, int lane, const int*) {
+  msl_rt::Fiber& me = msl_rt::worker().me();
+  msl_rt::SimdGroup* group = &msl_rt::worker().simds[me.ctx.simdgroup_index_in_threadgroup];
+  uint64_t gen = me.simd_gen;
+  auto out = msl_rt::simd_collective(mine, 0, line, [line, group, gen](auto get, int n, int lane, const int*) {
     if (n != msl_rt::kSimdWidth) {
       msl_rt::worker().fail("simdgroup_multiply_accumulate at line " + std::to_string(line) +
                             " in a partial simdgroup");
     }
-    float a_row[8];
-    sgm::Operands res{};
-    int r = sgm::row_of(lane), c0 = sgm::col_of(lane);
-    for (int k = 0; k < 8; ++k) a_row[k] = get(sgm::lane_of(r, k)).a[k & 1];
-    for (int e = 0; e < 2; ++e) {
-      float acc = get(lane).c[e];
-      for (int k = 0; k < 8; ++k) acc += a_row[k] * get(sgm::lane_of(k, c0 + e)).b[(c0 + e) & 1];
-      res.c[e] = acc;
+    if (group->product_gen != gen) {  // the first lane back computes the whole 8x8 result
+      float a[64], b[64], c[64];
+      for (int l = 0; l < 32; ++l) {
+        sgm::Operands o = get(l);
+        for (int e = 0; e < 2; ++e) {
+          int at = sgm::row_of(l) * 8 + sgm::col_of(l) + e;
+          a[at] = o.a[e], b[at] = o.b[e], c[at] = o.c[e];
+        }
+      }
+      for (int r = 0; r < 8; ++r) {
+        for (int col = 0; col < 8; ++col) {
+          float acc = c[r * 8 + col];
+          for (int k = 0; k < 8; ++k) acc += a[r * 8 + k] * b[k * 8 + col];
+          group->product[r * 8 + col] = acc;
+        }
+      }
+      group->product_gen = gen;
     }
+    sgm::Operands res{};
+    int at = sgm::row_of(lane) * 8 + sgm::col_of(lane);
+    res.c[0] = group->product[at], res.c[1] = group->product[at + 1];
     return res;  // this lane's two elements of d, in .c
   });
   if (sgm::my_lane() == 0) ++msl_rt::worker().counts[msl_rt::kSimdMma];
