@@ -9,11 +9,12 @@ import tempfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
-from metalserve.kernels.emulator.build import COUNT_NAMES, COUNT_SLOTS, build
+from metalserve.kernels.emulator.build import COUNT_NAMES, COUNT_SLOTS, build, entry_symbol
 from metalserve.kernels.emulator.signature import GeneratedKernel, generate
 from metalserve.kernels.launch import KernelLaunch, as_array
 
@@ -97,14 +98,15 @@ def _buffers(launch: KernelLaunch, kernel: GeneratedKernel) -> tuple[list[np.nda
 
 
 @cache
-def _load(path: Path) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(path))
-    lib.msl_run.argtypes = [
+def _load(path: Path) -> Any:  # a ctypes function pointer
+    """The kernel's entry point in its (possibly shared) library."""
+    run = getattr(ctypes.CDLL(str(path)), entry_symbol(path))
+    run.argtypes = [
         ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_uint), ctypes.c_int, ctypes.c_int,
         ctypes.c_ulong, ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_ulonglong),
     ]
-    lib.msl_run.restype = ctypes.c_int
-    return lib
+    run.restype = ctypes.c_int
+    return run
 
 
 def default_workers() -> int:
@@ -122,12 +124,12 @@ def _run_in_process(kernel: GeneratedKernel, bufs: list[np.ndarray], launch: Ker
     """Runs the launch; returns the raw counters (msl_rt::Count order)."""
     if len(bufs) > COUNT_SLOTS:
         raise EmulatorError(f"{launch.name}: more than {COUNT_SLOTS} buffers")
-    lib = _load(build(kernel))
+    run = _load(build(kernel))
     ptrs = (ctypes.c_void_p * max(1, len(bufs)))(*[b.ctypes.data for b in bufs])
     dims = (ctypes.c_uint * 6)(*_dims(launch))
     err = ctypes.create_string_buffer(4096)
     counts = np.zeros(COUNT_SLOTS + len(COUNT_NAMES), np.uint64)
-    rc = lib.msl_run(ptrs, dims, int(reverse), default_workers(), STACK_BYTES, err, len(err),
+    rc = run(ptrs, dims, int(reverse), default_workers(), STACK_BYTES, err, len(err),
                      counts.ctypes.data_as(ctypes.POINTER(ctypes.c_ulonglong)))
     if rc != 0:
         raise EmulatorError(f"{launch.name}: {err.value.decode()}")
