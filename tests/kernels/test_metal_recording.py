@@ -16,8 +16,10 @@ from tests.kernels.cases import CASES, TOLERANCE, Case, as_f64, make_inputs
 RECORDING = Path(__file__).parent / "data" / "metal_outputs.npz"
 
 
-@pytest.mark.parametrize("kernel", ["tiled", "decode"])
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+PAIRS = [(c, k) for c in CASES for k in c.kernels]
+
+
+@pytest.mark.parametrize(("case", "kernel"), PAIRS, ids=[f"{c.name}-{k}" for c, k in PAIRS])
 def test_emulator_matches_recorded_metal(case: Case, kernel: str) -> None:
     if not RECORDING.exists():
         pytest.skip(f"{RECORDING.name} not recorded yet (run tools/record_metal_outputs.py on a Mac)")

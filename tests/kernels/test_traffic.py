@@ -9,15 +9,12 @@ from metalserve.kernels.emulator import LaunchCounts, emulate_counted
 from metalserve.kernels.launch import KernelLaunch
 from metalserve.kernels.paged import PagedArgs, run_paged_attention
 from metalserve.kernels.traffic import Heads, kv_bytes
-from tests.kernels.cases import Case, make_inputs
+from tests.kernels.cases import CASES, Case, make_inputs
 
-# (case, kernels to count); sizes reuse the kernel tests' template instances (no extra builds).
-TRAFFIC_CASES = (
-    Case("prefix_and_decodes", ((40, 40), (33, 70), (1, 9), (31, 31)), num_q_heads=8, num_kv_heads=2),
-    Case("window_prefill", ((45, 60), (3, 3)), dtype="float16", head_dim=80, block_size=8, num_q_heads=6,
-         num_kv_heads=2, sliding_window=20, softcap=3.0, sinks=True),
-    Case("split_decode", ((1, 70), (1, 33)), partition_size=32),
-)
+# Cases of the kernel tests (their builds are shared): options, prefixes, split-KV, tile edges.
+TRAFFIC_CASES = tuple((c, k) for c in CASES for k in c.kernels
+                      if c.name in ("chunked_prefix", "window", "split_boundaries", "tiles_gqa4",
+                                    "tiles_all_options"))
 
 
 def counted(case: Case, kernel: str) -> list[LaunchCounts]:
@@ -35,8 +32,7 @@ def counted(case: Case, kernel: str) -> list[LaunchCounts]:
     return seen
 
 
-@pytest.mark.parametrize("kernel", ["tiled", "decode"])
-@pytest.mark.parametrize("case", TRAFFIC_CASES, ids=[c.name for c in TRAFFIC_CASES])
+@pytest.mark.parametrize(("case", "kernel"), TRAFFIC_CASES, ids=[f"{c.name}-{k}" for c, k in TRAFFIC_CASES])
 def test_model_equals_emulated_kv_bytes(case: Case, kernel: str) -> None:
     heads = Heads(case.num_q_heads, case.num_kv_heads, case.head_dim, 4 if case.dtype == "float32" else 2)
     counts = counted(case, kernel)

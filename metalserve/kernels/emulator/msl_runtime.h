@@ -338,10 +338,9 @@ inline T simd_collective(const T& value, int arg, uint32_t line, Pick pick) {
     sg.arrived[b] = 0;
     ++w.counts[kSimdOps];
     sg.completed = my_gen + 1;
-    for (auto& g : w.fibers) {
-      if (g.state == State::Simd && g.ctx.simdgroup_index_in_threadgroup ==
-                                        f.ctx.simdgroup_index_in_threadgroup)
-        g.state = State::Ready;
+    size_t first = size_t(f.ctx.simdgroup_index_in_threadgroup) * kSimdWidth;  // only its lanes
+    for (size_t i = first; i < first + size_t(sg.lanes); ++i) {
+      if (w.fibers[i].state == State::Simd) w.fibers[i].state = State::Ready;
     }
   } else {
     f.state = State::Simd;
