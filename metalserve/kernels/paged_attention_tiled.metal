@@ -50,13 +50,18 @@ const int frag_col = (((lane >> 3) & 1) << 2) + ((lane & 1) << 1);
 const bool sg_active = sg * 8 < rows;
 const int my_row = sg * 8 + frag_row;
 const bool my_row_valid = my_row < rows;
+// Keys any of this simdgroup's rows sees: 8-key fragments wholly outside are skipped (causal diagonal,
+// window), exactly, since the softmax masks them anyway.
+const int sg_key_hi = pos0 + t0 + (metal::min(rows, sg * 8 + 8) - 1) / group + 1;
+const int sg_key_lo = window > 0 ? pos0 + t0 + (sg * 8) / group - window + 1 : 0;
 const long my_out = (long(t0 + my_row / group) * num_q_heads + kvh * group + my_row % group) * D;
 
+const simdgroup_float8x8 zero = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
 simdgroup_float8x8 qf[DF];
 simdgroup_float8x8 of[DF];
 for (int j = 0; j < DF; ++j) {
-  qf[j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
-  of[j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+  qf[j] = zero;
+  of[j] = zero;
   if (my_row_valid) {
     qf[j].thread_elements()[0] = float(q[my_out + j * 8 + frag_col]) * scale;
     qf[j].thread_elements()[1] = float(q[my_out + j * 8 + frag_col + 1]) * scale;
@@ -106,7 +111,10 @@ for (int kt = (key_lo / BK) * BK; kt < key_hi; kt += BK) {
   }
 
   for (int kf = 0; kf < KF; ++kf) {
-    simdgroup_float8x8 acc = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+    if (kt + kf * 8 >= sg_key_hi || kt + kf * 8 + 8 <= sg_key_lo) {
+      continue;  // simdgroup-uniform; the softmax below never reads these scores as visible
+    }
+    simdgroup_float8x8 acc = zero;
     for (int j = 0; j < DF; ++j) {
       simdgroup_float8x8 kmat;  // K^T block: rows are head dims, columns keys
       simdgroup_load(kmat, sk + kf * 8 * D + j * 8, D, ulong2(0, 0), true);
@@ -121,11 +129,11 @@ for (int kt = (key_lo / BK) * BK; kt < key_hi; kt += BK) {
   for (int i = 0; i < BK / 4; ++i) {
     const int col = sm_quarter + 4 * i;
     const int key = kt + col;
-    float x = my_s[(lane >> 2) * BK + col];
+    const bool visible = sm_valid && key <= sm_pos && key >= sm_first;
+    float x = visible ? my_s[(lane >> 2) * BK + col] : 0.0f;  // skipped fragments hold stale scores
     if (softcap > 0.0f) {
       x = softcap * metal::precise::tanh(x / softcap);
     }
-    const bool visible = sm_valid && key <= sm_pos && key >= sm_first;
     s[i] = visible ? x : -INFINITY;
     tile_max = metal::max(tile_max, s[i]);
   }
@@ -155,6 +163,9 @@ for (int kt = (key_lo / BK) * BK; kt < key_hi; kt += BK) {
     of[j].thread_elements()[1] *= my_corr;
   }
   for (int kf = 0; kf < KF; ++kf) {
+    if (kt + kf * 8 >= sg_key_hi || kt + kf * 8 + 8 <= sg_key_lo) {
+      continue;  // all its probabilities are 0
+    }
     simdgroup_float8x8 pmat;
     simdgroup_load(pmat, my_s + kf * 8, BK);
     for (int j = 0; j < DF; ++j) {

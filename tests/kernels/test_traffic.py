@@ -52,6 +52,8 @@ def test_tiled_kernel_reads_each_key_once_per_tile_and_uses_mma() -> None:
     assert decode.bytes_read["k_pool"] == sum(range(37, 101)) * heads.per_key() // 2
     key_tiles = -(-100 // 16)  # BK = 16 for D = 128 with 64 rows
     assert tiled.barriers == 2 * key_tiles * 2  # two per key tile, per KV head
-    # per key tile and simdgroup: (BK/8) x (D/8) for QK^T plus as many for PV; 8 simdgroups, 2 heads
-    assert tiled.simd_mma == key_tiles * 2 * (16 // 8) * (128 // 8) * 8 * 2
+    # Simdgroup s holds tokens 8s..8s+7 (positions 36+8s..43+8s): it multiplies only the 8-key fragments
+    # below 44 + 8s, each (D/8) times for QK^T and as many for PV; 2 KV heads.
+    fragments = sum(-(-(44 + 8 * s) // 8) for s in range(8))
+    assert tiled.simd_mma == fragments * 2 * (128 // 8) * 2
     assert decode.simd_mma == 0 and decode.simd_ops > 0
