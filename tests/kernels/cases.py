@@ -61,6 +61,8 @@ CASES: tuple[Case, ...] = (
     Case("tiles_all_options", ((45, 60), (3, 3)), dtype="float16", head_dim=80, block_size=8,
          num_q_heads=6, num_kv_heads=2, sliding_window=20, softcap=3.0, sinks=True, kernels=TILED),
     Case("model_heads_step", ((12, 30), (12, 20), (1, 40), (11, 11)), num_q_heads=9, num_kv_heads=3),
+    # Fewer than 8 table entries: MLX passes the table in constant memory (another kernel instance).
+    Case("model_heads_small_table", ((12, 30), (1, 9)), num_q_heads=9, num_kv_heads=3, extra_blocks=1),
 )
 
 

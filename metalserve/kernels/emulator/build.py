@@ -152,6 +152,7 @@ def _include_dir(flags: tuple[str, ...]) -> Path:
     return out
 
 
+@cache
 def _target(kernel: GeneratedKernel, asan: bool) -> Path:
     flags = ASAN_FLAGS if asan else CXX_FLAGS
     digest = _digest(launcher_source(kernel, asan), flags)
