@@ -85,6 +85,30 @@ class Error : public std::exception {};
 struct Worker;
 inline thread_local Worker* tls_worker = nullptr;
 
+// Fiber stacks outlive a launch: a new launch reuses stacks whose pages are already mapped.
+struct StackPool {
+  std::mutex mu;
+  size_t bytes = 0;
+  std::vector<char*> free;
+  char* take(size_t n) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (n != bytes) {  // another size: drop the pool
+      for (char* s : free) std::free(s);
+      free.clear();
+      bytes = n;
+    }
+    if (free.empty()) return static_cast<char*>(std::malloc(n));
+    char* s = free.back();
+    free.pop_back();
+    return s;
+  }
+  void give(char* s, size_t n) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (n == bytes) free.push_back(s); else std::free(s);
+  }
+};
+inline StackPool stack_pool;
+
 extern "C" inline void msl_fiber_entry();
 
 // One OS thread's state: the fibers of the threadgroup it runs now and that group's memory arena.
@@ -109,7 +133,8 @@ struct Worker {
 
   explicit Worker(size_t stack) : stack_bytes(stack), arena(kMaxThreadgroupBytes + 64) {}
   ~Worker() {
-    for (auto& f : fibers) std::free(f.stack);
+    for (auto& f : fibers)
+      if (f.stack) stack_pool.give(f.stack, stack_bytes);
   }
   [[noreturn]] void fail(const std::string& msg) {
     if (error.empty()) error = msg;
@@ -180,7 +205,7 @@ inline void Worker::yield_to_scheduler() {
 
 inline void Worker::start_fiber(int i) {
   Fiber& f = fibers[i];
-  if (!f.stack) f.stack = static_cast<char*>(std::malloc(stack_bytes));
+  if (!f.stack) f.stack = stack_pool.take(stack_bytes);
 #ifdef MSL_ASM_SWITCH
   // A fresh stack laid out as msl_switch leaves it: control word slot, six registers, return address.
   uintptr_t top = (reinterpret_cast<uintptr_t>(f.stack) + stack_bytes) & ~uintptr_t(15);
