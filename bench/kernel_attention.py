@@ -1,10 +1,11 @@
-"""Micro-benchmark of the paged-attention kernel against MLX's dense SDPA on a gathered copy of the KV.
+"""Micro-benchmark of the paged-attention kernels against MLX's dense SDPA on a gathered copy of the KV.
 
-    python bench/kernel_attention.py [--iters 20]
+    python bench/kernel_attention.py [--iters 20] [--shapes all|small]
 
-On a Mac it times, per shape: the Metal kernel over the pages; `mx.fast.scaled_dot_product_attention`
-on a dense copy of the same KV (the copy made beforehand, so this is SDPA alone); and gather + SDPA.
-Elsewhere the Metal rows are skipped and the portable path (reference.py) is timed instead.
+On a Mac it times, per shape: the tiled and the decode Metal kernels over the pages (and which one the
+entry point picks); `mx.fast.scaled_dot_product_attention` on a dense copy of the same KV (the copy
+made beforehand, so this is SDPA alone); and gather + SDPA. Elsewhere the Metal rows are skipped, the
+portable path (reference.py) is timed instead, and only the small shapes run unless `--shapes all`.
 """
 
 from __future__ import annotations
@@ -23,14 +24,16 @@ import numpy as np
 
 from metalserve.kernels import reference
 from metalserve.kernels.metal import metal_paged_attention
+from metalserve.kernels.paged import PagedArgs, choose_kernel
 
 # (label, num_reqs, q_len per request, context length); SmolLM2-like heads: 9 query, 3 KV, dim 64.
 SHAPES = (
-    ("decode b8 ctx512", 8, 1, 512),
-    ("decode b32 ctx1024", 32, 1, 1024),
-    ("decode b4 ctx4096", 4, 1, 4096),
-    ("prefill 1x512", 1, 512, 512),
+    ("prefill 512", 1, 512, 512),
+    ("prefill 4K", 1, 4096, 4096),
+    ("prefill 16K", 1, 16384, 16384),
+    *((f"decode b{b} ctx{c // 1024}K", b, 1, c) for b in (1, 8, 32) for c in (1024, 8192, 32768)),
 )
+SMALL = ("prefill 512", "decode b1 ctx1K", "decode b8 ctx1K")  # what the CPU fallback times by default
 HQ, HKV, D, BLOCK = 9, 3, 64, 16
 
 
@@ -75,9 +78,12 @@ def bench_shape(num_reqs: int, q_len: int, ctx: int, iters: int, dtype: mx.Dtype
         "gather + sdpa": timed(gathered_sdpa, iters),
     }
     args = (q, k_pool, v_pool, bt, cu, lens)
+    picks = choose_kernel(PagedArgs(*args, BLOCK, scale, None, None, None), "auto", None)
+    print(f"  (the entry point picks the {picks} kernel)")
     if mx.metal.is_available():
-        kernel = metal_paged_attention
-        rows["metal kernel"] = timed(lambda: kernel(*args, block_size=BLOCK, scale=scale), iters)
+        for name in ("tiled", "decode"):
+            rows[f"metal {name}"] = timed(
+                lambda name=name: metal_paged_attention(*args, block_size=BLOCK, scale=scale, kernel=name), iters)
     else:
         portable = reference.paged_attention
         rows["reference.py"] = timed(lambda: portable(*args, block_size=BLOCK, scale=scale), iters)
@@ -88,11 +94,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16")
+    parser.add_argument("--shapes", choices=["all", "small"], default=None,
+                        help="default: all on Metal, small elsewhere")
     args = parser.parse_args()
     dtype = getattr(mx, args.dtype)
+    small = (args.shapes or ("all" if mx.metal.is_available() else "small")) == "small"
     print(f"device: {'Metal' if mx.metal.is_available() else 'CPU (no Metal: kernel rows skipped)'}, "
           f"{args.dtype}, Hq={HQ} Hkv={HKV} D={D} block={BLOCK}; median ms of {args.iters}")
     for label, num_reqs, q_len, ctx in SHAPES:
+        if small and label not in SMALL:
+            continue
         rows = bench_shape(num_reqs, q_len, ctx, args.iters, dtype)
         print(f"{label:22s} " + "  ".join(f"{k}: {v:8.3f}" for k, v in rows.items()))
 

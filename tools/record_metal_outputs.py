@@ -1,4 +1,4 @@
-"""Run on a Mac: record the Metal kernel's outputs for the kernel test cases.
+"""Run on a Mac: record both Metal kernels' outputs (tiled and decode) for the kernel test cases.
 
     python tools/record_metal_outputs.py [--out tests/kernels/data/metal_outputs.npz]
 
@@ -22,6 +22,11 @@ from metalserve.kernels.metal import metal_paged_attention  # noqa: E402
 from tests.kernels.cases import CASES, make_inputs  # noqa: E402
 
 DEFAULT_OUT = ROOT / "tests" / "kernels" / "data" / "metal_outputs.npz"
+KERNELS = ("tiled", "decode")
+
+
+def recording_key(case: str, kernel: str) -> str:
+    return f"{case}/{kernel}"
 
 
 def record(out_path: Path) -> None:
@@ -30,13 +35,15 @@ def record(out_path: Path) -> None:
     results: dict[str, np.ndarray] = {}
     for case in CASES:
         x = make_inputs(case)
-        out = metal_paged_attention(
-            x.q, x.k_pool, x.v_pool, x.block_tables, x.cu_seqlens_q, x.seq_lens,
-            block_size=case.block_size, scale=x.scale, sliding_window=case.sliding_window,
-            softcap=case.softcap, sinks=x.sinks, partition_size=case.partition_size,
-        )
-        results[case.name] = np.array(out.astype(mx.float32))
-        print(f"{case.name:20s} {case.dtype:9s} {tuple(out.shape)}")
+        for kernel in (k for k in KERNELS if k in case.kernels):
+            out = metal_paged_attention(
+                x.q, x.k_pool, x.v_pool, x.block_tables, x.cu_seqlens_q, x.seq_lens,
+                block_size=case.block_size, scale=x.scale, sliding_window=case.sliding_window,
+                softcap=case.softcap, sinks=x.sinks, kernel=kernel,
+                partition_size=None if kernel == "tiled" else case.partition_size,
+            )
+            results[recording_key(case.name, kernel)] = np.array(out.astype(mx.float32))
+            print(f"{case.name:20s} {kernel:7s} {case.dtype:9s} {tuple(out.shape)}")
     info = mx.metal.device_info()
     results["__device__"] = np.array(f"{info.get('device_name', '?')} mlx {getattr(mx, '__version__', '?')}")
     out_path.parent.mkdir(parents=True, exist_ok=True)

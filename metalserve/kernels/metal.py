@@ -56,11 +56,13 @@ def metal_paged_attention(
     softcap: float | None = None,
     sinks: mx.array | None = None,
     partition_size: int | None = None,
+    kernel: str = "auto",
 ) -> mx.array:
-    """The contract on the Metal kernel; `partition_size` forces the split-KV path (tests, benches)."""
+    """The contract on the Metal kernels; `kernel` ("auto", "tiled", "decode") and `partition_size`
+    (the decode kernel's split-KV) force a path for tests and benches."""
     args = PagedArgs(q, k_pool, v_pool, block_tables, cu_seqlens_q, seq_lens, block_size, scale,
                      sliding_window, softcap, sinks)
-    return run_paged_attention(args, run_metal, partition_size)
+    return run_paged_attention(args, run_metal, partition_size, kernel)
 
 
 def paged_attention(

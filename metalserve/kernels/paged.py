@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from metalserve.kernels.launch import KernelLaunch, metal_source
+from metalserve.kernels.tiled import tiled_launch, tiling
 
 HEAD_DIMS = (64, 80, 96, 128, 256)
 BLOCK_SIZES = (8, 16, 32)
@@ -22,6 +23,8 @@ DTYPES = (mx.float16, mx.bfloat16, mx.float32)
 SIMDGROUPS = 4  # per threadgroup: keys are dealt round-robin to them
 DEFAULT_PARTITION = 256  # keys per threadgroup when the KV range is split
 SPLIT_BELOW_GROUPS = 256  # split only when the unsplit grid would have fewer threadgroups than this
+
+KERNELS = ("auto", "tiled", "decode")
 
 Executor = Callable[[KernelLaunch], list[mx.array]]
 
@@ -137,10 +140,35 @@ def merge_launch(a: PagedArgs, part_o: mx.array, part_ml: mx.array) -> KernelLau
     )
 
 
-def run_paged_attention(a: PagedArgs, execute: Executor, partition_size: int | None = None) -> mx.array:
+def choose_kernel(a: PagedArgs, kernel: str, partition_size: int | None) -> str:
+    """"tiled" or "decode", from shapes only: a batch with more query rows than requests has a prefill
+    (or several queries of a request) and takes the tiled kernel; an all-decode batch keeps the
+    one-token kernel and its split-KV, which read each K/V byte once per query token either way."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    fits = tiling(a.q.shape[1] // a.k_pool.shape[1], a.q.shape[2]) is not None
+    if kernel == "tiled":
+        if partition_size is not None:
+            raise ValueError("partition_size applies to the decode kernel's split-KV, not to the tiled one")
+        if not fits:
+            raise ValueError("no query tile fits this many query heads per KV head")
+        return kernel
+    if kernel == "decode" or partition_size is not None or not fits:
+        return "decode"
+    return "tiled" if a.q.shape[0] > a.seq_lens.shape[0] else "decode"
+
+
+def run_paged_attention(
+    a: PagedArgs, execute: Executor, partition_size: int | None = None, kernel: str = "auto"
+) -> mx.array:
     """Attention for the packed batch through `execute`; returns `[total_q, Hq, D]` in q's dtype."""
     if a.q.shape[0] == 0:
         return mx.zeros(a.q.shape, a.q.dtype)
+    if choose_kernel(a, kernel, partition_size) == "tiled":
+        t = tiling(a.q.shape[1] // a.k_pool.shape[1], a.q.shape[2])
+        assert t is not None
+        (out,) = execute(tiled_launch(a, t))
+        return out.astype(a.q.dtype)
     partitions = num_partitions(a, partition_size)
     size = partition_size or DEFAULT_PARTITION
     out, part_ml = execute(attention_launch(a, partitions, size))

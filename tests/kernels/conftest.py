@@ -12,8 +12,9 @@ from metalserve.kernels.paged import PagedArgs, run_paged_attention
 from tests.kernels.cases import CASES, Case, make_inputs
 
 
-def launches_of(case_list: tuple[Case, ...] = CASES) -> list[KernelLaunch]:
-    """Every launch the cases make, found by running them with an executor that only records."""
+def launches_of(case_list: tuple[Case, ...] = CASES,
+                kernels: tuple[str, ...] = ("tiled", "decode")) -> list[KernelLaunch]:
+    """Every launch the cases make with each kernel, found with an executor that only records."""
     seen: list[KernelLaunch] = []
 
     def record(launch: KernelLaunch) -> list[mx.array]:
@@ -24,7 +25,8 @@ def launches_of(case_list: tuple[Case, ...] = CASES) -> list[KernelLaunch]:
         x = make_inputs(case)
         args = PagedArgs(x.q, x.k_pool, x.v_pool, x.block_tables, x.cu_seqlens_q, x.seq_lens,
                          case.block_size, x.scale, case.sliding_window, case.softcap, x.sinks)
-        run_paged_attention(args, record, case.partition_size)
+        for kernel in (k for k in kernels if k in case.kernels):
+            run_paged_attention(args, record, None if kernel == "tiled" else case.partition_size, kernel)
     return seen
 
 
@@ -32,9 +34,10 @@ def launches_of(case_list: tuple[Case, ...] = CASES) -> list[KernelLaunch]:
 def warm_emulator_cache() -> None:
     """Compile every kernel the module needs up front, in parallel (cold CI: minutes -> about one)."""
     from tests.kernels.test_emulator import ASAN_LAUNCHES, LAUNCHES
+    from tests.kernels.test_emulator_simdgroup import LAUNCHES as SIMDGROUP_LAUNCHES
     from tests.kernels.test_paged_attention import asan_case_launches
 
-    pairs = [(launch, False) for launch in [*launches_of(), *LAUNCHES]]
+    pairs = [(launch, False) for launch in [*launches_of(), *LAUNCHES, *SIMDGROUP_LAUNCHES]]
     pairs += [(launch, True) for launch in [*ASAN_LAUNCHES, *asan_case_launches()]]
     unique = {(k.source, asan): (k, asan) for k, asan in ((generate(x), a) for x, a in pairs)}
     build_all(list(unique.values()))

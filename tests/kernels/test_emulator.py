@@ -14,6 +14,7 @@ from metalserve.kernels.emulator import EmulatorError, emulate, emulate_race_che
 from metalserve.kernels.emulator.signature import generate
 from metalserve.kernels.launch import KernelLaunch
 from metalserve.kernels.paged import PagedArgs, attention_launch
+from metalserve.kernels.tiled import tiled_launch, tiling
 from tests.kernels.cases import CASES, make_inputs
 
 
@@ -204,12 +205,15 @@ def test_signature_matches_mlx_for_every_parameter_kind(
     assert generate(k).source == _mlx_generated(k, capfd, tmp_path)
 
 
-def test_signature_matches_mlx_for_the_attention_kernel(
-    capfd: pytest.CaptureFixture[str], tmp_path: Path
+@pytest.mark.parametrize("kernel", ["decode", "tiled"])
+def test_signature_matches_mlx_for_the_attention_kernels(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path, kernel: str
 ) -> None:
     case = CASES[0]
     x = make_inputs(case)
     args = PagedArgs(x.q, x.k_pool, x.v_pool, x.block_tables, x.cu_seqlens_q, x.seq_lens, case.block_size,
                      x.scale, None, None, None)
-    k = attention_launch(args, 1, 256)
+    tiles = tiling(case.num_q_heads // case.num_kv_heads, case.head_dim)
+    assert tiles is not None
+    k = attention_launch(args, 1, 256) if kernel == "decode" else tiled_launch(args, tiles)
     assert generate(k).source == _mlx_generated(k, capfd, tmp_path)

@@ -1,4 +1,4 @@
-"""Greedy tokens of the default model: the emulated Metal kernel and the portable path agree exactly.
+"""Greedy tokens of the default model: the emulated Metal kernels and the portable path agree exactly.
 
 A short run (the emulator is slow): a mixed batch of prompts, chunked so that steps mix prefill chunks
 over cached prefixes with decodes, a few tokens each.
@@ -6,6 +6,9 @@ over cached prefixes with decodes, a few tokens each.
 
 from __future__ import annotations
 
+from collections import Counter
+
+import mlx.core as mx
 import numpy as np
 import pytest
 
@@ -13,8 +16,10 @@ from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import KVCacheSpec, ModelRunner
 from metalserve.executor.sampler import Sampler
 from metalserve.executor.simple_driver import run_to_completion
-from metalserve.kernels import reference
+from metalserve.kernels import emulated, reference
 from metalserve.kernels.emulated import emulated_paged_attention
+from metalserve.kernels.emulator import emulate
+from metalserve.kernels.launch import KernelLaunch
 from metalserve.loader import load_model
 from metalserve.sampling_params import SamplingParams
 
@@ -24,7 +29,16 @@ NUM_TOKENS = 6
 CHUNK = 12
 
 
-def test_emulated_kernel_gives_the_portable_paths_greedy_tokens() -> None:
+def test_emulated_kernels_give_the_portable_paths_greedy_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The emulated path makes the entry point's own choice: the tiled kernel for every step that has a
+    prefill chunk, the decode kernel for all-decode steps (the kernel cases run each kernel on decodes)."""
+    launched: Counter[str] = Counter()
+
+    def recording(launch: KernelLaunch) -> list[mx.array]:
+        launched[launch.name] += 1
+        return emulate(launch)
+
+    monkeypatch.setattr(emulated, "emulate", recording)
     loaded = load_model(None)
     rng = np.random.default_rng(5)
     text = loaded.tokenizer.encode(" ".join(["a quiet river runs past the old mill by the town"] * 6))
@@ -39,3 +53,4 @@ def test_emulated_kernel_gives_the_portable_paths_greedy_tokens() -> None:
         outputs[name] = run_to_completion(runner, prompts, params, chunk_size=CHUNK)
     assert all(len(o) == NUM_TOKENS for o in outputs["portable"])
     assert outputs["emulated"] == outputs["portable"]
+    assert launched["paged_attention_tiled"] > 0 and launched["paged_attention"] > 0

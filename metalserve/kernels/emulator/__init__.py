@@ -1,6 +1,13 @@
 """A CPU emulator for metalserve's Metal kernels: the exact MSL that MLX compiles, built with g++."""
 
 from metalserve.kernels.emulator.build import EmulatorBuildError, cache_dir
-from metalserve.kernels.emulator.runner import EmulatorError, emulate, emulate_race_checked
+from metalserve.kernels.emulator.runner import (
+    EmulatorError,
+    LaunchCounts,
+    emulate,
+    emulate_counted,
+    emulate_race_checked,
+)
 
-__all__ = ["EmulatorBuildError", "EmulatorError", "cache_dir", "emulate", "emulate_race_checked"]
+__all__ = ["EmulatorBuildError", "EmulatorError", "LaunchCounts", "cache_dir", "emulate", "emulate_counted",
+           "emulate_race_checked"]

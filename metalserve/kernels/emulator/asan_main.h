@@ -23,7 +23,8 @@ int main(int argc, char** argv) {
   if (std::fread(dims, 4, 6, in) != 6 || std::fread(&reverse, 4, 1, in) != 1) return 2;
   std::fclose(in);
   char err[4096] = {0};
-  int rc = msl_run(bufs.data(), dims, reverse, 1, 1 << 20, err, sizeof(err));
+  unsigned long long counts[msl_rt::kNumCounts] = {0};
+  int rc = msl_run(bufs.data(), dims, reverse, 1, 1 << 20, err, sizeof(err), counts);
   if (rc != 0) {
     std::fprintf(stderr, "emulator error: %s\n", err);
     return 3;

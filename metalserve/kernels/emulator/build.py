@@ -26,6 +26,16 @@ _TG_DECL = re.compile(
     r"([A-Za-z_]\w*)\s*((?:\[[^\]]+\]\s*)*);"
 )
 
+_TYPE = r"([A-Za-z_][\w:]*(?:\s*<[^;<>]*>)?)"
+_READ_ONLY = r"(?:const\s+(?:device|constant)|(?:device|constant)\s+const)"
+# `(const device half4*)(expr)`: a read-only device pointer cast, kept counted as dev_cast<...>(expr).
+_DEVICE_CAST = re.compile(r"\(\s*" + _READ_ONLY + r"\s+" + _TYPE + r"\s*\*\s*\)\s*\(")
+# `const device T*` anywhere else (parameters, locals, helpers' arguments).
+_DEVICE_PTR = re.compile(r"(?<![\w:])" + _READ_ONLY + r"\s+" + _TYPE + r"\s*\*")
+COUNT_SLOTS = 64  # msl_rt::kMaxBuffers: byte counters, one per buffer slot
+COUNT_NAMES = ("barriers", "simd_ops", "simd_mma")  # the counters after them
+KERNELS_PER_BATCH = 12  # kernels per g++ run when warming the cache
+
 
 class EmulatorBuildError(RuntimeError):
     """g++ rejected the kernel; the message holds the compiler's output."""
@@ -52,40 +62,62 @@ def rewrite_threadgroup_decls(source: str) -> str:
     )
 
 
+def rewrite_device_pointers(source: str) -> str:
+    """Read-only device pointers become msl_rt::dev_ptr, which counts the bytes read per buffer."""
+    source = _DEVICE_CAST.sub(lambda m: f"::msl_rt::dev_cast<const {m.group(1)}>(", source)
+    return _DEVICE_PTR.sub(lambda m: f"::msl_rt::dev_ptr<const {m.group(1)}> ", source)
+
+
 def _argument(p: Param, slot: int) -> str:
     """The launcher's expression for one kernel parameter; `slot` indexes the buffer array."""
     if p.kind == "attribute":
         return f"c.{p.ctype}"
     if p.kind in ("scalar", "ndim"):
         return f"*reinterpret_cast<const {p.ctype}*>(bufs[{slot}])"
-    const = "" if p.kind == "output" else "const "
-    return f"reinterpret_cast<{const}{p.ctype}*>(bufs[{slot}])"
+    if p.kind == "output":
+        return f"reinterpret_cast<{p.ctype}*>(bufs[{slot}])"
+    return f"::msl_rt::dev_ptr<const {p.ctype}>(reinterpret_cast<const {p.ctype}*>(bufs[{slot}]), {slot})"
 
 
-def launcher_source(kernel: GeneratedKernel, asan: bool) -> str:
-    """The generated kernel plus a C entry point that runs it over a grid, and for ASan a main()."""
+def kernel_unit(kernel: GeneratedKernel, symbol: str) -> str:
+    """The generated kernel in a namespace of its own, plus a C entry point `symbol` that runs it over a
+    grid. Several units fit in one translation unit (one g++ run builds many kernels)."""
     args = []
     slot = 0
     for p in kernel.params:
         args.append(_argument(p, slot))
         slot += p.kind != "attribute"
-    call = f"{kernel.name}{kernel.template_args}(\n      " + ",\n      ".join(args) + ");"
-    text = '#include "msl.h"\n' + rewrite_threadgroup_decls(kernel.source)
-    text += f"""
-extern "C" int msl_run(void* const* bufs, const unsigned* dims, int reverse, int workers,
-                       unsigned long stack, char* err, int err_len) {{
+    ns = f"msl_k_{symbol}"
+    call = f"{ns}::{kernel.name}{kernel.template_args}(\n      " + ",\n      ".join(args) + ");"
+    text = f"namespace {ns} {{\n" + rewrite_device_pointers(rewrite_threadgroup_decls(kernel.source))
+    text += f"""}}  // namespace {ns}
+extern "C" int {symbol}(void* const* bufs, const unsigned* dims, int reverse, int workers,
+                       unsigned long stack, char* err, int err_len, unsigned long long* counts) {{
   msl_rt::Dims d{{{{dims[0], dims[1], dims[2]}}, {{dims[3], dims[4], dims[5]}}}};
   std::function<void(const msl_rt::ThreadCtx&)> body = [&](const msl_rt::ThreadCtx& c) {{
     {call}
   }};
-  std::string e = msl_rt::launch(d, reverse != 0, workers, stack, body);
+  static_assert(msl_rt::kMaxBuffers == {COUNT_SLOTS} && msl_rt::kNumCounts == {COUNT_SLOTS + len(COUNT_NAMES)});
+  std::string e = msl_rt::launch(d, reverse != 0, workers, stack, body,
+                                 reinterpret_cast<uint64_t*>(counts));
   std::snprintf(err, err_len, "%s", e.c_str());
   return e.empty() ? 0 : 1;
 }}
 """
+    return text
+
+
+def launcher_source(kernel: GeneratedKernel, asan: bool) -> str:
+    """One kernel's whole translation unit (entry point `msl_run`), and for ASan a main()."""
+    text = '#include "msl.h"\n' + kernel_unit(kernel, "msl_run")
     if asan:
         text += '#include "asan_main.h"\n'
     return text
+
+
+def entry_symbol(library: Path) -> str:
+    """The entry point's name in a built library: msl_run_<digest> (libraries may hold several)."""
+    return "msl_run_" + library.name.rsplit("-", 1)[1].removesuffix(".so")
 
 
 def _digest(text: str, flags: tuple[str, ...]) -> str:
@@ -120,17 +152,19 @@ def _include_dir(flags: tuple[str, ...]) -> Path:
     return out
 
 
-def build(kernel: GeneratedKernel, asan: bool = False) -> Path:
-    """Path of the built library (or ASan program) for `kernel`, compiling it once per content hash."""
+@cache
+def _target(kernel: GeneratedKernel, asan: bool) -> Path:
     flags = ASAN_FLAGS if asan else CXX_FLAGS
-    text = launcher_source(kernel, asan)
-    digest = _digest(text, flags)
+    digest = _digest(launcher_source(kernel, asan), flags)
+    return cache_dir() / f"{kernel.name[:80]}-{digest}{'.asan' if asan else '.so'}"
+
+
+def _compile(text: str, stem: str, asan: bool) -> Path:
+    """Compiles one translation unit into a temporary file in the cache; returns its path."""
+    flags = ASAN_FLAGS if asan else CXX_FLAGS
     out_dir = cache_dir()
-    target = out_dir / f"{kernel.name[:80]}-{digest}{'.asan' if asan else '.so'}"
-    if target.exists():
-        return target
     out_dir.mkdir(parents=True, exist_ok=True)
-    src = out_dir / f"{kernel.name[:80]}-{digest}.cpp"
+    src = out_dir / f"{stem}.cpp"
     src.write_text(text)
     with tempfile.NamedTemporaryFile(dir=out_dir, suffix=".tmp", delete=False) as tmp:
         tmp_path = Path(tmp.name)
@@ -142,12 +176,45 @@ def build(kernel: GeneratedKernel, asan: bool = False) -> Path:
     if result.returncode != 0:
         tmp_path.unlink(missing_ok=True)
         raise EmulatorBuildError(f"g++ failed on {src}:\n{result.stderr[-6000:]}")
-    os.replace(tmp_path, target)  # atomic: concurrent builders never see a half-written file
+    return tmp_path
+
+
+def _build_libraries(kernels: list[GeneratedKernel]) -> None:
+    """Builds several kernels as one shared library, linked into the cache under each one's name."""
+    targets = [_target(k, False) for k in kernels]
+    units = "".join(kernel_unit(k, entry_symbol(t)) for k, t in zip(kernels, targets, strict=True))
+    stem = "batch-" + hashlib.sha256("".join(t.name for t in targets).encode()).hexdigest()[:16]
+    built = _compile('#include "msl.h"\n' + units, stem, asan=False)
+    for target in targets:
+        link = built.with_name(target.name + ".tmp-link")
+        os.link(built, link)
+        os.replace(link, target)  # atomic: concurrent builders never see a half-written file
+    built.unlink()
+
+
+def build(kernel: GeneratedKernel, asan: bool = False) -> Path:
+    """Path of the built library (or ASan program) for `kernel`, compiling it once per content hash."""
+    target = _target(kernel, asan)
+    if target.exists():
+        return target
+    if asan:
+        os.replace(_compile(launcher_source(kernel, True), target.stem, asan=True), target)
+    else:
+        _build_libraries([kernel])
     return target
 
 
 def build_all(kernels: list[tuple[GeneratedKernel, bool]]) -> list[Path]:
-    """Build several (kernel, asan) pairs at once, one compiler per core (tests warm the cache so)."""
-    workers = max(1, min(len(kernels), len(os.sched_getaffinity(0))))
+    """Build several (kernel, asan) pairs at once: one compiler per core, each compiling a batch of
+    kernels in one translation unit (g++'s fixed cost per run is most of a small kernel's build)."""
+    missing = {_target(k, a): (k, a) for k, a in kernels if not _target(k, a).exists()}
+    programs = [k for k, a in missing.values() if a]
+    libraries = [k for k, a in missing.values() if not a]
+    workers = max(1, len(os.sched_getaffinity(0)))
+    chunks = max(workers, -(-len(libraries) // KERNELS_PER_BATCH))
+    jobs: list[tuple[list[GeneratedKernel], bool]] = [(libraries[i::chunks], False) for i in range(chunks)]
+    jobs += [([k], True) for k in programs]
     with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(lambda pair: build(*pair), kernels))
+        list(pool.map(lambda job: _build_libraries(job[0]) if not job[1] else build(job[0][0], True),
+                      [j for j in jobs if j[0]]))
+    return [build(k, a) for k, a in kernels]

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "msl_runtime.h"
+#include "msl_device_ptr.h"
 
 namespace metal {
 
@@ -337,7 +338,10 @@ MSL_VEC_TYPES(half, half)
 MSL_VEC_TYPES(int, int)
 MSL_VEC_TYPES(unsigned int, uint)
 MSL_VEC_TYPES(unsigned short, ushort)
+MSL_VEC_TYPES(unsigned long, ulong)
 MSL_VEC_TYPES(bool, bool)
+
+#include "msl_simdgroup_matrix.h"
 
 // Address-space qualifiers carry no meaning on the CPU. Kernel-scope `threadgroup` declarations are
 // rewritten by the emulator into msl_rt::tg_var; any other `threadgroup` (a pointer's) is dropped here.

@@ -44,6 +44,10 @@ struct ThreadCtx {
 constexpr int kSimdWidth = 32;
 constexpr size_t kMaxThreadgroupBytes = 32 * 1024;
 constexpr int kSlotBytes = 64;
+constexpr int kMaxBuffers = 64;
+// What a launch counts: device bytes read per buffer slot, then barriers, simdgroup operations
+// (every collective, matrix ones included) and simdgroup multiply-accumulates.
+enum Count { kBarriers = kMaxBuffers, kSimdOps, kSimdMma, kNumCounts };
 
 enum class State { Ready, Barrier, Simd, Done };
 
@@ -63,6 +67,8 @@ struct Fiber {
 
 struct SimdGroup {
   int lanes = 0;
+  uint64_t product_gen = ~uint64_t(0);  // which multiply-accumulate `product` holds
+  float product[64];
   int arrived[2] = {0, 0};
   uint32_t site[2] = {0, 0};
   uint64_t completed = 0;
@@ -78,6 +84,30 @@ class Error : public std::exception {};
 
 struct Worker;
 inline thread_local Worker* tls_worker = nullptr;
+
+// Fiber stacks outlive a launch: a new launch reuses stacks whose pages are already mapped.
+struct StackPool {
+  std::mutex mu;
+  size_t bytes = 0;
+  std::vector<char*> free;
+  char* take(size_t n) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (n != bytes) {  // another size: drop the pool
+      for (char* s : free) std::free(s);
+      free.clear();
+      bytes = n;
+    }
+    if (free.empty()) return static_cast<char*>(std::malloc(n));
+    char* s = free.back();
+    free.pop_back();
+    return s;
+  }
+  void give(char* s, size_t n) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (n == bytes) free.push_back(s); else std::free(s);
+  }
+};
+inline StackPool stack_pool;
 
 extern "C" inline void msl_fiber_entry();
 
@@ -99,10 +129,12 @@ struct Worker {
   ucontext_t sched_uc{};
 #endif
   std::string error;
+  uint64_t counts[kNumCounts] = {};
 
   explicit Worker(size_t stack) : stack_bytes(stack), arena(kMaxThreadgroupBytes + 64) {}
   ~Worker() {
-    for (auto& f : fibers) std::free(f.stack);
+    for (auto& f : fibers)
+      if (f.stack) stack_pool.give(f.stack, stack_bytes);
   }
   [[noreturn]] void fail(const std::string& msg) {
     if (error.empty()) error = msg;
@@ -173,7 +205,7 @@ inline void Worker::yield_to_scheduler() {
 
 inline void Worker::start_fiber(int i) {
   Fiber& f = fibers[i];
-  if (!f.stack) f.stack = static_cast<char*>(std::malloc(stack_bytes));
+  if (!f.stack) f.stack = stack_pool.take(stack_bytes);
 #ifdef MSL_ASM_SWITCH
   // A fresh stack laid out as msl_switch leaves it: control word slot, six registers, return address.
   uintptr_t top = (reinterpret_cast<uintptr_t>(f.stack) + stack_bytes) & ~uintptr_t(15);
@@ -298,6 +330,7 @@ inline void barrier(uint32_t line) {
   Fiber& f = w.me();
   if (++w.barrier_arrived == static_cast<int>(w.fibers.size())) {
     w.barrier_arrived = 0;
+    ++w.counts[kBarriers];
     for (auto& g : w.fibers)
       if (g.state == State::Barrier) g.state = State::Ready;
     return;
@@ -328,11 +361,11 @@ inline T simd_collective(const T& value, int arg, uint32_t line, Pick pick) {
   uint64_t my_gen = f.simd_gen++;
   if (++sg.arrived[b] == sg.lanes) {
     sg.arrived[b] = 0;
+    ++w.counts[kSimdOps];
     sg.completed = my_gen + 1;
-    for (auto& g : w.fibers) {
-      if (g.state == State::Simd && g.ctx.simdgroup_index_in_threadgroup ==
-                                        f.ctx.simdgroup_index_in_threadgroup)
-        g.state = State::Ready;
+    size_t first = size_t(f.ctx.simdgroup_index_in_threadgroup) * kSimdWidth;  // only its lanes
+    for (size_t i = first; i < first + size_t(sg.lanes); ++i) {
+      if (w.fibers[i].state == State::Simd) w.fibers[i].state = State::Ready;
     }
   } else {
     f.state = State::Simd;
@@ -374,7 +407,7 @@ struct Dims {
 
 // Runs every threadgroup of the grid; returns an error message, empty on success.
 inline std::string launch(const Dims& d, bool reverse, int num_workers, size_t stack_bytes,
-                          const std::function<void(const ThreadCtx&)>& body) {
+                          const std::function<void(const ThreadCtx&)>& body, uint64_t* counts) {
   for (int a = 0; a < 3; ++a) {
     if (d.tg[a] == 0 || d.grid[a] % d.tg[a] != 0)
       return "grid must be a positive multiple of the threadgroup size in every dimension";
@@ -418,6 +451,8 @@ inline std::string launch(const Dims& d, bool reverse, int num_workers, size_t s
       }
     }
     tls_worker = nullptr;
+    std::lock_guard<std::mutex> lock(mu);
+    for (int i = 0; i < kNumCounts; ++i) counts[i] += w.counts[i];
   };
   int workers = static_cast<int>(std::max<uint64_t>(1, std::min<uint64_t>(num_workers, total)));
   std::vector<std::thread> pool;

@@ -6,13 +6,15 @@ import ctypes
 import os
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
-from metalserve.kernels.emulator.build import build
+from metalserve.kernels.emulator.build import COUNT_NAMES, COUNT_SLOTS, build, entry_symbol
 from metalserve.kernels.emulator.signature import GeneratedKernel, generate
 from metalserve.kernels.launch import KernelLaunch, as_array
 
@@ -27,6 +29,33 @@ _NUMPY = {
 
 class EmulatorError(RuntimeError):
     """The kernel misbehaved under the emulator: divergent barrier, deadlock, race, bad read, ..."""
+
+
+@dataclass(frozen=True)
+class LaunchCounts:
+    """What one launch did, summed over its threadgroups: device bytes read per input buffer (by
+    name; `<name>_shape` etc. for the extra buffers), threadgroup barriers passed, simdgroup
+    collectives completed (matrix loads/stores/fills included) and simdgroup multiply-accumulates."""
+
+    bytes_read: dict[str, int]
+    barriers: int
+    simd_ops: int
+    simd_mma: int
+
+
+def _counts(kernel: GeneratedKernel, launch: KernelLaunch, raw: np.ndarray) -> LaunchCounts:
+    names: dict[str, int] = {}
+    slot = 0
+    for p in kernel.params:
+        if p.kind == "attribute":
+            continue
+        if p.kind == "input":
+            names[launch.input_names[p.index]] = int(raw[slot])
+        elif p.kind in ("shape", "strides"):
+            names[f"{launch.input_names[p.index]}_{p.kind}"] = int(raw[slot])
+        slot += 1
+    extra = dict(zip(COUNT_NAMES, (int(v) for v in raw[COUNT_SLOTS:]), strict=True))
+    return LaunchCounts(names, **extra)
 
 
 def to_numpy(a: mx.array) -> np.ndarray:
@@ -69,14 +98,15 @@ def _buffers(launch: KernelLaunch, kernel: GeneratedKernel) -> tuple[list[np.nda
 
 
 @cache
-def _load(path: Path) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(path))
-    lib.msl_run.argtypes = [
+def _load(path: Path) -> Any:  # a ctypes function pointer
+    """The kernel's entry point in its (possibly shared) library."""
+    run = getattr(ctypes.CDLL(str(path)), entry_symbol(path))
+    run.argtypes = [
         ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_uint), ctypes.c_int, ctypes.c_int,
-        ctypes.c_ulong, ctypes.c_char_p, ctypes.c_int,
+        ctypes.c_ulong, ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_ulonglong),
     ]
-    lib.msl_run.restype = ctypes.c_int
-    return lib
+    run.restype = ctypes.c_int
+    return run
 
 
 def default_workers() -> int:
@@ -90,14 +120,20 @@ def _dims(launch: KernelLaunch) -> list[int]:
 
 
 def _run_in_process(kernel: GeneratedKernel, bufs: list[np.ndarray], launch: KernelLaunch,
-                    reverse: bool) -> None:
-    lib = _load(build(kernel))
+                    reverse: bool) -> np.ndarray:
+    """Runs the launch; returns the raw counters (msl_rt::Count order)."""
+    if len(bufs) > COUNT_SLOTS:
+        raise EmulatorError(f"{launch.name}: more than {COUNT_SLOTS} buffers")
+    run = _load(build(kernel))
     ptrs = (ctypes.c_void_p * max(1, len(bufs)))(*[b.ctypes.data for b in bufs])
     dims = (ctypes.c_uint * 6)(*_dims(launch))
     err = ctypes.create_string_buffer(4096)
-    rc = lib.msl_run(ptrs, dims, int(reverse), default_workers(), STACK_BYTES, err, len(err))
+    counts = np.zeros(COUNT_SLOTS + len(COUNT_NAMES), np.uint64)
+    rc = run(ptrs, dims, int(reverse), default_workers(), STACK_BYTES, err, len(err),
+                     counts.ctypes.data_as(ctypes.POINTER(ctypes.c_ulonglong)))
     if rc != 0:
         raise EmulatorError(f"{launch.name}: {err.value.decode()}")
+    return counts
 
 
 def _run_asan(kernel: GeneratedKernel, bufs: list[np.ndarray], launch: KernelLaunch, reverse: bool) -> None:
@@ -130,8 +166,20 @@ def emulate(launch: KernelLaunch, *, reverse: bool = False, asan: bool = False) 
     """
     kernel = generate(launch)
     bufs, outputs = _buffers(launch, kernel)
-    (_run_asan if asan else _run_in_process)(kernel, bufs, launch, reverse)
+    if asan:
+        _run_asan(kernel, bufs, launch, reverse)
+    else:
+        _run_in_process(kernel, bufs, launch, reverse)
     return [from_numpy(o, d) for o, d in zip(outputs, launch.output_dtypes, strict=True)]
+
+
+def emulate_counted(launch: KernelLaunch) -> tuple[list[mx.array], LaunchCounts]:
+    """`emulate`, plus what the launch read and how many barriers and simdgroup operations it ran."""
+    kernel = generate(launch)
+    bufs, outputs = _buffers(launch, kernel)
+    raw = _run_in_process(kernel, bufs, launch, False)
+    result = [from_numpy(o, d) for o, d in zip(outputs, launch.output_dtypes, strict=True)]
+    return result, _counts(kernel, launch, raw)
 
 
 def emulate_race_checked(launch: KernelLaunch) -> list[mx.array]:
