@@ -97,3 +97,12 @@ def test_grammar_bench_shares() -> None:
     timer = grammar.Timer()
     timer.wrap(lambda: None)()
     assert timer.take() > 0 and timer.take() == 0
+
+
+def test_startup_bench_reads_resident_memory() -> None:
+    import os
+
+    import startup
+
+    assert 1 < startup.rss_mib(os.getpid()) < 64 * 1024
+    assert startup.free_port() > 0
