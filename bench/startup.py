@@ -41,7 +41,8 @@ def measure(code: Path, extra: list[str]) -> tuple[float, float, float, int]:
     cmd = [sys.executable, "-c", "from metalserve.cli import main; main()", "serve", "--port", str(port),
            "--log-stats-interval", "0", *extra]  # fmt: skip
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # cwd too: `python -c` puts the working directory first on sys.path.
+    proc = subprocess.Popen(cmd, env=env, cwd=code, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         while True:
