@@ -81,6 +81,7 @@ class HybridKVCacheManager(KVCacheManager):
         hit_tokens = new_computed_blocks.num_tokens if new_computed_blocks is not None else 0
         num_computed = request.num_computed_tokens + hit_tokens
         total = num_computed + num_new_tokens
+        self._publish(request, request.num_computed_tokens)  # before entries fall out of a window
         for group in self.groups:
             group.release_skipped(rid, num_computed)
         pairs = list(zip(self.groups, entries, strict=True))
@@ -94,6 +95,7 @@ class HybridKVCacheManager(KVCacheManager):
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += hit_tokens
         self._publish(request, num_computed)
+        self.fast_limit[rid] = min(g.fast_limit(rid, num_computed) for g in self.groups)
         self.last_group_ids = appended[1:]
         return appended[0]
 
@@ -106,23 +108,18 @@ class HybridKVCacheManager(KVCacheManager):
         return [b.block_id for b in hit] + [b.block_id for b in appended]
 
     def _publish(self, request: Request, num_computed: int) -> None:
+        """Offer the blocks (and boundary states) of the first `num_computed` tokens to the cache."""
         if self.enable_caching:
             num_full = min(num_computed, request.num_tokens) // self.block_size
             hashes = self._block_hashes(request, num_full)
             for group in self.groups:
                 group.publish(request, num_computed, hashes)
-        rid = request.request_id
-        self.fast_limit[rid] = min(g.fast_limit(rid, num_computed) for g in self.groups)
 
     def free(self, request: Request) -> None:
         """Publish what the request computed, then release every group's blocks (each tail first)."""
         if request.request_id not in self.groups[0].tables:
             return
-        if self.enable_caching:
-            num_full = min(request.num_computed_tokens, request.num_tokens) // self.block_size
-            hashes = self._block_hashes(request, num_full)
-            for group in self.groups:
-                group.publish(request, request.num_computed_tokens, hashes)
+        self._publish(request, request.num_computed_tokens)
         for group in self.groups:
             group.free(request.request_id)
         self.fast_limit.pop(request.request_id, None)
