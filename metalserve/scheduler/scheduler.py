@@ -157,14 +157,15 @@ class Scheduler(StepUpdate):
     def _schedule_running(self, step: StepBuilder) -> None:
         running, kv, fast_limit = self.running, self.kv, self.kv.fast_limit
         num_tokens, cached_reqs = step.num_tokens, step.cached_reqs
+        budget = step.budget  # a local in the 256-request decode loop; synced around preemption
         i = 0
-        while i < len(running) and step.budget > 0:
+        while i < len(running) and budget > 0:
             request = running[i]
             rid, computed = request.request_id, request.num_computed_tokens
             n = len(request.prompt_token_ids) + len(request.output_token_ids) - computed
             # A decode token (n == 1) is always within the budget, the threshold and the context.
             if n != 1:
-                n = self._num_new_tokens(request, computed, step.budget)
+                n = self._num_new_tokens(request, computed, budget)
                 if n <= 0:  # its last token was scheduled but not yet sampled
                     i += 1
                     continue
@@ -174,15 +175,18 @@ class Scheduler(StepUpdate):
             else:
                 maybe_ids = kv.allocate_slots(request, n)
                 if maybe_ids is None:
+                    step.budget = budget
                     maybe_ids, i = self._preempt_until_fits(request, n, i, step)
+                    budget = step.budget
                     if maybe_ids is None:
                         continue  # it preempted itself; running[i] is now the next request
                 groups = tuple(self._hybrid.last_group_ids) if self._hybrid is not None else ()
                 cached_reqs.append(CachedRequestData(rid, maybe_ids, computed, groups))
             num_tokens[rid] = n
-            step.budget -= n
+            budget -= n
             request.num_computed_tokens = computed + n
             i += 1
+        step.budget = budget
 
     def _preempt_until_fits(
         self, request: Request, n: int, i: int, step: StepBuilder
