@@ -45,6 +45,11 @@ class HybridKVCacheManager(KVCacheManager):
         self.align_chunks = caching and any(isinstance(s, RecurrentState) for s in specs)
         self.last_group_ids: list[list[int]] = [[] for _ in specs[1:]]
 
+    def blocks_for_request(self, num_tokens: int) -> int:
+        """Every group's worst case together: a recurrent state holds at most two entries."""
+        per_group = super().blocks_for_request(num_tokens)
+        return sum(min(per_group, 2) if isinstance(s, RecurrentState) else per_group for s in self.specs)
+
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.groups[0].tables.get(request_id, ())]
 

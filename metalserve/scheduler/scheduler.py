@@ -43,7 +43,9 @@ class Scheduler(StepUpdate):
     ) -> None:
         """`initial_blocks`: start the KV pool this small and grow it on demand (None: all at once).
         `kv_groups`: the model's layer groups (None: one full-attention group)."""
-        needed = -(-max_model_len // config.block_size) + NUM_RESERVED_BLOCKS
+        caching = config.enable_prefix_caching
+        self.kv = make_kv_manager(kv_groups, num_blocks, config.block_size, caching, initial_blocks)
+        needed = self.kv.blocks_for_request(max_model_len) + NUM_RESERVED_BLOCKS
         if num_blocks < needed:
             raise ConfigError(
                 f"{num_blocks} KV blocks cannot hold one request of {max_model_len} tokens "
@@ -51,8 +53,6 @@ class Scheduler(StepUpdate):
             )
         self.config = config
         self.max_model_len = max_model_len
-        caching = config.enable_prefix_caching
-        self.kv = make_kv_manager(kv_groups, num_blocks, config.block_size, caching, initial_blocks)
         self._hybrid = self.kv if isinstance(self.kv, HybridKVCacheManager) else None
         self._align = self._hybrid is not None and self._hybrid.align_chunks
         self.requests: dict[str, Request] = {}

@@ -161,3 +161,9 @@ def test_a_state_without_snapshots_turns_prefix_caching_off() -> None:
     kv.free(a)
     assert kv.pool.cached == {}
     assert kv.get_computed_blocks(make_request("b", list(range(12)))).num_tokens == 0
+
+
+def test_one_request_of_the_full_context_needs_every_groups_blocks() -> None:
+    specs = [FullAttention(), SlidingWindow(8), RecurrentState()]
+    assert HybridKVCacheManager(specs, 30, BS).blocks_for_request(10) == 3 + 3 + 2
+    assert KVCacheManager(30, BS).blocks_for_request(10) == 3

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from metalserve.config import EngineConfig
+import pytest
+
+from metalserve.config import ConfigError, EngineConfig
 from metalserve.kvcache.specs import FullAttention, LayerGroupSpec, RecurrentState, SlidingWindow
 from metalserve.scheduler.output import ModelRunnerOutput
 from metalserve.scheduler.scheduler import Scheduler
@@ -11,7 +13,7 @@ from tests.scheduler.sched_helpers import make_request
 
 def scheduler(groups: list[LayerGroupSpec] | None, budget: int = 20) -> Scheduler:
     cfg = EngineConfig(block_size=8, max_num_batched_tokens=budget, max_num_seqs=4)
-    return Scheduler(cfg, 32, 128, kv_groups=groups)
+    return Scheduler(cfg, 40, 128, kv_groups=groups)
 
 
 def test_state_groups_cut_prefill_chunks_at_block_boundaries() -> None:
@@ -49,4 +51,13 @@ def test_window_blocks_freed_by_decode_are_reported_only_as_new_ids() -> None:
     assert (cached.new_block_ids, cached.new_group_block_ids) == ([5], ([6],))
     assert s.kv.get_block_ids("a") == [1, 2, 5]
     assert s.kv.get_group_block_ids("a") == [[0, 4, 6]]  # type: ignore[attr-defined]
-    assert s.kv.num_free_blocks == 31 - 3 - 2
+    assert s.kv.num_free_blocks == 39 - 3 - 2
+
+
+def test_a_pool_too_small_for_one_request_in_every_group_is_a_config_error() -> None:
+    cfg = EngineConfig(block_size=8)
+    Scheduler(cfg, 16 + 1, 128)  # one group: 16 blocks and the null block
+    groups: list[LayerGroupSpec] = [FullAttention(), SlidingWindow(8)]
+    Scheduler(cfg, 16 + 16 + 1, 128, kv_groups=groups)
+    with pytest.raises(ConfigError, match="33 blocks needed"):
+        Scheduler(cfg, 32, 128, kv_groups=groups)
