@@ -19,10 +19,15 @@ def _generate_args(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--min-tokens", type=int, default=0, help="no EOS or stop id before this many tokens")
+    p.add_argument("--stop-token-id", type=int, action="append", default=[], help="stop at this id (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--max-model-len", type=int, default=None, help="the context limit (default: the model's)")
     p.add_argument("--weights", choices=["auto", "dequantize", "quantized"], default="auto")
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    from metalserve.config import ConfigError, EngineConfig
     from metalserve.generate import encode_chat, generate
     from metalserve.loader import ModelLoadError, load_model
     from metalserve.sampling_params import SamplingParams
@@ -33,12 +38,14 @@ def run_generate(args: argparse.Namespace) -> int:
     try:
         params = SamplingParams(
             temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-            max_tokens=args.max_tokens,
+            max_tokens=args.max_tokens, min_tokens=args.min_tokens, stop_token_ids=args.stop_token_id,
+            ignore_eos=args.ignore_eos,
         )  # fmt: skip
+        config = EngineConfig(model=args.model, weights=args.weights, max_model_len=args.max_model_len)
         loaded = load_model(args.model, weights=args.weights)
         prompts = [loaded.tokenizer.encode(p) for p in args.prompt] + [encode_chat(loaded, m) for m in args.chat]
-        results = generate(loaded, prompts, params)
-    except (ModelLoadError, ValueError) as e:
+        results = generate(loaded, prompts, params, config)
+    except (ConfigError, ModelLoadError, ValueError) as e:
         print(f"metalserve generate: error: {e}", file=sys.stderr)
         return 1
     for text, result in zip(args.prompt + args.chat, results, strict=True):

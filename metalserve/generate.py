@@ -1,20 +1,20 @@
-"""`metalserve generate`: run prompts or chat messages through the runner with a simple driver.
+"""`metalserve generate`: run prompts or chat messages through the engine core, without a server.
 
-It exercises the model runner end to end without the scheduler; the engine replaces its driver.
+It adds the requests to an EngineCore and steps it until all are done, so it stops exactly where the
+server does (EOS, stop ids after min_tokens, max_tokens, the context limit): one stop rule.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mlx.core as mx
 
-from metalserve.engine.core import select_attention
-from metalserve.executor.models.adapter import PagedModel
-from metalserve.executor.runner import KVCacheSpec, ModelRunner
-from metalserve.executor.sampler import Sampler
-from metalserve.executor.simple_driver import run_to_completion
+from metalserve.config import EngineConfig
+from metalserve.engine.core import EngineCore, resolve_max_model_len
+from metalserve.kvcache.sizing import kv_bytes_per_block
 from metalserve.loader import LoadedModel
+from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
 
 
@@ -23,6 +23,7 @@ class Generation:
     prompt_token_ids: list[int]
     token_ids: list[int]
     text: str
+    finish_reason: str | None = None
 
 
 def encode_chat(loaded: LoadedModel, user_message: str) -> list[int]:
@@ -32,36 +33,43 @@ def encode_chat(loaded: LoadedModel, user_message: str) -> list[int]:
     return list(loaded.tokenizer.encode(text, add_special_tokens=False))
 
 
+def generate_config(loaded: LoadedModel, num_prompts: int, config: EngineConfig | None = None) -> EngineConfig:
+    """An engine config for a batch of prompts: room for each at the full context (the pool grows as
+    used, so this costs nothing up front) and no warm-up step to size the pool from memory."""
+    config = config or EngineConfig()
+    if config.kv_cache_memory is not None:
+        return replace(config, max_num_seqs=max(num_prompts, 1))
+    max_model_len = resolve_max_model_len(config, loaded.max_model_len)
+    per_block = kv_bytes_per_block(
+        loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype.size, config.block_size
+    )
+    blocks = num_prompts * -(-max_model_len // config.block_size) + 1
+    return replace(config, kv_cache_memory=blocks * per_block, max_num_seqs=max(num_prompts, 1))
+
+
 def generate(
-    loaded: LoadedModel,
-    prompts: list[list[int]],
-    params: SamplingParams,
-    *,
-    block_size: int = 16,
-    chunk_size: int = 512,
-    seed: int = 0,
+    loaded: LoadedModel, prompts: list[list[int]], params: SamplingParams, config: EngineConfig | None = None
 ) -> list[Generation]:
-    """Run all prompts together, prefill in chunks of `chunk_size`, until each stops."""
-    max_new = params.max_tokens or 256
-    longest = max(len(p) for p in prompts) + max_new
-    if longest > loaded.max_model_len:
-        raise ValueError(f"a prompt plus max_tokens is {longest} tokens, more than the context {loaded.max_model_len}")
-    blocks_each = -(-longest // block_size)
-    spec = KVCacheSpec.for_model(loaded, block_size, blocks_each * len(prompts))
-    attention = select_attention("auto", loaded.dtype)
-    runner = ModelRunner(
-        PagedModel(loaded.model, loaded.model_type),
-        spec,
-        eos_token_ids=loaded.eos_token_ids,
-        sampler=Sampler(seed),
-        attention_fn=attention.fn,
-        cpu_attention=attention.cpu,
-    )
-    outputs = run_to_completion(
-        runner, prompts, [params] * len(prompts), chunk_size=chunk_size, eos_token_ids=loaded.eos_token_ids
-    )
+    """Run all prompts together through an EngineCore until each stops."""
+    config = generate_config(loaded, len(prompts), config)
+    core = EngineCore.from_loaded(config, loaded)
+    for i, prompt in enumerate(prompts):
+        if len(prompt) > core.max_model_len:
+            raise ValueError(f"prompt {i} has {len(prompt)} tokens, longer than the context ({core.max_model_len})")
+        core.add_request(Request(f"gen-{i}", list(prompt), params, eos_token_ids=loaded.eos_token_ids))
+    tokens: list[list[int]] = [[] for _ in prompts]
+    reasons: list[str | None] = [None] * len(prompts)
+    while core.has_unfinished_requests():
+        for out in core.step():
+            i = int(out.request_id.removeprefix("gen-"))
+            tokens[i] += out.new_token_ids
+            reasons[i] = out.finish_reason or reasons[i]
     mx.clear_cache()
     return [
-        Generation(p, out, str(loaded.tokenizer.decode(out, skip_special_tokens=params.skip_special_tokens)))
-        for p, out in zip(prompts, outputs, strict=True)
+        Generation(p, out, _decode(loaded, out, params), why)
+        for p, out, why in zip(prompts, tokens, reasons, strict=True)
     ]
+
+
+def _decode(loaded: LoadedModel, token_ids: list[int], params: SamplingParams) -> str:
+    return str(loaded.tokenizer.decode(token_ids, skip_special_tokens=params.skip_special_tokens))

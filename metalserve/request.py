@@ -64,8 +64,9 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
-    # Tokens found in the prefix cache when the request was first scheduled (reported as cached_tokens).
-    num_cached_tokens: int = -1
+    # Tokens found in the prefix cache when the request was first scheduled (reported as cached_tokens);
+    # None until then.
+    num_cached_tokens: int | None = None
     num_preemptions: int = 0
     stop_reason: int | str | None = None
     # Hash chain of this request's full blocks, extended lazily by the KV cache manager. Tokens never

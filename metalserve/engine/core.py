@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from metalserve.config import ConfigError, EngineConfig
+from metalserve.engine.kv_groups import build_scheduler
 from metalserve.engine.kv_plan import plan_kv_pool
 from metalserve.executor.context import AttentionFn
 from metalserve.executor.models.adapter import PagedModel
@@ -72,7 +73,7 @@ class EngineCore:
             cpu_attention=attention.cpu,
         )
         mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * plan.num_blocks * spec.bytes_per_block))
-        scheduler = Scheduler(config, plan.num_blocks, max_model_len, initial_blocks=plan.initial_blocks)
+        scheduler = build_scheduler(config, loaded, plan.num_blocks, max_model_len, plan.initial_blocks)
         return cls(scheduler, runner, max_model_len)
 
     def add_request(self, request: Request) -> None:

@@ -6,19 +6,10 @@ from typing import Protocol
 
 from metalserve.outputs import EngineCoreOutput
 from metalserve.request import Request
+from metalserve.scheduler.stats import SchedulerStats
 
-
-class SchedulerStatsLike(Protocol):
-    """A snapshot of the scheduler and KV cache; the prefix-cache and preemption counts are cumulative."""
-
-    num_running: int
-    num_waiting: int
-    kv_cache_usage: float  # 0.0 .. 1.0
-    prefix_cache_queries: int  # tokens looked up in the prefix cache
-    prefix_cache_hits: int  # tokens found there
-    num_preemptions: int
-    num_free_blocks: int
-    num_total_blocks: int
+# One stats type in the project: the scheduler's snapshot (kept under this name for its readers).
+SchedulerStatsLike = SchedulerStats
 
 
 class EngineCoreProtocol(Protocol):

@@ -58,7 +58,7 @@ def make_output(out: EngineCoreOutput, state: RequestState, now: float, iteratio
         finish_reason=finish_reason,
         stop_reason=stop_reason,
         num_prompt_tokens=out.num_prompt_tokens or state.num_prompt_tokens,
-        num_cached_tokens=max(out.num_cached_tokens, 0),
+        num_cached_tokens=out.num_cached_tokens,
         num_output_tokens=state.num_output_tokens,
     )
 

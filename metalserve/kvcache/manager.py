@@ -61,6 +61,10 @@ class KVCacheManager:
     def num_free_blocks(self) -> int:
         return self.pool.num_free_blocks
 
+    def blocks_for_request(self, num_tokens: int) -> int:
+        """The most blocks one request of `num_tokens` tokens can hold at once."""
+        return -(-num_tokens // self.block_size)
+
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
 

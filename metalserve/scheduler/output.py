@@ -19,16 +19,20 @@ class NewRequestData:
     token_ids: list[int]  # the prompt, plus any output tokens already generated (a resumed request)
     num_prompt_tokens: int
     sampling_params: SamplingParams
-    block_ids: list[int]
+    block_ids: list[int]  # layer group 0's block table
     num_computed_tokens: int  # tokens already in the KV cache (prefix cache hit)
     structured: StructuredState | None = None  # the request's grammar (the sampler masks with it)
+    # The tables of layer groups 1.. (a model with sliding-window or recurrent-state layers); () else.
+    group_block_ids: tuple[list[int], ...] = ()
 
 
 @dataclass
 class CachedRequestData:
     request_id: str
-    new_block_ids: list[int]  # appended to the runner's block table for this request
+    new_block_ids: list[int]  # appended to the runner's block table (layer group 0) for this request
     num_computed_tokens: int
+    # Appended to the tables of layer groups 1..; () when nothing is (always, for one group).
+    new_group_block_ids: tuple[list[int], ...] = ()
 
 
 @dataclass

@@ -12,20 +12,21 @@ from collections.abc import Iterable
 
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.kvcache.block_pool import NUM_RESERVED_BLOCKS
-from metalserve.kvcache.manager import KVCacheManager
+from metalserve.kvcache.hybrid import HybridKVCacheManager, make_kv_manager
+from metalserve.kvcache.specs import LayerGroupSpec
 from metalserve.outputs import EngineCoreOutput
 from metalserve.request import Request, RequestStatus
 from metalserve.scheduler.grammar_wait import grammar_verdict
-from metalserve.scheduler.output import CachedRequestData, ModelRunnerOutput, SchedulerOutput
+from metalserve.scheduler.output import CachedRequestData, SchedulerOutput
 from metalserve.scheduler.queues import make_queue
-from metalserve.scheduler.stats import SchedulerStats
+from metalserve.scheduler.stats import SchedulerStats, StatsCounter
 from metalserve.scheduler.step import StepBuilder
-from metalserve.scheduler.stop import check_stop
+from metalserve.scheduler.update import StepUpdate
 
 __all__ = ["Scheduler", "SchedulerStats"]
 
 
-class Scheduler:
+class Scheduler(StepUpdate):
     """Token-budget continuous batching over a paged KV cache; see the module docstring.
 
     Call `update_from_output` after every `schedule()`, also for an empty step: that is where aborted
@@ -33,10 +34,18 @@ class Scheduler:
     """
 
     def __init__(
-        self, config: EngineConfig, num_blocks: int, max_model_len: int, initial_blocks: int | None = None
+        self,
+        config: EngineConfig,
+        num_blocks: int,
+        max_model_len: int,
+        initial_blocks: int | None = None,
+        kv_groups: list[LayerGroupSpec] | None = None,
     ) -> None:
-        """`initial_blocks`: start the KV pool this small and grow it on demand (None: all at once)."""
-        needed = -(-max_model_len // config.block_size) + NUM_RESERVED_BLOCKS
+        """`initial_blocks`: start the KV pool this small and grow it on demand (None: all at once).
+        `kv_groups`: the model's layer groups (None: one full-attention group)."""
+        caching = config.enable_prefix_caching
+        self.kv = make_kv_manager(kv_groups, num_blocks, config.block_size, caching, initial_blocks)
+        needed = self.kv.blocks_for_request(max_model_len) + NUM_RESERVED_BLOCKS
         if num_blocks < needed:
             raise ConfigError(
                 f"{num_blocks} KV blocks cannot hold one request of {max_model_len} tokens "
@@ -44,11 +53,13 @@ class Scheduler:
             )
         self.config = config
         self.max_model_len = max_model_len
-        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching, initial_blocks)
+        self._hybrid = self.kv if isinstance(self.kv, HybridKVCacheManager) else None
+        self._align = self._hybrid is not None and self._hybrid.align_chunks
         self.requests: dict[str, Request] = {}
         self.waiting = make_queue(config.scheduling_policy)
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self._stats = StatsCounter()
         self._finished_ids: set[str] = set()
         self._pending_finish: dict[str, RequestStatus] = {}
         self._pending_outputs: list[EngineCoreOutput] = []
@@ -107,16 +118,19 @@ class Scheduler:
         return len(self.requests)
 
     def make_stats(self) -> SchedulerStats:
-        return SchedulerStats(
+        """Counts now, cumulative counters, and the counters' deltas since the previous call."""
+        kv = self.kv
+        return self._stats.snapshot(
             num_running=len(self.running),
             num_waiting=len(self.waiting),
-            kv_cache_usage=self.kv.usage,
-            prefix_cache_queries=self.kv.prefix_cache_queries,
-            prefix_cache_hits=self.kv.prefix_cache_hits,
-            num_preemptions=self.num_preemptions,
-            num_free_blocks=self.kv.num_free_blocks,
-            num_total_blocks=self.kv.pool.num_usable_blocks,
+            kv_cache_usage=kv.usage,
+            num_free_blocks=kv.num_free_blocks,
+            num_total_blocks=kv.pool.num_usable_blocks,
+            counters=(kv.prefix_cache_queries, kv.prefix_cache_hits, self.num_preemptions),
         )
+
+    def _remove_waiting(self, ids: set[str]) -> None:
+        self.waiting.remove(ids)
 
     # ---- one step --------------------------------------------------------------------------------
 
@@ -134,37 +148,45 @@ class Scheduler:
         threshold = self.config.long_prefill_token_threshold
         if 0 < threshold < n:
             n = threshold
-        return min(n, budget, self.max_model_len - num_computed)
+        n = min(n, budget, self.max_model_len - num_computed)
+        end, bs = num_computed + n, self.config.block_size
+        if self._align and end < request.num_tokens and end // bs * bs > num_computed:
+            n = end // bs * bs - num_computed  # recurrent states land on block boundaries: snapshots
+        return n
 
     def _schedule_running(self, step: StepBuilder) -> None:
         running, kv, fast_limit = self.running, self.kv, self.kv.fast_limit
         num_tokens, cached_reqs = step.num_tokens, step.cached_reqs
+        budget = step.budget  # a local in the 256-request decode loop; synced around preemption
         i = 0
-        while i < len(running) and step.budget > 0:
+        while i < len(running) and budget > 0:
             request = running[i]
             rid, computed = request.request_id, request.num_computed_tokens
             n = len(request.prompt_token_ids) + len(request.output_token_ids) - computed
             # A decode token (n == 1) is always within the budget, the threshold and the context.
             if n != 1:
-                n = self._num_new_tokens(request, computed, step.budget)
+                n = self._num_new_tokens(request, computed, budget)
                 if n <= 0:  # its last token was scheduled but not yet sampled
                     i += 1
                     continue
             if computed + n <= fast_limit.get(rid, 0):
-                new_ids: list[int] = []  # inlined allocate_slots fast path: no call needed
+                # The inlined allocate_slots fast path: nothing to allocate in any group.
+                cached_reqs.append(CachedRequestData(rid, [], computed))
             else:
                 maybe_ids = kv.allocate_slots(request, n)
                 if maybe_ids is None:
+                    step.budget = budget
                     maybe_ids, i = self._preempt_until_fits(request, n, i, step)
+                    budget = step.budget
                     if maybe_ids is None:
                         continue  # it preempted itself; running[i] is now the next request
-                new_ids = maybe_ids
-            # StepBuilder.add_cached, inlined for the 256-request decode step.
+                groups = tuple(self._hybrid.last_group_ids) if self._hybrid is not None else ()
+                cached_reqs.append(CachedRequestData(rid, maybe_ids, computed, groups))
             num_tokens[rid] = n
-            cached_reqs.append(CachedRequestData(rid, new_ids, computed))
-            step.budget -= n
+            budget -= n
             request.num_computed_tokens = computed + n
             i += 1
+        step.budget = budget
 
     def _preempt_until_fits(
         self, request: Request, n: int, i: int, step: StepBuilder
@@ -208,9 +230,10 @@ class Scheduler:
             self.waiting.pop()
             self.running.append(request)
             request.status = RequestStatus.RUNNING
-            if request.num_cached_tokens < 0:
+            if request.num_cached_tokens is None:
                 request.num_cached_tokens = hit.num_tokens
-            step.add_new(request, n, self.kv.get_block_ids(request.request_id))
+            groups = tuple(self._hybrid.get_group_block_ids(request.request_id)) if self._hybrid else ()
+            step.add_new(request, n, self.kv.get_block_ids(request.request_id), groups)
         for request in reversed(skipped):
             self.waiting.prepend(request)
         self.num_waiting_for_grammar = len(skipped)
@@ -238,112 +261,3 @@ class Scheduler:
             preempted_req_ids=step.preempted,
             num_kv_blocks=self.kv.pool.num_allocated_blocks,
         )
-
-    # ---- after the runner -----------------------------------------------------------------------
-
-    def update_from_output(
-        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
-    ) -> list[EngineCoreOutput]:
-        """Append sampled tokens, check stops, free finished requests; one output per touched request."""
-        outputs, self._pending_outputs = self._pending_outputs, []
-        sampled, requests, hints = runner_output.sampled_token_ids, self.requests, self._stop_hints
-        plain = not runner_output.logprobs
-        any_finished = False
-        for request_id in scheduler_output.num_scheduled_tokens:
-            token_ids = sampled.get(request_id)
-            request = requests.get(request_id)
-            if not token_ids or request is None or request.status is not RequestStatus.RUNNING:
-                continue
-            out_ids, n_prompt = request.output_token_ids, len(request.prompt_token_ids)
-            if plain and len(token_ids) == 1 and request.structured is None:
-                # The decode fast path: one token that cannot stop the request and no logprobs.
-                stop_ids, max_out = hints[request_id]
-                token_id = token_ids[0]
-                if (
-                    token_id not in stop_ids
-                    and len(out_ids) + 1 < max_out
-                    and request.num_computed_tokens >= n_prompt + len(out_ids)
-                ):
-                    out_ids.append(token_id)
-                    cached = request.num_cached_tokens
-                    outputs.append(
-                        EngineCoreOutput(request_id, token_ids, None, None, None, n_prompt, max(cached, 0))
-                    )
-                    continue
-            output = self._append_tokens(request, token_ids, runner_output)
-            outputs.append(output)
-            if output.finish_reason is not None:
-                any_finished = True
-        if any_finished:
-            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
-        return outputs
-
-    def _append_tokens(
-        self, request: Request, token_ids: list[int], runner_output: ModelRunnerOutput
-    ) -> EngineCoreOutput:
-        out_ids = request.output_token_ids
-        if request.num_computed_tokens < len(request.prompt_token_ids) + len(out_ids):
-            raise ValueError(
-                f"the runner sampled for {request.request_id!r} before its prompt was fully computed"
-            )
-        stop_ids, max_out = self._stop_hints[request.request_id]
-        status = None
-        num_new = 0
-        for token_id in token_ids:
-            out_ids.append(token_id)
-            num_new += 1
-            # Most tokens stop nothing: only a possible stop id or a length limit needs the full check.
-            # A completed grammar is a natural stop: it wins over a length limit hit by the same token.
-            if request.structured is not None and request.structured.accept(token_id):
-                status = RequestStatus.FINISHED_STOPPED
-                break
-            if token_id in stop_ids or len(out_ids) >= max_out:
-                status = check_stop(request, self.max_model_len)
-                if status is not None:
-                    break
-        logprobs = runner_output.logprobs.get(request.request_id) if runner_output.logprobs else None
-        output = EngineCoreOutput(
-            request.request_id,
-            token_ids[:num_new] if num_new < len(token_ids) else token_ids,
-            logprobs[:num_new] if logprobs is not None else None,
-            None,
-            None,
-            len(request.prompt_token_ids),
-            request.num_cached_tokens if request.num_cached_tokens > 0 else 0,
-        )
-        if status is not None:
-            request.status = status
-            self._free_request(request)
-            output.finish_reason = status.finish_reason
-            output.stop_reason = request.stop_reason
-        return output
-
-    def _free_request(self, request: Request) -> None:
-        self.kv.free(request)
-        del self.requests[request.request_id]
-        del self._stop_hints[request.request_id]
-        self._finished_ids.add(request.request_id)
-
-    def _apply_pending_finishes(self) -> None:
-        if not self._pending_finish:
-            return
-        pending, self._pending_finish = self._pending_finish, {}
-        ids = set(pending)
-        self.running = [r for r in self.running if r.request_id not in ids]
-        self.waiting.remove(ids)
-        for request_id, status in pending.items():
-            request = self.requests.get(request_id)
-            if request is None:
-                continue
-            request.status = status
-            self._free_request(request)
-            if status is RequestStatus.FINISHED_ABORTED:
-                self._pending_outputs.append(
-                    EngineCoreOutput(
-                        request_id=request_id,
-                        new_token_ids=[],
-                        finish_reason=status.finish_reason,
-                        num_prompt_tokens=request.num_prompt_tokens,
-                        num_cached_tokens=max(request.num_cached_tokens, 0),
-                    )
-                )

@@ -22,14 +22,9 @@ class StepBuilder:
     cached_reqs: list[CachedRequestData] = field(default_factory=list)
     preempted: set[str] = field(default_factory=set)
 
-    def add_cached(self, request: Request, n: int, new_block_ids: list[int]) -> None:
-        computed = request.num_computed_tokens
-        self.num_tokens[request.request_id] = n
-        self.cached_reqs.append(CachedRequestData(request.request_id, new_block_ids, computed))
-        self.budget -= n
-        request.num_computed_tokens = computed + n
-
-    def add_new(self, request: Request, n: int, block_ids: list[int]) -> None:
+    def add_new(
+        self, request: Request, n: int, block_ids: list[int], group_block_ids: tuple[list[int], ...] = ()
+    ) -> None:
         self.num_tokens[request.request_id] = n
         self.new_reqs.append(
             NewRequestData(
@@ -40,6 +35,7 @@ class StepBuilder:
                 block_ids=block_ids,
                 num_computed_tokens=request.num_computed_tokens,
                 structured=request.structured,
+                group_block_ids=group_block_ids,
             )
         )
         self.budget -= n

@@ -12,9 +12,9 @@ import pytest
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import KVCacheSpec, ModelRunner
 from metalserve.executor.sampler import Sampler
-from metalserve.executor.simple_driver import run_to_completion
 from metalserve.loader import LoadedModel, load_model
 from metalserve.sampling_params import SamplingParams
+from tests.executor.simple_driver import run_to_completion
 from tests.executor.test_runner_golden import mlx_lm_greedy
 
 pytestmark = pytest.mark.slow

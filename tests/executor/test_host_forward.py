@@ -11,10 +11,10 @@ import pytest
 
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.host_forward import HostForward
-from metalserve.executor.simple_driver import run_to_completion
 from metalserve.kernels.cpu_layer_ops import rms_norm, rope_in_place, rope_inverse_frequencies
 from metalserve.kernels.reference import AttentionOptions
 from metalserve.sampling_params import SamplingParams
+from tests.executor.simple_driver import run_to_completion
 from tests.executor.test_host_linear import dequantized_tiny
 from tests.executor.test_runner_golden import make_runner, mlx_lm_greedy, prompts_of
 

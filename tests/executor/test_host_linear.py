@@ -11,10 +11,10 @@ import metalserve.kernels.cpu_affine_linear as affine_module
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.fused_linear import fuse_linears
 from metalserve.executor.models.host_linear import HostLinear, host_codes
-from metalserve.executor.simple_driver import run_to_completion
 from metalserve.loader.affine_codes import AffineCodes, affine_codes
 from metalserve.loader.weights_mode import dequantize_model
 from metalserve.sampling_params import SamplingParams
+from tests.executor.simple_driver import run_to_completion
 from tests.executor.test_runner_golden import make_runner, mlx_lm_greedy, prompts_of
 from tests.executor.tiny_models import tiny_model
 

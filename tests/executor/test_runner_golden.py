@@ -9,8 +9,8 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import KVCacheSpec, ModelRunner
-from metalserve.executor.simple_driver import run_to_completion
 from metalserve.sampling_params import SamplingParams
+from tests.executor.simple_driver import run_to_completion
 from tests.executor.tiny_models import greedy_sampler, tiny_model
 
 NUM_TOKENS = 32

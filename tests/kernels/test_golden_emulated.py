@@ -15,13 +15,13 @@ import pytest
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import KVCacheSpec, ModelRunner
 from metalserve.executor.sampler import Sampler
-from metalserve.executor.simple_driver import run_to_completion
 from metalserve.kernels import emulated, reference
 from metalserve.kernels.emulated import emulated_paged_attention
 from metalserve.kernels.emulator import emulate
 from metalserve.kernels.launch import KernelLaunch
 from metalserve.loader import load_model
 from metalserve.sampling_params import SamplingParams
+from tests.executor.simple_driver import run_to_completion
 
 pytestmark = pytest.mark.slow
 LENGTHS = [9, 30, 3, 17]

@@ -23,6 +23,7 @@ def test_preempts_latest_arrival_and_resumes_with_own_cached_blocks() -> None:
     s = make_scheduler(num_blocks=5, max_model_len=32)
     s.add_request(make_request("a", 16, max_tokens=8, arrival=0))
     s.add_request(make_request("b", list(range(2000, 2016)), max_tokens=8, arrival=1))
+    assert s.requests["b"].num_cached_tokens is None  # not a sentinel count: unknown until scheduled
     out, _ = step(s)
     assert [r.block_ids for r in out.scheduled_new_reqs] == [[1, 2], [3, 4]]
     out, _ = step(s)  # a needs a third block: b (latest) is preempted, its tail block goes to a
@@ -31,7 +32,11 @@ def test_preempts_latest_arrival_and_resumes_with_own_cached_blocks() -> None:
     assert out.scheduled_cached_reqs[0].new_block_ids == [4]
     b = s.requests["b"]
     assert (b.status, b.num_computed_tokens, b.num_preemptions) == (RequestStatus.PREEMPTED, 0, 1)
-    assert s.make_stats().num_preemptions == 1
+    first = s.make_stats()
+    assert (first.num_preemptions, first.step_preemptions) == (1, 1)
+    assert (first.prefix_cache_queries, first.step_prefix_cache_queries) == (32, 32)
+    again = s.make_stats()  # per-step deltas count from the previous snapshot
+    assert (again.num_preemptions, again.step_preemptions, again.step_prefix_cache_queries) == (1, 0, 0)
     assert s.kv.pool.free_queue.block_ids() == [3]  # b's cached first block survives, unevicted
     while "a" in s.requests:
         step(s)
@@ -47,6 +52,7 @@ def test_preempts_latest_arrival_and_resumes_with_own_cached_blocks() -> None:
     assert s.requests["b"].num_cached_tokens == 0  # counted at first scheduling only
     stats = s.make_stats()
     assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (16 + 16 + 17, 8)
+    assert (stats.step_prefix_cache_queries, stats.step_prefix_cache_hits) == (17, 8)
 
 
 def test_priority_policy_orders_waiting_and_picks_victim() -> None:

@@ -3,6 +3,8 @@
 After every step: every block is exactly free or referenced, reference counts equal holders, only
 cached blocks are shared, the budget and max_num_seqs hold, the runner's view of block tables (built
 from the diffs alone) matches the manager's. At the end: no request is lost and all blocks are free.
+With layer groups (sliding window, recurrent state) in one pool, every read a step makes (the window's
+tokens, the state it resumes from) finds what an earlier step wrote, prefix hits included.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from metalserve.config import EngineConfig
-from metalserve.kvcache.block_pool import NULL_BLOCK_ID
+from metalserve.kvcache.block_pool import NULL_BLOCK_ID, KVBlock
+from metalserve.kvcache.hybrid import HybridKVCacheManager
+from metalserve.kvcache.specs import FullAttention, LayerGroupSpec, RecurrentState, SlidingWindow
 from metalserve.request import Request, RequestStatus
 from metalserve.sampling_params import SamplingParams
 from metalserve.scheduler.output import ModelRunnerOutput, SchedulerOutput
@@ -45,6 +49,15 @@ add_op = st.tuples(
     st.integers(1, 24),  # max_tokens
     st.integers(0, 3),  # priority
 )
+# Layer groups: group 0 is always full attention (the fake pool checks every read against it).
+GROUPS: dict[str, list[LayerGroupSpec] | None] = {
+    "full": None,
+    "window": [FullAttention(), SlidingWindow(5)],
+    "hybrid": [FullAttention(), SlidingWindow(12), RecurrentState()],
+    "state": [FullAttention(), RecurrentState()],
+    "no-snapshots": [FullAttention(), RecurrentState(snapshots=False)],
+    "full-hybrid": [FullAttention()],  # the plain manager, but through a HybridKVCacheManager
+}
 ops = st.lists(
     st.one_of(
         add_op,
@@ -69,23 +82,72 @@ class Done:
 
 class FakeRunner:
     """Keeps block tables from the diffs alone, as the real runner's persistent batch does, and a
-    fake KV pool holding the token id written at each slot, to check reads of prefix-cache hits."""
+    fake KV pool holding the token id written at each slot, to check reads of prefix-cache hits.
+    A state slot holds the tokens the state has seen, so a resumed state must have seen exactly them."""
 
-    def __init__(self) -> None:
-        self.tables: dict[str, list[int]] = {}
+    def __init__(self, specs: list[LayerGroupSpec]) -> None:
+        self.specs = specs
+        self.tables: dict[str, list[list[int]]] = {}
         self.computed: dict[str, int] = {}
-        self.slots: dict[tuple[int, int], int] = {}
+        self.slots: dict[tuple[int, int, int], int] = {}  # (group, block, offset) -> token id
+        self.states: dict[tuple[int, int], tuple[int, ...]] = {}  # (group, block) -> tokens seen
 
     def forward(self, s: Scheduler, out: SchedulerOutput) -> None:
-        """Every token already computed must be in the pool; then write this step's tokens."""
-        for rid in out.num_scheduled_tokens:
-            table, done = self.tables[rid], self.computed[rid] - out.num_scheduled_tokens[rid]
-            tokens = s.requests[rid].token_ids_between(0, done)
-            assert [self.slots.get((table[p // BS], p % BS)) for p in range(done)] == tokens, rid
+        """Every token a step reads must be in the pool after the whole step wrote (as a batched
+        forward does: a block freed and reused in the same step is overwritten before it is read)."""
+        steps = []
         for rid, n in out.num_scheduled_tokens.items():
-            table, start = self.tables[rid], self.computed[rid] - n
-            for p, tok in enumerate(s.requests[rid].token_ids_between(start, start + n), start):
-                self.slots[(table[p // BS], p % BS)] = tok
+            done = self.computed[rid] - n
+            steps.append((rid, done, s.requests[rid].token_ids_between(0, done + n)))
+        for rid, done, tokens in steps:  # a state is read before its own update
+            for g, (spec, table) in enumerate(zip(self.specs, self.tables[rid], strict=True)):
+                if isinstance(spec, RecurrentState) and done:
+                    assert self.states.get((g, table[(done - 1) // BS])) == tuple(tokens[:done]), (rid, g)
+        writers: dict[tuple[int, int], str] = {}
+        for rid, done, tokens in steps:
+            for g, (spec, table) in enumerate(zip(self.specs, self.tables[rid], strict=True)):
+                writers.update(self._write(g, spec, table, done, tokens, rid))
+        held = group_tables(s)
+        for rid, done, tokens in steps:
+            for g, (spec, table) in enumerate(zip(self.specs, self.tables[rid], strict=True)):
+                self._check_reads(g, spec, table, done, tokens, rid, writers)
+                # What the step reads and writes the manager still holds (not given back to the pool).
+                needed = {(len(tokens) - 1) // BS}  # the last token's block (its KV, or the new state)
+                if isinstance(spec, RecurrentState):
+                    needed |= {(done - 1) // BS} if done else set()  # the state it resumes from
+                else:
+                    first = max(0, done - spec.window + 1) if isinstance(spec, SlidingWindow) else 0
+                    needed |= {p // BS for p in range(first, len(tokens))}
+                assert all(held[(rid, g)][i].block_id != NULL_BLOCK_ID for i in needed), (rid, g, done)
+
+    def _check_reads(
+        self,
+        g: int,
+        spec: LayerGroupSpec,
+        table: list[int],
+        done: int,
+        tokens: list[int],
+        rid: str,
+        writers: dict[tuple[int, int], str],
+    ) -> None:
+        if isinstance(spec, RecurrentState):
+            if done:  # nobody else wrote the block this request's state was read from
+                assert writers.get((g, table[(done - 1) // BS]), rid) == rid, (rid, g)
+            return
+        first = max(0, len(tokens) - 1 - spec.window + 1) if isinstance(spec, SlidingWindow) else 0
+        read = [self.slots.get((g, table[p // BS], p % BS)) for p in range(first, len(tokens))]
+        assert read == tokens[first:], (rid, g)
+
+    def _write(
+        self, g: int, spec: LayerGroupSpec, table: list[int], done: int, tokens: list[int], rid: str
+    ) -> dict[tuple[int, int], str]:
+        if isinstance(spec, RecurrentState):
+            block = table[(len(tokens) - 1) // BS]
+            self.states[(g, block)] = tuple(tokens)
+            return {(g, block): rid}
+        for p in range(done, len(tokens)):
+            self.slots[(g, table[p // BS], p % BS)] = tokens[p]
+        return {(g, table[p // BS]): rid for p in range(done, len(tokens))}
 
     def apply(self, out: SchedulerOutput) -> None:
         for rid in out.finished_req_ids | out.preempted_req_ids:
@@ -93,21 +155,43 @@ class FakeRunner:
             self.computed.pop(rid, None)
         for new in out.scheduled_new_reqs:
             assert new.request_id not in self.tables
-            self.tables[new.request_id] = list(new.block_ids)
+            self.tables[new.request_id] = [list(new.block_ids), *map(list, new.group_block_ids)]
             self.computed[new.request_id] = new.num_computed_tokens
         for cached in out.scheduled_cached_reqs:
             assert self.computed[cached.request_id] == cached.num_computed_tokens
-            self.tables[cached.request_id] += cached.new_block_ids
+            tables = self.tables[cached.request_id]
+            tables[0] += cached.new_block_ids
+            for table, ids in zip(tables[1:], cached.new_group_block_ids, strict=False):
+                table += ids
         for rid, n in out.num_scheduled_tokens.items():
             self.computed[rid] += n
-            assert len(self.tables[rid]) * BS >= self.computed[rid]
+            assert all(len(t) * BS >= self.computed[rid] for t in self.tables[rid])
+
+
+def group_tables(s: Scheduler) -> dict[tuple[str, int], list[KVBlock]]:
+    """Every request's table in every group, as the manager holds them."""
+    if isinstance(s.kv, HybridKVCacheManager):
+        return {(rid, g): t for g, group in enumerate(s.kv.groups) for rid, t in group.tables.items()}
+    return {(rid, 0): t for rid, t in s.kv.req_to_blocks.items()}
+
+
+def check_tables_match(s: Scheduler, runner: FakeRunner, rid: str) -> None:
+    """The runner's tables are the manager's, where the manager has not nulled an entry out."""
+    tables = group_tables(s)
+    for g, runner_table in enumerate(runner.tables[rid]):
+        ids = [b.block_id for b in tables[(rid, g)]]
+        assert len(ids) == len(runner_table), (rid, g)
+        assert all(i in (NULL_BLOCK_ID, r) for i, r in zip(ids, runner_table, strict=True)), (rid, g)
+        if g == 0:
+            assert ids == runner_table
 
 
 def check_blocks(s: Scheduler) -> None:
     pool = s.kv.pool
     free_ids = pool.free_queue.block_ids()
-    holders = Counter(b.block_id for blocks in s.kv.req_to_blocks.values() for b in blocks)
-    assert NULL_BLOCK_ID not in holders and NULL_BLOCK_ID not in free_ids
+    tables = group_tables(s)
+    holders = Counter(b.block_id for blocks in tables.values() for b in blocks if b.block_id != NULL_BLOCK_ID)
+    assert NULL_BLOCK_ID not in free_ids
     not_grown = pool.num_blocks - pool.num_allocated_blocks
     assert len(free_ids) == len(set(free_ids)) == pool.num_free_blocks - not_grown
     assert set(free_ids).isdisjoint(holders)
@@ -117,8 +201,9 @@ def check_blocks(s: Scheduler) -> None:
         assert block.ref_cnt == holders.get(block.block_id, 0)
         if block.ref_cnt > 1:
             assert block.block_hash is not None and pool.cached[block.block_hash] is block
-    for rid, blocks in s.kv.req_to_blocks.items():
-        assert len({b.block_id for b in blocks}) == len(blocks), rid
+    for key, blocks in tables.items():
+        real = [b.block_id for b in blocks if b.block_id != NULL_BLOCK_ID]
+        assert len(set(real)) == len(real), key
     for h, block in pool.cached.items():
         assert block.block_hash == h
 
@@ -133,7 +218,7 @@ def check_requests(s: Scheduler, cfg: EngineConfig) -> None:
         assert r.status is RequestStatus.RUNNING
     for r in s.waiting:
         assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-        assert r.request_id not in s.kv.req_to_blocks and r.num_computed_tokens == 0
+        assert all(key[0] != r.request_id for key in group_tables(s)) and r.num_computed_tokens == 0
 
 
 def check_output(s: Scheduler, cfg: EngineConfig, out: SchedulerOutput, runner: FakeRunner) -> None:
@@ -144,9 +229,9 @@ def check_output(s: Scheduler, cfg: EngineConfig, out: SchedulerOutput, runner: 
     assert out.num_kv_blocks == s.kv.pool.num_allocated_blocks
     runner.apply(out)
     runner.forward(s, out)
-    assert all(b < out.num_kv_blocks for table in runner.tables.values() for b in table)
+    assert all(b < out.num_kv_blocks for tables in runner.tables.values() for t in tables for b in t)
     for rid in out.num_scheduled_tokens:
-        assert runner.tables[rid] == s.kv.get_block_ids(rid)
+        check_tables_match(s, runner, rid)
         assert runner.computed[rid] == s.requests[rid].num_computed_tokens <= MAX_MODEL_LEN
 
 
@@ -177,15 +262,27 @@ def make_request(i: int, op: tuple[Any, ...], rng: random.Random) -> Request:
     return Request(f"r{i}", prompt, params, frozenset({EOS}), float(i), priority, salt)
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cfg_kwargs=configs, extra_blocks=st.integers(0, 4), initial=st.none() | st.integers(2, 8), ops=ops)
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    cfg_kwargs=configs,
+    extra_blocks=st.integers(0, 4),
+    initial=st.none() | st.integers(2, 8),
+    groups=st.sampled_from(list(GROUPS)),
+    ops=ops,
+)
 def test_random_sequences_keep_invariants(
-    cfg_kwargs: dict[str, Any], extra_blocks: int, initial: int | None, ops: list[tuple[Any, ...]]
+    cfg_kwargs: dict[str, Any], extra_blocks: int, initial: int | None, groups: str, ops: list[tuple[Any, ...]]
 ) -> None:
     """With `initial`, the pool starts that small and grows while the sequence runs."""
     cfg = EngineConfig(**cfg_kwargs)
-    s = Scheduler(cfg, MAX_MODEL_LEN // BS + 1 + extra_blocks, MAX_MODEL_LEN, initial_blocks=initial)
-    runner, rng, done = FakeRunner(), random.Random(0), Done()
+    specs = GROUPS[groups]
+    # Each further group needs its own blocks: one request of max_model_len must still fit.
+    per_request = (MAX_MODEL_LEN // BS) * len(specs or [0]) + 1
+    s = Scheduler(cfg, per_request + extra_blocks, MAX_MODEL_LEN, initial_blocks=initial, kv_groups=specs)
+    if groups == "full-hybrid":
+        caching = cfg.enable_prefix_caching
+        s.kv = HybridKVCacheManager([FullAttention()], per_request + extra_blocks, BS, caching, initial)
+    runner, rng, done = FakeRunner(specs or [FullAttention()]), random.Random(0), Done()
     added: list[str] = []
     aborted: set[str] = set()
     for op in ops:
@@ -212,8 +309,9 @@ def test_random_sequences_keep_invariants(
     assert set(done.reported) | done.released == set(added)
     assert {rid for rid, why in done.reported.items() if why == "abort"} <= aborted
     assert s.kv.num_free_blocks == s.kv.pool.num_usable_blocks
-    assert s.kv.req_to_blocks == {}
+    assert group_tables(s) == {}
     event(f"preempted: {s.num_preemptions > 0}")
     event(f"prefix hits: {s.kv.prefix_cache_hits > 0}")
     event(f"aborted: {bool(aborted)}")
+    event(f"groups: {groups}")
     event(f"pool grew: {initial is not None and s.kv.pool.num_allocated_blocks > initial}")

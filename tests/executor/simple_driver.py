@@ -1,6 +1,6 @@
 """A minimal stand-in for the scheduler: sequential block allocation, prompts in chunks, then decode.
 
-It exists to exercise the runner (tests, `metalserve generate`) without the real scheduler and KV manager.
+It exists to exercise the runner in tests without the real scheduler and KV manager.
 """
 
 from __future__ import annotations
