@@ -9,12 +9,13 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from metalserve.engine.core import select_attention
+from metalserve.executor.attention.select import select_attention
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import KVCacheSpec, ModelRunner
 from metalserve.executor.sampler import Sampler
 from metalserve.executor.simple_driver import run_to_completion
 from metalserve.loader import LoadedModel
+from metalserve.platform import current_platform
 from metalserve.sampling_params import SamplingParams
 
 
@@ -48,14 +49,13 @@ def generate(
         raise ValueError(f"a prompt plus max_tokens is {longest} tokens, more than the context {loaded.max_model_len}")
     blocks_each = -(-longest // block_size)
     spec = KVCacheSpec.for_model(loaded, block_size, blocks_each * len(prompts))
-    attention = select_attention("auto", loaded.dtype)
+    platform = current_platform()
     runner = ModelRunner(
-        PagedModel(loaded.model, loaded.model_type),
+        PagedModel.from_loaded(loaded, platform),
         spec,
         eos_token_ids=loaded.eos_token_ids,
         sampler=Sampler(seed),
-        attention_fn=attention.fn,
-        cpu_attention=attention.cpu,
+        backend=select_attention("auto", loaded.dtype, platform),
     )
     outputs = run_to_completion(
         runner, prompts, [params] * len(prompts), chunk_size=chunk_size, eos_token_ids=loaded.eos_token_ids
