@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from metalserve.executor.attention.metal import KernelAttention
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import KVCacheSpec, ModelRunner
 from metalserve.executor.sampler import Sampler
@@ -16,6 +17,7 @@ from metalserve.executor.simple_driver import run_to_completion
 from metalserve.kernels import reference
 from metalserve.kernels.emulated import emulated_paged_attention
 from metalserve.loader import load_model
+from metalserve.platform import current_platform
 from metalserve.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow
@@ -30,11 +32,11 @@ def test_emulated_kernel_gives_the_portable_paths_greedy_tokens() -> None:
     text = loaded.tokenizer.encode(" ".join(["a quiet river runs past the old mill by the town"] * 6))
     prompts = [text[int(o) : int(o) + n] for o, n in zip(rng.integers(0, 15, len(LENGTHS)), LENGTHS,
                                                           strict=True)]
-    model = PagedModel(loaded.model, loaded.model_type)
+    model = PagedModel.from_loaded(loaded, current_platform())
     spec = KVCacheSpec.for_model(loaded, 16, 32)
     outputs = {}
     for name, fn in (("portable", reference.paged_attention), ("emulated", emulated_paged_attention)):
-        runner = ModelRunner(model, spec, sampler=Sampler(0), attention_fn=fn)
+        runner = ModelRunner(model, spec, sampler=Sampler(0), backend=KernelAttention(fn, name, name))
         params = [SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True) for _ in prompts]
         outputs[name] = run_to_completion(runner, prompts, params, chunk_size=CHUNK)
     assert all(len(o) == NUM_TOKENS for o in outputs["portable"])

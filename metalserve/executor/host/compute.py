@@ -74,13 +74,14 @@ class HostCompute:
         if host is not None and token_ids.size <= HOST_LINEAR_MAX_TOKENS:
             ctx = current_context()
             if host.applies_to(ctx):  # attention on the CPU backend: NumPy from the ids to the logits
-                return mx.array(self._logits(host(token_ids, ctx)[logits_indices]))
+                return mx.array(self.head_logits(host(token_ids, ctx)[logits_indices]))
         hidden = model.mlx_hidden_states(mx.array(token_ids))[mx.array(logits_indices)]
         if self.head is None:
             return model.mlx_logits(hidden)
-        return mx.array(self._logits(np.asarray(hidden.astype(mx.float32))))
+        return mx.array(self.head_logits(np.asarray(hidden.astype(mx.float32))))
 
-    def _logits(self, rows: np.ndarray) -> np.ndarray:
+    def head_logits(self, rows: np.ndarray) -> np.ndarray:
+        """`[S, hidden]` float32 rows -> their logits, through NumPy (from the head's codes in small steps)."""
         assert self.head is not None
         if self.head_codes is not None and rows.shape[0] <= HOST_LINEAR_MAX_TOKENS:
             from metalserve.kernels.cpu_affine_linear import affine_linear
