@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import httpx
-import mlx.core as mx
 import pytest
 
 from metalserve.api.metrics import StatLogState

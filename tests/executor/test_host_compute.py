@@ -7,9 +7,9 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.host.compute import HostCompute
 from metalserve.executor.host.mlp import HostSwiGLUMLP
+from metalserve.executor.models.adapter import PagedModel
 from metalserve.kernels.cpu_swiglu import swiglu
 from tests.executor.tiny_models import tiny_model
 

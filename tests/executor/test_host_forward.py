@@ -9,9 +9,9 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.host.compute import HostCompute
 from metalserve.executor.host.forward import HostForward
+from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.simple_driver import run_to_completion
 from metalserve.kernels.cpu_layer_ops import rms_norm, rope_in_place, rope_inverse_frequencies
 from metalserve.kernels.reference import AttentionOptions
