@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 import mlx.core as mx
 
@@ -41,12 +41,12 @@ CacheT = TypeVar("CacheT", bound=LayerCache)
 MetaT = TypeVar("MetaT")
 
 
-@dataclass(frozen=True)
-class AttentionCall(Generic[CacheT, MetaT]):
+class AttentionCall(NamedTuple, Generic[CacheT, MetaT]):
     """Everything one layer's attention needs, as one object.
 
     `q` `[T, Hq, D]`, `k` and `v` `[T, Hkv, D]`: this step's packed tokens (RoPE applied); `slot_mapping`
-    `[T]`: where each token's K/V goes; `meta`: the step's metadata from `build_metadata`."""
+    `[T]`: where each token's K/V goes; `meta`: the step's metadata from `build_metadata`. A NamedTuple:
+    one is made per layer and step, so it should cost next to nothing."""
 
     q: mx.array
     k: mx.array

@@ -44,7 +44,9 @@ def _zeros(spec: LayerCacheSpec) -> mx.array:
 
 
 class KernelAttention(AttentionBackend[LayerKV, KernelStep]):
-    def __init__(self, kernel: KernelFn, name: str = "metal", description: str = "Metal paged-attention kernel"):
+    def __init__(
+        self, kernel: KernelFn, name: str = "metal", description: str = "Metal paged-attention kernel"
+    ) -> None:
         self.kernel = kernel
         self.name = name
         self.description = description
