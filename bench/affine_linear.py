@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/affine_linear.py [--model PATH] [--batches 1 8 32 64 128 256] [--repeats 5]
 
-Why small steps on the CPU path read the stored 4-bit codes (metalserve/executor/models/host_linear.py).
+Why small steps on the CPU path read the stored 4-bit codes (metalserve/executor/host/linear.py).
 Every run multiplies one `[batch, in]` input by all of the model's layer projections (qkv, o, gate+up,
 down), one after the other, as a decode step does; the two sides alternate in one process and the
 median of `--repeats` runs is printed, with the ratio.
@@ -22,8 +22,9 @@ import metalserve  # noqa: F401  (must come before MLX: it loads the optimized B
 import mlx.core as mx
 import numpy as np
 
+from metalserve.executor.host.compute import HostCompute
+from metalserve.executor.host.linear import HostLinear
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.executor.models.host_linear import HostLinear
 from metalserve.kernels.cpu_affine_linear import affine_linear
 from metalserve.loader import load_model
 
@@ -56,7 +57,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     loaded = load_model(args.model)
-    layers = projections(PagedModel(loaded.model, loaded.model_type, host_compute=True))
+    layers = projections(PagedModel(loaded.model, loaded.model_type, HostCompute(loaded.codes)))
     if not layers:
         raise SystemExit("no projection kept its codes (is this a Q4/Q8 model, dequantized on MLX's CPU backend?)")
     weights = sum(layer.codes.codes.size for layer in layers)

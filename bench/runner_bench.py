@@ -5,7 +5,7 @@
 Prints one table with both and their ratio (metalserve / mlx-lm throughput; > 1 means metalserve is faster).
 Decode steps of the two run in alternating blocks, so machine noise falls on both alike.
 metalserve runs with its CPU attention path (the numba kernel for every row; the server's default on a
-machine without Metal) and, with `--attention portable` too, with the portable MLX path.
+machine without Metal) and, with `--attention mlx` too, with the MLX-ops backend.
 """
 
 from __future__ import annotations
@@ -23,10 +23,13 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
+from metalserve.executor.attention.cpu import CpuAttention
+from metalserve.executor.attention.mlx import MlxAttention
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import KVCacheSpec, ModelRunner
 from metalserve.executor.sampler import Sampler
 from metalserve.loader import LoadedModel, load_model
+from metalserve.platform import current_platform
 from metalserve.sampling_params import SamplingParams
 from metalserve.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
 
@@ -71,7 +74,8 @@ def paged_runner(
 ) -> ModelRunner:
     blocks = -(-num_tokens // block_size) + 64
     spec = KVCacheSpec.for_model(loaded, block_size, blocks)
-    return ModelRunner(model, spec, eos_token_ids=frozenset(), sampler=Sampler(0), cpu_attention=cpu)
+    backend = CpuAttention() if cpu else MlxAttention()
+    return ModelRunner(model, spec, eos_token_ids=frozenset(), sampler=Sampler(0), backend=backend)
 
 
 def ours_prefill(loaded: LoadedModel, model: PagedModel, n: int, repeats: int, cpu: bool) -> float:
@@ -143,11 +147,11 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--prefill-tokens", type=int, default=512)
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--attention", nargs="+", choices=["cpu", "portable"], default=["cpu"])
+    ap.add_argument("--attention", nargs="+", choices=["cpu", "mlx"], default=["cpu"])
     args = ap.parse_args()
     reference = load_model(args.model)
     ours = load_model(args.model)  # a second copy: PagedModel takes over its attention layers
-    paged = PagedModel(ours.model, ours.model_type)
+    paged = PagedModel.from_loaded(ours, current_platform())
     print(reference.describe(), flush=True)
     rows = []
     for path in args.attention:  # each measured right after mlx-lm, so both see the same machine load

@@ -7,10 +7,13 @@ from typing import Literal
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 WeightsMode = Literal["auto", "dequantize", "quantized"]
+# --attention-backend: "mlx" is the MLX-ops backend; "reference", its old name, is a deprecated alias.
+AttentionBackendName = Literal["auto", "metal", "cpu", "mlx", "reference"]
+ATTENTION_BACKEND_NAMES: tuple[str, ...] = ("auto", "metal", "cpu", "mlx", "reference")
 
 
 # `metalserve serve`'s token budget where MLX runs on the CPU: steps of up to 512 tokens run on the host
-# (executor/models/host_forward.py), and smaller steps let new prompts start sooner. At concurrency 8
+# (executor/host/forward.py), and smaller steps let new prompts start sooner. At concurrency 8
 # (bench/compare_peers.py) mean TTFT was 4.4 s at 512 against 7.6 s at 2048, at the same output tok/s.
 CPU_MAX_NUM_BATCHED_TOKENS = 512
 
@@ -34,7 +37,7 @@ class EngineConfig:
     kv_cache_memory: int | None = None  # bytes; overrides gpu_memory_utilization
     weights: WeightsMode = "auto"
     dequantize_max_bytes: int = 4 * 1024**3  # "auto": dequantize to fp32 only below this size
-    attention_backend: Literal["auto", "metal", "cpu", "reference"] = "auto"
+    attention_backend: AttentionBackendName = "auto"
     chat_template: str | None = None
     tool_call_parser: str | None = None
     seed: int = 0

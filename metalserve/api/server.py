@@ -17,7 +17,7 @@ from metalserve.api.reasoning import REASONING_PARSERS
 from metalserve.api.settings import ServerSettings
 from metalserve.api.shutdown import GracefulServer
 from metalserve.api.tool_parsers import TOOL_PARSERS
-from metalserve.config import CPU_MAX_NUM_BATCHED_TOKENS, EngineConfig
+from metalserve.config import ATTENTION_BACKEND_NAMES, CPU_MAX_NUM_BATCHED_TOKENS, EngineConfig
 from metalserve.engine.async_engine import AsyncEngine
 
 logger = logging.getLogger("metalserve.server")
@@ -55,8 +55,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--long-prefill-token-threshold", type=int, default=d.long_prefill_token_threshold)
     parser.add_argument("--weights", choices=["auto", "dequantize", "quantized"], default=d.weights)
     parser.add_argument(
-        "--attention-backend", choices=["auto", "metal", "cpu", "reference"], default=d.attention_backend
-    )
+        "--attention-backend", choices=list(ATTENTION_BACKEND_NAMES), default=d.attention_backend,
+        help="auto, metal (the Metal kernel), cpu (the numba kernel) or mlx (MLX ops; 'reference' is its "
+        "deprecated old name)",
+    )  # fmt: skip
     parser.add_argument("--chat-template", default=None, help="a Jinja chat template, or a file holding one")
     parser.add_argument("--tool-call-parser", choices=sorted(TOOL_PARSERS), default=None)
     parser.add_argument(
@@ -104,10 +106,10 @@ def _chat_template(value: str | None) -> str | None:
 
 
 def default_token_budget() -> int:
-    """The step token budget when the flag is not given: smaller on MLX's CPU backend (see config.py)."""
-    import mlx.core as mx
+    """The step token budget when the flag is not given: the Platform's (smaller on MLX's CPU backend)."""
+    from metalserve.platform import current_platform  # probes MLX once, on the engine's side
 
-    return CPU_MAX_NUM_BATCHED_TOKENS if mx.default_device() == mx.cpu else EngineConfig().max_num_batched_tokens
+    return current_platform().default_token_budget()
 
 
 def config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:

@@ -8,9 +8,8 @@ import re
 import subprocess
 import sys
 
-import mlx.core as mx
-
 from metalserve.kvcache.block_pool import NUM_RESERVED_BLOCKS
+from metalserve.platform import current_platform
 
 # The pool starts this small and doubles as it fills (metalserve/kvcache/block_pool.py).
 INITIAL_POOL_BLOCKS = 256
@@ -18,9 +17,8 @@ INITIAL_POOL_BLOCKS = 256
 
 def total_memory_bytes() -> int:
     """The machine's memory as MLX sees it (unified memory on a Mac), else the OS's physical memory."""
-    if mx.metal.is_available():
-        return int(mx.device_info()["memory_size"])
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    metal = current_platform().metal_memory
+    return metal if metal is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def parse_meminfo(text: str) -> int | None:

@@ -129,9 +129,11 @@ class NumpyBackend(ArrayBackend):
 
 
 def pick_backend(name: str = "auto") -> ArrayBackend:
-    """ "mlx", "numpy", or "auto": NumPy when MLX's default device is the CPU."""
+    """ "mlx", "numpy", or "auto": NumPy when MLX runs on the CPU (the Platform's answer)."""
     if name == "auto":
-        name = "numpy" if mx.default_device() == mx.cpu else "mlx"
+        from metalserve.platform import current_platform
+
+        name = "numpy" if current_platform().on_cpu else "mlx"
     if name == "mlx":
         return ArrayBackend()
     if name == "numpy":

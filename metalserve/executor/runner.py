@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import mlx.core as mx
 
-from metalserve.executor.context import AttentionFn, ForwardContext, LayerKV, PortableKV, forward_context
+from metalserve.executor.attention.base import AttentionBackend, LayerCacheSpec
+from metalserve.executor.attention.mlx import MlxAttention
+from metalserve.executor.context import ForwardContext, forward_context
 from metalserve.executor.input_batch import CachedRequestState
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.step_inputs import StepInputs, pack_step
-from metalserve.kernels.reference import build_plan
 from metalserve.outputs import TokenLogprob
 from metalserve.scheduler.output import ModelRunnerOutput, SchedulerOutput
 
@@ -37,6 +38,10 @@ class KVCacheSpec:
     def bytes_per_block(self) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.size * self.block_size
 
+    def layer_spec(self) -> LayerCacheSpec:
+        """Every layer's cache (all layers alike today)."""
+        return LayerCacheSpec(self.num_kv_heads, self.head_dim, self.dtype, self.block_size, self.num_blocks)
+
     @classmethod
     def for_model(cls, loaded: LoadedModel, block_size: int, num_blocks: int) -> KVCacheSpec:
         return cls(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, block_size, num_blocks)
@@ -51,6 +56,9 @@ class SamplerResult(Protocol):
     logprobs: list[TokenLogprob | None]
 
 
+MLX_OPS = MlxAttention()  # the default backend: it runs wherever MLX runs, and keeps no state
+
+
 class ModelRunner:
     """Keeps a persistent batch of request states and the paged KV pools; runs one mixed step at a time."""
 
@@ -61,45 +69,28 @@ class ModelRunner:
         *,
         eos_token_ids: frozenset[int] = frozenset(),
         sampler: SamplerFn | None = None,
-        attention_fn: AttentionFn | None = None,
-        cpu_attention: bool = False,
+        backend: AttentionBackend[Any, Any] = MLX_OPS,
     ) -> None:
-        """`attention_fn`: a kernel backend with the contract signature; None runs the portable path,
-        attended by the numba CPU kernel instead when `cpu_attention` (float32 pools only)."""
-        if cpu_attention and (attention_fn is not None or spec.dtype != mx.float32):
-            raise ValueError(f"the CPU attention path needs the portable float32 pool (dtype {spec.dtype})")
+        """`backend`: how attention runs (executor/attention/), chosen by the engine from the Platform."""
         self.model = model
         self.spec = spec
         self.eos_token_ids = eos_token_ids
-        self.attention_fn = attention_fn
-        self.cpu_attention = cpu_attention
+        self.backend = backend
         if sampler is None:
             from metalserve.executor.sampler import Sampler
 
             sampler = Sampler()
         self.sampler = sampler
-        self.kv = allocate_kv(spec, portable=attention_fn is None)
-        self._attach_kv()
+        layer = spec.layer_spec()
+        self.kv: list[Any] = [self.backend.allocate(layer) for _ in range(spec.num_layers)]
         self.requests: dict[str, CachedRequestState] = {}
-
-    def _attach_kv(self) -> None:
-        """Materialize the pools; the CPU path writes them through NumPy views of their buffers."""
-        mx.eval(self._kv_arrays())
-        if self.cpu_attention:
-            from metalserve.kernels.cpu import host_view
-
-            for layer in self.kv:
-                assert isinstance(layer, PortableKV)
-                layer.host = host_view(layer.pool)
 
     def grow_kv(self, num_blocks: int) -> None:
         """Extend every layer's pool to `num_blocks` blocks, keeping what the old blocks hold."""
-        more = replace(self.spec, num_blocks=num_blocks - self.spec.num_blocks)
-        extra = allocate_kv(more, portable=self.attention_fn is None)
-        old_kv: list[LayerKV | PortableKV] = list(self.kv)
-        self.kv = [old.extended(new) for old, new in zip(old_kv, extra, strict=True)]  # type: ignore[arg-type,assignment]
+        more = replace(self.spec, num_blocks=num_blocks - self.spec.num_blocks).layer_spec()
+        self.kv = [self.backend.extend(cache, more) for cache in self.kv]
         self.spec = replace(self.spec, num_blocks=num_blocks)
-        self._attach_kv()
+        mx.eval(self._kv_arrays())
         mx.clear_cache()  # the old, smaller buffers are not needed again
 
     def _kv_arrays(self) -> list[mx.array]:
@@ -125,32 +116,12 @@ class ModelRunner:
             state.num_computed_tokens = cached.num_computed_tokens
 
     def _context(self, step: StepInputs) -> ForwardContext:
-        common = dict(
+        return ForwardContext(
             positions=mx.array(step.positions),
             slot_mapping=mx.array(step.slot_mapping),
+            backend=self.backend,
+            metadata=self.backend.build_metadata(step, self.spec.layer_spec()),
             kv=self.kv,
-            block_size=self.spec.block_size,
-        )
-        if self.cpu_attention:
-            from metalserve.kernels.cpu import build_cpu_plan
-
-            cpu = build_cpu_plan(
-                step.padded_block_tables(), step.cu_seqlens_q, step.seq_lens, step.slot_mapping, self.spec.block_size
-            )
-            return ForwardContext(plan=None, cpu=cpu, **common)  # type: ignore[arg-type]
-        if self.attention_fn is None:
-            plan = build_plan(
-                step.block_rows, step.cu_seqlens_q, step.seq_lens, self.spec.block_size,
-                num_kv_heads=self.spec.num_kv_heads,
-            )  # fmt: skip
-            return ForwardContext(plan=plan, **common)  # type: ignore[arg-type]
-        return ForwardContext(
-            plan=None,
-            block_tables=mx.array(step.padded_block_tables()),
-            cu_seqlens_q=mx.array(step.cu_seqlens_q),
-            seq_lens=mx.array(step.seq_lens),
-            attention_fn=self.attention_fn,
-            **common,  # type: ignore[arg-type]
         )
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
@@ -161,7 +132,7 @@ class ModelRunner:
             return ModelRunnerOutput(sampled_token_ids={})
         step = pack_step(self.requests, so.num_scheduled_tokens, self.spec.block_size)
         with forward_context(self._context(step)):
-            logits = self.model(mx.array(step.token_ids), mx.array(step.logits_indices))
+            logits = self.model(step.token_ids, step.logits_indices)
         sampling = [self.requests[step.request_ids[i]] for i in step.sampling_rows]
         result = self.sampler(logits, sampling) if sampling else _NO_SAMPLES
         # Evaluate the pools with the logits so the scatters run now and release the old buffers.
@@ -178,15 +149,6 @@ class ModelRunner:
             if lp is not None:
                 logprobs[state.request_id] = [lp]
         return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs)
-
-
-def allocate_kv(spec: KVCacheSpec, *, portable: bool) -> list[LayerKV] | list[PortableKV]:
-    """Zeroed pools in the attention backend's layout (see metalserve/kernels/reference.py)."""
-    if portable:
-        joint = (2, spec.num_kv_heads, spec.num_slots, spec.head_dim)
-        return [PortableKV(mx.zeros(joint, spec.dtype)) for _ in range(spec.num_layers)]
-    shape = (spec.num_slots, spec.num_kv_heads, spec.head_dim)
-    return [LayerKV(mx.zeros(shape, spec.dtype), mx.zeros(shape, spec.dtype)) for _ in range(spec.num_layers)]
 
 
 @dataclass

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from metalserve.kernels.affine_codes import AffineCodes
 from metalserve.kernels.numba_lock import launch_lock
-from metalserve.loader.affine_codes import AffineCodes
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True, nogil=True, boundscheck=False)

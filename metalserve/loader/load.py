@@ -8,7 +8,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from metalserve.loader.blas import blas_description
+from metalserve.kernels.affine_codes import AffineCodes
 from metalserve.loader.build import build_model
 from metalserve.loader.directory import load_directory
 from metalserve.loader.embedded import default_model_path
@@ -25,6 +25,7 @@ from metalserve.loader.weights_mode import (
     fp32_bytes,
     should_dequantize,
 )
+from metalserve.platform import Platform, current_platform
 
 logger = logging.getLogger(__name__)
 
@@ -49,18 +50,20 @@ def _read(model: str | None) -> tuple[RawModel, str]:
     )
 
 
-def _choose_weights(model: nn.Module, stored_as: str, weights: str, max_bytes: int) -> str:
-    """Dequantize to fp32 or keep the stored weights; return the description for the start-up log."""
-    on_metal = mx.metal.is_available()
+def _choose_weights(
+    model: nn.Module, stored_as: str, weights: str, max_bytes: int, platform: Platform
+) -> tuple[str, dict[str, AffineCodes]]:
+    """Dequantize to fp32 or keep the stored weights; return the description for the start-up log and
+    the stored codes the dequantized layers kept (only MLX's CPU backend has host matmuls to read them)."""
+    on_metal = platform.metal
     size = fp32_bytes(model)
     packed = (nn.QuantizedLinear, nn.QuantizedEmbedding)
     quantized = any(isinstance(m, packed) for _, m in model.named_modules())
     if should_dequantize(weights, size, max_bytes, on_metal):
-        # Only MLX's CPU backend has host matmuls to read the codes with.
-        dequantize_model(model, keep_codes=mx.default_device() == mx.cpu)
+        codes = dequantize_model(model, keep_codes=platform.on_cpu)
         cast_floats(model, mx.float32)
         verb = "dequantized from" if quantized else "cast from"
-        return f"fp32 ({verb} {stored_as}, {size / 1e6:.0f} MB)"
+        return f"fp32 ({verb} {stored_as}, {size / 1e6:.0f} MB)", codes
     if not on_metal:
         # The CPU runs fp16/bf16 activations far slower than fp32; packed weights keep their size.
         cast_floats(model, mx.float32)
@@ -68,7 +71,7 @@ def _choose_weights(model: nn.Module, stored_as: str, weights: str, max_bytes: i
     why = ""
     if weights == "auto":
         why = " on Metal" if on_metal else f", fp32 would exceed {max_bytes / 1e6:.0f} MB"
-    return f"{kind} {stored_as}{why}"
+    return f"{kind} {stored_as}{why}", {}
 
 
 def _kv_shape(model: nn.Module) -> tuple[int, int, int]:
@@ -87,7 +90,8 @@ def load(
         raise ModelLoadError(f"weights must be one of {', '.join(WEIGHTS_MODES)}, got {weights!r}")
     raw, source = _read(model)
     built = build_model(raw.config, raw.weights)
-    weights_desc = _choose_weights(built, raw.stored_as, weights, dequantize_max_bytes)
+    platform = current_platform()
+    weights_desc, codes = _choose_weights(built, raw.stored_as, weights, dequantize_max_bytes, platform)
     mx.eval(built.parameters())
     template = chat_template if chat_template is not None else raw.chat_template
     if chat_template is not None:
@@ -103,11 +107,12 @@ def load(
         chat_template=template,
         source=source,
         weights_desc=weights_desc,
-        blas_desc=blas_description(),
+        blas_desc=platform.blas,
         num_layers=num_layers,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
         dtype=activation_dtype(built),
+        codes=codes,
     )
     logger.info("%s", loaded.describe())
     return loaded

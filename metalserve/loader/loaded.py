@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # keep `import metalserve.loader` free of MLX (the BLAS must load first)
     import mlx.core as mx
     import mlx.nn as nn
     from transformers import PreTrainedTokenizerBase
+
+    from metalserve.kernels.affine_codes import AffineCodes
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -31,6 +33,8 @@ class LoadedModel:
     num_kv_heads: int
     head_dim: int
     dtype: mx.Dtype  # the activations' dtype (and so the KV cache's)
+    # The stored codes of dequantized layers by module path, kept on MLX's CPU backend for the host path.
+    codes: dict[str, AffineCodes] = field(default_factory=dict)
 
     def describe(self) -> str:
         """One line for the start-up log: which model, which weights path, which BLAS."""

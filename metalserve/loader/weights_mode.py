@@ -10,7 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
-from metalserve.loader.affine_codes import affine_codes
+from metalserve.loader.affine_codes import AffineCodes, affine_codes
 
 WEIGHTS_MODES = ("auto", "dequantize", "quantized")
 
@@ -48,14 +48,6 @@ def _unpack(module: nn.QuantizedLinear | nn.QuantizedEmbedding) -> mx.array:
     return mx.dequantize(module.weight, scales, biases, module.group_size, module.bits)
 
 
-def _dense(module: nn.Module, keep_codes: bool) -> nn.Module:
-    dense = _dense_twin(module)
-    if keep_codes and dense is not module:
-        # A plain attribute, not a parameter: MLX never sees it; the CPU path's host linears read it.
-        dense.affine_codes = affine_codes(module)  # type: ignore[arg-type]
-    return dense
-
-
 def _dense_twin(module: nn.Module) -> nn.Module:
     if isinstance(module, nn.QuantizedLinear):
         w = _unpack(module)
@@ -74,11 +66,20 @@ def _dense_twin(module: nn.Module) -> nn.Module:
     return module
 
 
-def dequantize_model(model: nn.Module, keep_codes: bool = False) -> None:
-    """Replace every quantized layer by its dense fp32 twin, in place; with `keep_codes`, each twin keeps
-    its stored integer codes as `affine_codes` (an `AffineCodes`, or None where the mode has none)."""
-    leaves = tree_map(lambda m: _dense(m, keep_codes), model.leaf_modules(), is_leaf=nn.Module.is_module)
+def dequantize_model(model: nn.Module, keep_codes: bool = False) -> dict[str, AffineCodes]:
+    """Replace every quantized layer by its dense fp32 twin, in place. With `keep_codes`, return each
+    replaced layer's stored integer codes by its module path (e.g. `model.layers.0.mlp.down_proj`), where
+    its mode has them; the host path reads them (executor/host/)."""
+    codes: dict[str, AffineCodes] = {}
+    if keep_codes:
+        for path, module in model.named_modules():
+            if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+                found = affine_codes(module)
+                if found is not None:
+                    codes[path] = found
+    leaves = tree_map(_dense_twin, model.leaf_modules(), is_leaf=nn.Module.is_module)
     model.update_modules(leaves)
+    return codes
 
 
 def cast_floats(model: nn.Module, dtype: mx.Dtype) -> None:

@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 
 import httpx
-import mlx.core as mx
 import pytest
 
 from metalserve.api.metrics import StatLogState
 from metalserve.api.server import add_cli_args, config_from_args, default_model_name, default_token_budget
 from metalserve.config import ConfigError
 from metalserve.engine.async_engine import IterationStats
+from metalserve.platform import current_platform
 from tests.api.conftest import _free_port
 from tests.api.fakes import FakeStats
 
@@ -50,7 +50,7 @@ def test_flags_map_onto_configs(tmp_path: Path) -> None:
     defaults, _ = config_from_args(_parse())
     assert defaults.model is None and defaults.enable_prefix_caching
     assert defaults.max_num_batched_tokens == default_token_budget()
-    assert default_token_budget() == (512 if mx.default_device() == mx.cpu else 2048)
+    assert default_token_budget() == (512 if current_platform().on_cpu else 2048)
     assert default_model_name(defaults, "embedded default: /a/b/Small.Q4_1.gguf") == "Small.Q4_1"
 
 

@@ -1,32 +1,55 @@
-"""Which attention the engine runs: --attention-backend against the machine and the model's dtype."""
+"""Which attention backend the engine runs: --attention-backend against the Platform and the model's dtype."""
 
 from __future__ import annotations
+
+import logging
 
 import mlx.core as mx
 import pytest
 
 from metalserve.config import ConfigError
-from metalserve.engine.core import CPU, PORTABLE, select_attention
+from metalserve.executor.attention.cpu import CpuAttention
+from metalserve.executor.attention.metal import KernelAttention
+from metalserve.executor.attention.mlx import MlxAttention
+from metalserve.executor.attention.select import select_attention
+from metalserve.platform import Platform
 
-needs_no_metal = pytest.mark.skipif(mx.metal.is_available(), reason="these rows are about a machine without Metal")
-
-
-@needs_no_metal
-def test_auto_takes_the_cpu_path_for_float32_and_the_portable_path_otherwise() -> None:
-    assert select_attention("auto", mx.float32) == CPU
-    assert select_attention("auto", mx.float16) == PORTABLE
-
-
-def test_reference_is_the_portable_path_everywhere() -> None:
-    assert select_attention("reference", mx.float32) == PORTABLE
+CPU_ONLY = Platform(on_cpu=True, metal=False, numba=True, blas="test")
+NO_NUMBA = Platform(on_cpu=True, metal=False, numba=False, blas="test")
+MAC = Platform(on_cpu=False, metal=True, numba=True, blas="test", metal_memory=1 << 34)
 
 
-def test_cpu_refuses_half_precision_with_a_reason() -> None:
+def test_auto_takes_the_cpu_backend_for_float32_and_mlx_ops_otherwise() -> None:
+    assert isinstance(select_attention("auto", mx.float32, CPU_ONLY), CpuAttention)
+    assert isinstance(select_attention("auto", mx.float16, CPU_ONLY), MlxAttention)
+    assert isinstance(select_attention("auto", mx.float32, NO_NUMBA), MlxAttention)
+
+
+def test_auto_takes_the_metal_kernel_where_there_is_metal() -> None:
+    backend = select_attention("auto", mx.float32, MAC)
+    assert isinstance(backend, KernelAttention) and backend.name == "metal"
+
+
+def test_mlx_is_mlx_ops_everywhere_and_reference_is_its_deprecated_alias(caplog: pytest.LogCaptureFixture) -> None:
+    for platform in (CPU_ONLY, MAC):
+        assert isinstance(select_attention("mlx", mx.float32, platform), MlxAttention)
+    with caplog.at_level(logging.WARNING, logger="metalserve.engine"):
+        assert isinstance(select_attention("reference", mx.float32, CPU_ONLY), MlxAttention)
+    assert "deprecated" in caplog.text and "'mlx'" in caplog.text
+
+
+def test_cpu_refuses_half_precision_and_a_missing_numba_with_a_reason() -> None:
     with pytest.raises(ConfigError, match="float32"):
-        select_attention("cpu", mx.bfloat16)
+        select_attention("cpu", mx.bfloat16, CPU_ONLY)
+    with pytest.raises(ConfigError, match="numba"):
+        select_attention("cpu", mx.float32, NO_NUMBA)
 
 
-@needs_no_metal
 def test_metal_without_a_metal_device_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="Metal"):
-        select_attention("metal", mx.float32)
+        select_attention("metal", mx.float32, CPU_ONLY)
+
+
+def test_an_unknown_name_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="--attention-backend"):
+        select_attention("portable", mx.float32, CPU_ONLY)

@@ -9,10 +9,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from metalserve.executor.host.compute import HostCompute
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import KVCacheSpec, ModelRunner
 from metalserve.executor.sampler import Sampler
 from metalserve.loader import LoadedModel, load_model
+from metalserve.platform import current_platform
 from metalserve.sampling_params import SamplingParams
 from tests.executor.simple_driver import run_to_completion
 from tests.executor.test_runner_golden import mlx_lm_greedy
@@ -32,12 +34,12 @@ def golden() -> tuple[LoadedModel, PagedModel, list[list[int]], list[list[int]]]
     ]
     # mlx-lm first, while the model still has its own attention layers.
     expected = [mlx_lm_greedy(loaded.model, p, NUM_TOKENS) for p in prompts]
-    return loaded, PagedModel(loaded.model, loaded.model_type), prompts, expected
+    return loaded, PagedModel.from_loaded(loaded, current_platform()), prompts, expected
 
 
 def runner_for(loaded: LoadedModel, model: PagedModel) -> ModelRunner:
     spec = KVCacheSpec.for_model(loaded, 16, 128)
-    return ModelRunner(model, spec, sampler=Sampler(0))
+    return ModelRunner(model, spec, sampler=Sampler(0))  # MLX ops attend; the projections read the codes
 
 
 def greedy(n: int) -> list[SamplingParams]:
@@ -49,12 +51,14 @@ def test_one_request_equals_mlx_lm(golden) -> None:  # type: ignore[no-untyped-d
     assert run_to_completion(runner_for(loaded, model), prompts[1:2], greedy(1)) == expected[1:2]
 
 
-@pytest.mark.skipif(mx.default_device() != mx.cpu, reason="host compute is for MLX's CPU backend")
+@pytest.mark.skipif(not current_platform().host_compute, reason="host compute is for MLX's CPU backend")
 def test_on_the_cpu_small_steps_read_the_stored_4_bit_codes(golden) -> None:  # type: ignore[no-untyped-def]
     """The Q4_1 GGUF is dequantized for MKL, and its codes kept: the goldens above decode through them."""
     loaded, model, _, _ = golden
-    assert model.host_linears == 4 * loaded.num_layers  # qkv, o, gate+up, down
-    assert model.host_head_codes is not None and model.host_head_codes.codes.shape == (49152, 576)
+    assert isinstance(model.compute, HostCompute)
+    assert model.compute.linears == 4 * loaded.num_layers  # qkv, o, gate+up, down
+    head = model.compute.head_codes
+    assert head is not None and head.codes.shape == (49152, 576)
 
 
 @pytest.mark.parametrize("chunk_size", [1 << 30, 16])

@@ -7,8 +7,9 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
+from metalserve.executor.host.compute import HostCompute
+from metalserve.executor.host.mlp import HostSwiGLUMLP
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.executor.models.host_mlp import HostSwiGLUMLP
 from metalserve.kernels.cpu_swiglu import swiglu
 from tests.executor.tiny_models import tiny_model
 
@@ -46,20 +47,23 @@ def test_host_mlp_refuses_an_unknown_mlp() -> None:
 
 
 def test_paged_model_moves_the_head_and_activation_to_the_host_only_when_asked() -> None:
-    host = PagedModel(tiny_model("llama"), "llama", host_compute=True)
-    plain = PagedModel(tiny_model("llama"), "llama", host_compute=False)
-    assert host.host_head is not None and plain.host_head is None
+    compute = HostCompute({})
+    host = PagedModel(tiny_model("llama"), "llama", compute)
+    plain = PagedModel(tiny_model("llama"), "llama")
+    assert compute.head is not None and not hasattr(plain.compute, "head")
     assert isinstance(host.backbone.layers[0].mlp, HostSwiGLUMLP)
     assert host.host_description() == "SwiGLU through numba in 2 layers, logits through NumPy"
     assert plain.host_description() == "nothing (all in MLX)"
     assert not isinstance(plain.backbone.layers[0].mlp, HostSwiGLUMLP)
     hidden = mx.random.normal((3, plain.backbone.embed_tokens.weight.shape[1]), key=mx.random.key(2))
-    np.testing.assert_allclose(np.array(host.logits(hidden)), np.array(plain.logits(hidden)), rtol=1e-5, atol=1e-5)
+    got = compute.head_logits(np.array(hidden))
+    np.testing.assert_allclose(got, np.array(plain.mlx_logits(hidden)), rtol=1e-5, atol=1e-5)
 
 
 def test_quantized_head_and_mlp_stay_in_mlx() -> None:
     model = tiny_model("qwen2")
     nn.quantize(model, group_size=32, bits=4)
-    paged = PagedModel(model, "qwen2", host_compute=True)
-    assert paged.host_head is None
+    compute = HostCompute({})
+    paged = PagedModel(model, "qwen2", compute)
+    assert compute.head is None
     assert not isinstance(paged.backbone.layers[0].mlp, HostSwiGLUMLP)

@@ -9,14 +9,20 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
+from metalserve.executor.host.compute import HostCompute
+from metalserve.executor.host.forward import HostForward
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.executor.models.host_forward import HostForward
 from metalserve.kernels.cpu_layer_ops import rms_norm, rope_in_place, rope_inverse_frequencies
 from metalserve.kernels.reference import AttentionOptions
 from metalserve.sampling_params import SamplingParams
 from tests.executor.simple_driver import run_to_completion
 from tests.executor.test_host_linear import dequantized_tiny
 from tests.executor.test_runner_golden import make_runner, mlx_lm_greedy, prompts_of
+
+
+def _with_codes(model_type: str = "llama") -> tuple[nn.Module, str, HostCompute]:
+    model, codes = dequantized_tiny(model_type)
+    return model, model_type, HostCompute(codes)
 
 
 @pytest.mark.parametrize(("dims", "base", "scale"), [(64, 100000.0, 1.0), (32, 10000.0, 0.5)])
@@ -49,11 +55,12 @@ def test_host_forward_decodes_like_mlx_lm(model_type: str, chunk_size: int, monk
         return real(self, ids, ctx)  # type: ignore[arg-type]
 
     monkeypatch.setattr(HostForward, "__call__", counted)
-    model = dequantized_tiny(model_type)
+    model, _ = dequantized_tiny(model_type)
     prompts = prompts_of([5, 40, 17, 1, 33, 9], model.args.vocab_size, seed=2)
     expected = [mlx_lm_greedy(model, p, 16) for p in prompts]
-    runner = make_runner(dequantized_tiny(model_type), model_type, attention="cpu")
-    assert runner.model.host_forward is not None
+    fresh, codes = dequantized_tiny(model_type)
+    runner = make_runner(fresh, model_type, attention="cpu", codes=codes)
+    assert runner.model.compute.forward_on_host is not None
     got = run_to_completion(runner, prompts, [SamplingParams(temperature=0, max_tokens=16) for _ in prompts],
                             chunk_size=chunk_size)  # fmt: skip
     assert got == expected
@@ -63,20 +70,24 @@ def test_host_forward_decodes_like_mlx_lm(model_type: str, chunk_size: int, monk
 
 
 def test_other_blocks_keep_the_mlx_modules() -> None:
-    traditional = dequantized_tiny()
+    traditional, codes = dequantized_tiny()
     for layer in traditional.model.layers:
         layer.self_attn.rope = nn.RoPE(16, traditional=True)
-    assert PagedModel(traditional, "llama", host_compute=True).host_forward is None
-    assert PagedModel(dequantized_tiny(keep_codes=False), "llama", host_compute=True).host_forward is None
-    assert PagedModel(dequantized_tiny(), "llama", host_compute=False).host_forward is None
-    host = PagedModel(dequantized_tiny(), "llama", host_compute=True)
+    compute = HostCompute(codes)
+    PagedModel(traditional, "llama", compute)
+    assert compute.forward_on_host is None
+    compute = HostCompute({})  # no stored codes: no host projections, so no host forward
+    PagedModel(dequantized_tiny(keep_codes=False)[0], "llama", compute)
+    assert compute.forward_on_host is None
+    assert "the whole decoder" not in PagedModel(dequantized_tiny()[0], "llama").host_description()
+    host = PagedModel(*_with_codes())
     assert "the whole decoder through numba" in host.host_description()
 
 
 def test_layers_view_one_stack_of_codes() -> None:
-    model = PagedModel(dequantized_tiny(), "llama", host_compute=True)
-    assert model.host_forward is not None
-    stacked = model.host_forward.weights
+    model = PagedModel(*_with_codes())
+    assert model.compute.forward_on_host is not None
+    stacked = model.compute.forward_on_host.weights
     for i, layer in enumerate(model.backbone.layers):
         pairs = [(layer.self_attn.qkv_proj, stacked.qkv), (layer.self_attn.inner.o_proj, stacked.o),
                  (layer.mlp.gate_up_proj, stacked.gate_up), (layer.mlp.inner.down_proj, stacked.down)]  # fmt: skip
@@ -86,13 +97,13 @@ def test_layers_view_one_stack_of_codes() -> None:
             np.testing.assert_array_equal(linear.codes.dense(), np.array(linear.inner.weight))
     # Held once: the host bytes are the stacks' (and the head's codes, if any).
     stacks = [stacked.qkv, stacked.o, stacked.gate_up, stacked.down]
-    head = model.host_head_codes
+    head = model.compute.head_codes
     head_bytes = 0 if head is None else head.codes.nbytes + head.scales.nbytes + head.biases.nbytes
     assert model.host_bytes() == sum(s.codes.nbytes + s.scales.nbytes + s.biases.nbytes for s in stacks) + head_bytes
 
 
 def test_layers_that_differ_keep_the_mlx_modules() -> None:
-    model = PagedModel(dequantized_tiny(), "llama", host_compute=True)
+    model = PagedModel(*_with_codes())
     assert HostForward.build(model.backbone) is not None
     attn = model.backbone.layers[1].self_attn
     attn.options = AttentionOptions(scale=attn.options.scale, softcap=30.0)  # one layer unlike the others

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 import metalserve.kernels.cpu_affine_linear as affine_module
+from metalserve.executor.host.compute import HostCompute
+from metalserve.executor.host.linear import HostLinear, host_codes
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.fused_linear import fuse_linears
-from metalserve.executor.models.host_linear import HostLinear, host_codes
 from metalserve.loader.affine_codes import AffineCodes, affine_codes
 from metalserve.loader.weights_mode import dequantize_model
 from metalserve.sampling_params import SamplingParams
@@ -19,33 +20,40 @@ from tests.executor.test_runner_golden import make_runner, mlx_lm_greedy, prompt
 from tests.executor.tiny_models import tiny_model
 
 
-def dequantized_tiny(model_type: str = "llama", keep_codes: bool = True) -> nn.Module:
-    """A tiny model as the loader leaves a Q4 GGUF on the CPU: fp32 weights that keep their codes."""
+def dequantized_tiny(model_type: str = "llama", keep_codes: bool = True) -> tuple[nn.Module, dict[str, AffineCodes]]:
+    """A tiny model as the loader leaves a Q4 GGUF on the CPU: fp32 weights, and their codes by module path."""
     model = tiny_model(model_type)
     nn.quantize(model, group_size=32, bits=4)
-    dequantize_model(model, keep_codes=keep_codes)
+    codes = dequantize_model(model, keep_codes=keep_codes)
     mx.eval(model.parameters())
-    return model
+    return model, codes
 
 
 def test_dequantizing_keeps_codes_only_when_asked() -> None:
-    kept, dropped = dequantized_tiny(), dequantized_tiny(keep_codes=False)
+    (kept, codes), (_, dropped) = dequantized_tiny(), dequantized_tiny(keep_codes=False)
     q_proj = kept.model.layers[0].self_attn.q_proj
-    codes = host_codes(q_proj)
-    assert type(q_proj) is nn.Linear and codes is not None and codes.group_size == 32
-    np.testing.assert_array_equal(codes.dense(), np.array(q_proj.weight))
-    assert isinstance(kept.model.embed_tokens.affine_codes, AffineCodes)
-    assert host_codes(dropped.model.layers[0].self_attn.q_proj) is None
-    assert host_codes(tiny_model().model.layers[0].self_attn.q_proj) is None  # never quantized: no codes
+    found = host_codes(q_proj, codes["model.layers.0.self_attn.q_proj"])
+    assert type(q_proj) is nn.Linear and found is not None and found.group_size == 32
+    np.testing.assert_array_equal(found.dense(), np.array(q_proj.weight))
+    assert isinstance(codes["model.embed_tokens"], AffineCodes) and "lm_head" not in codes  # tied
+    assert len(codes) == 1 + 2 * 7 and not dropped  # the embedding and 7 projections per layer
+    assert not hasattr(q_proj, "affine_codes")  # returned, not attached
+    assert host_codes(q_proj, codes["model.layers.0.self_attn.k_proj"]) is None  # another shape
+    half = nn.Linear(64, 64, bias=False)
+    half.set_dtype(mx.float16)
+    assert host_codes(half, found) is None  # only float32 linears read codes
+    assert host_codes(q_proj, None) is None
 
 
 def test_fused_projections_fuse_their_codes() -> None:
-    attn = dequantized_tiny().model.layers[0].self_attn
+    model, codes = dequantized_tiny()
+    attn = model.model.layers[0].self_attn
     fused = fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj])
     assert fused is not None
-    codes = host_codes(fused)
-    assert codes is not None
-    np.testing.assert_array_equal(codes.dense(), np.array(fused.weight))
+    parts = [codes[f"model.layers.0.self_attn.{n}"] for n in ("q_proj", "k_proj", "v_proj")]
+    joined = host_codes(fused, AffineCodes.concatenate(parts))
+    assert joined is not None
+    np.testing.assert_array_equal(joined.dense(), np.array(fused.weight))
 
 
 def test_host_linear_reads_codes_for_small_steps_and_the_fp32_weights_for_large_ones() -> None:
@@ -66,20 +74,22 @@ def test_host_linear_reads_codes_for_small_steps_and_the_fp32_weights_for_large_
 
 
 def test_paged_model_wraps_every_projection_with_codes_and_the_head() -> None:
-    paged = PagedModel(dequantized_tiny(), "llama", host_compute=True)
-    assert paged.host_linears == 8  # 2 layers x (qkv, o, gate+up, down)
+    compute = HostCompute(dequantized_tiny()[1])
+    paged = PagedModel(dequantized_tiny()[0], "llama", compute)
+    assert compute.linears == 8  # 2 layers x (qkv, o, gate+up, down)
     assert isinstance(paged.backbone.layers[1].self_attn.qkv_proj, HostLinear)
     assert isinstance(paged.backbone.layers[1].mlp.inner.down_proj, HostLinear)
-    assert paged.host_head_codes is not None
+    assert compute.head_codes is not None
     assert "8 projections from their stored codes" in paged.host_description()
     # 2 layers x (128x64 qkv + 64x64 o + 256x64 gate+up + 64x128 down) + 97x64 head: one byte per weight, and
     # a float32 scale and bias per 32 of them.
     weights = 2 * (128 * 64 + 64 * 64 + 256 * 64 + 64 * 128) + 97 * 64
     assert paged.host_bytes() == weights + weights // 32 * 8
-    plain = PagedModel(dequantized_tiny(), "llama", host_compute=False)
-    assert plain.host_linears == 0 and plain.host_head_codes is None and plain.host_bytes() == 0
+    plain = PagedModel(dequantized_tiny()[0], "llama")
+    assert plain.host_bytes() == 0 and plain.host_description() == "nothing (all in MLX)"
     hidden = mx.random.normal((3, 64), key=mx.random.key(6))
-    np.testing.assert_allclose(np.array(paged.logits(hidden)), np.array(plain.logits(hidden)), rtol=1e-4, atol=1e-4)
+    got = compute.head_logits(np.array(hidden))
+    np.testing.assert_allclose(got, np.array(plain.mlx_logits(hidden)), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])
@@ -87,11 +97,12 @@ def test_decoding_from_codes_matches_mlx_lm(model_type: str, monkeypatch: pytest
     calls: list[int] = []
     real = affine_module.affine_linear
     monkeypatch.setattr(affine_module, "affine_linear", lambda x, w: (calls.append(len(x)), real(x, w))[1])
-    model = dequantized_tiny(model_type)
+    model, _ = dequantized_tiny(model_type)
     prompts = prompts_of([5, 40, 17, 1, 33, 9], model.args.vocab_size, seed=2)
     expected = [mlx_lm_greedy(model, p, 16) for p in prompts]
-    runner = make_runner(dequantized_tiny(model_type), model_type, attention="cpu")
-    runner.model.host_forward = None  # the MLX modules around the host linears (see test_host_forward.py)
+    fresh, codes = dequantized_tiny(model_type)
+    runner = make_runner(fresh, model_type, attention="cpu", codes=codes)
+    runner.model.compute.forward_on_host = None  # the MLX modules around the host linears (test_host_forward.py)
     for _, module in runner.model.model.named_modules():
         if isinstance(module, HostLinear):
             module.max_tokens = 8  # so the 105-token prefill takes MKL and the 6-token decode steps the codes

@@ -6,6 +6,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from metalserve.executor.attention.base import AttentionBackend
+from metalserve.executor.attention.cpu import CpuAttention
+from metalserve.executor.attention.mlx import MlxAttention
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import KVCacheSpec, ModelRunner
 from metalserve.kernels.reference import write_kv
@@ -41,11 +44,11 @@ def test_write_kv_does_not_copy_the_pool() -> None:
     assert mx.get_peak_memory() - before < k.nbytes // 100
 
 
-@pytest.mark.parametrize("cpu_attention", [False, True], ids=["portable", "cpu"])
-def test_a_runner_step_does_not_copy_the_pools(cpu_attention: bool) -> None:
+@pytest.mark.parametrize("backend", [MlxAttention(), CpuAttention()], ids=["mlx", "cpu"])
+def test_a_runner_step_does_not_copy_the_pools(backend: AttentionBackend) -> None:  # type: ignore[type-arg]
     model = tiny_model("llama")
     spec = KVCacheSpec(2, 2, 16, mx.float32, block_size=16, num_blocks=1 << 14)  # 2 x 2 x 32 MB
-    runner = ModelRunner(PagedModel(model, "llama"), spec, sampler=greedy_sampler, cpu_attention=cpu_attention)
+    runner = ModelRunner(PagedModel(model, "llama"), spec, sampler=greedy_sampler, backend=backend)
     pool_bytes = sum(a.nbytes for layer in runner.kv for a in layer.arrays())
     new = NewRequestData("r", list(range(40)), 40, SamplingParams(temperature=0), [0, 1, 2], 0)
     mx.reset_peak_memory()
@@ -53,3 +56,32 @@ def test_a_runner_step_does_not_copy_the_pools(cpu_attention: bool) -> None:
     runner.execute_model(SchedulerOutput([new], [], {"r": 40}, 40))
     runner.execute_model(SchedulerOutput([], [CachedRequestData("r", [], 40)], {"r": 1}, 1))  # a decode step
     assert mx.get_peak_memory() - before < pool_bytes // 20
+
+
+@pytest.mark.parametrize("backend", [MlxAttention(), CpuAttention()], ids=["mlx", "cpu"])
+def test_a_grown_pool_keeps_its_blocks_and_decodes_on(backend: AttentionBackend) -> None:  # type: ignore[type-arg]
+    """The scheduler grows the pool (SchedulerOutput.num_kv_blocks): each backend's cache extends itself,
+    the CPU backend with fresh host views, and a request whose blocks straddle the old end decodes as in
+    a pool that was that large from the start."""
+    prompt = list(range(3, 40))
+    params = SamplingParams(temperature=0)
+    tokens = {}
+    for start_blocks in (4, 8):
+        spec = KVCacheSpec(2, 2, 16, mx.float32, block_size=16, num_blocks=start_blocks)
+        runner = ModelRunner(PagedModel(tiny_model("llama"), "llama"), spec, sampler=greedy_sampler, backend=backend)
+        new = NewRequestData("r", prompt, 37, params, [1, 2, 3], 0)
+        out = runner.execute_model(SchedulerOutput([new], [], {"r": 37}, 37))
+        before = [np.array(a) for layer in runner.kv for a in layer.arrays()]
+        grow = SchedulerOutput([], [CachedRequestData("r", [6], 37)], {"r": 1}, 1, num_kv_blocks=8)
+        steps = [out.sampled_token_ids["r"][0], runner.execute_model(grow).sampled_token_ids["r"][0]]
+        assert runner.spec.num_blocks == 8
+        for old, pool in zip(before, [a for layer in runner.kv for a in layer.arrays()], strict=True):
+            assert pool.shape[2] == 8 * 16  # [2, Hkv, slots, D]
+            np.testing.assert_array_equal(np.array(pool)[:, :, 16:37], old[:, :, 16:37])  # the prompt's K/V
+        if isinstance(backend, CpuAttention):
+            assert all(np.shares_memory(layer.host, np.asarray(layer.pool)) for layer in runner.kv)
+        for n in range(38, 54):  # positions 48.. go to block 6, slots 96..111: past the old end
+            out = runner.execute_model(SchedulerOutput([], [CachedRequestData("r", [], n)], {"r": 1}, 1))
+            steps.append(out.sampled_token_ids["r"][0])
+        tokens[start_blocks] = steps
+    assert tokens[4] == tokens[8]

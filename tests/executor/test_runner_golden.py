@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
+from metalserve.executor.attention.cpu import CpuAttention
+from metalserve.executor.host.compute import HostCompute
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import KVCacheSpec, ModelRunner
 from metalserve.sampling_params import SamplingParams
@@ -28,19 +30,22 @@ def mlx_lm_greedy(model, prompt: list[int], n: int) -> list[int]:
     return out
 
 
-# The portable MLX path alone, and the CPU path: attention through the numba kernel, MLP activation and
-# vocabulary projection on the host.
-ATTENTION = ["portable", "cpu"]
+# MLX ops alone, and the CPU path: attention through the numba kernel, MLP activation and vocabulary
+# projection on the host.
+ATTENTION = ["mlx", "cpu"]
 
 
 def make_runner(
-    model, model_type: str, num_blocks: int = 128, block_size: int = 16, attention: str = "portable"
+    model, model_type: str, num_blocks: int = 128, block_size: int = 16, attention: str = "mlx", codes=None
 ) -> ModelRunner:
+    """`attention` "cpu": the CPU backend with host compute (reading `codes`, the loader's stored codes)."""
     args = model.args
     head_dim = getattr(args, "head_dim", None) or args.hidden_size // args.num_attention_heads
     spec = KVCacheSpec(args.num_hidden_layers, args.num_key_value_heads, head_dim, mx.float32, block_size, num_blocks)
-    cpu = attention == "cpu"
-    return ModelRunner(PagedModel(model, model_type, host_compute=cpu), spec, sampler=greedy_sampler, cpu_attention=cpu)
+    if attention == "cpu":
+        paged = PagedModel(model, model_type, HostCompute(codes or {}))
+        return ModelRunner(paged, spec, sampler=greedy_sampler, backend=CpuAttention())
+    return ModelRunner(PagedModel(model, model_type), spec, sampler=greedy_sampler)
 
 
 def prompts_of(lengths: list[int], vocab: int, seed: int = 1) -> list[list[int]]:

@@ -12,6 +12,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from metalserve.executor.attention.metal import KernelAttention
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import KVCacheSpec, ModelRunner
 from metalserve.executor.sampler import Sampler
@@ -20,6 +21,7 @@ from metalserve.kernels.emulated import emulated_paged_attention
 from metalserve.kernels.emulator import emulate
 from metalserve.kernels.launch import KernelLaunch
 from metalserve.loader import load_model
+from metalserve.platform import current_platform
 from metalserve.sampling_params import SamplingParams
 from tests.executor.simple_driver import run_to_completion
 
@@ -44,11 +46,11 @@ def test_emulated_kernels_give_the_portable_paths_greedy_tokens(monkeypatch: pyt
     text = loaded.tokenizer.encode(" ".join(["a quiet river runs past the old mill by the town"] * 6))
     prompts = [text[int(o) : int(o) + n] for o, n in zip(rng.integers(0, 15, len(LENGTHS)), LENGTHS,
                                                           strict=True)]
-    model = PagedModel(loaded.model, loaded.model_type)
+    model = PagedModel.from_loaded(loaded, current_platform())
     spec = KVCacheSpec.for_model(loaded, 16, 32)
     outputs = {}
     for name, fn in (("portable", reference.paged_attention), ("emulated", emulated_paged_attention)):
-        runner = ModelRunner(model, spec, sampler=Sampler(0), attention_fn=fn)
+        runner = ModelRunner(model, spec, sampler=Sampler(0), backend=KernelAttention(fn, name, name))
         params = [SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True) for _ in prompts]
         outputs[name] = run_to_completion(runner, prompts, params, chunk_size=CHUNK)
     assert all(len(o) == NUM_TOKENS for o in outputs["portable"])

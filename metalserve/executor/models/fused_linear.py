@@ -5,8 +5,6 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from metalserve.loader.affine_codes import AffineCodes
-
 
 def fuse_linears(layers: list[nn.Module]) -> nn.Module | None:
     """One layer whose output is the concatenation of `layers`' outputs, or None if they cannot fuse.
@@ -23,9 +21,6 @@ def fuse_linears(layers: list[nn.Module]) -> nn.Module | None:
     if type(first) is nn.Linear:
         out_dims = sum(layer.weight.shape[0] for layer in layers)
         fused = nn.Linear(first.weight.shape[1], out_dims, bias=has_bias)
-        codes = [getattr(layer, "affine_codes", None) for layer in layers]
-        if all(c is not None for c in codes):  # the stored codes of dequantized weights fuse alongside them
-            fused.affine_codes = AffineCodes.concatenate(codes)  # type: ignore[arg-type]
     elif type(first) is nn.QuantizedLinear:
         settings = {(layer.group_size, layer.bits, getattr(layer, "mode", "affine")) for layer in layers}
         if len(settings) != 1 or first.get("biases") is None:

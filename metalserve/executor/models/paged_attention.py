@@ -11,9 +11,10 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from metalserve.executor.context import PortableKV, current_context
+from metalserve.executor.attention.base import AttentionCall
+from metalserve.executor.context import current_context
 from metalserve.executor.models.fused_linear import fuse_linears
-from metalserve.kernels.reference import AttentionOptions, paged_attention_planned, write_kv, write_kv_portable
+from metalserve.kernels.reference import AttentionOptions
 
 
 class PagedAttention(nn.Module):
@@ -54,22 +55,6 @@ class PagedAttention(nn.Module):
         ctx = current_context()
         t = x.shape[1]
         q, k, v = self._project(x, ctx.positions)
-        layer = ctx.kv[self.layer_idx]
-        if isinstance(layer, PortableKV) and ctx.cpu is not None:
-            from metalserve.kernels.cpu import cpu_paged_attention
-
-            assert layer.host is not None
-            out = cpu_paged_attention(q, k, v, layer.host, ctx.cpu, self.options)
-        elif isinstance(layer, PortableKV):
-            assert ctx.plan is not None
-            layer.pool = write_kv_portable(layer.pool, k, v, ctx.slot_mapping)
-            out = paged_attention_planned(q, layer.pool, ctx.plan, self.options)
-        else:
-            assert ctx.attention_fn is not None
-            layer.k, layer.v = write_kv(layer.k, layer.v, k, v, ctx.slot_mapping)
-            out = ctx.attention_fn(
-                q, layer.k, layer.v, ctx.block_tables, ctx.cu_seqlens_q, ctx.seq_lens,
-                block_size=ctx.block_size, scale=self.options.scale,
-                sliding_window=self.options.sliding_window,
-            )  # fmt: skip
+        call = AttentionCall(q, k, v, ctx.slot_mapping, ctx.kv[self.layer_idx], ctx.metadata, self.options)
+        out = ctx.backend.forward(call)
         return self.inner.o_proj(out.reshape(1, t, -1))

@@ -10,20 +10,19 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from metalserve.loader.affine_codes import AffineCodes
+from metalserve.kernels.affine_codes import AffineCodes
 
 # bench/affine_linear.py, over the default model's projections: the codes kernel beat MKL's fp32 matmul
 # 4x at 1 token, 3x at 8, 2x at 32, 1.5x at 64, 1.1x at 256, and tied at 512. Whole prefill steps on the
-# host (host_forward.py) ran 1.17x faster than through MLX at 512 tokens and 0.92x at 2048.
+# host (forward.py) ran 1.17x faster than through MLX at 512 tokens and 0.92x at 2048.
 HOST_LINEAR_MAX_TOKENS = 512
 
 
-def host_codes(linear: nn.Module) -> AffineCodes | None:
-    """The codes a dense float32 `nn.Linear` kept from dequantization (loader/weights_mode.py), if any."""
-    if type(linear) is not nn.Linear or linear.weight.dtype != mx.float32:
+def host_codes(linear: nn.Module | None, codes: AffineCodes | None) -> AffineCodes | None:
+    """`codes` if they stand for the weights of `linear`, a dense float32 `nn.Linear`; else None."""
+    if codes is None or type(linear) is not nn.Linear or linear.weight.dtype != mx.float32:
         return None
-    codes = getattr(linear, "affine_codes", None)
-    return codes if isinstance(codes, AffineCodes) and codes.codes.shape == tuple(linear.weight.shape) else None
+    return codes if codes.codes.shape == tuple(linear.weight.shape) else None
 
 
 class HostLinear(nn.Module):

@@ -19,13 +19,15 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from metalserve.executor.context import ForwardContext, PortableKV
-from metalserve.executor.models.host_linear import HostLinear
-from metalserve.executor.models.host_mlp import HostSwiGLUMLP
+from metalserve.executor.attention.cpu import HostKV
+from metalserve.executor.context import ForwardContext
+from metalserve.executor.host.linear import HostLinear
+from metalserve.executor.host.mlp import HostSwiGLUMLP
 from metalserve.executor.models.paged_attention import PagedAttention
+from metalserve.kernels.affine_codes import AffineCodes
+from metalserve.kernels.cpu import CpuStepPlan
 from metalserve.kernels.decoder_weights import DecoderShape, DecoderWeights, StackedLinear
 from metalserve.kernels.reference import AttentionOptions
-from metalserve.loader.affine_codes import AffineCodes
 
 # The decoder blocks whose __call__ is `h = x + attn(norm1(x)); out = h + mlp(norm2(h))`.
 PRE_NORM_BLOCKS = {
@@ -179,14 +181,13 @@ class HostForward:
         return HostForward(np.asarray(embed.weight), *stacked, final_norm)
 
     def applies_to(self, ctx: ForwardContext) -> bool:
-        """Whether this step's attention runs on the CPU path, where this forward can write the pools."""
-        return ctx.cpu is not None and all(isinstance(kv, PortableKV) and kv.host is not None for kv in ctx.kv)
+        """Whether this step's attention runs on the CPU backend, whose host views this forward writes."""
+        return isinstance(ctx.metadata, CpuStepPlan) and all(isinstance(kv, HostKV) for kv in ctx.kv)
 
     def __call__(self, token_ids: np.ndarray, ctx: ForwardContext) -> np.ndarray:
         """`[T]` token ids -> the final-normed hidden states `[T, hidden]` float32."""
         from metalserve.kernels.cpu_decoder import decoder_layers
 
-        assert ctx.cpu is not None
-        pools = tuple(kv.host for kv in ctx.kv if isinstance(kv, PortableKV) and kv.host is not None)
-        h = decoder_layers(self.embedding[token_ids], self.weights, self.shape, pools, ctx.cpu)
+        pools = tuple(kv.host for kv in ctx.kv)
+        h = decoder_layers(self.embedding[token_ids], self.weights, self.shape, pools, ctx.metadata)
         return self.final_norm(h)

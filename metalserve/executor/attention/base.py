@@ -1,0 +1,80 @@
+"""The attention-backend seam: a backend allocates a layer's cache, plans a step once, and attends a layer.
+
+The runner and the attention layer only talk to this interface; which kernel runs (the Metal kernel,
+MLX ops, the numba CPU kernel) is decided once, at start-up (`select.py`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Generic, NamedTuple, Protocol, TypeVar
+
+import mlx.core as mx
+
+from metalserve.executor.step_inputs import StepInputs
+from metalserve.kernels.reference import AttentionOptions
+
+
+@dataclass(frozen=True)
+class LayerCacheSpec:
+    """One attention layer's paged cache: `num_blocks` blocks of `block_size` tokens, K and V each."""
+
+    num_kv_heads: int
+    head_dim: int
+    dtype: mx.Dtype
+    block_size: int
+    num_blocks: int
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+
+class LayerCache(Protocol):
+    """A layer's K/V in a backend's own layout."""
+
+    def arrays(self) -> list[mx.array]: ...
+
+
+CacheT = TypeVar("CacheT", bound=LayerCache)
+MetaT = TypeVar("MetaT")
+
+
+class AttentionCall(NamedTuple, Generic[CacheT, MetaT]):
+    """Everything one layer's attention needs, as one object.
+
+    `q` `[T, Hq, D]`, `k` and `v` `[T, Hkv, D]`: this step's packed tokens (RoPE applied); `slot_mapping`
+    `[T]`: where each token's K/V goes; `meta`: the step's metadata from `build_metadata`. A NamedTuple:
+    one is made per layer and step, so it should cost next to nothing."""
+
+    q: mx.array
+    k: mx.array
+    v: mx.array
+    slot_mapping: mx.array
+    cache: CacheT
+    meta: MetaT
+    options: AttentionOptions
+
+
+class AttentionBackend(ABC, Generic[CacheT, MetaT]):
+    """One way of attending; see `mlx.py`, `metal.py` and `cpu.py`."""
+
+    name: str
+    description: str
+
+    @abstractmethod
+    def allocate(self, spec: LayerCacheSpec) -> CacheT:
+        """A zeroed, materialised cache for one layer."""
+
+    @abstractmethod
+    def extend(self, cache: CacheT, spec: LayerCacheSpec) -> CacheT:
+        """`cache` followed by `spec.num_blocks` more zeroed blocks (a grown pool), keeping its contents."""
+
+    @abstractmethod
+    def build_metadata(self, step: StepInputs, spec: LayerCacheSpec) -> MetaT:
+        """The step's per-step metadata, built once and shared by every layer."""
+
+    @abstractmethod
+    def forward(self, call: AttentionCall[CacheT, MetaT]) -> mx.array:
+        """Write this step's K/V into `call.cache` and attend every query row: `[T, Hq, D]`."""

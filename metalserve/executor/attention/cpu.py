@@ -1,0 +1,50 @@
+"""The CPU backend (`--attention-backend cpu`): the float32 pool `[2, Hkv, num_slots, D]`, written in
+place through a NumPy view of its MLX buffer and attended by the numba kernel (metalserve/kernels/cpu.py).
+The backend owns those views: it makes them when it allocates a pool and again when a pool grows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from metalserve.executor.attention.base import AttentionBackend, AttentionCall, LayerCacheSpec
+from metalserve.executor.attention.mlx import zeros_pool
+from metalserve.executor.step_inputs import StepInputs
+from metalserve.kernels.cpu import CpuStepPlan, build_cpu_plan, cpu_paged_attention, host_view
+
+
+@dataclass
+class HostKV:
+    """The pool `[2, Hkv, num_slots, D]` and the host view of its buffer, through which it is written."""
+
+    pool: mx.array
+    host: np.ndarray
+
+    def arrays(self) -> list[mx.array]:
+        return [self.pool]
+
+    @staticmethod
+    def of(pool: mx.array) -> HostKV:
+        return HostKV(pool, host_view(pool))  # host_view evaluates the pool first
+
+
+class CpuAttention(AttentionBackend[HostKV, CpuStepPlan]):
+    name = "cpu"
+    description = "the numba CPU kernel (metalserve/kernels/cpu_attention.py)"
+
+    def allocate(self, spec: LayerCacheSpec) -> HostKV:
+        if spec.dtype != mx.float32:
+            raise ValueError(f"the CPU attention path needs a float32 pool (dtype {spec.dtype})")
+        return HostKV.of(zeros_pool(spec))
+
+    def extend(self, cache: HostKV, spec: LayerCacheSpec) -> HostKV:
+        return HostKV.of(mx.concatenate([cache.pool, zeros_pool(spec)], axis=2))
+
+    def build_metadata(self, step: StepInputs, spec: LayerCacheSpec) -> CpuStepPlan:
+        return build_cpu_plan(step.padded_block_tables(), step.cu_seqlens_q, step.seq_lens, step.slot_mapping,
+                              spec.block_size)  # fmt: skip
+
+    def forward(self, call: AttentionCall[HostKV, CpuStepPlan]) -> mx.array:
+        return cpu_paged_attention(call.q, call.k, call.v, call.cache.host, call.meta, call.options)

@@ -1,0 +1,80 @@
+"""The kernel backend (`--attention-backend metal`): the contract's slot-major pools `[num_slots, Hkv, D]`
+(metalserve/kernels/reference.py) attended by a function with the contract's signature: the Metal
+kernel, or in tests its CPU emulation or the MLX reference."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from metalserve.executor.attention.base import AttentionBackend, AttentionCall, LayerCacheSpec
+from metalserve.executor.step_inputs import StepInputs
+from metalserve.kernels.reference import write_kv
+
+# A function with the contract of metalserve.kernels.reference.paged_attention.
+KernelFn = Callable[..., mx.array]
+
+
+@dataclass
+class LayerKV:
+    """One layer's K and V pools, `[num_slots, Hkv, D]` each; each step's scatter replaces them with its
+    outputs, which reuse the same buffers."""
+
+    k: mx.array
+    v: mx.array
+
+    def arrays(self) -> list[mx.array]:
+        return [self.k, self.v]
+
+
+@dataclass(frozen=True)
+class KernelStep:
+    """The contract's per-step arrays."""
+
+    block_tables: mx.array  # [R, width] int32
+    cu_seqlens_q: mx.array  # [R + 1] int32
+    seq_lens: mx.array  # [R] int32
+    block_size: int
+
+
+def _zeros(spec: LayerCacheSpec) -> mx.array:
+    return mx.zeros((spec.num_slots, spec.num_kv_heads, spec.head_dim), spec.dtype)
+
+
+class KernelAttention(AttentionBackend[LayerKV, KernelStep]):
+    def __init__(
+        self, kernel: KernelFn, name: str = "metal", description: str = "Metal paged-attention kernel"
+    ) -> None:
+        self.kernel = kernel
+        self.name = name
+        self.description = description
+
+    def allocate(self, spec: LayerCacheSpec) -> LayerKV:
+        cache = LayerKV(_zeros(spec), _zeros(spec))
+        mx.eval(cache.k, cache.v)
+        return cache
+
+    def extend(self, cache: LayerKV, spec: LayerCacheSpec) -> LayerKV:
+        return LayerKV(mx.concatenate([cache.k, _zeros(spec)]), mx.concatenate([cache.v, _zeros(spec)]))
+
+    def build_metadata(self, step: StepInputs, spec: LayerCacheSpec) -> KernelStep:
+        return KernelStep(mx.array(step.padded_block_tables()), mx.array(step.cu_seqlens_q),
+                          mx.array(step.seq_lens), spec.block_size)  # fmt: skip
+
+    def forward(self, call: AttentionCall[LayerKV, KernelStep]) -> mx.array:
+        cache, meta, opts = call.cache, call.meta, call.options
+        cache.k, cache.v = write_kv(cache.k, cache.v, call.k, call.v, call.slot_mapping)
+        return self.kernel(
+            call.q, cache.k, cache.v, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens,
+            block_size=meta.block_size, scale=opts.scale, sliding_window=opts.sliding_window,
+            softcap=opts.softcap, sinks=opts.sinks,
+        )  # fmt: skip
+
+
+def metal_attention() -> KernelAttention:
+    """The Metal kernel (kernels/metal.py); only where the Platform has Metal."""
+    from metalserve.kernels.metal import metal_paged_attention
+
+    return KernelAttention(metal_paged_attention)

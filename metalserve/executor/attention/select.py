@@ -1,0 +1,50 @@
+"""Which attention backend runs, chosen once at start-up from --attention-backend, the Platform and the
+model's dtype."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import mlx.core as mx
+
+from metalserve.config import ATTENTION_BACKEND_NAMES, ConfigError
+from metalserve.executor.attention.base import AttentionBackend
+from metalserve.executor.attention.mlx import MlxAttention
+from metalserve.platform import Platform
+
+logger = logging.getLogger("metalserve.engine")
+
+
+
+def select_attention(name: str, dtype: mx.Dtype, platform: Platform) -> AttentionBackend[Any, Any]:
+    """`auto`: the Metal kernel where Metal exists, else the CPU backend for float32 KV, else MLX ops."""
+    if name == "reference":
+        logger.warning("--attention-backend reference is deprecated: it is now called 'mlx'")
+        name = "mlx"
+    if name not in ATTENTION_BACKEND_NAMES:
+        raise ConfigError(f"--attention-backend must be one of {', '.join(ATTENTION_BACKEND_NAMES)}, got {name!r}")
+    if name == "mlx":
+        return MlxAttention()
+    if name == "metal" or (name == "auto" and platform.metal):
+        if not platform.metal:
+            raise ConfigError("--attention-backend metal: it needs a Metal device; use 'auto' or 'mlx'")
+        from metalserve.executor.attention.metal import metal_attention
+
+        return metal_attention()
+    problem = cpu_backend_problem(dtype, platform)
+    if name == "cpu" and problem:
+        raise ConfigError(f"--attention-backend cpu: {problem}")
+    if problem:
+        return MlxAttention()
+    from metalserve.executor.attention.cpu import CpuAttention
+
+    return CpuAttention()
+
+
+def cpu_backend_problem(dtype: mx.Dtype, platform: Platform) -> str | None:
+    if not platform.numba:
+        return "it needs the numba package (pip install numba)"
+    if dtype != mx.float32:
+        return f"it needs float32 activations and KV, and this model computes in {dtype} (see --weights)"
+    return None

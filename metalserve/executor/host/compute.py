@@ -1,0 +1,123 @@
+"""The host-compute strategy: on MLX's CPU backend, small steps run on the host from stored codes.
+
+What it installs: the MLP's SwiGLU through numba (`HostSwiGLUMLP`), every projection whose codes the
+loader kept as a `HostLinear`, the vocabulary projection through NumPy (from its codes in small steps)
+and, where every block has a host twin, the whole decoder in one numba call (`HostForward`). A step
+that the host forward takes stays in NumPy from the token ids to the logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from metalserve.executor.context import current_context
+from metalserve.executor.host.forward import HostForward
+from metalserve.executor.host.linear import HOST_LINEAR_MAX_TOKENS, HostLinear, host_codes
+from metalserve.executor.host.mlp import HostSwiGLUMLP, is_swiglu_mlp
+from metalserve.executor.models.adapter import PagedModel
+from metalserve.kernels.affine_codes import AffineCodes
+
+# The projections a layer's codes feed: (outer module's attribute, inner module's attribute), each with
+# the loader's module paths whose codes it fuses, in order.
+Projections = tuple[tuple[str, tuple[str, ...]], tuple[str, tuple[str, ...]]]
+_ATTENTION: Projections = (("qkv_proj", ("q_proj", "k_proj", "v_proj")), ("o_proj", ("o_proj",)))
+_MLP: Projections = (("gate_up_proj", ("gate_proj", "up_proj")), ("down_proj", ("down_proj",)))
+
+
+class HostCompute:
+    def __init__(self, codes: Mapping[str, AffineCodes]) -> None:
+        self.codes = codes
+        self.linears = 0  # projections that read their codes
+        self.head: np.ndarray | None = None  # a NumPy view of a dense float32 vocabulary projection
+        self.head_codes: AffineCodes | None = None
+        self.forward_on_host: HostForward | None = None
+        self._root: nn.Module | None = None  # the mlx-lm model installed on
+
+    def _fused_codes(self, prefix: str, names: tuple[str, ...]) -> AffineCodes | None:
+        parts = [self.codes.get(f"{prefix}.{name}") for name in names]
+        if any(p is None for p in parts):
+            return None
+        return parts[0] if len(parts) == 1 else AffineCodes.concatenate(parts)  # type: ignore[arg-type]
+
+    def install(self, model: PagedModel) -> None:
+        self._root = model.model
+        for layer in model.backbone.layers:
+            if is_swiglu_mlp(layer.mlp) and type(layer.mlp.gate_proj) is nn.Linear:
+                layer.mlp = HostSwiGLUMLP(layer.mlp)
+        for i, layer in enumerate(model.backbone.layers):
+            owners: list[tuple[nn.Module, nn.Module, str, Projections]] = [
+                (layer.self_attn, layer.self_attn.inner, f"model.layers.{i}.self_attn", _ATTENTION)
+            ]
+            if isinstance(layer.mlp, HostSwiGLUMLP):
+                owners.append((layer.mlp, layer.mlp.inner, f"model.layers.{i}.mlp", _MLP))
+            for outer, inner, prefix, names in owners:
+                for (attr, parts), owner in zip(names, (outer, inner), strict=True):
+                    linear = getattr(owner, attr, None)
+                    codes = host_codes(linear, self._fused_codes(prefix, parts))
+                    if isinstance(linear, nn.Linear) and codes is not None:
+                        setattr(owner, attr, HostLinear(linear, codes))
+                        self.linears += 1
+        mx.eval(model.model.parameters())  # the fused projections, before the host views below
+        head = model.backbone.embed_tokens if model.tied else model.model.lm_head
+        self.head = _dense_head(head)
+        if self.head is not None:
+            self.head_codes = self.codes.get("model.embed_tokens" if model.tied else "lm_head")
+        # The whole decoder on the host for small steps, where every block has a host twin.
+        self.forward_on_host = HostForward.build(model.backbone) if self.linears else None
+
+    def forward(self, model: PagedModel, token_ids: np.ndarray, logits_indices: np.ndarray) -> mx.array:
+        host = self.forward_on_host
+        if host is not None and token_ids.size <= HOST_LINEAR_MAX_TOKENS:
+            ctx = current_context()
+            if host.applies_to(ctx):  # attention on the CPU backend: NumPy from the ids to the logits
+                return mx.array(self.head_logits(host(token_ids, ctx)[logits_indices]))
+        hidden = model.mlx_hidden_states(mx.array(token_ids))[mx.array(logits_indices)]
+        if self.head is None:
+            return model.mlx_logits(hidden)
+        return mx.array(self.head_logits(np.asarray(hidden.astype(mx.float32))))
+
+    def head_logits(self, rows: np.ndarray) -> np.ndarray:
+        """`[S, hidden]` float32 rows -> their logits, through NumPy (from the head's codes in small steps)."""
+        assert self.head is not None
+        if self.head_codes is not None and rows.shape[0] <= HOST_LINEAR_MAX_TOKENS:
+            from metalserve.kernels.cpu_affine_linear import affine_linear
+
+            return affine_linear(rows, self.head_codes)
+        return rows @ self.head.T
+
+    def host_bytes(self) -> int:
+        modules = self._root.named_modules() if self._root is not None else []
+        codes = [m.codes for _, m in modules if isinstance(m, HostLinear)]
+        codes += [self.head_codes] if self.head_codes is not None else []
+        return sum(c.codes.nbytes + c.scales.nbytes + c.biases.nbytes for c in codes)
+
+    def description(self) -> str:
+        layers = self._root.model.layers if self._root is not None else []
+        host_mlps = sum(isinstance(layer.mlp, HostSwiGLUMLP) for layer in layers)
+        parts = [f"SwiGLU through numba in {host_mlps} layers"] if host_mlps else []
+        if self.forward_on_host is not None:
+            parts.append(f"the whole decoder through numba in steps of up to {HOST_LINEAR_MAX_TOKENS} tokens")
+        if self.linears:
+            parts.append(
+                f"{self.linears} projections from their stored codes through numba in steps of up to "
+                f"{HOST_LINEAR_MAX_TOKENS} tokens"
+            )
+        if self.head is not None:
+            via = " (from its codes in small steps)" if self.head_codes is not None else ""
+            parts.append(f"logits through NumPy{via}")
+        return ", ".join(parts) or "nothing (all in MLX)"
+
+
+def _dense_head(head: nn.Module) -> np.ndarray | None:
+    """A NumPy view `[vocab, hidden]` of a dense float32 output projection.
+
+    On MLX's CPU backend NumPy's bundled OpenBLAS, even on the one thread metalserve gives it
+    (loader/blas.py), ran this one wide matmul (49152 outputs) 1.15x faster than MLX's through MKL at
+    batch 1 to 32 (bench/lm_head.py); every other matmul stays MLX's.
+    """
+    dense = type(head) in (nn.Embedding, nn.Linear) and "bias" not in head and head.weight.dtype == mx.float32
+    return np.asarray(head.weight) if dense else None

@@ -1,0 +1,66 @@
+"""What this machine offers metalserve, probed once: MLX's device, Metal, numba and the BLAS in use.
+
+Every choice that depends on the machine (the attention backend, the host-compute strategy, the weights
+path, the sampler's arrays, the default step budget) reads a `Platform`; no other module asks MLX which
+device it runs on. `current_platform()` probes on first use and then returns the same answer.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING
+
+from metalserve.config import CPU_MAX_NUM_BATCHED_TOKENS, EngineConfig
+
+if TYPE_CHECKING:
+    import mlx.core as mx
+
+
+@dataclass(frozen=True)
+class Platform:
+    on_cpu: bool  # MLX's default device is the CPU (its CPU backend computes every op)
+    metal: bool  # a Metal device is available (a Mac's GPU)
+    numba: bool  # the numba package is importable (the CPU attention path and host compute need it)
+    blas: str  # which BLAS MLX's CPU backend binds (loader/blas.py)
+    metal_memory: int | None = None  # the Metal device's (unified) memory in bytes, where there is one
+
+    @property
+    def device(self) -> mx.Device:
+        """MLX's default device (new threads' streams are made on it)."""
+        import mlx.core as mx
+
+        return mx.Device(mx.cpu if self.on_cpu else mx.gpu)
+
+    @property
+    def host_compute(self) -> bool:
+        """Whether small steps run on the host (executor/host/): on MLX's CPU backend, with numba."""
+        return self.on_cpu and self.numba
+
+    def default_token_budget(self) -> int:
+        """The step token budget when --max-num-batched-tokens is not given: smaller on MLX's CPU backend,
+        where steps of up to 512 tokens run on the host (see config.py)."""
+        return CPU_MAX_NUM_BATCHED_TOKENS if self.on_cpu else EngineConfig().max_num_batched_tokens
+
+    def describe(self) -> str:
+        device = "Metal" if self.metal and not self.on_cpu else "CPU"
+        return f"MLX on {device}, numba {'yes' if self.numba else 'no'}, BLAS {self.blas}"
+
+
+@cache
+def current_platform() -> Platform:
+    """Probe the machine once (importing MLX, after the BLAS preload in metalserve/__init__.py)."""
+    import mlx.core as mx
+
+    from metalserve.loader.blas import blas_description
+
+    metal = bool(mx.metal.is_available())
+    memory = int(mx.device_info()["memory_size"]) if metal else None
+    return Platform(
+        on_cpu=mx.default_device() == mx.cpu,
+        metal=metal,
+        numba=importlib.util.find_spec("numba") is not None,
+        blas=blas_description(),
+        metal_memory=memory,
+    )
