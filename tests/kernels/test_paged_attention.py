@@ -141,22 +141,6 @@ def test_split_case_straddles_partition_edges() -> None:
     assert {size - 1, size, size + 1, 2 * size, 2 * size + 1} <= lengths
 
 
-def test_entry_point_matches_reference_here() -> None:
-    """Without Metal the entry point is the portable path, bit for bit."""
-    from metalserve.kernels.metal import paged_attention
-
-    case = CASES[0]
-    x = make_inputs(case)
-    got = paged_attention(
-        x.q, x.k_pool, x.v_pool, x.block_tables, x.cu_seqlens_q, x.seq_lens, block_size=case.block_size, scale=x.scale
-    )
-    want = _reference(case, x)
-    if not mx.metal.is_available():
-        assert mx.array_equal(got, want)
-    else:
-        np.testing.assert_allclose(as_f64(got), as_f64(want), atol=TOLERANCE[case.dtype])
-
-
 # Decode kernel: decodes, a prefill and a chunk over partial blocks. Tiled kernel: partial blocks and
 # partial key tiles (the cheapest tiled case to run under ASan).
 ASAN_CASES = {"decode": next(c for c in CASES if c.name == "mixed"),

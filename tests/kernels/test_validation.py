@@ -8,7 +8,6 @@ import mlx.core as mx
 import pytest
 
 from metalserve.kernels.emulator import EmulatorError, emulate
-from metalserve.kernels.metal import attention_backend
 from metalserve.kernels.paged import PagedArgs, num_partitions
 from tests.kernels.cases import CASES, make_inputs
 from tests.kernels.test_emulator import COPY_OK
@@ -54,14 +53,6 @@ def test_split_is_chosen_from_static_shapes() -> None:
     assert num_partitions(a, 16) == -(-context // 16)
     with pytest.raises(ValueError, match="partition_size"):
         num_partitions(a, 0)
-
-
-def test_unknown_backend_is_rejected() -> None:
-    with pytest.raises(ValueError, match="unknown attention backend"):
-        attention_backend("cuda")
-    if not mx.metal.is_available():
-        with pytest.raises(RuntimeError, match="Metal device"):
-            attention_backend("metal")
 
 
 def test_emulator_rejects_a_grid_that_is_not_whole_threadgroups() -> None:
