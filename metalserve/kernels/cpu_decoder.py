@@ -40,8 +40,13 @@ def kernel_sources_digest() -> str:
     return digest.hexdigest()
 
 
-def _compile(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatchers
-    jit = numba.njit(fastmath=True, cache=True, nogil=True)
+def _jit() -> Any:
+    return numba.njit(fastmath=True, cache=True, nogil=True)
+
+
+def _compile_ops(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatchers
+    """The projection and the q/k head norm the layers call."""
+    jit = _jit()
 
     @jit
     def linear(x, weight, layer, chunks):  # noqa: ANN001, ANN202  (numba infers the types)
@@ -61,6 +66,13 @@ def _compile(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatchers
         out = np.empty_like(flat)
         _rms_norm_kernel(flat, weight, eps, out)
         return out.reshape(x.shape)
+
+    return linear, head_norm
+
+
+def _compile_layers(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatchers
+    """One layer's attention block, and every layer of the decoder."""
+    jit = _jit()
 
     @jit
     def attention(x, w, shape, layer, pools, plan, chunks):  # noqa: ANN001, ANN202
@@ -107,12 +119,14 @@ def _compile(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatchers
             h += _linear(hidden, w.down, layer, chunks)
         return h
 
-    return linear, head_norm, attention, decoder
+    return attention, decoder
 
 
 # Module globals, which the functions above call by name (a closure cell holding a dispatcher would not
 # pickle the same way twice, and so would miss the cache every time).
-_linear, _head_norm, _attention, _decoder_layers = _compile(kernel_sources_digest())
+_DIGEST = kernel_sources_digest()
+_linear, _head_norm = _compile_ops(_DIGEST)
+_attention, _decoder_layers = _compile_layers(_DIGEST)
 
 
 def decoder_layers(
