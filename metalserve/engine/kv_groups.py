@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from metalserve.config import EngineConfig
-from metalserve.kvcache.specs import FullAttention, LayerGroupSpec, prefix_caching_problem
+from metalserve.kvcache.specs import LayerGroupSpec, prefix_caching_problem
 from metalserve.loader import LoadedModel
 from metalserve.scheduler.scheduler import Scheduler
 
@@ -13,9 +13,16 @@ logger = logging.getLogger("metalserve.engine")
 
 
 def layer_groups(loaded: LoadedModel) -> list[LayerGroupSpec]:
-    """One group per kind of cache the model's layers keep: every supported model today is all full
-    attention (models with sliding-window or recurrent layers add their groups here)."""
-    return [FullAttention(layers=tuple(range(loaded.num_layers)))]
+    """The groups of the model's layers, one kind of cache each, group 0 full attention where the
+    model has such layers (a model of one kind: one group of all layers, as before groups existed)."""
+    return _attention_groups(loaded)
+
+
+def _attention_groups(loaded: LoadedModel) -> list[LayerGroupSpec]:
+    """Full attention and sliding windows, in groups of equal size (executor/models/kv_layout.py)."""
+    from metalserve.executor.models.kv_layout import model_kv_layout
+
+    return list(model_kv_layout(loaded.model).groups)
 
 
 def build_scheduler(

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from metalserve.config import ConfigError
 from metalserve.kvcache.block_pool import NUM_RESERVED_BLOCKS
+from metalserve.kvcache.specs import LayerGroupSpec, RecurrentState
 
 
 def kv_bytes_per_block(
@@ -22,6 +25,14 @@ def kv_bytes_per_block(
     return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes * block_size
 
 
+def blocks_for_request(specs: Sequence[LayerGroupSpec], num_tokens: int, block_size: int) -> int:
+    """The most block ids one request of `num_tokens` tokens can hold at once, over every layer group:
+    an attention group (full or sliding: a prefill chunk may span its whole prompt) one per `block_size`
+    tokens, a recurrent state at most two."""
+    per_group = -(-num_tokens // block_size)
+    return sum(min(per_group, 2) if isinstance(s, RecurrentState) else per_group for s in specs)
+
+
 def _fmt_bytes(n: int) -> str:
     for unit, scale in [("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)]:
         if n >= scale:
@@ -37,17 +48,27 @@ def num_blocks_for_budget(
     dtype_bytes: int,
     block_size: int,
     max_model_len: int,
+    *,
+    per_block: int | None = None,
+    blocks_per_request: int | None = None,
 ) -> int:
     """How many blocks fit in `budget_bytes`, counting the reserved null block (block 0).
+
+    `per_block`: what one block id costs where the layer groups share the pool (KVLayout.bytes_per_block;
+    default: every layer's K/V); `blocks_per_request`: the block ids one `max_model_len` request holds
+    over all groups (`blocks_for_request`; default: one group's).
 
     Raises ConfigError when the budget cannot hold one request of `max_model_len` tokens plus the
     null block, saying how much memory is missing and which flags change it.
     """
     if max_model_len < 1:
         raise ConfigError(f"--max-model-len must be at least 1, got {max_model_len}")
-    per_block = kv_bytes_per_block(num_layers, num_kv_heads, head_dim, dtype_bytes, block_size)
+    if per_block is None:
+        per_block = kv_bytes_per_block(num_layers, num_kv_heads, head_dim, dtype_bytes, block_size)
     num_blocks = max(budget_bytes, 0) // per_block
-    needed = -(-max_model_len // block_size) + NUM_RESERVED_BLOCKS
+    if blocks_per_request is None:
+        blocks_per_request = -(-max_model_len // block_size)
+    needed = blocks_per_request + NUM_RESERVED_BLOCKS
     if num_blocks < needed:
         missing = needed * per_block - max(budget_bytes, 0)
         raise ConfigError(

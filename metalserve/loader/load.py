@@ -76,10 +76,10 @@ def _choose_weights(
 
 def _kv_shape(model: nn.Module) -> tuple[int, int, int]:
     """(num_layers, num_kv_heads, head_dim), read off the built model, as the KV cache must match it."""
-    layers = model.model.layers
-    attn = layers[0].self_attn
-    kv_heads = int(attn.n_kv_heads)
-    return len(layers), kv_heads, int(attn.k_proj.weight.shape[0]) // kv_heads
+    from metalserve.executor.models.attention_traits import attention_traits
+
+    first = attention_traits(model, 0)  # the families spell heads and head_dim differently
+    return len(model.model.layers), first.n_kv_heads, first.head_dim
 
 
 def load(

@@ -12,16 +12,13 @@ if TYPE_CHECKING:  # keep `import metalserve.loader` free of MLX (the BLAS must 
 
     from metalserve.kernels.affine_codes import AffineCodes
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-
-
 @dataclass
 class LoadedModel:
     """An mlx-lm model with its tokenizer, chat template, EOS ids and the facts the KV cache needs."""
 
     model: nn.Module  # an mlx-lm model: .model.embed_tokens, .model.layers[i].self_attn, ...
     tokenizer: PreTrainedTokenizerBase
-    model_type: str  # one of SUPPORTED_MODEL_TYPES
+    model_type: str  # one of executor/models/adapter.py: SUPPORTED_MODEL_TYPES
     config: dict[str, Any]  # HF-style config
     max_model_len: int
     eos_token_ids: frozenset[int]

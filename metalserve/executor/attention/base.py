@@ -18,13 +18,17 @@ from metalserve.kernels.reference import AttentionOptions
 
 @dataclass(frozen=True)
 class LayerCacheSpec:
-    """One attention layer's paged cache: `num_blocks` blocks of `block_size` tokens, K and V each."""
+    """One attention layer's paged cache: `num_blocks` blocks of `block_size` tokens, K and V each.
+
+    `sliding_window`: the window of the layer group `build_metadata` plans for (None: full attention);
+    a backend whose plan holds the mask (MLX ops) masks by it, the others read `AttentionOptions`."""
 
     num_kv_heads: int
     head_dim: int
     dtype: mx.Dtype
     block_size: int
     num_blocks: int
+    sliding_window: int | None = None
 
     @property
     def num_slots(self) -> int:
@@ -73,7 +77,8 @@ class AttentionBackend(ABC, Generic[CacheT, MetaT]):
 
     @abstractmethod
     def build_metadata(self, step: StepInputs, spec: LayerCacheSpec) -> MetaT:
-        """The step's per-step metadata, built once and shared by every layer."""
+        """The step's metadata for one layer group (its block table in `step`), built once per step and
+        shared by the group's layers."""
 
     @abstractmethod
     def forward(self, call: AttentionCall[CacheT, MetaT]) -> mx.array:

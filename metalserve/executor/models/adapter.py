@@ -8,15 +8,21 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from metalserve.executor.models.attention_traits import attention_traits
 from metalserve.executor.models.compute import MlxCompute, ModelCompute
+from metalserve.executor.models.kv_layout import model_kv_layout
 from metalserve.executor.models.paged_attention import PagedAttention
 
 if TYPE_CHECKING:
     from metalserve.loader import LoadedModel
     from metalserve.platform import Platform
 
-# Families whose attention we know how to take over (mistral loads as llama in mlx-lm).
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# Families whose attention we know how to take over (mistral loads as llama in mlx-lm). Each has a golden
+# test in tests/models/ (tiny random weights, greedy tokens identical to mlx-lm's own generation).
+SUPPORTED_MODEL_TYPES = (
+    "llama", "mistral", "qwen2", "qwen3",
+    "qwen3_moe", "mixtral", "gemma3_text", "gemma4_text", "gpt_oss", "phi3", "olmo2", "granite",
+)  # fmt: skip
 ALL_MLX = MlxCompute()  # stateless: one serves every model
 
 
@@ -29,14 +35,17 @@ class PagedModel:
             raise ValueError(f"model type {model_type!r} is not supported (supported: {SUPPORTED_MODEL_TYPES})")
         self.model = model
         self.backbone = model.model
-        args = model.args
-        window = getattr(args, "sliding_window", None)
+        if any(isinstance(layer.self_attn, PagedAttention) for layer in self.backbone.layers):
+            raise ValueError("this model already has paged attention installed")
+        self.kv_layout = model_kv_layout(model)
         for i, layer in enumerate(self.backbone.layers):
-            if isinstance(layer.self_attn, PagedAttention):
-                raise ValueError("this model already has paged attention installed")
-            uses_window = getattr(layer, "use_sliding", False)
-            layer.self_attn = PagedAttention(layer.self_attn, i, window if uses_window else None)
-        self.tied = bool(getattr(args, "tie_word_embeddings", False)) or not hasattr(model, "lm_head")
+            traits = attention_traits(model, i)
+            tensor, group = self.kv_layout.layer_tensor[i], self.kv_layout.layer_group[i]
+            layer.self_attn = PagedAttention(layer.self_attn, traits, tensor, group)
+        self.tied = "lm_head" not in model  # mlx-lm builds (or keeps) no lm_head for tied embeddings
+        # What mlx-lm's Model.__call__ does to the logits after the head (granite, gemma2/4).
+        self.logits_scaling = getattr(model, "logits_scaling", None)
+        self.final_softcap = getattr(model, "final_logit_softcapping", None)
         self.compute = compute
         compute.install(self)
         # Materialise the fused projections now, on this thread's stream, before any forward runs.
@@ -47,7 +56,7 @@ class PagedModel:
         """The loaded model with the compute strategy the Platform calls for."""
         from metalserve.executor.host import choose_compute
 
-        return cls(loaded.model, loaded.model_type, choose_compute(platform, loaded.codes))
+        return cls(loaded.model, loaded.model_type, choose_compute(platform, loaded.codes, loaded.model_type))
 
     def host_bytes(self) -> int:
         """Bytes of weights held outside MLX (the stored codes), which MLX's memory counters do not see."""
@@ -62,9 +71,12 @@ class PagedModel:
         return self.backbone(token_ids[None])[0]
 
     def mlx_logits(self, hidden: mx.array) -> mx.array:
-        if self.tied:
-            return self.backbone.embed_tokens.as_linear(hidden)
-        return self.model.lm_head(hidden)
+        logits = self.backbone.embed_tokens.as_linear(hidden) if self.tied else self.model.lm_head(hidden)
+        if self.logits_scaling:
+            logits = logits / self.logits_scaling
+        if self.final_softcap:
+            logits = mx.tanh(logits / self.final_softcap) * self.final_softcap
+        return logits
 
     def __call__(self, token_ids: np.ndarray, logits_indices: np.ndarray) -> mx.array:
         """Forward the packed tokens `[T]`; project only the rows `logits_indices` to the vocabulary."""
