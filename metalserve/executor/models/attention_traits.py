@@ -43,10 +43,9 @@ def _layer_types(model: nn.Module) -> list[str] | None:
     return list(types) if types else None
 
 
-def _window(model: nn.Module, i: int) -> int | None:
+def _window(model: nn.Module, i: int, inner: nn.Module) -> int | None:
     """The window of layer i where mlx-lm's own forward masks it by one (and only there)."""
     layer = model.model.layers[i]
-    inner = layer.self_attn
     types = _layer_types(model)
     sliding = bool(getattr(inner, "is_sliding", False)) or bool(getattr(layer, "use_sliding", False))
     sliding = sliding or (types is not None and types[i] == "sliding_attention")
@@ -68,7 +67,7 @@ def attention_traits(model: nn.Module, i: int) -> AttentionTraits:
     which keeps the original as `inner`)."""
     inner = model.model.layers[i].self_attn
     inner = getattr(inner, "inner", inner)
-    n_heads = int(_first(inner, "n_heads", "num_attention_heads"))  # type: ignore[call-overload]
+    n_heads = int(_first(inner, "n_heads", "num_heads", "num_attention_heads"))  # type: ignore[call-overload]
     n_kv_heads = int(_first(inner, "n_kv_heads", "num_key_value_heads"))  # type: ignore[call-overload]
     check_rope(getattr(inner, "rope", None), i)
     softcap = getattr(inner, "attn_logit_softcapping", None)
@@ -79,7 +78,7 @@ def attention_traits(model: nn.Module, i: int) -> AttentionTraits:
         n_kv_heads=n_kv_heads,
         head_dim=_head_dim(inner, model, n_heads),
         scale=float(_first(inner, "scale", "sm_scale")),  # type: ignore[arg-type]
-        window=_window(model, i),
+        window=_window(model, i, inner),
         softcap=float(softcap) if softcap else None,
         has_sinks="sinks" in inner,
         kv_source=int(sources[i]) if sources is not None else i,
