@@ -4,6 +4,7 @@ model's dtype."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from typing import Any
 
 import mlx.core as mx
@@ -16,9 +17,12 @@ from metalserve.platform import Platform
 logger = logging.getLogger("metalserve.engine")
 
 
-
-def select_attention(name: str, dtype: mx.Dtype, platform: Platform) -> AttentionBackend[Any, Any]:
-    """`auto`: the Metal kernel where Metal exists, else the CPU backend for float32 KV, else MLX ops."""
+def select_attention(
+    name: str, dtype: mx.Dtype, platform: Platform, head_dims: Collection[int] = ()
+) -> AttentionBackend[Any, Any]:
+    """`auto`: the Metal kernel where Metal exists and takes the model's head dims (`head_dims`, every
+    attention layer's), else the CPU backend for float32 KV, else MLX ops. Every backend honours sliding
+    windows, sinks and the logit soft-cap; only the Metal kernel is limited, to its head dims."""
     if name == "reference":
         logger.warning("--attention-backend reference is deprecated: it is now called 'mlx'")
         name = "mlx"
@@ -29,6 +33,12 @@ def select_attention(name: str, dtype: mx.Dtype, platform: Platform) -> Attentio
     if name == "metal" or (name == "auto" and platform.metal):
         if not platform.metal:
             raise ConfigError("--attention-backend metal: it needs a Metal device; use 'auto' or 'mlx'")
+        problem = metal_kernel_problem(head_dims)
+        if problem and name == "metal":
+            raise ConfigError(f"--attention-backend metal: {problem}; use 'auto' or 'mlx'")
+        if problem:
+            logger.warning("attention: MLX ops instead of the Metal kernel: %s", problem)
+            return MlxAttention()
         from metalserve.executor.attention.metal import metal_attention
 
         return metal_attention()
@@ -47,4 +57,13 @@ def cpu_backend_problem(dtype: mx.Dtype, platform: Platform) -> str | None:
         return "it needs the numba package (pip install numba)"
     if dtype != mx.float32:
         return f"it needs float32 activations and KV, and this model computes in {dtype} (see --weights)"
+    return None
+
+
+def metal_kernel_problem(head_dims: Collection[int]) -> str | None:
+    from metalserve.kernels.paged import HEAD_DIMS
+
+    unsupported = sorted(set(head_dims) - set(HEAD_DIMS))
+    if unsupported:
+        return f"the Metal kernel takes head dims {HEAD_DIMS}, and this model has {unsupported}"
     return None

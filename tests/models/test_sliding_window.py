@@ -1,0 +1,73 @@
+"""Sliding windows end to end: layer groups from the model, prompts far longer than the window, and the
+blocks behind the window back in the pool, as the KV usage on /metrics shows."""
+
+from __future__ import annotations
+
+import re
+
+import mlx.core as mx
+from prometheus_client import generate_latest
+
+from metalserve.api.metrics import Metrics
+from metalserve.engine.kv_groups import layer_groups
+from metalserve.engine.request_output import IterationStats
+from metalserve.executor.models.kv_layout import model_kv_layout
+from metalserve.executor.runner import KVCacheSpec
+from metalserve.kvcache.specs import FullAttention, SlidingWindow
+from metalserve.request import Request
+from metalserve.sampling_params import SamplingParams
+from tests.models import golden
+from tests.models.archs import VOCAB, WINDOW, build
+
+BLOCK = 16
+
+
+def test_windowed_models_have_a_full_and_a_sliding_group_sharing_the_pool_tensors() -> None:
+    gemma3 = golden.loaded_of(build("gemma3_text"), "gemma3_text")  # layers 1, 3 global; 0, 2 sliding
+    assert layer_groups(gemma3) == [FullAttention(layers=(1, 3)), SlidingWindow(WINDOW, layers=(0, 2))]
+    layout = model_kv_layout(gemma3.model)
+    assert layout.tensors == ((2, 16), (2, 16))  # layer j of each group shares tensor j
+    assert layout.layer_tensor == (0, 0, 1, 1) and layout.layer_group == (1, 0, 1, 0)
+    # One block id costs one group's layers: half of what four layers' K/V would cost.
+    spec = KVCacheSpec.for_model(gemma3, BLOCK, 10)
+    assert spec.bytes_per_block == layout.bytes_per_block(4, BLOCK) == 2 * 2 * (2 * 16) * 4 * BLOCK
+    # gemma4: shared-KV layers own no tensor; full layers are wider (one KV head of 32) than sliding ones.
+    gemma4 = model_kv_layout(build("gemma4_text"))
+    assert gemma4.groups == (FullAttention(layers=(1,)), SlidingWindow(WINDOW, layers=(0,)))
+    assert gemma4.tensors == ((1, 32), (2, 16)) and gemma4.layer_tensor == (1, 0, 1, 0)
+    llama = golden.loaded_of(build("llama"), "llama")
+    assert layer_groups(llama) == [FullAttention(layers=(0, 1))]
+    assert KVCacheSpec.for_model(llama, BLOCK, 10).bytes_per_block == 2 * 2 * 2 * 16 * 4 * BLOCK
+
+
+def _kv_usage(metrics: Metrics) -> float:
+    text = generate_latest(metrics.registry).decode()  # what GET /metrics serves
+    match = re.search(r'^vllm:kv_cache_usage_perc\{model_name="tiny"\} (\S+)$', text, re.M)
+    assert match is not None, text
+    return float(match.group(1))
+
+
+def test_a_prompt_far_past_the_window_runs_and_metrics_show_the_freed_blocks() -> None:
+    (prompt,) = golden.prompts([golden.LONG], VOCAB, seed=4)
+    want = golden.reference(build("gpt_oss"), prompt, 20)
+    core = golden.engine(build("gpt_oss"), "gpt_oss", budget=64)
+    metrics = Metrics("tiny")
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    core.add_request(Request("long", prompt, params))
+    tokens: list[int] = []
+    used: list[int] = []
+    while core.has_unfinished_requests():
+        outputs = core.step()
+        tokens += [t for out in outputs for t in out.new_token_ids]
+        stats = core.make_stats()
+        metrics.on_step(stats, IterationStats())
+        if core.has_unfinished_requests():
+            assert abs(_kv_usage(metrics) - stats.kv_cache_usage) < 1e-9
+            used.append(round(_kv_usage(metrics) * stats.num_total_blocks))
+    assert tokens == want.tokens
+    full = -(-(golden.LONG + 19) // BLOCK)  # the full-attention group holds every block of the request
+    window_blocks = -(-(WINDOW - 1) // BLOCK) + 1  # the sliding group: those its window still reads
+    assert max(used) <= full + window_blocks + 64 // BLOCK  # a 64-token chunk may span 4 more blocks
+    assert used[-1] <= full + window_blocks < 2 * full  # without freeing: 2 x 20 blocks
+    assert core.make_stats().num_free_blocks == core.make_stats().num_total_blocks
+    mx.clear_cache()
