@@ -57,11 +57,15 @@ ARCHS: dict[str, dict[str, Any]] = {
 }
 
 
-def build(model_type: str, seed: int = 0) -> nn.Module:
+def config_of(model_type: str, **overrides: Any) -> dict[str, Any]:
+    return {**BASE, "model_type": model_type, **ARCHS[model_type], **overrides}
+
+
+def build(model_type: str, seed: int = 0, **overrides: Any) -> nn.Module:
     """A random-weight tiny model of `model_type`, weights scaled so greedy choices are clear."""
     mx.random.seed(seed)
     module = importlib.import_module(f"mlx_lm.models.{'llama' if model_type == 'mistral' else model_type}")
-    config = {**BASE, "model_type": model_type, **ARCHS[model_type]}
+    config = config_of(model_type, **overrides)
     model = module.Model(module.ModelArgs.from_dict(config))
     model.update(tree_map(lambda p: p * 2.0, model.parameters()))
     for layer in model.model.layers:  # mlx-lm starts sinks at zero: give them values that matter
