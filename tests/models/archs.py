@@ -54,6 +54,17 @@ ARCHS: dict[str, dict[str, Any]] = {
         logits_scaling=2.0, attention_multiplier=0.2, embedding_multiplier=2.0, residual_multiplier=0.5,
         attention_bias=False, mlp_bias=False,
     ),
+    # Cheap extras: the generic adapter fits them as they are.
+    "qwen2_moe": dict(shared_expert_intermediate_size=64, **MOE),
+    "olmo3": dict(num_hidden_layers=4, sliding_window=WINDOW),  # 3 sliding : 1 full -> four groups of one
+    "granitemoe": dict(
+        logits_scaling=2.0, attention_multiplier=0.2, embedding_multiplier=2.0, residual_multiplier=0.5,
+        attention_bias=False, num_local_experts=4, num_experts_per_tok=2,
+    ),
+    "gemma2": dict(head_dim=16, query_pre_attn_scalar=16, attn_logit_softcapping=5.0, final_logit_softcapping=30.0),
+    "smollm3": dict(num_hidden_layers=4),  # layer 3 has no RoPE
+    "glm4": dict(head_dim=16, attention_bias=True, partial_rotary_factor=0.5),
+    "starcoder2": dict(norm_epsilon=1e-5),
 }
 
 

@@ -1,8 +1,8 @@
 """Every covered architecture, served by the real engine, generates mlx-lm's own greedy tokens.
 
-Default run: each architecture's short prompt alone; the windowed ones (and gpt-oss on MLX ops, for
-sinks and windows there) also the long prompt batched under a small token budget and again from the
-prefix cache. The rest of that matrix is `slow`.
+Default run: each architecture's short prompt alone; the windowed ones (and gpt-oss and gemma2 on MLX
+ops, for sinks, windows and the soft-cap there) also the long prompt batched under a small token budget
+and again from the prefix cache. The rest of that matrix is `slow`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import pytest
 from tests.models import golden
 from tests.models.archs import ARCHS, VOCAB, build
 
-WINDOWED = ("gemma3_text", "gemma4_text", "gpt_oss")
+WINDOWED = ("gemma3_text", "gemma4_text", "gpt_oss", "olmo3")
+SINKS_AND_SOFTCAP = ("gpt_oss", "gemma2")
 
 
 def _slow_unless(default: tuple[str, ...]) -> list[object]:
@@ -45,6 +46,6 @@ def test_long_prompt_batched_chunked_and_from_the_prefix_cache(arch: str) -> Non
     _long_batched_then_cached(arch, "auto")  # the CPU backend (numba) on this float32 model
 
 
-@pytest.mark.parametrize("arch", _slow_unless(("gpt_oss",)))
+@pytest.mark.parametrize("arch", _slow_unless(SINKS_AND_SOFTCAP))
 def test_long_prompt_on_mlx_ops(arch: str) -> None:
     _long_batched_then_cached(arch, "mlx")
