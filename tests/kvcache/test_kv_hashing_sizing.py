@@ -118,3 +118,19 @@ def test_memory_readers_and_the_pool_cap() -> None:
     assert limit == 5 * gib and "available" in why
     assert memory_limit(0.5, 24 * gib, None, gib)[0] == 12 * gib
     assert pool_block_cap(max_num_seqs=4, max_model_len=100, block_size=16) == 4 * 7 + 1
+
+
+def test_sizing_over_layer_groups_sharing_the_pool() -> None:
+    from metalserve.engine.memory import pool_block_cap
+    from metalserve.kvcache.sizing import blocks_for_request
+    from metalserve.kvcache.specs import FullAttention, RecurrentState, SlidingWindow
+
+    groups = [FullAttention((1, 3)), SlidingWindow(16, (0, 2))]
+    assert blocks_for_request(groups, 100, 16) == 2 * 7  # a chunk may span the whole prompt in both
+    assert blocks_for_request([FullAttention(), RecurrentState()], 100, 16) == 7 + 2
+    per_block = 1000  # one group's layers (KVLayout.bytes_per_block)
+    assert num_blocks_for_budget(per_block * 200, 4, 2, 8, 2, 16, 1024, per_block=per_block,
+                                 blocks_per_request=2 * 64) == 200  # fmt: skip
+    with pytest.raises(ConfigError, match="129 blocks"):
+        num_blocks_for_budget(per_block * 128, 4, 2, 8, 2, 16, 1024, per_block=per_block, blocks_per_request=128)
+    assert pool_block_cap(max_num_seqs=4, max_model_len=100, block_size=16, blocks_per_request=14) == 4 * 14 + 1

@@ -71,3 +71,23 @@ def test_a_prompt_far_past_the_window_runs_and_metrics_show_the_freed_blocks() -
     assert used[-1] <= full + window_blocks < 2 * full  # without freeing: 2 x 20 blocks
     assert core.make_stats().num_free_blocks == core.make_stats().num_total_blocks
     mx.clear_cache()
+
+
+def test_windowed_requests_preempted_under_a_tight_pool_resume_with_the_same_tokens() -> None:
+    batch = golden.prompts([120, 90, 150, 60], VOCAB, seed=7)
+    model = build("gemma3_text")
+    want = [golden.reference(model, p, 16) for p in batch]
+    loaded = golden.loaded_of(build("gemma3_text"), "gemma3_text")
+    per_block = model_kv_layout(loaded.model).bytes_per_block(4, BLOCK)
+    # 30 usable blocks: one 200-token request's two groups fit (26), four 150-token requests' do not.
+    from metalserve.config import EngineConfig
+    from metalserve.engine.core import EngineCore
+
+    config = EngineConfig(kv_cache_memory=31 * per_block, max_model_len=200, block_size=BLOCK,
+                          max_num_batched_tokens=64, max_num_seqs=4)  # fmt: skip
+    core = EngineCore.from_loaded(config, loaded)
+    got = golden.serve(core, batch, 16)
+    assert [g.tokens for g in got] == [w.tokens for w in want]
+    stats = core.make_stats()
+    assert stats.num_preemptions > 0 and stats.num_total_blocks == 30
+    assert stats.num_free_blocks == stats.num_total_blocks
