@@ -70,9 +70,9 @@ def _slots(block_row: np.ndarray, length: int, block_size: int) -> np.ndarray:
     return np.asarray(block_row)[pages] * block_size + positions % block_size
 
 
-def _window_mask(q_positions: np.ndarray, length: int, window: int | None) -> np.ndarray:
-    """Additive mask: causal, and a sliding window when one is given."""
-    keys = np.arange(length)[None, :]
+def _window_mask(q_positions: np.ndarray, length: int, window: int | None, key_start: int = 0) -> np.ndarray:
+    """Additive mask over keys `key_start .. length - 1`: causal, and a sliding window when one is given."""
+    keys = np.arange(key_start, length)[None, :]
     q = q_positions[:, None]
     allowed = keys <= q
     if window is not None:
@@ -88,14 +88,19 @@ def _decode_group(
     window: int | None,
     num_kv_heads: int,
 ) -> DecodeGroup:
-    """Requests `start .. start + len(lens)`, one query each, padded to the longest of them."""
-    pages = -(-int(lens.max()) // block_size)
+    """Requests `start .. start + len(lens)`, one query each, padded to the longest of them. With a
+    window, each request's pages start at the first one its window reads (the rest are never gathered)."""
+    first = np.zeros(len(lens), np.int64) if window is None else np.maximum(lens - window, 0) // block_size
+    pages = int(((lens - 1) // block_size - first).max()) + 1
     tables = [np.asarray(block_tables[start + i]) for i in range(len(lens))]
-    rows = [t[np.minimum(np.arange(pages), len(t) - 1)] for t in tables]
+    rows = [t[np.minimum(f + np.arange(pages), len(t) - 1)] for t, f in zip(tables, first, strict=True)]
     mask = None
     span = pages * block_size
     if window is not None or int(lens.min()) != span:
-        masks = np.stack([_window_mask(np.array([n - 1]), span, window) for n in lens])[:, None]  # [B, 1, 1, L]
+        masks = np.stack([
+            _window_mask(np.array([n - 1]), int(f) * block_size + span, window, int(f) * block_size)
+            for n, f in zip(lens, first, strict=True)
+        ])[:, None]  # [B, 1, 1, L]  # fmt: skip
         mask = mx.array(np.tile(masks, (num_kv_heads, 1, 1, 1)))  # batch rows are (kv head, request)
     return DecodeGroup(start, start + len(lens), mx.array(np.stack(rows).astype(np.int32)), block_size, mask)
 
@@ -103,10 +108,13 @@ def _decode_group(
 def _prefill_chunk(
     block_row: np.ndarray, start: int, end: int, length: int, block_size: int, window: int | None
 ) -> PrefillChunk:
-    slots = mx.array(_slots(block_row, length, block_size).astype(np.int32))
+    q_first = length - (end - start)
+    # With a window, keys start at the page of the first query's oldest key: no page behind it is read.
+    key_start = 0 if window is None else max(0, q_first - window + 1) // block_size * block_size
+    slots = mx.array(_slots(block_row, length, block_size)[key_start:].astype(np.int32))
     mask: mx.array | str = "causal"
     if window is not None:
-        mask = mx.array(_window_mask(np.arange(length - (end - start), length), length, window))
+        mask = mx.array(_window_mask(np.arange(q_first, length), length, window, key_start))
     return PrefillChunk(start, end, slots, mask)
 
 

@@ -91,3 +91,16 @@ def test_windowed_requests_preempted_under_a_tight_pool_resume_with_the_same_tok
     stats = core.make_stats()
     assert stats.num_preemptions > 0 and stats.num_total_blocks == 30
     assert stats.num_free_blocks == stats.num_total_blocks
+
+
+def test_the_mlx_ops_plan_gathers_only_the_pages_a_window_reads() -> None:
+    import numpy as np
+
+    from metalserve.kernels.reference import build_plan
+
+    table = np.arange(1, 21)  # 20 pages: 320 slots
+    plan = build_plan([table, table], np.array([0, 1, 65]), np.array([300, 300]), BLOCK, sliding_window=WINDOW)
+    (decode,) = plan.decodes
+    assert np.array(decode.block_ids).tolist() == [[18, 19]]  # keys 284..299 live on pages 17 and 18
+    (chunk,) = plan.prefills  # queries 236..299: the oldest key any reads is 221, on page 13 (from 208)
+    assert chunk.kv_slots.shape == (300 - 208,) and int(chunk.kv_slots[0]) == 14 * BLOCK
