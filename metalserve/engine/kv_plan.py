@@ -52,7 +52,7 @@ def plan_kv_pool(config: EngineConfig, loaded: LoadedModel, max_model_len: int, 
         "growing as requests need them; max concurrency at %d tokens/request: %.1fx",
         format_bytes(budget), why, num_blocks, config.block_size, format_bytes(per_block * num_blocks),
         num_blocks * config.block_size, capped, initial, format_bytes(per_block * initial), max_model_len,
-        num_blocks * config.block_size / max_model_len,
+        num_blocks / per_request,  # over every layer group a request holds blocks in
     )  # fmt: skip
     return KVPoolPlan(num_blocks, initial)
 

@@ -1,8 +1,8 @@
 """Quantized MLX directories (config.json + safetensors, as mlx_lm saves them) serve mlx-lm's tokens.
 
-4-bit affine everywhere (fused quantized q/k/v, quantized experts and embedding) and mxfp4 experts as
-gpt-oss ships them. `quantized` keeps the packed weights as on Apple silicon; `auto` on this CPU
-applies the dequantize rule (loader/weights_mode.py) to linears and embeddings.
+4-bit affine everywhere (fused quantized q/k/v, quantized experts and embedding), 8-bit affine on a
+windowed model, and mxfp4 experts as gpt-oss ships them. `quantized` keeps the packed weights as on
+Apple silicon; `auto` on this CPU applies the dequantize rule (loader/weights_mode.py) to linears and embeddings.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from tests.models.archs import build, config_of
 CASES = {
     "affine4": ("qwen3_moe", {"group_size": 32, "bits": 4}, None),
     "mxfp4": ("gpt_oss", {"group_size": 32, "bits": 4, "mode": "mxfp4"}, SwitchLinear),
+    "affine8": ("gemma3_text", {"group_size": 32, "bits": 8}, None),  # no experts: all linears packed
 }
 
 
@@ -43,8 +44,14 @@ def write_quantized(directory: Path, case: str) -> Path:
     return directory
 
 
-@pytest.mark.parametrize("weights", ["quantized", "auto"])
-@pytest.mark.parametrize("case", list(CASES))
+MATRIX = [
+    pytest.param(case, weights, marks=[pytest.mark.slow] if weights == "auto" and case != "affine4" else [])
+    for case in CASES
+    for weights in ("quantized", "auto")
+]
+
+
+@pytest.mark.parametrize(("case", "weights"), MATRIX)
 def test_a_quantized_directory_serves_mlx_lm_tokens(tmp_path: Path, case: str, weights: str) -> None:
     path = write_quantized(tmp_path / case, case)
     reference_model = mlx_lm_load(str(path))[0]
@@ -52,8 +59,8 @@ def test_a_quantized_directory_serves_mlx_lm_tokens(tmp_path: Path, case: str, w
     want = golden.reference(reference_model, prompt)
     loaded = load_model(str(path), weights=weights)
     quantized = [type(m).__name__ for _, m in loaded.model.named_modules() if "Quantized" in type(m).__name__]
-    assert "QuantizedSwitchLinear" in quantized  # experts stay packed either way
-    assert ("QuantizedLinear" in quantized) == (weights == "quantized" and case == "affine4")
+    assert ("QuantizedSwitchLinear" in quantized) == (case != "affine8")  # experts stay packed either way
+    assert ("QuantizedLinear" in quantized) == (weights == "quantized" and case != "mxfp4")
     config = EngineConfig(kv_cache_memory=1 << 24, block_size=16, max_num_batched_tokens=16)  # chunked
     (got,) = golden.serve(EngineCore.from_loaded(config, loaded), [prompt])
     golden.check(got, want)
