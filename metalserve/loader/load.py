@@ -76,9 +76,9 @@ def _choose_weights(
 
 def _kv_shape(model: nn.Module) -> tuple[int, int, int]:
     """(num_layers, num_kv_heads, head_dim), read off the built model, as the KV cache must match it."""
-    from metalserve.executor.models.attention_traits import attention_traits
+    from metalserve.executor.models.attention_traits import all_traits
 
-    first = attention_traits(model, 0)  # the families spell heads and head_dim differently
+    first = all_traits(model)[0]  # the families spell heads and head_dim differently
     return len(model.model.layers), first.n_kv_heads, first.head_dim
 
 

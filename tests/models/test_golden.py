@@ -49,3 +49,16 @@ def test_long_prompt_batched_chunked_and_from_the_prefix_cache(arch: str) -> Non
 @pytest.mark.parametrize("arch", _slow_unless(SINKS_AND_SOFTCAP))
 def test_long_prompt_on_mlx_ops(arch: str) -> None:
     _long_batched_then_cached(arch, "mlx")
+
+
+@pytest.mark.parametrize("arch", _slow_unless(("gpt_oss",)))
+def test_long_prompt_through_the_kernel_backend(arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Metal backend's pools and per-group metadata, with the contract's MLX function as its kernel
+    (the Metal kernel itself needs a Mac; its emulator rows are in tests/kernels)."""
+    from metalserve.engine import core
+    from metalserve.executor.attention.metal import KernelAttention
+    from metalserve.kernels import reference
+
+    backend = KernelAttention(reference.paged_attention, "contract", "the kernel contract in MLX ops")
+    monkeypatch.setattr(core, "select_attention", lambda *args, **kwargs: backend)
+    _long_batched_then_cached(arch, "auto")

@@ -8,7 +8,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from metalserve.executor.models.attention_traits import attention_traits
+from metalserve.executor.models.attention_traits import all_traits
 from metalserve.executor.models.compute import MlxCompute, ModelCompute
 from metalserve.executor.models.kv_layout import model_kv_layout
 from metalserve.executor.models.paged_attention import PagedAttention
@@ -36,13 +36,14 @@ class PagedModel:
             raise ValueError(f"model type {model_type!r} is not supported (supported: {SUPPORTED_MODEL_TYPES})")
         self.model = model
         self.backbone = model.model
-        if any(isinstance(layer.self_attn, PagedAttention) for layer in self.backbone.layers):
+        layers = self.backbone.layers
+        if any(isinstance(getattr(layer, "self_attn", None), PagedAttention) for layer in layers):
             raise ValueError("this model already has paged attention installed")
         self.kv_layout = model_kv_layout(model)
-        for i, layer in enumerate(self.backbone.layers):
-            traits = attention_traits(model, i)
+        for traits in all_traits(model):
+            i = traits.layer
             tensor, group = self.kv_layout.layer_tensor[i], self.kv_layout.layer_group[i]
-            layer.self_attn = PagedAttention(layer.self_attn, traits, tensor, group)
+            layers[i].self_attn = PagedAttention(layers[i].self_attn, traits, tensor, group)
         self.tied = "lm_head" not in model  # mlx-lm builds (or keeps) no lm_head for tied embeddings
         # What mlx-lm's Model.__call__ does to the logits after the head (granite, gemma2/4).
         self.logits_scaling = getattr(model, "logits_scaling", None)

@@ -86,4 +86,5 @@ def attention_traits(model: nn.Module, i: int) -> AttentionTraits:
 
 
 def all_traits(model: nn.Module) -> list[AttentionTraits]:
-    return [attention_traits(model, i) for i in range(len(model.model.layers))]
+    """The traits of every layer with a `self_attn` (other token mixers, e.g. recurrent ones, have none)."""
+    return [attention_traits(model, i) for i, layer in enumerate(model.model.layers) if "self_attn" in layer]

@@ -24,8 +24,8 @@ from metalserve.kvcache.specs import FullAttention, LayerGroupSpec, SlidingWindo
 class KVLayout:
     groups: tuple[LayerGroupSpec, ...]  # group 0 is full attention where the model has such layers
     tensors: tuple[tuple[int, int], ...]  # (num_kv_heads, head_dim) of each pool tensor
-    layer_tensor: tuple[int, ...]  # per layer: the tensor it reads and writes
-    layer_group: tuple[int, ...]  # per layer: the group whose block table it uses
+    layer_tensor: tuple[int, ...]  # per layer: the tensor it reads and writes (-1: not an attention layer)
+    layer_group: tuple[int, ...]  # per layer: the group whose block table it uses (-1: none)
     group_shapes: tuple[tuple[int, int], ...]  # per group: its layers' (num_kv_heads, head_dim)
 
     def bytes_per_block(self, dtype_bytes: int, block_size: int) -> int:
@@ -50,13 +50,15 @@ def _spec(window: int | None, layers: list[AttentionTraits]) -> LayerGroupSpec:
     return FullAttention(layers=ids) if window is None else SlidingWindow(window, layers=ids)
 
 
-def layout_of(traits: list[AttentionTraits]) -> KVLayout:
+def layout_of(traits: list[AttentionTraits], num_layers: int | None = None) -> KVLayout:
+    """`traits`: the attention layers'; `num_layers`: all layers (default: as many as there are traits)."""
     owners = [t for t in traits if t.kv_source == t.layer]
     kinds = _kinds(owners)
     size = min(len(k) for k in kinds)  # vLLM's rule: the smallest kind sets the group size
     groups: list[list[AttentionTraits]] = [kind[i : i + size] for kind in kinds for i in range(0, len(kind), size)]
     tensor_of: dict[tuple[int, int, int], int] = {}
-    layer_tensor, layer_group = [0] * len(traits), [0] * len(traits)
+    num_layers = len(traits) if num_layers is None else num_layers
+    layer_tensor, layer_group = [-1] * num_layers, [-1] * num_layers
     shapes = []
     for g, members in enumerate(groups):
         group_shapes = {(t.n_kv_heads, t.head_dim) for t in members}
@@ -82,4 +84,4 @@ def layout_of(traits: list[AttentionTraits]) -> KVLayout:
 
 def model_kv_layout(model: nn.Module) -> KVLayout:
     """The layout of an mlx-lm model (or of one whose attention we took over)."""
-    return layout_of(all_traits(model))
+    return layout_of(all_traits(model), len(model.model.layers))
