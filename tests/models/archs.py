@@ -65,18 +65,31 @@ ARCHS: dict[str, dict[str, Any]] = {
     "smollm3": dict(num_hidden_layers=4),  # layer 3 has no RoPE
     "glm4": dict(head_dim=16, attention_bias=True, partial_rotary_factor=0.5),
     "starcoder2": dict(norm_epsilon=1e-5),
+    # RoPE scalings the families above do not use, each on a llama (key: variant name, model_type inside).
+    "llama+llama3_rope": dict(
+        model_type="llama",
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 64},
+    ),  # fmt: skip
+    "llama+yarn_rope": dict(
+        model_type="llama",
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                      "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.0},
+    ),  # fmt: skip
 }
 
 
-def config_of(model_type: str, **overrides: Any) -> dict[str, Any]:
-    return {**BASE, "model_type": model_type, **ARCHS[model_type], **overrides}
+def config_of(arch: str, **overrides: Any) -> dict[str, Any]:
+    return {**BASE, "model_type": arch, **ARCHS[arch], **overrides}
 
 
-def build(model_type: str, seed: int = 0, **overrides: Any) -> nn.Module:
-    """A random-weight tiny model of `model_type`, weights scaled so greedy choices are clear."""
+def build(arch: str, seed: int = 0, **overrides: Any) -> nn.Module:
+    """A random-weight tiny model of `arch` (a model type, or a variant naming its own), weights scaled
+    so greedy choices are clear. Its `model_type` attribute is the type the engine is told."""
     mx.random.seed(seed)
+    config = config_of(arch, **overrides)
+    model_type = config["model_type"]
     module = importlib.import_module(f"mlx_lm.models.{'llama' if model_type == 'mistral' else model_type}")
-    config = config_of(model_type, **overrides)
     model = module.Model(module.ModelArgs.from_dict(config))
     model.update(tree_map(lambda p: p * 2.0, model.parameters()))
     for layer in model.model.layers:  # mlx-lm starts sinks at zero: give them values that matter

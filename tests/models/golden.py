@@ -65,12 +65,15 @@ def loaded_of(model: nn.Module, model_type: str, max_model_len: int = 1024) -> L
     )  # fmt: skip
 
 
-def engine(model: nn.Module, model_type: str, *, budget: int = 2048, backend: str = "auto") -> EngineCore:
+def engine(
+    model: nn.Module, model_type: str | None = None, *, budget: int = 2048, backend: str = "auto"
+) -> EngineCore:
+    """The real engine over `model` (its own `model_type` by default), pool sized by --kv-cache-memory."""
     config = EngineConfig(
         kv_cache_memory=1 << 24, block_size=16, max_num_batched_tokens=budget, max_num_seqs=8,
         attention_backend=backend, enable_prefix_caching=True,  # type: ignore[arg-type]
     )  # fmt: skip
-    return EngineCore.from_loaded(config, loaded_of(model, model_type))
+    return EngineCore.from_loaded(config, loaded_of(model, model_type or model.model_type))
 
 
 def serve(core: EngineCore, batch: list[list[int]], n: int = NEW_TOKENS, tag: str = "r") -> list[Generation]:

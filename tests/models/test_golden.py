@@ -24,7 +24,7 @@ def _slow_unless(default: tuple[str, ...]) -> list[object]:
 def test_short_prompt_alone(arch: str) -> None:
     (prompt,) = golden.prompts([golden.SHORT], VOCAB)
     want = golden.reference(build(arch), prompt)
-    (got,) = golden.serve(golden.engine(build(arch), arch), [prompt])
+    (got,) = golden.serve(golden.engine(build(arch)), [prompt])
     golden.check(got, want)
 
 
@@ -32,7 +32,7 @@ def _long_batched_then_cached(arch: str, backend: str) -> None:
     short, long = golden.prompts([golden.SHORT, golden.LONG], VOCAB, seed=2)
     model = build(arch)
     want_short, want_long = golden.reference(model, short), golden.reference(model, long)
-    core = golden.engine(build(arch), arch, budget=64, backend=backend)  # chunked: 300 tokens in 5 steps
+    core = golden.engine(build(arch), budget=64, backend=backend)  # chunked: 300 tokens in 5 steps
     got_short, got_long = golden.serve(core, [short, long])
     golden.check(got_short, want_short)
     golden.check(got_long, want_long)

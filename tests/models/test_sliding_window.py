@@ -104,3 +104,19 @@ def test_the_mlx_ops_plan_gathers_only_the_pages_a_window_reads() -> None:
     assert np.array(decode.block_ids).tolist() == [[18, 19]]  # keys 284..299 live on pages 17 and 18
     (chunk,) = plan.prefills  # queries 236..299: the oldest key any reads is 221, on page 13 (from 208)
     assert chunk.kv_slots.shape == (300 - 208,) and int(chunk.kv_slots[0]) == 14 * BLOCK
+
+
+def test_the_pool_tensors_of_every_shape_grow_under_load(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from metalserve.engine import kv_plan
+
+    monkeypatch.setattr(kv_plan, "INITIAL_POOL_BLOCKS", 4)
+    batch = golden.prompts([golden.LONG, 40], VOCAB, seed=8)
+    model = build("gemma4_text")  # tensors of two shapes: (1, 32) for full layers, (2, 16) for sliding ones
+    want = [golden.reference(model, p) for p in batch]
+    core = golden.engine(build("gemma4_text"), "gemma4_text", budget=64)
+    assert core.runner.spec.num_blocks == 4
+    got = golden.serve(core, batch)
+    assert [g.tokens for g in got] == [w.tokens for w in want]
+    assert core.runner.spec.num_blocks > 20
+    assert [kv.pool.shape[1:] for kv in core.runner.kv] == [(1, core.runner.spec.num_slots, 32),
+                                                            (2, core.runner.spec.num_slots, 16)]  # fmt: skip
