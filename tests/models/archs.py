@@ -65,6 +65,10 @@ ARCHS: dict[str, dict[str, Any]] = {
     "smollm3": dict(num_hidden_layers=4),  # layer 3 has no RoPE
     "glm4": dict(head_dim=16, attention_bias=True, partial_rotary_factor=0.5),
     "starcoder2": dict(norm_epsilon=1e-5),
+    "ministral3": dict(
+        num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2, sliding_window=WINDOW,
+        rope_parameters={"rope_theta": 10000.0, "llama_4_scaling_beta": 0.5, "original_max_position_embeddings": 64},
+    ),  # Llama 4's query scaling by position, windows on alternate layers
     # RoPE scalings the families above do not use, each on a llama (key: variant name, model_type inside).
     "llama+llama3_rope": dict(
         model_type="llama",

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 SUPPORTED_MODEL_TYPES = (
     "llama", "mistral", "qwen2", "qwen3",
     "qwen3_moe", "mixtral", "gemma3_text", "gemma4_text", "gpt_oss", "phi3", "olmo2", "granite",
-    "qwen2_moe", "olmo3", "granitemoe", "gemma2", "smollm3", "glm4", "starcoder2",
+    "qwen2_moe", "olmo3", "granitemoe", "gemma2", "smollm3", "glm4", "starcoder2", "ministral3",
 )  # fmt: skip
 ALL_MLX = MlxCompute()  # stateless: one serves every model
 

@@ -27,6 +27,8 @@ class AttentionTraits:
     softcap: float | None  # scores become softcap * tanh(scores / softcap) (gemma2)
     has_sinks: bool  # per-head sink logits (gpt-oss's `sinks`)
     kv_source: int  # the layer whose K/V this one reads: itself, or an earlier layer (gemma4's shared KV)
+    # Llama 4's query scaling by position (ministral3): q *= 1 + beta * log(1 + floor(pos / original)).
+    position_scale: tuple[float, int] | None = None
 
 
 def _first(module: nn.Module, *names: str) -> object:
@@ -82,7 +84,15 @@ def attention_traits(model: nn.Module, i: int) -> AttentionTraits:
         softcap=float(softcap) if softcap else None,
         has_sinks="sinks" in inner,
         kv_source=int(sources[i]) if sources is not None else i,
+        position_scale=_position_scale(inner),
     )
+
+
+def _position_scale(inner: nn.Module) -> tuple[float, int] | None:
+    beta = getattr(inner, "scaling_beta", None)
+    if beta is None:
+        return None
+    return float(beta), int(inner.original_max_position_embeddings)
 
 
 def all_traits(model: nn.Module) -> list[AttentionTraits]:

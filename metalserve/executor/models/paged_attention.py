@@ -32,7 +32,8 @@ def _norm_mode(inner: nn.Module, head_dim: int) -> str | None:
 
 
 class PagedAttention(nn.Module):
-    """Replaces one layer's `self_attn`; `mask` and `cache` from the mlx-lm layer are ignored."""
+    """Replaces one layer's `self_attn`; `mask` and `cache` from the mlx-lm layer are ignored (and so is
+    ministral3's batch-wide query scale, passed where others pass the mask: we scale per token)."""
 
     def __init__(self, inner: nn.Module, traits: AttentionTraits, cache_idx: int, group_idx: int = 0) -> None:
         """`cache_idx`: the pool tensor this layer uses; `group_idx`: the layer group whose table it reads."""
@@ -44,6 +45,7 @@ class PagedAttention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = traits.n_heads, traits.n_kv_heads, traits.head_dim
         sinks = inner.sinks if traits.has_sinks else None
         self.options = AttentionOptions(traits.scale, traits.window, traits.softcap, sinks)
+        self.position_scale = traits.position_scale
         self.reads_shared = traits.kv_source != traits.layer
         # gemma4's attention returns (output, (k, v), offset) and takes the shared K/V as a keyword.
         self.returns_kv = "shared_kv" in inspect.signature(type(inner).__call__).parameters
@@ -106,6 +108,10 @@ class PagedAttention(nn.Module):
         ctx = current_context()
         t = x.shape[1]
         q, k, v = self._project(x, ctx.positions)
+        if self.position_scale is not None:  # after RoPE, per token at its own position (not the batch's)
+            beta, original = self.position_scale
+            scale = 1 + beta * mx.log(1 + mx.floor(ctx.positions / original))
+            q = q * scale.astype(q.dtype)[:, None, None]
         if self.reads_shared:
             # The source layer's K/V of this step: written again to the same slots (the same values),
             # so every backend's write-then-attend call serves a layer that only reads.
