@@ -65,6 +65,11 @@ ARCHS: dict[str, dict[str, Any]] = {
     "smollm3": dict(num_hidden_layers=4),  # layer 3 has no RoPE
     "glm4": dict(head_dim=16, attention_bias=True, partial_rotary_factor=0.5),
     "starcoder2": dict(norm_epsilon=1e-5),
+    "seed_oss": dict(head_dim=16),
+    "internlm3": dict(head_dim=16, qkv_bias=False, bias=False),
+    "olmoe": dict(num_experts=4, num_experts_per_tok=2),
+    "phimoe": dict(num_local_experts=4, num_experts_per_tok=2),
+    "ernie4_5": dict(head_dim=16, use_bias=False),
     "ministral3": dict(
         num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2, sliding_window=WINDOW,
         rope_parameters={"rope_theta": 10000.0, "llama_4_scaling_beta": 0.5, "original_max_position_embeddings": 64},
