@@ -23,7 +23,7 @@ SUPPORTED_MODEL_TYPES = (
     "llama", "mistral", "qwen2", "qwen3",
     "qwen3_moe", "mixtral", "gemma3_text", "gemma4_text", "gpt_oss", "phi3", "olmo2", "granite",
     "qwen2_moe", "olmo3", "granitemoe", "gemma2", "smollm3", "glm4", "starcoder2", "ministral3",
-    "seed_oss", "internlm3", "olmoe", "phimoe", "ernie4_5",
+    "seed_oss", "internlm3", "olmoe", "phimoe", "ernie4_5", "cohere2",
 )  # fmt: skip
 ALL_MLX = MlxCompute()  # stateless: one serves every model
 
@@ -49,6 +49,7 @@ class PagedModel:
         # What mlx-lm's Model.__call__ does to the logits after the head (granite, gemma2/4).
         self.logits_scaling = getattr(model, "logits_scaling", None)
         self.final_softcap = getattr(model, "final_logit_softcapping", None)
+        self.logit_scale = getattr(model.args, "logit_scale", None)  # cohere2 multiplies the logits
         self.compute = compute
         compute.install(self)
         # Materialise the fused projections now, on this thread's stream, before any forward runs.
@@ -77,6 +78,8 @@ class PagedModel:
         logits = self.backbone.embed_tokens.as_linear(hidden) if self.tied else self.model.lm_head(hidden)
         if self.logits_scaling:
             logits = logits / self.logits_scaling
+        if self.logit_scale:
+            logits = logits * self.logit_scale
         if self.final_softcap:
             logits = mx.tanh(logits / self.final_softcap) * self.final_softcap
         return logits

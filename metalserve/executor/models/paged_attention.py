@@ -46,6 +46,7 @@ class PagedAttention(nn.Module):
         sinks = inner.sinks if traits.has_sinks else None
         self.options = AttentionOptions(traits.scale, traits.window, traits.softcap, sinks)
         self.position_scale = traits.position_scale
+        self.rotary = traits.rotary
         self.reads_shared = traits.kv_source != traits.layer
         # gemma4's attention returns (output, (k, v), offset) and takes the shared K/V as a keyword.
         self.returns_kv = "shared_kv" in inspect.signature(type(inner).__call__).parameters
@@ -81,7 +82,7 @@ class PagedAttention(nn.Module):
     def _project(self, x: mx.array, positions: mx.array) -> tuple[mx.array, mx.array | None, mx.array | None]:
         """q [T, Hq, D], k and v [T, Hkv, D], with RoPE applied per token at its position."""
         attn, t, hq, hkv = self.inner, x.shape[1], self.n_heads, self.n_kv_heads
-        if self.qkv_proj is not None and self.norms is None and "v_norm" not in attn:
+        if self.rotary and self.qkv_proj is not None and self.norms is None and "v_norm" not in attn:
             # The common case: q and k rotated straight from the fused output's heads, no copy.
             qkv = self.qkv_proj(x).reshape(t, hq + 2 * hkv, -1)
             qk = attn.rope(qkv[:, : hq + hkv, None, :], offset=positions)[:, :, 0, :]
@@ -96,6 +97,8 @@ class PagedAttention(nn.Module):
             q, k = attn.q_norm(q), attn.k_norm(k) if k is not None else None
         if v is not None and "v_norm" in attn:
             v = attn.v_norm(v)
+        if not self.rotary:
+            return q, k, v
         # RoPE sees each token as its own batch row with its own offset: [T, H, 1, D]; q and k in one call.
         if k is None:
             return attn.rope(q[:, :, None, :], offset=positions)[:, :, 0, :], None, None
