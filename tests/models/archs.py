@@ -70,6 +70,9 @@ ARCHS: dict[str, dict[str, Any]] = {
     "olmoe": dict(num_experts=4, num_experts_per_tok=2),
     "phimoe": dict(num_local_experts=4, num_experts_per_tok=2),
     "ernie4_5": dict(head_dim=16, use_bias=False),
+    "exaone4": dict(  # "LLLG": three local layers with RoPE, one global without
+        head_dim=16, num_hidden_layers=4, sliding_window=WINDOW, sliding_window_pattern="LLLG", rope_scaling=None,
+    ),
     "cohere2": dict(  # 3 sliding layers with RoPE : 1 full layer without; logits scaled; parallel blocks
         head_dim=16, num_hidden_layers=4, sliding_window=WINDOW, sliding_window_pattern=4, logit_scale=0.5,
         layer_norm_eps=1e-5,

@@ -12,7 +12,7 @@ import pytest
 from tests.models import golden
 from tests.models.archs import ARCHS, VOCAB, build
 
-WINDOWED = ("gemma3_text", "gemma4_text", "gpt_oss", "olmo3", "ministral3", "cohere2")
+WINDOWED = ("gemma3_text", "gemma4_text", "gpt_oss", "olmo3", "ministral3", "cohere2", "exaone4")
 SINKS_AND_SOFTCAP = ("gpt_oss", "gemma2")
 
 

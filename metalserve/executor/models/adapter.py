@@ -23,7 +23,7 @@ SUPPORTED_MODEL_TYPES = (
     "llama", "mistral", "qwen2", "qwen3",
     "qwen3_moe", "mixtral", "gemma3_text", "gemma4_text", "gpt_oss", "phi3", "olmo2", "granite",
     "qwen2_moe", "olmo3", "granitemoe", "gemma2", "smollm3", "glm4", "starcoder2", "ministral3",
-    "seed_oss", "internlm3", "olmoe", "phimoe", "ernie4_5", "cohere2",
+    "seed_oss", "internlm3", "olmoe", "phimoe", "ernie4_5", "cohere2", "exaone4",
 )  # fmt: skip
 ALL_MLX = MlxCompute()  # stateless: one serves every model
 

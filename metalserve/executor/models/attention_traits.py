@@ -29,7 +29,7 @@ class AttentionTraits:
     kv_source: int  # the layer whose K/V this one reads: itself, or an earlier layer (gemma4's shared KV)
     # Llama 4's query scaling by position (ministral3): q *= 1 + beta * log(1 + floor(pos / original)).
     position_scale: tuple[float, int] | None = None
-    rotary: bool = True  # False: no RoPE on this layer (cohere2 rotates its sliding layers only)
+    rotary: bool = True  # False: no RoPE on this layer (cohere2 and exaone4 rotate their sliding layers only)
 
 
 def _first(module: nn.Module, *names: str) -> object:
@@ -50,7 +50,7 @@ def _window(model: nn.Module, i: int, inner: nn.Module) -> int | None:
     """The window of layer i where mlx-lm's own forward masks it by one (and only there)."""
     layer = model.model.layers[i]
     types = _layer_types(model)
-    flags = (getattr(inner, "is_sliding", False), getattr(inner, "use_sliding_window", False))
+    flags = [getattr(inner, name, False) for name in ("is_sliding", "use_sliding_window", "is_local")]
     sliding = any(bool(f) for f in flags) or bool(getattr(layer, "use_sliding", False))
     sliding = sliding or (types is not None and types[i] == "sliding_attention")
     if not sliding:
@@ -87,7 +87,7 @@ def attention_traits(model: nn.Module, i: int) -> AttentionTraits:
         has_sinks="sinks" in inner,
         kv_source=int(sources[i]) if sources is not None else i,
         position_scale=_position_scale(inner),
-        rotary=bool(getattr(inner, "use_sliding_window", True)),
+        rotary=bool(getattr(inner, "use_sliding_window", True)) and bool(getattr(inner, "use_rope", True)),
     )
 
 

@@ -22,6 +22,9 @@ from metalserve.executor.models.attention_traits import AttentionTraits
 from metalserve.executor.models.fused_linear import fuse_linears
 from metalserve.kernels.reference import AttentionOptions
 
+# Flags some backbones read off the attention module to pick a layer's mask (exaone4: `is_local`).
+_FLAGS_BACKBONES_READ = ("is_local", "is_sliding", "use_sliding_window")
+
 
 def _norm_mode(inner: nn.Module, head_dim: int) -> str | None:
     """"head": q/k norms over each head (before RoPE); "full": over the whole projection; None: no norms."""
@@ -53,6 +56,9 @@ class PagedAttention(nn.Module):
         self.norms = _norm_mode(inner, self.head_dim)
         self.per_head_norms = self.norms == "head"  # the host forward reads this (qwen3's norms)
         self.qkv_proj = self._fused_projection(inner)
+        for name in _FLAGS_BACKBONES_READ:
+            if hasattr(inner, name):
+                setattr(self, name, getattr(inner, name))
 
     def _fused_projection(self, inner: nn.Module) -> nn.Module | None:
         """One matmul for q, k and v where the module has all three (phi3 ships it fused); the separate
