@@ -15,6 +15,7 @@ from typing import Any
 import mlx.core as mx
 
 from metalserve.executor.attention.base import AttentionBackend
+from metalserve.executor.state_cache import StateStep
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class ForwardContext:
     backend: AttentionBackend[Any, Any]  # the one attention backend of this runner
     metadata: Any  # what `backend.build_metadata` built for this step
     kv: Sequence[Any]  # each layer's cache, in the backend's layout
+    states: StateStep | None = None  # the recurrent layers' state plan (hybrid models only)
 
 
 _local = threading.local()

@@ -13,6 +13,7 @@ from metalserve.executor.attention.mlx import MlxAttention
 from metalserve.executor.context import ForwardContext, forward_context
 from metalserve.executor.input_batch import CachedRequestState
 from metalserve.executor.models.adapter import PagedModel
+from metalserve.executor.state_cache import RecurrentStates
 from metalserve.executor.step_inputs import StepInputs, pack_step
 from metalserve.outputs import TokenLogprob
 from metalserve.scheduler.output import ModelRunnerOutput, SchedulerOutput
@@ -29,6 +30,7 @@ class KVCacheSpec:
     dtype: mx.Dtype
     block_size: int
     num_blocks: int
+    state_bytes_per_block: int = 0  # hybrid models: every block id also owns a recurrent-state slot
 
     @property
     def num_slots(self) -> int:
@@ -36,15 +38,19 @@ class KVCacheSpec:
 
     @property
     def bytes_per_block(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.size * self.block_size
+        kv = 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.size * self.block_size
+        return kv + self.state_bytes_per_block
 
     def layer_spec(self) -> LayerCacheSpec:
         """Every layer's cache (all layers alike today)."""
         return LayerCacheSpec(self.num_kv_heads, self.head_dim, self.dtype, self.block_size, self.num_blocks)
 
     @classmethod
-    def for_model(cls, loaded: LoadedModel, block_size: int, num_blocks: int) -> KVCacheSpec:
-        return cls(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, block_size, num_blocks)
+    def for_model(
+        cls, loaded: LoadedModel, block_size: int, num_blocks: int, state_bytes_per_block: int = 0
+    ) -> KVCacheSpec:
+        return cls(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, block_size, num_blocks,
+                   state_bytes_per_block)  # fmt: skip
 
 
 class SamplerFn(Protocol):
@@ -70,8 +76,10 @@ class ModelRunner:
         eos_token_ids: frozenset[int] = frozenset(),
         sampler: SamplerFn | None = None,
         backend: AttentionBackend[Any, Any] = MLX_OPS,
+        state_group: int = 1,
     ) -> None:
-        """`backend`: how attention runs (executor/attention/), chosen by the engine from the Platform."""
+        """`backend`: how attention runs (executor/attention/), chosen by the engine from the Platform;
+        `state_group`: the KV manager's recurrent-state group (hybrid models)."""
         self.model = model
         self.spec = spec
         self.eos_token_ids = eos_token_ids
@@ -84,19 +92,27 @@ class ModelRunner:
         layer = spec.layer_spec()
         self.kv: list[Any] = [self.backend.allocate(layer) for _ in range(spec.num_layers)]
         self.requests: dict[str, CachedRequestState] = {}
+        self.states: RecurrentStates | None = None
+        if model.state_layout is not None:
+            self.states = RecurrentStates(model.state_layout, state_group, spec.block_size, spec.num_blocks)
 
     def grow_kv(self, num_blocks: int) -> None:
         """Extend every layer's pool to `num_blocks` blocks, keeping what the old blocks hold."""
         more = replace(self.spec, num_blocks=num_blocks - self.spec.num_blocks).layer_spec()
         self.kv = [self.backend.extend(cache, more) for cache in self.kv]
         self.spec = replace(self.spec, num_blocks=num_blocks)
+        if self.states is not None:
+            self.states.pool.grow(num_blocks)
         mx.eval(self._kv_arrays())
         mx.clear_cache()  # the old, smaller buffers are not needed again
 
     def _kv_arrays(self) -> list[mx.array]:
-        return [a for layer in self.kv for a in layer.arrays()]
+        states = self.states.pool.all_arrays() if self.states is not None else []
+        return [a for layer in self.kv for a in layer.arrays()] + states
 
     def _update_states(self, so: SchedulerOutput) -> None:
+        if self.states is not None:
+            self.states.update(so)
         for rid in so.finished_req_ids | so.preempted_req_ids:
             self.requests.pop(rid, None)
         for new in so.scheduled_new_reqs:
@@ -122,6 +138,7 @@ class ModelRunner:
             backend=self.backend,
             metadata=self.backend.build_metadata(step, self.spec.layer_spec()),
             kv=self.kv,
+            states=self.states.plan(step) if self.states is not None else None,
         )
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:

@@ -9,14 +9,20 @@ import mlx.nn as nn
 import numpy as np
 
 from metalserve.executor.models.compute import MlxCompute, ModelCompute
+from metalserve.executor.models.hybrid import activation_dtype, install_hybrid
+from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES
 from metalserve.executor.models.paged_attention import PagedAttention
+from metalserve.executor.state_cache import StateLayout
 
 if TYPE_CHECKING:
     from metalserve.loader import LoadedModel
     from metalserve.platform import Platform
 
 # Families whose attention we know how to take over (mistral loads as llama in mlx-lm).
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = (
+    "llama", "mistral", "qwen2", "qwen3",
+    "qwen3_next", "qwen3_5", "lfm2", "nemotron_h",  # hybrids with recurrent-state layers: models/hybrid.py
+)  # fmt: skip
 ALL_MLX = MlxCompute()  # stateless: one serves every model
 
 
@@ -28,6 +34,17 @@ class PagedModel:
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(f"model type {model_type!r} is not supported (supported: {SUPPORTED_MODEL_TYPES})")
         self.model = model
+        self.state_layout: StateLayout | None = None  # the recurrent layers' states, for hybrid models
+        if model_type in HYBRID_MODEL_TYPES:
+            self._install_hybrid(model, model_type)
+        else:
+            self._install_attention(model)
+        self.compute = compute
+        compute.install(self)
+        # Materialise the fused projections now, on this thread's stream, before any forward runs.
+        mx.eval(model.parameters())
+
+    def _install_attention(self, model: nn.Module) -> None:
         self.backbone = model.model
         args = model.args
         window = getattr(args, "sliding_window", None)
@@ -37,16 +54,22 @@ class PagedModel:
             uses_window = getattr(layer, "use_sliding", False)
             layer.self_attn = PagedAttention(layer.self_attn, i, window if uses_window else None)
         self.tied = bool(getattr(args, "tie_word_embeddings", False)) or not hasattr(model, "lm_head")
-        self.compute = compute
-        compute.install(self)
-        # Materialise the fused projections now, on this thread's stream, before any forward runs.
-        mx.eval(model.parameters())
+        self.embed = self.backbone.embed_tokens
+        self.lm_head = None if self.tied else model.lm_head
+
+    def _install_hybrid(self, model: nn.Module, model_type: str) -> None:
+        parts = install_hybrid(model, model_type, activation_dtype(model, model_type))
+        self.backbone, self.embed, self.lm_head = parts.backbone, parts.embed, parts.lm_head
+        self.tied = parts.lm_head is None
+        self.state_layout = parts.state_layout
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, platform: Platform) -> PagedModel:
         """The loaded model with the compute strategy the Platform calls for."""
         from metalserve.executor.host import choose_compute
 
+        if loaded.model_type in HYBRID_MODEL_TYPES:  # the host path knows dense llama-family layers only
+            return cls(loaded.model, loaded.model_type)
         return cls(loaded.model, loaded.model_type, choose_compute(platform, loaded.codes))
 
     def host_bytes(self) -> int:
@@ -62,9 +85,9 @@ class PagedModel:
         return self.backbone(token_ids[None])[0]
 
     def mlx_logits(self, hidden: mx.array) -> mx.array:
-        if self.tied:
-            return self.backbone.embed_tokens.as_linear(hidden)
-        return self.model.lm_head(hidden)
+        if self.lm_head is None:
+            return self.embed.as_linear(hidden)
+        return self.lm_head(hidden)
 
     def __call__(self, token_ids: np.ndarray, logits_indices: np.ndarray) -> mx.array:
         """Forward the packed tokens `[T]`; project only the rows `logits_indices` to the vocabulary."""

@@ -1,0 +1,63 @@
+"""Taking over a hybrid mlx-lm model: paged attention layers and recurrent mixers on the packed axis."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from metalserve.executor.models.hybrid_attention import HybridAttention
+from metalserve.executor.models.hybrid_families import FAMILIES, backbone_of, embedding_of, mixers_of
+from metalserve.executor.models.state_mixer import StateMixer, probe_layout
+from metalserve.executor.state_cache import StateLayout
+
+
+@dataclass(frozen=True)
+class HybridParts:
+    backbone: nn.Module
+    embed: nn.Module
+    lm_head: nn.Module | None  # None: the embedding is the vocabulary projection
+    state_layout: StateLayout
+    attention_layers: tuple[int, ...]  # layer indices, in KV-cache order
+    state_layers: tuple[int, ...]  # layer indices, in state-pool order
+
+
+def _lm_head(model: Any, model_type: str) -> nn.Module | None:
+    lm = FAMILIES[model_type].language_model(model)
+    args = getattr(lm, "args", None)
+    if getattr(args, "tie_word_embeddings", False) or not hasattr(lm, "lm_head"):
+        return None
+    return lm.lm_head
+
+
+def activation_dtype(model: nn.Module, model_type: str) -> mx.Dtype:
+    """The dtype of the embedding's output, which every mixer's input and conv state take."""
+    embed = embedding_of(model, model_type)
+    return embed.scales.dtype if isinstance(embed, nn.QuantizedEmbedding) else embed.weight.dtype
+
+
+def install_hybrid(model: nn.Module, model_type: str, dtype: mx.Dtype) -> HybridParts:
+    """Swap every mixer of `model` for its paged twin; the state layout is probed before the swap."""
+    mixers = mixers_of(model, model_type)
+    for m in mixers:
+        if isinstance(m.module, HybridAttention | StateMixer):
+            raise ValueError("this model already has paged layers installed")
+    embed = embedding_of(model, model_type)
+    hidden = int(embed.weight.shape[1]) if not isinstance(embed, nn.QuantizedEmbedding) else int(embed.dims)
+    states = [m for m in mixers if m.kind == "state"]
+    layout = probe_layout([m.module for m in states], hidden, dtype)
+    attns = [m for m in mixers if m.kind == "attention"]
+    for i, m in enumerate(attns):
+        setattr(m.owner, m.attr, HybridAttention(m.module, i))
+    for i, m in enumerate(states):
+        setattr(m.owner, m.attr, StateMixer(m.module, i, layout.cache_size))
+    return HybridParts(
+        backbone=backbone_of(model, model_type),
+        embed=embed,
+        lm_head=_lm_head(model, model_type),
+        state_layout=layout,
+        attention_layers=tuple(m.layer_idx for m in attns),
+        state_layers=tuple(m.layer_idx for m in states),
+    )
