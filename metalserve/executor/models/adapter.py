@@ -9,7 +9,7 @@ import mlx.nn as nn
 import numpy as np
 
 from metalserve.executor.models.compute import MlxCompute, ModelCompute
-from metalserve.executor.models.hybrid import activation_dtype, install_hybrid
+from metalserve.executor.models.hybrid import install_hybrid
 from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES
 from metalserve.executor.models.paged_attention import PagedAttention
 from metalserve.executor.state_cache import StateLayout
@@ -58,7 +58,7 @@ class PagedModel:
         self.lm_head = None if self.tied else model.lm_head
 
     def _install_hybrid(self, model: nn.Module, model_type: str) -> None:
-        parts = install_hybrid(model, model_type, activation_dtype(model, model_type))
+        parts = install_hybrid(model, model_type)
         self.backbone, self.embed, self.lm_head = parts.backbone, parts.embed, parts.lm_head
         self.tied = parts.lm_head is None
         self.state_layout = parts.state_layout

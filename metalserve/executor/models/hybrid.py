@@ -38,16 +38,23 @@ def activation_dtype(model: nn.Module, model_type: str) -> mx.Dtype:
     return embed.scales.dtype if isinstance(embed, nn.QuantizedEmbedding) else embed.weight.dtype
 
 
-def install_hybrid(model: nn.Module, model_type: str, dtype: mx.Dtype) -> HybridParts:
+def state_layout_of(model: nn.Module, model_type: str) -> StateLayout:
+    """The per-request state of every recurrent layer, probed through mlx-lm's own modules."""
+    embed = embedding_of(model, model_type)
+    hidden = int(embed.weight.shape[1]) if not isinstance(embed, nn.QuantizedEmbedding) else int(embed.dims)
+    modules = [m.module for m in mixers_of(model, model_type) if m.kind == "state"]
+    inner = [m.inner if isinstance(m, StateMixer) else m for m in modules]
+    return probe_layout(inner, hidden, activation_dtype(model, model_type))
+
+
+def install_hybrid(model: nn.Module, model_type: str) -> HybridParts:
     """Swap every mixer of `model` for its paged twin; the state layout is probed before the swap."""
     mixers = mixers_of(model, model_type)
     for m in mixers:
         if isinstance(m.module, HybridAttention | StateMixer):
             raise ValueError("this model already has paged layers installed")
-    embed = embedding_of(model, model_type)
-    hidden = int(embed.weight.shape[1]) if not isinstance(embed, nn.QuantizedEmbedding) else int(embed.dims)
+    layout = state_layout_of(model, model_type)
     states = [m for m in mixers if m.kind == "state"]
-    layout = probe_layout([m.module for m in states], hidden, dtype)
     attns = [m for m in mixers if m.kind == "attention"]
     for i, m in enumerate(attns):
         setattr(m.owner, m.attr, HybridAttention(m.module, i))
@@ -55,7 +62,7 @@ def install_hybrid(model: nn.Module, model_type: str, dtype: mx.Dtype) -> Hybrid
         setattr(m.owner, m.attr, StateMixer(m.module, i, layout.cache_size))
     return HybridParts(
         backbone=backbone_of(model, model_type),
-        embed=embed,
+        embed=embedding_of(model, model_type),
         lm_head=_lm_head(model, model_type),
         state_layout=layout,
         attention_layers=tuple(m.layer_idx for m in attns),
