@@ -52,6 +52,8 @@ def num_blocks_for_budget(
     per_block = kv_bytes_per_block(num_layers, num_kv_heads, head_dim, dtype_bytes, block_size, state_bytes)
     num_blocks = max(budget_bytes, 0) // per_block
     needed = -(-max_model_len // block_size) + NUM_RESERVED_BLOCKS
+    if state_bytes:
+        needed += 2  # a recurrent state holds at most two table entries (kvcache/groups.py)
     if num_blocks < needed:
         missing = needed * per_block - max(budget_bytes, 0)
         raise ConfigError(

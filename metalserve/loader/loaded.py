@@ -12,7 +12,10 @@ if TYPE_CHECKING:  # keep `import metalserve.loader` free of MLX (the BLAS must 
 
     from metalserve.kernels.affine_codes import AffineCodes
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = (
+    "llama", "mistral", "qwen2", "qwen3",
+    "qwen3_next", "qwen3_5", "lfm2", "nemotron_h",  # hybrids with recurrent-state layers
+)  # fmt: skip
 
 
 @dataclass

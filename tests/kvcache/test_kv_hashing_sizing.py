@@ -60,6 +60,16 @@ def test_num_blocks_for_budget() -> None:
     assert num_blocks_for_budget(per_block * 65, 2, 2, 8, 2, 16, 1024) == 65
 
 
+def test_a_hybrid_block_also_counts_its_state_slot_and_a_request_two_state_entries() -> None:
+    per_block = kv_bytes_per_block(2, 2, 8, 2, 16, state_bytes=1000)
+    assert per_block == 2048 + 1000
+    assert num_blocks_for_budget(per_block * 67, 2, 2, 8, 2, 16, 1024, state_bytes=1000) == 67
+    with pytest.raises(ConfigError, match="needs 67 blocks"):
+        num_blocks_for_budget(per_block * 66, 2, 2, 8, 2, 16, 1024, state_bytes=1000)
+    with pytest.raises(ValueError, match="state_bytes"):
+        kv_bytes_per_block(2, 2, 8, 2, 16, state_bytes=-1)
+
+
 def test_budget_too_small_names_missing_memory_and_flags() -> None:
     per_block = kv_bytes_per_block(2, 2, 8, 2, 16)
     with pytest.raises(ConfigError) as err:
