@@ -40,6 +40,13 @@ def test_batched_chunked_prefill_then_the_prefix_cache_match_mlx_lm(model_type: 
     for got, want in zip(serve(core, prompts, N, tag="again"), expected, strict=True):
         assert_matches(got, want)
     assert core.scheduler.kv.prefix_cache_hits - hits >= 256  # resumed from the snapshot at 256 tokens
+    # A new prompt sharing 200 tokens resumes from the last snapshot before 200: the first run's chunks
+    # ended at 16 (next to the short prompt's 21), then every 32 tokens: 48, 80, ..., 176, 208.
+    shared = prompts[1][:200] + prompts_of([50], seed=9)[0]
+    hits = core.scheduler.kv.prefix_cache_hits
+    (got,) = serve(core, [shared], N, tag="shared")
+    assert core.scheduler.kv.prefix_cache_hits - hits == 176
+    assert_matches(got, mlx_lm_greedy(model_type, shared, N))
 
 
 def _preempted_mid_prefill(core: EngineCore) -> list[str]:
