@@ -32,9 +32,9 @@ def prompts_of(lengths: list[int], seed: int = 1) -> list[list[int]]:
     return [rng.integers(0, VOCAB, size=n).tolist() for n in lengths]
 
 
-def mlx_lm_greedy(model_type: str, prompt: list[int], n: int) -> Generated:
+def mlx_lm_greedy(model_type: str, prompt: list[int], n: int, bits: int | None = None) -> Generated:
     """mlx-lm's reference: a fresh copy of the tiny model, its own call with its own prompt cache."""
-    model = tiny_hybrid(model_type)
+    model = tiny_hybrid(model_type, bits=bits)
     cache = make_prompt_cache(model)
     logits = model(mx.array(prompt)[None], cache=cache)
     out = Generated([], [])

@@ -46,19 +46,22 @@ CONFIGS: dict[str, dict[str, Any]] = {
 _KEEP = ("A_log", "dt_bias", "D")  # the recurrences' own parameters keep mlx-lm's initialisation
 
 
-def tiny_hybrid(model_type: str, seed: int = 0) -> nn.Module:
+def tiny_hybrid(model_type: str, seed: int = 0, bits: int | None = None) -> nn.Module:
+    """`bits`: affine-quantize every linear and embedding (group 32), as mlx-community ships models."""
     mx.random.seed(seed)
     module = importlib.import_module(f"mlx_lm.models.{model_type}")
     model = module.Model(module.ModelArgs.from_dict({"model_type": model_type, **_BASE, **CONFIGS[model_type]}))
     # Larger-than-default weights make the logits peaky, so greedy ties are unlikely.
     params = nn.utils.tree_flatten(model.parameters())
     model.update(nn.utils.tree_unflatten([(k, v if k.endswith(_KEEP) else v * 3.0) for k, v in params]))
+    if bits is not None:
+        nn.quantize(model, group_size=32, bits=bits)
     mx.eval(model.parameters())
     return model
 
 
-def tiny_hybrid_loaded(model_type: str, seed: int = 0) -> LoadedModel:
-    model = tiny_hybrid(model_type, seed)
+def tiny_hybrid_loaded(model_type: str, seed: int = 0, bits: int | None = None) -> LoadedModel:
+    model = tiny_hybrid(model_type, seed, bits)
     num_layers, kv_heads, head_dim = attention_shape(model, model_type)
     return LoadedModel(
         model=model, tokenizer=None, model_type=model_type, config={}, max_model_len=1024,  # type: ignore[arg-type]

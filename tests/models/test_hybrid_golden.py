@@ -3,6 +3,7 @@ alone, batched with chunked prefill, from the prefix cache, and after a preempti
 
 from __future__ import annotations
 
+import mlx.nn as nn
 import pytest
 
 from metalserve.engine.core import EngineCore
@@ -24,6 +25,16 @@ def test_a_short_prompt_alone_matches_mlx_lm(model_type: str, attention: str) ->
     (prompt,) = prompts_of([21])
     expected = mlx_lm_greedy(model_type, prompt, N)
     (got,) = serve(engine(tiny_hybrid_loaded(model_type), attention=attention), [prompt], N)
+    assert_matches(got, expected)
+
+
+@pytest.mark.parametrize("model_type", HYBRID_TYPES)
+def test_quantized_weights_stay_quantized_and_match_mlx_lm(model_type: str) -> None:
+    (prompt,) = prompts_of([40], seed=4)
+    expected = mlx_lm_greedy(model_type, prompt, N, bits=4)
+    loaded = tiny_hybrid_loaded(model_type, bits=4)
+    (got,) = serve(engine(loaded, budget=16), [prompt], N)  # chunked too: 16 tokens a step
+    assert any(isinstance(m, nn.QuantizedLinear) for _, m in loaded.model.named_modules())
     assert_matches(got, expected)
 
 

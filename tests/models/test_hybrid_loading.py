@@ -10,6 +10,8 @@ import mlx.nn as nn
 import pytest
 from mlx.utils import tree_flatten
 
+from metalserve.config import EngineConfig
+from metalserve.engine.core import EngineCore
 from metalserve.engine.kv_groups import layer_groups, state_group
 from metalserve.executor.models.adapter import SUPPORTED_MODEL_TYPES
 from metalserve.executor.models.hybrid import state_layout_of
@@ -78,3 +80,13 @@ def test_a_model_directory_loads_and_serves_mlx_lm_s_tokens(tmp_path: Path, mode
     (prompt,) = prompts_of([30], seed=7)
     (got,) = serve(engine(loaded), [prompt], 8)
     assert got.tokens == mlx_lm_greedy(model_type, prompt, 8).tokens
+
+
+def test_without_a_kv_budget_the_warm_up_step_runs_the_recurrent_layers_too() -> None:
+    loaded = tiny_hybrid_loaded("qwen3_5")
+    core = EngineCore.from_loaded(EngineConfig(block_size=16, max_num_batched_tokens=64, max_model_len=256), loaded)
+    assert core.runner.states is not None
+    assert core.runner.states.pool.num_blocks == core.runner.spec.num_blocks
+    (prompt,) = prompts_of([70], seed=8)
+    (got,) = serve(core, [prompt], 6)
+    assert got.tokens == mlx_lm_greedy("qwen3_5", prompt, 6).tokens
