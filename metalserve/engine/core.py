@@ -12,6 +12,7 @@ import mlx.core as mx
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.engine.kv_groups import build_scheduler, layer_groups, state_group
 from metalserve.engine.kv_plan import plan_kv_pool
+from metalserve.engine.memory import format_bytes
 from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.models.adapter import PagedModel
@@ -70,6 +71,9 @@ class EngineCore:
             held = int(mx.get_active_memory()) + host
             peak = measure_step_peak(model, loaded, config, attention, states) + host
         state_bytes = model.state_layout.bytes_per_block if model.state_layout is not None else 0
+        if model.state_layout is not None:
+            logger.info("recurrent state: %d layers, %s per request, a slot in every KV block (counted in its size)",
+                        len(model.state_layout.layers), format_bytes(state_bytes))  # fmt: skip
         plan = plan_kv_pool(config, loaded, max_model_len, peak, held, state_bytes)
         spec = KVCacheSpec.for_model(loaded, config.block_size, plan.initial_blocks, state_bytes)
         runner = ModelRunner(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import mlx.core as mx
@@ -55,9 +56,12 @@ def test_the_state_layout_is_mlx_lm_s_own_cache_arrays() -> None:
     assert state_layout_of(tiny_hybrid("lfm2"), "lfm2").layers[0][0].shape == (2, 64)
 
 
-def test_the_pool_counts_every_block_s_state_slot() -> None:
+def test_the_pool_counts_every_block_s_state_slot(caplog: pytest.LogCaptureFixture) -> None:
     loaded = tiny_hybrid_loaded("lfm2")
-    core = engine(loaded, num_blocks=40, max_model_len=256)
+    with caplog.at_level(logging.INFO, logger="metalserve.engine"):
+        core = engine(loaded, num_blocks=40, max_model_len=256)
+    assert "recurrent state: 2 layers, 1.0 KiB per request" in caplog.text
+    assert "KV cache layer groups: FullAttention x2, RecurrentState x2" in caplog.text
     spec = core.runner.spec
     kv = 2 * loaded.num_layers * loaded.num_kv_heads * loaded.head_dim * 4 * spec.block_size
     assert spec.bytes_per_block == kv + 2 * (2 * 64 * 4)
