@@ -11,7 +11,7 @@ import mlx.nn as nn
 from metalserve.executor.models.hybrid_families import attention_shape
 from metalserve.loader import LoadedModel
 
-HYBRID_TYPES = ("qwen3_next", "qwen3_5", "lfm2", "nemotron_h")
+HYBRID_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2", "lfm2_moe", "nemotron_h")
 VOCAB = 256
 _BASE: dict[str, Any] = dict(
     hidden_size=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=1024
@@ -32,10 +32,21 @@ CONFIGS: dict[str, dict[str, Any]] = {
         **_GATED_DELTA,
         rope_parameters={"type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
     ),
+    "qwen3_5_moe": dict(
+        **_GATED_DELTA, num_experts=4, num_experts_per_tok=2, shared_expert_intermediate_size=64,
+        moe_intermediate_size=64,
+        rope_parameters={"type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+    ),  # fmt: skip
     "lfm2": dict(
         num_hidden_layers=4, norm_eps=1e-5, conv_bias=False, conv_L_cache=3, block_dim=64, block_ff_dim=128,
         block_multiple_of=16, block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=False,
         layer_types=["conv", "full_attention", "conv", "full_attention"], rope_theta=10000.0,
+    ),  # fmt: skip
+    # The first layer's MLP dense, the others MoE.
+    "lfm2_moe": dict(
+        num_hidden_layers=4, norm_eps=1e-5, conv_bias=True, conv_L_cache=3, intermediate_size=128,
+        moe_intermediate_size=64, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, use_expert_bias=True,
+        num_dense_layers=1, layer_types=["conv", "full_attention", "conv", "full_attention"], rope_theta=10000.0,
     ),  # fmt: skip
     "nemotron_h": dict(
         intermediate_size=128, attention_bias=False, mamba_num_heads=4, mamba_head_dim=16, mamba_proj_bias=False,

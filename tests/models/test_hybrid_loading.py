@@ -28,7 +28,9 @@ from tests.models.hybrid_tiny import _BASE, CONFIGS, HYBRID_TYPES, tiny_hybrid, 
 GROUPS = {
     "qwen3_next": ((1, 3), (0, 2)),
     "qwen3_5": ((1, 3), (0, 2)),
+    "qwen3_5_moe": ((1, 3), (0, 2)),
     "lfm2": ((1, 3), (0, 2)),
+    "lfm2_moe": ((1, 3), (0, 2)),
     "nemotron_h": ((2,), (0, 3)),
 }
 

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 # Families whose attention we know how to take over (mistral loads as llama in mlx-lm).
 SUPPORTED_MODEL_TYPES = (
     "llama", "mistral", "qwen2", "qwen3",
-    "qwen3_next", "qwen3_5", "lfm2", "nemotron_h",  # hybrids with recurrent-state layers: models/hybrid.py
+    # Hybrids with recurrent-state layers (models/hybrid.py):
+    "qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2", "lfm2_moe", "nemotron_h",
 )  # fmt: skip
 ALL_MLX = MlxCompute()  # stateless: one serves every model
 

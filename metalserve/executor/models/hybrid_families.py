@@ -48,7 +48,9 @@ def _nemotron_mixer(layer: Any) -> tuple[MixerKind, str] | None:
 FAMILIES: dict[str, Family] = {
     "qwen3_next": Family(lambda m: m, "model", "embed_tokens", _qwen_next_mixer),
     "qwen3_5": Family(lambda m: m.language_model, "model", "embed_tokens", _qwen_next_mixer),
+    "qwen3_5_moe": Family(lambda m: m.language_model, "model", "embed_tokens", _qwen_next_mixer),
     "lfm2": Family(lambda m: m, "model", "embed_tokens", _lfm2_mixer),
+    "lfm2_moe": Family(lambda m: m, "model", "embed_tokens", _lfm2_mixer),
     "nemotron_h": Family(lambda m: m, "backbone", "embeddings", _nemotron_mixer),
 }
 HYBRID_MODEL_TYPES = tuple(FAMILIES)
