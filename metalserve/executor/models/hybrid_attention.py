@@ -23,6 +23,13 @@ def _first_attr(module: Any, names: tuple[str, ...]) -> str | None:
     return next((n for n in names if hasattr(module, n)), None)
 
 
+def _count(module: Any, names: tuple[str, ...]) -> int:
+    name = _first_attr(module, names)
+    if name is None:
+        raise ValueError(f"{type(module).__name__} has none of {names}: not an attention module we know")
+    return int(getattr(module, name))
+
+
 class HybridAttention(nn.Module):
     """Replaces one layer's attention module; `kv_idx`: its place among the model's attention layers."""
 
@@ -30,8 +37,8 @@ class HybridAttention(nn.Module):
         super().__init__()
         self.inner = inner
         self.kv_idx = kv_idx
-        self.n_heads = int(getattr(inner, _first_attr(inner, ("n_heads", "num_attention_heads", "num_heads")) or ""))
-        self.n_kv_heads = int(getattr(inner, _first_attr(inner, ("n_kv_heads", "num_key_value_heads")) or ""))
+        self.n_heads = _count(inner, ("n_heads", "num_attention_heads", "num_heads"))
+        self.n_kv_heads = _count(inner, ("n_kv_heads", "num_key_value_heads"))
         self.head_dim = int(inner.k_proj.weight.shape[0]) // self.n_kv_heads
         self.gated = int(inner.q_proj.weight.shape[0]) == 2 * self.n_heads * self.head_dim
         self.q_norm = _first_attr(inner, ("q_norm", "q_layernorm"))
