@@ -46,7 +46,7 @@ def plan_kv_pool(
         budget, loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype.size,
         config.block_size, max_model_len, state_bytes,
     )  # fmt: skip
-    cap = pool_block_cap(config.max_num_seqs, max_model_len, config.block_size)
+    cap = pool_block_cap(config.max_num_seqs, max_model_len, config.block_size, 2 if state_bytes else 0)
     num_blocks = min(fits, cap)
     initial = min(num_blocks, INITIAL_POOL_BLOCKS)
     capped = f", capped at --max-num-seqs {config.max_num_seqs} x {max_model_len} tokens" if cap < fits else ""

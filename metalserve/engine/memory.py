@@ -62,9 +62,10 @@ def memory_limit(utilization: float, total: int, available: int | None, held: in
     return share, why
 
 
-def pool_block_cap(max_num_seqs: int, max_model_len: int, block_size: int) -> int:
-    """More blocks than `max_num_seqs` requests of `max_model_len` tokens can never be in use at once."""
-    return max_num_seqs * -(-max_model_len // block_size) + NUM_RESERVED_BLOCKS
+def pool_block_cap(max_num_seqs: int, max_model_len: int, block_size: int, extra_per_request: int = 0) -> int:
+    """More blocks than `max_num_seqs` requests of `max_model_len` tokens can never be in use at once;
+    `extra_per_request`: blocks a request holds beyond its K/V (a recurrent state's two entries)."""
+    return max_num_seqs * (-(-max_model_len // block_size) + extra_per_request) + NUM_RESERVED_BLOCKS
 
 
 def format_bytes(n: float) -> str:

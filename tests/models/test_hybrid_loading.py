@@ -17,6 +17,7 @@ from metalserve.engine.kv_groups import layer_groups, state_group
 from metalserve.executor.models.adapter import SUPPORTED_MODEL_TYPES
 from metalserve.executor.models.hybrid import state_layout_of
 from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES
+from metalserve.generate import generate_config
 from metalserve.kvcache.specs import FullAttention, RecurrentState
 from metalserve.loader import SUPPORTED_MODEL_TYPES as LOADER_TYPES
 from metalserve.loader import load_model
@@ -86,6 +87,13 @@ def test_a_model_directory_loads_and_serves_mlx_lm_s_tokens(tmp_path: Path, mode
     (prompt,) = prompts_of([30], seed=7)
     (got,) = serve(engine(loaded), [prompt], 8)
     assert got.tokens == mlx_lm_greedy(model_type, prompt, 8).tokens
+
+
+def test_generate_sizes_the_pool_for_its_prompts_state_entries_included() -> None:
+    loaded = tiny_hybrid_loaded("lfm2")
+    config = generate_config(loaded, 2, EngineConfig(block_size=16, max_model_len=256))
+    core = EngineCore.from_loaded(config, loaded)
+    assert core.scheduler.kv.pool.num_blocks == 2 * (16 + 2) + 1  # K/V, two state entries; the null block
 
 
 def test_without_a_kv_budget_the_warm_up_step_runs_the_recurrent_layers_too() -> None:
