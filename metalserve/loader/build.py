@@ -14,7 +14,8 @@ from metalserve.loader.loaded import SUPPORTED_MODEL_TYPES
 
 # mlx-lm implements mistral with its llama module.
 _MLX_LM_MODULES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
-_MLX_LM_MODULES |= {t: t for t in ("qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2", "lfm2_moe", "nemotron_h")}  # hybrids
+_HYBRIDS = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2", "lfm2_moe", "nemotron_h", "granitemoehybrid")
+_MLX_LM_MODULES |= {t: t for t in _HYBRIDS}  # models with recurrent-state layers
 
 
 def model_classes(model_type: str) -> tuple[type[nn.Module], Any]:

@@ -11,7 +11,7 @@ import mlx.nn as nn
 from metalserve.executor.models.hybrid_families import attention_shape
 from metalserve.loader import LoadedModel
 
-HYBRID_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2", "lfm2_moe", "nemotron_h")
+HYBRID_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2", "lfm2_moe", "nemotron_h", "granitemoehybrid")
 VOCAB = 256
 _BASE: dict[str, Any] = dict(
     hidden_size=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=1024
@@ -52,6 +52,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
         intermediate_size=128, attention_bias=False, mamba_num_heads=4, mamba_head_dim=16, mamba_proj_bias=False,
         ssm_state_size=16, conv_kernel=4, n_groups=2, mlp_bias=False, layer_norm_epsilon=1e-5, use_bias=False,
         use_conv_bias=True, hybrid_override_pattern=["M", "-", "*", "M", "-"], head_dim=16,
+    ),  # fmt: skip
+    # Granite 4.0-H: Mamba2 and NoPE attention, MoE with a shared MLP, µP multipliers, scaled logits.
+    "granitemoehybrid": dict(
+        intermediate_size=128, num_hidden_layers=4, attention_bias=False, embedding_multiplier=2.0,
+        attention_multiplier=0.2, logits_scaling=4.0, residual_multiplier=0.5, rms_norm_eps=1e-5,
+        layer_types=["mamba", "attention", "mamba", "mamba"], num_local_experts=4, num_experts_per_tok=2,
+        shared_intermediate_size=64, mamba_n_heads=4, mamba_d_head=16, mamba_proj_bias=False, mamba_d_state=16,
+        mamba_d_conv=4, mamba_n_groups=2, mamba_conv_bias=True, position_embedding_type="nope",
+        tie_word_embeddings=False,
     ),  # fmt: skip
 }
 _KEEP = ("A_log", "dt_bias", "D")  # the recurrences' own parameters keep mlx-lm's initialisation

@@ -33,6 +33,7 @@ GROUPS = {
     "lfm2": ((1, 3), (0, 2)),
     "lfm2_moe": ((1, 3), (0, 2)),
     "nemotron_h": ((2,), (0, 3)),
+    "granitemoehybrid": ((1,), (0, 2, 3)),
 }
 
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 SUPPORTED_MODEL_TYPES = (
     "llama", "mistral", "qwen2", "qwen3",
     # Hybrids with recurrent-state layers (models/hybrid.py):
-    "qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2", "lfm2_moe", "nemotron_h",
+    "qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2", "lfm2_moe", "nemotron_h", "granitemoehybrid",
 )  # fmt: skip
 ALL_MLX = MlxCompute()  # stateless: one serves every model
 
@@ -36,6 +36,7 @@ class PagedModel:
             raise ValueError(f"model type {model_type!r} is not supported (supported: {SUPPORTED_MODEL_TYPES})")
         self.model = model
         self.state_layout: StateLayout | None = None  # the recurrent layers' states, for hybrid models
+        self.logits_divisor = 1.0
         if model_type in HYBRID_MODEL_TYPES:
             self._install_hybrid(model, model_type)
         else:
@@ -63,6 +64,7 @@ class PagedModel:
         self.backbone, self.embed, self.lm_head = parts.backbone, parts.embed, parts.lm_head
         self.tied = parts.lm_head is None
         self.state_layout = parts.state_layout
+        self.logits_divisor = parts.logits_divisor
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, platform: Platform) -> PagedModel:
@@ -86,9 +88,8 @@ class PagedModel:
         return self.backbone(token_ids[None])[0]
 
     def mlx_logits(self, hidden: mx.array) -> mx.array:
-        if self.lm_head is None:
-            return self.embed.as_linear(hidden)
-        return self.lm_head(hidden)
+        logits = self.embed.as_linear(hidden) if self.lm_head is None else self.lm_head(hidden)
+        return logits if self.logits_divisor == 1.0 else logits / self.logits_divisor
 
     def __call__(self, token_ids: np.ndarray, logits_indices: np.ndarray) -> mx.array:
         """Forward the packed tokens `[T]`; project only the rows `logits_indices` to the vocabulary."""

@@ -9,7 +9,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from metalserve.executor.models.hybrid_attention import HybridAttention
-from metalserve.executor.models.hybrid_families import FAMILIES, backbone_of, embedding_of, mixers_of
+from metalserve.executor.models.hybrid_families import FAMILIES, backbone_of, embedding_of, logits_divisor, mixers_of
 from metalserve.executor.models.state_mixer import StateMixer, probe_layout
 from metalserve.executor.state_cache import StateLayout
 
@@ -22,6 +22,7 @@ class HybridParts:
     state_layout: StateLayout
     attention_layers: tuple[int, ...]  # layer indices, in KV-cache order
     state_layers: tuple[int, ...]  # layer indices, in state-pool order
+    logits_divisor: float = 1.0  # mlx-lm's model divides its logits by this after the head
 
 
 def _lm_head(model: Any, model_type: str) -> nn.Module | None:
@@ -67,4 +68,5 @@ def install_hybrid(model: nn.Module, model_type: str) -> HybridParts:
         state_layout=layout,
         attention_layers=tuple(m.layer_idx for m in attns),
         state_layers=tuple(m.layer_idx for m in states),
+        logits_divisor=logits_divisor(model, model_type),
     )

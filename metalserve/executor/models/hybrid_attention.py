@@ -3,8 +3,9 @@
 They differ from llama's in small ways this one module reads off the mlx-lm module: a query
 projection twice as wide whose second half gates the output (qwen3_next, qwen3_5), per-head norms
 under either name, partial rotary (mlx-lm's RoPE object rotates its own dims), no RoPE at all
-(nemotron_h), and `out_proj` for `o_proj` (lfm2). The generic adapter of the attention families may
-take this over once it reads the same module features.
+(nemotron_h, granitemoehybrid), Granite's own attention multiplier as the scale, and `out_proj` for
+`o_proj` (lfm2). The generic adapter of the attention families may take this over once it reads the
+same module features.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class HybridAttention(nn.Module):
         self.q_norm = _first_attr(inner, ("q_norm", "q_layernorm"))
         self.k_norm = _first_attr(inner, ("k_norm", "k_layernorm"))
         self.out = _first_attr(inner, ("o_proj", "out_proj")) or "o_proj"
-        self.has_rope = hasattr(inner, "rope")
+        self.has_rope = getattr(inner, "rope", None) is not None  # Granite 4.0-H, nemotron_h: NoPE
         self.options = AttentionOptions(scale=float(inner.scale))
 
     def _project(self, x: mx.array, positions: mx.array) -> tuple[mx.array, mx.array, mx.array, mx.array | None]:

@@ -41,6 +41,10 @@ def _lfm2_mixer(layer: Any) -> tuple[MixerKind, str]:
     return ("attention", "self_attn") if layer.is_attention_layer else ("state", "conv")
 
 
+def _granite_mixer(layer: Any) -> tuple[MixerKind, str]:
+    return ("state", "mamba") if layer.layer_type == "mamba" else ("attention", "self_attn")
+
+
 def _nemotron_mixer(layer: Any) -> tuple[MixerKind, str] | None:
     return {"M": ("state", "mixer"), "*": ("attention", "mixer")}.get(layer.block_type)  # type: ignore[return-value]
 
@@ -52,6 +56,7 @@ FAMILIES: dict[str, Family] = {
     "lfm2": Family(lambda m: m, "model", "embed_tokens", _lfm2_mixer),
     "lfm2_moe": Family(lambda m: m, "model", "embed_tokens", _lfm2_mixer),
     "nemotron_h": Family(lambda m: m, "backbone", "embeddings", _nemotron_mixer),
+    "granitemoehybrid": Family(lambda m: m, "model", "embed_tokens", _granite_mixer),
 }
 HYBRID_MODEL_TYPES = tuple(FAMILIES)
 
@@ -63,6 +68,11 @@ def backbone_of(model: Any, model_type: str) -> Any:
 
 def embedding_of(model: Any, model_type: str) -> Any:
     return getattr(backbone_of(model, model_type), FAMILIES[model_type].embed_attr)
+
+
+def logits_divisor(model: Any, model_type: str) -> float:
+    """What mlx-lm divides the logits by after the head (Granite's `logits_scaling`), 1 for most."""
+    return float(getattr(FAMILIES[model_type].language_model(model), "logits_scaling", 1.0))
 
 
 def mixers_of(model: Any, model_type: str) -> list[Mixer]:
