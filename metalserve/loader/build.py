@@ -9,13 +9,13 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.utils import infer_quant_config
 
+from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES
 from metalserve.loader.errors import ModelLoadError
 from metalserve.loader.loaded import SUPPORTED_MODEL_TYPES
 
 # mlx-lm implements mistral with its llama module.
 _MLX_LM_MODULES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
-_HYBRIDS = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2", "lfm2_moe", "nemotron_h", "granitemoehybrid")
-_MLX_LM_MODULES |= {t: t for t in _HYBRIDS}  # models with recurrent-state layers
+_MLX_LM_MODULES |= {t: t for t in HYBRID_MODEL_TYPES}  # models with recurrent-state layers
 
 
 def model_classes(model_type: str) -> tuple[type[nn.Module], Any]:
