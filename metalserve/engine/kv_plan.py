@@ -26,10 +26,13 @@ class KVPoolPlan(NamedTuple):
     initial_blocks: int  # what it allocates at start-up
 
 
-def plan_kv_pool(config: EngineConfig, loaded: LoadedModel, max_model_len: int, peak: int, held: int) -> KVPoolPlan:
+def plan_kv_pool(
+    config: EngineConfig, loaded: LoadedModel, max_model_len: int, peak: int, held: int, state_bytes: int = 0
+) -> KVPoolPlan:
     """`peak`: weights + activations of a warm-up step (0 with --kv-cache-memory); `held`: bytes this
-    process holds already, which the OS no longer reports as available."""
-    per_block = kv_block_bytes(loaded, config.block_size)
+    process holds already, which the OS no longer reports as available; `state_bytes`: the recurrent
+    state slot each block also owns (hybrid models)."""
+    per_block = kv_block_bytes(loaded, config.block_size) + state_bytes
     per_request = blocks_for_request(layer_groups(loaded), max_model_len, config.block_size)
     if config.kv_cache_memory is not None:
         budget, why = config.kv_cache_memory, "--kv-cache-memory"
@@ -59,6 +62,6 @@ def plan_kv_pool(config: EngineConfig, loaded: LoadedModel, max_model_len: int, 
 
 def kv_block_bytes(loaded: LoadedModel, block_size: int) -> int:
     """What one block id costs: K/V of one group's layers, in every pool tensor (models/kv_layout.py)."""
-    from metalserve.executor.models.kv_layout import model_kv_layout
+    from metalserve.executor.models.kv_layout import loaded_kv_layout
 
-    return model_kv_layout(loaded.model).bytes_per_block(loaded.dtype.size, block_size)
+    return loaded_kv_layout(loaded.model, loaded.model_type).bytes_per_block(loaded.dtype.size, block_size)

@@ -15,6 +15,7 @@ from typing import Any
 import mlx.core as mx
 
 from metalserve.executor.attention.base import AttentionBackend
+from metalserve.executor.state_cache import StateStep
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,8 @@ class ForwardContext:
     positions: mx.array  # [T] int32, each token's position in its request
     backend: AttentionBackend[Any, Any]  # the one attention backend of this runner
     kv: Sequence[Any]  # each pool tensor's cache, in the backend's layout (see models/kv_layout.py)
-    groups: Sequence[GroupStep]  # per layer group; group 0 first
+    groups: Sequence[GroupStep]  # per attention layer group; group 0 first
+    states: StateStep | None = None  # the recurrent layers' state plan (hybrid models only)
 
     @property
     def slot_mapping(self) -> mx.array:

@@ -14,7 +14,8 @@ from metalserve.executor.context import ForwardContext, GroupStep, forward_conte
 from metalserve.executor.group_tables import GroupTables, group_step
 from metalserve.executor.input_batch import CachedRequestState
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.executor.models.kv_layout import KVLayout, model_kv_layout
+from metalserve.executor.models.kv_layout import KVLayout, loaded_kv_layout
+from metalserve.executor.state_cache import RecurrentStates
 from metalserve.executor.step_inputs import StepInputs, pack_step
 from metalserve.outputs import TokenLogprob
 from metalserve.scheduler.output import ModelRunnerOutput, SchedulerOutput
@@ -33,6 +34,7 @@ class KVCacheSpec:
     num_blocks: int
     # (num_kv_heads, head_dim) of each pool tensor (models/kv_layout.py); () for one per layer, all alike.
     tensors: tuple[tuple[int, int], ...] = ()
+    state_bytes_per_block: int = 0  # hybrid models: every block id also owns a recurrent-state slot
 
     @property
     def num_slots(self) -> int:
@@ -40,9 +42,10 @@ class KVCacheSpec:
 
     @property
     def bytes_per_block(self) -> int:
-        """What one block id costs: K and V in every pool tensor (groups share the tensors)."""
+        """What one block id costs: K and V in every pool tensor (groups share the tensors), and the
+        recurrent-state slot a hybrid model's block id owns."""
         tensors = self.tensors or ((self.num_kv_heads, self.head_dim),) * self.num_layers
-        return 2 * sum(h * d for h, d in tensors) * self.dtype.size * self.block_size
+        return 2 * sum(h * d for h, d in tensors) * self.dtype.size * self.block_size + self.state_bytes_per_block
 
     def layer_spec(self, shape: tuple[int, int] | None = None, window: int | None = None) -> LayerCacheSpec:
         """One pool tensor's cache of `shape` (num_kv_heads, head_dim); the spec's own by default."""
@@ -50,10 +53,12 @@ class KVCacheSpec:
         return LayerCacheSpec(heads, dim, self.dtype, self.block_size, self.num_blocks, window)
 
     @classmethod
-    def for_model(cls, loaded: LoadedModel, block_size: int, num_blocks: int) -> KVCacheSpec:
-        tensors = model_kv_layout(loaded.model).tensors
+    def for_model(
+        cls, loaded: LoadedModel, block_size: int, num_blocks: int, state_bytes_per_block: int = 0
+    ) -> KVCacheSpec:
+        tensors = loaded_kv_layout(loaded.model, loaded.model_type).tensors
         return cls(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, block_size, num_blocks,
-                   tensors)  # fmt: skip
+                   tensors, state_bytes_per_block)  # fmt: skip
 
 
 class SamplerFn(Protocol):
@@ -79,8 +84,10 @@ class ModelRunner:
         eos_token_ids: frozenset[int] = frozenset(),
         sampler: SamplerFn | None = None,
         backend: AttentionBackend[Any, Any] = MLX_OPS,
+        state_group: int = 1,
     ) -> None:
-        """`backend`: how attention runs (executor/attention/), chosen by the engine from the Platform."""
+        """`backend`: how attention runs (executor/attention/), chosen by the engine from the Platform;
+        `state_group`: the KV manager's recurrent-state group (hybrid models)."""
         self.model = model
         self.spec = spec
         self.eos_token_ids = eos_token_ids
@@ -94,6 +101,11 @@ class ModelRunner:
         self.kv: list[Any] = [self.backend.allocate(spec.layer_spec(shape)) for shape in self.layout.tensors]
         self.requests: dict[str, CachedRequestState] = {}
         self.group_tables: dict[str, GroupTables] = {}  # groups 1.. (group 0's is the state's block_ids)
+        self.states: RecurrentStates | None = None
+        if model.state_layout is not None:
+            self.states = RecurrentStates(model.state_layout, state_group, spec.block_size, spec.num_blocks)
+        # The tables a new request brings: the attention groups after group 0, and the state group's.
+        self.num_tables = len(self.layout.groups) - 1 + (self.states is not None)
 
     def grow_kv(self, num_blocks: int) -> None:
         """Extend every pool tensor to `num_blocks` blocks, keeping what the old blocks hold."""
@@ -103,21 +115,25 @@ class ModelRunner:
             for cache, shape in zip(self.kv, self.layout.tensors, strict=True)
         ]
         self.spec = replace(self.spec, num_blocks=num_blocks)
+        if self.states is not None:
+            self.states.pool.grow(num_blocks)
         mx.eval(self._kv_arrays())
         mx.clear_cache()  # the old, smaller buffers are not needed again
 
     def _kv_arrays(self) -> list[mx.array]:
-        return [a for layer in self.kv for a in layer.arrays()]
+        states = self.states.pool.all_arrays() if self.states is not None else []
+        return [a for layer in self.kv for a in layer.arrays()] + states
 
     def _update_states(self, so: SchedulerOutput) -> None:
+        if self.states is not None:
+            self.states.update(so)
         for rid in so.finished_req_ids | so.preempted_req_ids:
             self.requests.pop(rid, None)
             self.group_tables.pop(rid, None)
-        num_groups = len(self.layout.groups)
         for new in so.scheduled_new_reqs:
-            if len(new.group_block_ids) != num_groups - 1:
+            if len(new.group_block_ids) != self.num_tables:
                 raise ValueError(f"request {new.request_id}: {len(new.group_block_ids) + 1} block tables for "
-                                 f"a model of {num_groups} layer groups")  # fmt: skip
+                                 f"a model of {self.num_tables + 1} layer groups")  # fmt: skip
             self.group_tables[new.request_id] = GroupTables(new.group_block_ids)
             self.requests[new.request_id] = CachedRequestState(
                 request_id=new.request_id,
@@ -145,7 +161,8 @@ class ModelRunner:
 
     def _context(self, step: StepInputs) -> ForwardContext:
         groups = [self._group_step(step, g) for g in range(len(self.layout.groups))]
-        return ForwardContext(positions=mx.array(step.positions), backend=self.backend, kv=self.kv, groups=groups)
+        states = self.states.plan(step) if self.states is not None else None
+        return ForwardContext(mx.array(step.positions), self.backend, self.kv, groups, states)
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         if so.num_kv_blocks > self.spec.num_blocks:

@@ -10,9 +10,10 @@ from metalserve.kvcache.specs import LayerGroupSpec, RecurrentState
 
 
 def kv_bytes_per_block(
-    num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int, block_size: int
+    num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int, block_size: int, state_bytes: int = 0
 ) -> int:
-    """Bytes of one block across all layers: K and V, `block_size` tokens each."""
+    """Bytes of one block across all layers: K and V, `block_size` tokens each, plus `state_bytes`
+    (hybrid models: the recurrent-state slot every block id also owns, executor/state_cache.py)."""
     for name, value in [
         ("num_layers", num_layers),
         ("num_kv_heads", num_kv_heads),
@@ -22,7 +23,9 @@ def kv_bytes_per_block(
     ]:
         if value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
-    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes * block_size
+    if state_bytes < 0:
+        raise ValueError(f"state_bytes must not be negative, got {state_bytes}")
+    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes * block_size + state_bytes
 
 
 def blocks_for_request(specs: Sequence[LayerGroupSpec], num_tokens: int, block_size: int) -> int:

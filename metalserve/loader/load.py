@@ -8,6 +8,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
+from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES, attention_shape
 from metalserve.kernels.affine_codes import AffineCodes
 from metalserve.loader.build import build_model
 from metalserve.loader.directory import load_directory
@@ -51,7 +52,7 @@ def _read(model: str | None) -> tuple[RawModel, str]:
 
 
 def _choose_weights(
-    model: nn.Module, stored_as: str, weights: str, max_bytes: int, platform: Platform
+    model: nn.Module, stored_as: str, weights: str, max_bytes: int, platform: Platform, host_path: bool = True
 ) -> tuple[str, dict[str, AffineCodes]]:
     """Dequantize to fp32 or keep the stored weights; return the description for the start-up log and
     the stored codes the dequantized layers kept (only MLX's CPU backend has host matmuls to read them)."""
@@ -60,7 +61,7 @@ def _choose_weights(
     packed = (nn.QuantizedLinear, nn.QuantizedEmbedding)
     quantized = any(isinstance(m, packed) for _, m in model.named_modules())
     if should_dequantize(weights, size, max_bytes, on_metal):
-        codes = dequantize_model(model, keep_codes=platform.on_cpu)
+        codes = dequantize_model(model, keep_codes=platform.on_cpu and host_path)
         cast_floats(model, mx.float32)
         verb = "dequantized from" if quantized else "cast from"
         return f"fp32 ({verb} {stored_as}, {size / 1e6:.0f} MB)", codes
@@ -74,10 +75,13 @@ def _choose_weights(
     return f"{kind} {stored_as}{why}", {}
 
 
-def _kv_shape(model: nn.Module) -> tuple[int, int, int]:
-    """(num_layers, num_kv_heads, head_dim), read off the built model, as the KV cache must match it."""
+def _kv_shape(model: nn.Module, model_type: str) -> tuple[int, int, int]:
+    """(num_layers, num_kv_heads, head_dim), read off the built model, as the KV cache must match it
+    (a hybrid's KV cache holds its attention layers only)."""
     from metalserve.executor.models.attention_traits import all_traits
 
+    if model_type in HYBRID_MODEL_TYPES:
+        return attention_shape(model, model_type)
     first = all_traits(model)[0]  # the families spell heads and head_dim differently
     return len(model.model.layers), first.n_kv_heads, first.head_dim
 
@@ -91,12 +95,14 @@ def load(
     raw, source = _read(model)
     built = build_model(raw.config, raw.weights)
     platform = current_platform()
-    weights_desc, codes = _choose_weights(built, raw.stored_as, weights, dequantize_max_bytes, platform)
+    model_type = raw.config["model_type"]
+    hybrid = model_type in HYBRID_MODEL_TYPES  # hybrids run all in MLX: no host path reads the codes
+    weights_desc, codes = _choose_weights(built, raw.stored_as, weights, dequantize_max_bytes, platform, not hybrid)
     mx.eval(built.parameters())
     template = chat_template if chat_template is not None else raw.chat_template
     if chat_template is not None:
         raw.tokenizer.chat_template = chat_template
-    num_layers, num_kv_heads, head_dim = _kv_shape(built)
+    num_layers, num_kv_heads, head_dim = _kv_shape(built, model_type)
     loaded = LoadedModel(
         model=built,
         tokenizer=raw.tokenizer,
@@ -111,7 +117,7 @@ def load(
         num_layers=num_layers,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
-        dtype=activation_dtype(built),
+        dtype=activation_dtype(built, model_type),
         codes=codes,
     )
     logger.info("%s", loaded.describe())

@@ -10,6 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
+from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES, embedding_of
 from metalserve.loader.affine_codes import AffineCodes, affine_codes
 
 WEIGHTS_MODES = ("auto", "dequantize", "quantized")
@@ -91,7 +92,8 @@ def cast_floats(model: nn.Module, dtype: mx.Dtype) -> None:
     model.update(tree_map(cast, model.parameters()))
 
 
-def activation_dtype(model: nn.Module) -> mx.Dtype:
+def activation_dtype(model: nn.Module, model_type: str = "llama") -> mx.Dtype:
     """The dtype activations (and so the KV cache) take: that of the embedding's output."""
-    embed = model.model.embed_tokens
+    hybrid = model_type in HYBRID_MODEL_TYPES
+    embed = embedding_of(model, model_type) if hybrid else model.model.embed_tokens
     return embed.scales.dtype if isinstance(embed, nn.QuantizedEmbedding) else embed.weight.dtype

@@ -11,7 +11,8 @@ import pytest
 
 from metalserve.config import ConfigError
 from metalserve.kvcache.hashing import BlockHash, block_extra_keys, hash_block_tokens
-from metalserve.kvcache.sizing import kv_bytes_per_block, num_blocks_for_budget
+from metalserve.kvcache.sizing import blocks_for_request, kv_bytes_per_block, num_blocks_for_budget
+from metalserve.kvcache.specs import FullAttention, RecurrentState
 
 
 def test_hash_is_sha256_and_stable() -> None:
@@ -58,6 +59,20 @@ def test_num_blocks_for_budget() -> None:
     assert num_blocks_for_budget(per_block * 100 + 5, 2, 2, 8, 2, 16, 1024) == 100
     # 1024 tokens = 64 blocks, plus the null block.
     assert num_blocks_for_budget(per_block * 65, 2, 2, 8, 2, 16, 1024) == 65
+
+
+def test_a_hybrid_block_also_counts_its_state_slot_and_a_request_two_state_entries() -> None:
+    per_block = kv_bytes_per_block(2, 2, 8, 2, 16, state_bytes=1000)
+    assert per_block == 2048 + 1000
+    groups = [FullAttention(layers=(0, 1)), RecurrentState(layers=(2,))]
+    per_request = blocks_for_request(groups, 1024, 16)
+    assert per_request == 64 + 2
+    assert num_blocks_for_budget(per_block * 67, 2, 2, 8, 2, 16, 1024, per_block=per_block,
+                                 blocks_per_request=per_request) == 67  # fmt: skip
+    with pytest.raises(ConfigError, match="needs 67 blocks"):
+        num_blocks_for_budget(per_block * 66, 2, 2, 8, 2, 16, 1024, per_block=per_block, blocks_per_request=per_request)
+    with pytest.raises(ValueError, match="state_bytes"):
+        kv_bytes_per_block(2, 2, 8, 2, 16, state_bytes=-1)
 
 
 def test_budget_too_small_names_missing_memory_and_flags() -> None:

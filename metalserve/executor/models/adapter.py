@@ -10,8 +10,11 @@ import numpy as np
 
 from metalserve.executor.models.attention_traits import all_traits
 from metalserve.executor.models.compute import MlxCompute, ModelCompute
-from metalserve.executor.models.kv_layout import model_kv_layout
+from metalserve.executor.models.hybrid import install_hybrid
+from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES
+from metalserve.executor.models.kv_layout import hybrid_kv_layout, model_kv_layout
 from metalserve.executor.models.paged_attention import PagedAttention
+from metalserve.executor.state_cache import StateLayout
 
 if TYPE_CHECKING:
     from metalserve.loader import LoadedModel
@@ -24,6 +27,8 @@ SUPPORTED_MODEL_TYPES = (
     "qwen3_moe", "mixtral", "gemma3_text", "gemma4_text", "gpt_oss", "phi3", "olmo2", "granite",
     "qwen2_moe", "olmo3", "granitemoe", "gemma2", "smollm3", "glm4", "starcoder2", "ministral3",
     "seed_oss", "internlm3", "olmoe", "phimoe", "ernie4_5", "cohere2", "exaone4",
+    # Hybrids with recurrent-state layers (models/hybrid.py):
+    "qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2", "lfm2_moe", "nemotron_h", "granitemoehybrid",
 )  # fmt: skip
 ALL_MLX = MlxCompute()  # stateless: one serves every model
 
@@ -36,6 +41,17 @@ class PagedModel:
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(f"model type {model_type!r} is not supported (supported: {SUPPORTED_MODEL_TYPES})")
         self.model = model
+        self.state_layout: StateLayout | None = None  # the recurrent layers' states, for hybrid models
+        if model_type in HYBRID_MODEL_TYPES:
+            self._install_hybrid(model, model_type)
+        else:
+            self._install_attention(model)
+        self.compute = compute
+        compute.install(self)
+        # Materialise the fused projections now, on this thread's stream, before any forward runs.
+        mx.eval(model.parameters())
+
+    def _install_attention(self, model: nn.Module) -> None:
         self.backbone = model.model
         layers = self.backbone.layers
         if any(isinstance(getattr(layer, "self_attn", None), PagedAttention) for layer in layers):
@@ -46,14 +62,21 @@ class PagedModel:
             tensor, group = self.kv_layout.layer_tensor[i], self.kv_layout.layer_group[i]
             layers[i].self_attn = PagedAttention(layers[i].self_attn, traits, tensor, group)
         self.tied = "lm_head" not in model  # mlx-lm builds (or keeps) no lm_head for tied embeddings
+        self.embed = self.backbone.embed_tokens
+        self.lm_head = None if self.tied else model.lm_head
         # What mlx-lm's Model.__call__ does to the logits after the head (granite, gemma2/4).
         self.logits_scaling = getattr(model, "logits_scaling", None)
         self.final_softcap = getattr(model, "final_logit_softcapping", None)
         self.logit_scale = getattr(model.args, "logit_scale", None)  # cohere2 multiplies the logits
-        self.compute = compute
-        compute.install(self)
-        # Materialise the fused projections now, on this thread's stream, before any forward runs.
-        mx.eval(model.parameters())
+
+    def _install_hybrid(self, model: nn.Module, model_type: str) -> None:
+        parts = install_hybrid(model, model_type)
+        self.backbone, self.embed, self.lm_head = parts.backbone, parts.embed, parts.lm_head
+        self.tied = parts.lm_head is None
+        self.kv_layout = hybrid_kv_layout(model, model_type)
+        self.state_layout = parts.state_layout
+        self.logits_scaling = parts.logits_divisor if parts.logits_divisor != 1.0 else None
+        self.final_softcap = self.logit_scale = None
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, platform: Platform) -> PagedModel:
@@ -75,7 +98,7 @@ class PagedModel:
         return self.backbone(token_ids[None])[0]
 
     def mlx_logits(self, hidden: mx.array) -> mx.array:
-        logits = self.backbone.embed_tokens.as_linear(hidden) if self.tied else self.model.lm_head(hidden)
+        logits = self.embed.as_linear(hidden) if self.lm_head is None else self.lm_head(hidden)
         if self.logits_scaling:
             logits = logits / self.logits_scaling
         if self.logit_scale:

@@ -85,3 +85,32 @@ def layout_of(traits: list[AttentionTraits], num_layers: int | None = None) -> K
 def model_kv_layout(model: nn.Module) -> KVLayout:
     """The layout of an mlx-lm model (or of one whose attention we took over)."""
     return layout_of(all_traits(model), len(model.model.layers))
+
+
+def hybrid_kv_layout(model: nn.Module, model_type: str) -> KVLayout:
+    """A hybrid model's attention layers: one full-attention group, one pool tensor per attention layer
+    in layer order (models/hybrid_attention.py indexes them so); recurrent layers own no tensor."""
+    from metalserve.executor.models.hybrid_families import attention_shape, backbone_of, mixers_of
+
+    layers = [m.layer_idx for m in mixers_of(model, model_type) if m.kind == "attention"]
+    _, heads, head_dim = attention_shape(model, model_type)
+    num_layers = len(backbone_of(model, model_type).layers)
+    layer_tensor, layer_group = [-1] * num_layers, [-1] * num_layers
+    for j, i in enumerate(layers):
+        layer_tensor[i], layer_group[i] = j, 0
+    return KVLayout(
+        groups=(FullAttention(layers=tuple(layers)),),
+        tensors=((heads, head_dim),) * len(layers),
+        layer_tensor=tuple(layer_tensor),
+        layer_group=tuple(layer_group),
+        group_shapes=((heads, head_dim),),
+    )
+
+
+def loaded_kv_layout(model: nn.Module, model_type: str) -> KVLayout:
+    """The layout of a loaded mlx-lm model of `model_type` (hybrids keep K/V for attention layers only)."""
+    from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES
+
+    if model_type in HYBRID_MODEL_TYPES:
+        return hybrid_kv_layout(model, model_type)
+    return model_kv_layout(model)
