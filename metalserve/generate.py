@@ -41,8 +41,9 @@ def generate_config(loaded: LoadedModel, num_prompts: int, config: EngineConfig 
         return replace(config, max_num_seqs=max(num_prompts, 1))
     max_model_len = resolve_max_model_len(config, loaded.max_model_len)
     per_block = kv_bytes_per_block(
-        loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype.size, config.block_size
-    )
+        loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype.size, config.block_size,
+        loaded.kv_planes,
+    )  # fmt: skip
     blocks = num_prompts * -(-max_model_len // config.block_size) + 1
     return replace(config, kv_cache_memory=blocks * per_block, max_num_seqs=max(num_prompts, 1))
 

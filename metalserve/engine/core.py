@@ -59,7 +59,9 @@ class EngineCore:
         platform = current_platform()
         max_model_len = resolve_max_model_len(config, loaded.max_model_len)
         model = PagedModel.from_loaded(loaded, platform)
-        attention = select_attention(config.attention_backend, loaded.dtype, platform)
+        attention = select_attention(
+            config.attention_backend, loaded.dtype, platform, latent_kv=loaded.value_dim is not None
+        )
         logger.info("platform: %s", platform.describe())
         logger.info("attention: %s", attention.description)
         logger.info("on the host: %s", model.host_description())

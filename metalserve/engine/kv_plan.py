@@ -29,8 +29,9 @@ def plan_kv_pool(config: EngineConfig, loaded: LoadedModel, max_model_len: int, 
     """`peak`: weights + activations of a warm-up step (0 with --kv-cache-memory); `held`: bytes this
     process holds already, which the OS no longer reports as available."""
     per_block = kv_bytes_per_block(
-        loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype.size, config.block_size
-    )
+        loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype.size, config.block_size,
+        loaded.kv_planes,
+    )  # fmt: skip
     if config.kv_cache_memory is not None:
         budget, why = config.kv_cache_memory, "--kv-cache-memory"
     else:
@@ -41,7 +42,7 @@ def plan_kv_pool(config: EngineConfig, loaded: LoadedModel, max_model_len: int, 
         why = f"{why} - {format_bytes(peak)} weights and a warm-up step"
     fits = num_blocks_for_budget(
         budget, loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype.size,
-        config.block_size, max_model_len,
+        config.block_size, max_model_len, loaded.kv_planes,
     )  # fmt: skip
     cap = pool_block_cap(config.max_num_seqs, max_model_len, config.block_size)
     num_blocks = min(fits, cap)

@@ -29,6 +29,7 @@ class KVCacheSpec:
     dtype: mx.Dtype
     block_size: int
     num_blocks: int
+    value_dim: int | None = None  # MLA's latent layout: K alone, V its first value_dim channels
 
     @property
     def num_slots(self) -> int:
@@ -36,15 +37,18 @@ class KVCacheSpec:
 
     @property
     def bytes_per_block(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.size * self.block_size
+        planes = self.layer_spec().num_planes
+        return planes * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.size * self.block_size
 
     def layer_spec(self) -> LayerCacheSpec:
         """Every layer's cache (all layers alike today)."""
-        return LayerCacheSpec(self.num_kv_heads, self.head_dim, self.dtype, self.block_size, self.num_blocks)
+        return LayerCacheSpec(self.num_kv_heads, self.head_dim, self.dtype, self.block_size, self.num_blocks,
+                              self.value_dim)  # fmt: skip
 
     @classmethod
     def for_model(cls, loaded: LoadedModel, block_size: int, num_blocks: int) -> KVCacheSpec:
-        return cls(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, block_size, num_blocks)
+        return cls(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, block_size, num_blocks,
+                   loaded.value_dim)  # fmt: skip
 
 
 class SamplerFn(Protocol):

@@ -7,19 +7,21 @@ from metalserve.kvcache.block_pool import NUM_RESERVED_BLOCKS
 
 
 def kv_bytes_per_block(
-    num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int, block_size: int
+    num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int, block_size: int, planes: int = 2
 ) -> int:
-    """Bytes of one block across all layers: K and V, `block_size` tokens each."""
+    """Bytes of one block across all layers: K and V (`planes` 2), or MLA's latent K alone (`planes` 1),
+    `block_size` tokens each."""
     for name, value in [
         ("num_layers", num_layers),
         ("num_kv_heads", num_kv_heads),
         ("head_dim", head_dim),
         ("dtype_bytes", dtype_bytes),
         ("block_size", block_size),
+        ("planes", planes),
     ]:
         if value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
-    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes * block_size
+    return planes * num_layers * num_kv_heads * head_dim * dtype_bytes * block_size
 
 
 def _fmt_bytes(n: int) -> str:
@@ -37,6 +39,7 @@ def num_blocks_for_budget(
     dtype_bytes: int,
     block_size: int,
     max_model_len: int,
+    planes: int = 2,
 ) -> int:
     """How many blocks fit in `budget_bytes`, counting the reserved null block (block 0).
 
@@ -45,7 +48,7 @@ def num_blocks_for_budget(
     """
     if max_model_len < 1:
         raise ConfigError(f"--max-model-len must be at least 1, got {max_model_len}")
-    per_block = kv_bytes_per_block(num_layers, num_kv_heads, head_dim, dtype_bytes, block_size)
+    per_block = kv_bytes_per_block(num_layers, num_kv_heads, head_dim, dtype_bytes, block_size, planes)
     num_blocks = max(budget_bytes, 0) // per_block
     needed = -(-max_model_len // block_size) + NUM_RESERVED_BLOCKS
     if num_blocks < needed:

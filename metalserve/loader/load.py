@@ -74,12 +74,18 @@ def _choose_weights(
     return f"{kind} {stored_as}{why}", {}
 
 
-def _kv_shape(model: nn.Module) -> tuple[int, int, int]:
-    """(num_layers, num_kv_heads, head_dim), read off the built model, as the KV cache must match it."""
+def _kv_shape(model: nn.Module) -> tuple[int, int, int, int | None]:
+    """(num_layers, num_kv_heads, head_dim, value_dim), read off the built model, as the KV cache must
+    match it; value_dim is set for MLA's latent pages only (executor/models/mla.py)."""
+    from metalserve.executor.models.mla import latent_kv_shape
+
     layers = model.model.layers
     attn = layers[0].self_attn
+    latent = latent_kv_shape(attn)
+    if latent is not None:
+        return len(layers), 1, *latent
     kv_heads = int(attn.n_kv_heads)
-    return len(layers), kv_heads, int(attn.k_proj.weight.shape[0]) // kv_heads
+    return len(layers), kv_heads, int(attn.k_proj.weight.shape[0]) // kv_heads, None
 
 
 def load(
@@ -96,7 +102,7 @@ def load(
     template = chat_template if chat_template is not None else raw.chat_template
     if chat_template is not None:
         raw.tokenizer.chat_template = chat_template
-    num_layers, num_kv_heads, head_dim = _kv_shape(built)
+    num_layers, num_kv_heads, head_dim, value_dim = _kv_shape(built)
     loaded = LoadedModel(
         model=built,
         tokenizer=raw.tokenizer,
@@ -113,6 +119,7 @@ def load(
         head_dim=head_dim,
         dtype=activation_dtype(built),
         codes=codes,
+        value_dim=value_dim,
     )
     logger.info("%s", loaded.describe())
     return loaded

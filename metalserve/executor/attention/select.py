@@ -17,14 +17,26 @@ logger = logging.getLogger("metalserve.engine")
 
 
 
-def select_attention(name: str, dtype: mx.Dtype, platform: Platform) -> AttentionBackend[Any, Any]:
-    """`auto`: the Metal kernel where Metal exists, else the CPU backend for float32 KV, else MLX ops."""
+# Why the Metal kernel is not chosen for MLA models (executor/models/mla.py).
+METAL_NO_LATENT = "the Metal kernel has no MLA latent layout (V a slice of K, one KV head of width kv_lora + rope)"
+
+
+def select_attention(
+    name: str, dtype: mx.Dtype, platform: Platform, *, latent_kv: bool = False
+) -> AttentionBackend[Any, Any]:
+    """`auto`: the Metal kernel where Metal exists, else the CPU backend for float32 KV, else MLX ops.
+    `latent_kv`: the model keeps MLA's latent pages (LayerCacheSpec.value_dim), which the kernel cannot read."""
     if name == "reference":
         logger.warning("--attention-backend reference is deprecated: it is now called 'mlx'")
         name = "mlx"
     if name not in ATTENTION_BACKEND_NAMES:
         raise ConfigError(f"--attention-backend must be one of {', '.join(ATTENTION_BACKEND_NAMES)}, got {name!r}")
     if name == "mlx":
+        return MlxAttention()
+    if name == "metal" and latent_kv:
+        raise ConfigError(f"--attention-backend metal: {METAL_NO_LATENT}; use 'auto' or 'mlx'")
+    if name == "auto" and platform.metal and latent_kv:
+        logger.info("attention: not the Metal kernel: %s", METAL_NO_LATENT)
         return MlxAttention()
     if name == "metal" or (name == "auto" and platform.metal):
         if not platform.metal:

@@ -9,6 +9,7 @@ import mlx.nn as nn
 import numpy as np
 
 from metalserve.executor.models.compute import MlxCompute, ModelCompute
+from metalserve.executor.models.mla import PagedMLA, is_mla_attention
 from metalserve.executor.models.paged_attention import PagedAttention
 
 if TYPE_CHECKING:
@@ -16,7 +17,11 @@ if TYPE_CHECKING:
     from metalserve.platform import Platform
 
 # Families whose attention we know how to take over (mistral loads as llama in mlx-lm).
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = (
+    "llama", "mistral", "qwen2", "qwen3",
+    "deepseek_v3",  # MLA: models/mla.py
+    "glm4_moe_lite",  # MLA
+)  # fmt: skip
 ALL_MLX = MlxCompute()  # stateless: one serves every model
 
 
@@ -32,8 +37,11 @@ class PagedModel:
         args = model.args
         window = getattr(args, "sliding_window", None)
         for i, layer in enumerate(self.backbone.layers):
-            if isinstance(layer.self_attn, PagedAttention):
+            if isinstance(layer.self_attn, (PagedAttention, PagedMLA)):
                 raise ValueError("this model already has paged attention installed")
+            if is_mla_attention(layer.self_attn):  # latent pages (models/mla.py)
+                layer.self_attn = PagedMLA(layer.self_attn, i)
+                continue
             uses_window = getattr(layer, "use_sliding", False)
             layer.self_attn = PagedAttention(layer.self_attn, i, window if uses_window else None)
         self.tied = bool(getattr(args, "tie_word_embeddings", False)) or not hasattr(model, "lm_head")
