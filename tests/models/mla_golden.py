@@ -21,7 +21,7 @@ from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
 
 # Three layers: one dense MLP, then two MoE layers (sigmoid gate with grouped top-k, shared expert);
-# DeepSeek's YaRN RoPE with an mscale that also changes the attention scale; a LoRA'd query.
+# DeepSeek's YaRN RoPE (its own mscale, and mscale_all_dim changing the attention scale); a LoRA'd query.
 TINY_MLA: dict[str, Any] = dict(
     vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
     num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=4,
@@ -30,7 +30,7 @@ TINY_MLA: dict[str, Any] = dict(
     topk_group=1, num_experts_per_tok=2, moe_layer_freq=1, first_k_dense_replace=1,
     max_position_embeddings=1024, rms_norm_eps=1e-6, rope_theta=10000.0,
     rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128, "beta_fast": 32,
-                  "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+                  "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8},
 )  # fmt: skip
 MODULES = {"deepseek_v3": deepseek_v3, "glm4_moe_lite": glm4_moe_lite}
 
@@ -69,6 +69,7 @@ def loaded_of(model: nn.Module, model_type: str) -> LoadedModel:
 class Greedy:
     tokens: list[int]
     logprobs: list[float]
+    cached: int = 0  # prompt tokens the engine found in its prefix cache
 
 
 def mlx_lm_greedy(model: nn.Module, prompt: list[int], n: int) -> Greedy:
@@ -100,6 +101,7 @@ def engine_greedy(core: EngineCore, prompts: list[list[int]], n: int, tag: str =
         for out in core.step():
             got[out.request_id].tokens += out.new_token_ids
             got[out.request_id].logprobs += [lp.logprob for lp in out.new_logprobs or []]
+            got[out.request_id].cached = max(got[out.request_id].cached, out.num_cached_tokens)
     return [got[f"{tag}{i}"] for i in range(len(prompts))]
 
 
