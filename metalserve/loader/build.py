@@ -14,7 +14,7 @@ from metalserve.loader.loaded import SUPPORTED_MODEL_TYPES
 
 # mlx-lm implements mistral with its llama module.
 _MLX_LM_MODULES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
-_MLX_LM_MODULES |= {"deepseek_v3": "deepseek_v3", "glm4_moe_lite": "glm4_moe_lite"}  # MLA
+_MLX_LM_MODULES |= {"deepseek_v2": "deepseek_v2", "deepseek_v3": "deepseek_v3", "glm4_moe_lite": "glm4_moe_lite"}
 
 
 def model_classes(model_type: str) -> tuple[type[nn.Module], Any]:

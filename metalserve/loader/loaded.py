@@ -14,7 +14,8 @@ if TYPE_CHECKING:  # keep `import metalserve.loader` free of MLX (the BLAS must 
 
 SUPPORTED_MODEL_TYPES = (
     "llama", "mistral", "qwen2", "qwen3",
-    "deepseek_v3",  # MLA: executor/models/mla.py
+    "deepseek_v2",  # MLA: executor/models/mla.py
+    "deepseek_v3",  # MLA
     "glm4_moe_lite",  # MLA
 )  # fmt: skip
 

@@ -10,7 +10,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx_lm.models import deepseek_v3, glm4_moe_lite
+from mlx_lm.models import deepseek_v2, deepseek_v3, glm4_moe_lite
 from mlx_lm.models.cache import make_prompt_cache
 
 from metalserve.config import EngineConfig
@@ -32,7 +32,7 @@ TINY_MLA: dict[str, Any] = dict(
     rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128, "beta_fast": 32,
                   "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8},
 )  # fmt: skip
-MODULES = {"deepseek_v3": deepseek_v3, "glm4_moe_lite": glm4_moe_lite}
+MODULES = {"deepseek_v2": deepseek_v2, "deepseek_v3": deepseek_v3, "glm4_moe_lite": glm4_moe_lite}
 
 
 def tiny_mla(model_type: str = "deepseek_v3", seed: int = 0, **overrides: Any) -> nn.Module:
@@ -49,7 +49,8 @@ def tiny_mla(model_type: str = "deepseek_v3", seed: int = 0, **overrides: Any) -
         gate = getattr(layer.mlp, "gate", None)
         if gate is not None:
             gate.weight = mx.random.normal(gate.weight.shape) * 0.5
-            gate.e_score_correction_bias = mx.random.normal(gate.e_score_correction_bias.shape) * 0.1
+            if "e_score_correction_bias" in gate:
+                gate.e_score_correction_bias = mx.random.normal(gate.e_score_correction_bias.shape) * 0.1
     mx.eval(model.parameters())
     return model
 

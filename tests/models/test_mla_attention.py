@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx_lm.models.rope_utils import initialize_rope
@@ -107,3 +108,23 @@ def test_yarn_rope_rotates_each_packed_token_at_its_own_position() -> None:
     for i, p in enumerate(positions):  # mlx-lm's own call: one sequence of one token at offset p
         alone = rope(x[i : i + 1].transpose(2, 1, 0, 3), offset=p).transpose(2, 1, 0, 3)
         np.testing.assert_allclose(np.array(packed[i : i + 1]), np.array(alone), atol=1e-6)
+
+
+def test_a_quantized_kv_b_splits_into_the_absorbed_halves_of_its_dequantized_weight() -> None:
+    """deepseek_v2 keeps kv_b whole; a 4-bit one is dequantized, then cut into embed_q and unembed_out."""
+    from mlx_lm.models import deepseek_v2
+
+    from metalserve.executor.models.mla import split_kv_b
+
+    args = deepseek_v2.ModelArgs.from_dict({**TINY_MLA, "qk_nope_head_dim": 32, "v_head_dim": 32})
+    attn = deepseek_v2.DeepseekV2Attention(args)
+    attn.kv_b_proj = nn.QuantizedLinear.from_linear(attn.kv_b_proj, group_size=32, bits=4)
+    dense = mx.dequantize(attn.kv_b_proj.weight, attn.kv_b_proj.scales, attn.kv_b_proj.biases, 32, 4)
+    split_kv_b(attn)
+    assert "kv_b_proj" not in attn
+    latent = mx.random.normal((3, RANK), key=mx.random.key(1))
+    want = (latent @ dense.T).reshape(3, HEADS, 64)  # per head: nope K rows, then V rows
+    k_nope = attn.embed_q(latent[None], transpose=False).swapaxes(0, 1)  # [3, H, nope]
+    values = attn.unembed_out(latent[None]).swapaxes(0, 1)  # [3, H, v]
+    np.testing.assert_allclose(np.array(k_nope), np.array(want[..., :32]), atol=1e-5)
+    np.testing.assert_allclose(np.array(values), np.array(want[..., 32:]), atol=1e-5)

@@ -21,7 +21,9 @@ from tests.models.mla_golden import (
 
 NUM_TOKENS = 24
 # glm4_moe_lite: the same MLA module with an un-LoRA'd query and plain RoPE.
-GLM = dict(q_lora_rank=None, rope_scaling=None, n_group=1)
+GLM: dict[str, object] = dict(q_lora_rank=None, rope_scaling=None, n_group=1)
+# deepseek_v2: kv_b whole (split into the absorbed halves at install), its own YaRN class, softmax router.
+V2: dict[str, object] = dict(topk_method="group_limited_greedy")
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +44,14 @@ def test_a_short_prompt_matches_mlx_lm(deepseek: tuple[list[list[int]], list[Gre
     assert_matches(got, want[0])
 
 
-def test_glm4_moe_lite_matches_mlx_lm() -> None:
-    model = tiny_mla("glm4_moe_lite", **GLM)
+@pytest.mark.parametrize(("model_type", "overrides"), [("glm4_moe_lite", GLM), ("deepseek_v2", V2)])
+def test_the_other_mla_families_match_mlx_lm(model_type: str, overrides: dict[str, object]) -> None:
+    model = tiny_mla(model_type, **overrides)
     (prompt,) = prompts_of([19], model.args.vocab_size, seed=3)
     want = mlx_lm_greedy(model, prompt, NUM_TOKENS)
-    (got,) = engine_greedy(make_core(tiny_mla("glm4_moe_lite", **GLM), "glm4_moe_lite"), [prompt], NUM_TOKENS)
+    core = make_core(tiny_mla(model_type, **overrides), model_type)
+    assert all(isinstance(layer.self_attn, PagedMLA) for layer in core.runner.model.backbone.layers)
+    (got,) = engine_greedy(core, [prompt], NUM_TOKENS)
     assert_matches(got, want)
 
 

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 # Families whose attention we know how to take over (mistral loads as llama in mlx-lm).
 SUPPORTED_MODEL_TYPES = (
     "llama", "mistral", "qwen2", "qwen3",
-    "deepseek_v3",  # MLA: models/mla.py
+    "deepseek_v2",  # MLA: models/mla.py
+    "deepseek_v3",  # MLA
     "glm4_moe_lite",  # MLA
 )  # fmt: skip
 ALL_MLX = MlxCompute()  # stateless: one serves every model

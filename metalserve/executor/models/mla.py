@@ -4,7 +4,8 @@ Pages hold what mlx-lm's own cache holds, vLLM's MLA layout: per token and layer
 `kv_lora_rank + qk_rope_head_dim`, the normed compressed latent followed by the roped key. Queries are
 absorbed through the kv_b projection's K half (mlx-lm's `embed_q`), so attention runs as MQA over that
 one head with V the latent itself (`AttentionOptions.value_dim`); the output, still in latent space, is
-un-absorbed per head through the V half (`unembed_out`) before `o_proj`. Every step, prefill or decode,
+un-absorbed per head through the V half (`unembed_out`) before `o_proj`. deepseek_v2's module keeps the
+kv_b projection whole; it is split into those two halves at install. Every step, prefill or decode,
 takes this one path: the pages never hold per-head K/V (bench/mla_layout.py measures why).
 """
 
@@ -20,12 +21,30 @@ from metalserve.executor.context import current_context
 from metalserve.executor.models.fused_linear import fuse_linears
 from metalserve.kernels.reference import AttentionOptions
 
-_MLA_PARTS = ("kv_a_proj_with_mqa", "kv_a_layernorm", "embed_q", "unembed_out", "o_proj", "rope")
+_MLA_PARTS = ("kv_a_proj_with_mqa", "kv_a_layernorm", "o_proj", "rope", "kv_lora_rank")
 
 
 def is_mla_attention(attn: nn.Module) -> bool:
-    """An mlx-lm attention module with the absorbed-MLA parts (deepseek_v3, glm4_moe_lite, ...)."""
-    return all(hasattr(attn, name) for name in _MLA_PARTS) and hasattr(attn, "kv_lora_rank")
+    """An mlx-lm MLA module: absorbed (embed_q / unembed_out: deepseek_v3, glm4_moe_lite) or with kv_b whole."""
+    absorbed = hasattr(attn, "embed_q") and hasattr(attn, "unembed_out")
+    return all(hasattr(attn, name) for name in _MLA_PARTS) and (absorbed or hasattr(attn, "kv_b_proj"))
+
+
+def split_kv_b(attn: nn.Module) -> None:
+    """Replace `kv_b_proj` `[H * (nope + v), rank]` by mlx-lm's absorbed halves, as its deepseek_v3 does."""
+    from mlx_lm.models.mla import MultiLinear
+
+    proj = attn.kv_b_proj
+    w = proj.weight
+    if isinstance(proj, nn.QuantizedLinear):  # a small matrix: kept exact in the activations' dtype
+        w = mx.dequantize(w, proj.scales, proj.biases, proj.group_size, proj.bits)
+    heads, nope, rank = attn.num_heads, attn.qk_nope_head_dim, attn.kv_lora_rank
+    w = w.reshape(heads, -1, rank)
+    attn.embed_q = MultiLinear(nope, rank, heads)
+    attn.embed_q.weight = mx.contiguous(w[:, :nope, :].swapaxes(-1, -2))  # [H, rank, nope]
+    attn.unembed_out = MultiLinear(rank, w.shape[1] - nope, heads)
+    attn.unembed_out.weight = mx.contiguous(w[:, nope:, :])  # [H, v, rank]
+    attn.pop("kv_b_proj")
 
 
 def latent_kv_shape(attn: nn.Module) -> tuple[int, int] | None:
@@ -42,6 +61,8 @@ class PagedMLA(nn.Module):
 
     def __init__(self, inner: nn.Module, layer_idx: int) -> None:
         super().__init__()
+        if not hasattr(inner, "embed_q"):
+            split_kv_b(inner)
         self.inner = inner
         self.layer_idx = layer_idx
         self.n_heads: int = inner.num_heads
