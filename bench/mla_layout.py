@@ -7,7 +7,9 @@ a decode step of `--batch` requests at each context length, through the real bac
 numba CPU kernel). Latent: one KV head of 576 channels per token, queries absorbed through kv_b's K half
 and the output un-absorbed through its V half (both timed with the attention). Expanded: per-head K
 (192) and V (128, padded to K's width as the seam's two-plane pool stores it) attended as plain MHA.
-Prints bytes per token and layer and the median milliseconds of one decode step's attention.
+Prints bytes per token and layer and the median milliseconds of one decode step's attention; then, for
+a fresh prompt's prefill chunk of each `--prefills` length (MLX's causal SDPA over the chunk itself), the
+absorbed form against mlx-lm's own prefill form (the latent expanded to per-head K/V first).
 """
 
 from __future__ import annotations
@@ -85,11 +87,33 @@ def expanded_step(backend: AttentionBackend, batch: int, context: int) -> Callab
     return lambda: backend.forward(AttentionCall(q, k, v, slots, cache, meta, opts))
 
 
+def prefill_pair(tokens: int) -> tuple[Callable[[], mx.array], Callable[[], mx.array]]:
+    """The absorbed and the expanded form of one chunk's causal attention over its own latent."""
+    q = mx.random.normal((1, HEADS, tokens, RANK + ROPE))
+    q_expanded = mx.random.normal((1, HEADS, tokens, NOPE + ROPE))
+    latent = mx.random.normal((1, 1, tokens, RANK + ROPE))
+    embed_q, unembed = mx.random.normal((HEADS, RANK, NOPE)) * 0.05, mx.random.normal((HEADS, V, RANK)) * 0.05
+    mx.eval(q, q_expanded, latent, embed_q, unembed)
+    scale = (NOPE + ROPE) ** -0.5
+
+    def absorbed() -> mx.array:
+        return mx.fast.scaled_dot_product_attention(q, latent, latent[..., :RANK], scale=scale, mask="causal")
+
+    def expanded() -> mx.array:
+        rope = mx.broadcast_to(latent[..., RANK:], (1, HEADS, tokens, ROPE))
+        k = mx.concatenate([latent[..., :RANK] @ embed_q, rope], axis=-1)
+        v = latent[..., :RANK] @ unembed.swapaxes(-1, -2)
+        return mx.fast.scaled_dot_product_attention(q_expanded, k, v, scale=scale, mask="causal")
+
+    return absorbed, expanded
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--contexts", default="1024,4096")
+    parser.add_argument("--prefills", default="512,2048")
     args = parser.parse_args()
     latent, expanded, padded = (RANK + ROPE) * 4, HEADS * (NOPE + ROPE + V) * 4, HEADS * 2 * (NOPE + ROPE) * 4
     ratio = expanded / latent
@@ -99,6 +123,9 @@ def main() -> None:
             lat = timed(latent_step(backend, args.batch, context), args.iters)
             exp = timed(expanded_step(backend, args.batch, context), args.iters)
             print(f"{name:>3} decode b{args.batch} ctx {context:>5}: latent {lat:7.2f} ms, expanded {exp:7.2f} ms")
+    for tokens in (int(t) for t in args.prefills.split(",")):
+        absorbed, expanded = (timed(fn, args.iters) for fn in prefill_pair(tokens))
+        print(f"mlx prefill {tokens:>5} tokens: absorbed {absorbed:8.1f} ms, expanded {expanded:8.1f} ms")
 
 
 if __name__ == "__main__":
