@@ -61,7 +61,8 @@ class EngineCore:
         max_model_len = resolve_max_model_len(config, loaded.max_model_len)
         model = PagedModel.from_loaded(loaded, platform)
         head_dims = {shape[1] for shape in model.kv_layout.tensors}
-        attention = select_attention(config.attention_backend, loaded.dtype, platform, head_dims)
+        latent = model.kv_layout.value_dim is not None
+        attention = select_attention(config.attention_backend, loaded.dtype, platform, head_dims, latent_kv=latent)
         logger.info("platform: %s", platform.describe())
         logger.info("attention: %s", attention.description)
         logger.info("on the host: %s", model.host_description())

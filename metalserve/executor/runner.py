@@ -35,6 +35,7 @@ class KVCacheSpec:
     # (num_kv_heads, head_dim) of each pool tensor (models/kv_layout.py); () for one per layer, all alike.
     tensors: tuple[tuple[int, int], ...] = ()
     state_bytes_per_block: int = 0  # hybrid models: every block id also owns a recurrent-state slot
+    value_dim: int | None = None  # MLA's latent layout: K alone, V its first value_dim channels
 
     @property
     def num_slots(self) -> int:
@@ -42,23 +43,26 @@ class KVCacheSpec:
 
     @property
     def bytes_per_block(self) -> int:
-        """What one block id costs: K and V in every pool tensor (groups share the tensors), and the
-        recurrent-state slot a hybrid model's block id owns."""
+        """What one block id costs: K and V (MLA: the latent alone) in every pool tensor (groups share
+        the tensors), and the recurrent-state slot a hybrid model's block id owns."""
         tensors = self.tensors or ((self.num_kv_heads, self.head_dim),) * self.num_layers
-        return 2 * sum(h * d for h, d in tensors) * self.dtype.size * self.block_size + self.state_bytes_per_block
+        planes = self.layer_spec().num_planes
+        kv = planes * sum(h * d for h, d in tensors) * self.dtype.size * self.block_size
+        return kv + self.state_bytes_per_block
 
     def layer_spec(self, shape: tuple[int, int] | None = None, window: int | None = None) -> LayerCacheSpec:
         """One pool tensor's cache of `shape` (num_kv_heads, head_dim); the spec's own by default."""
         heads, dim = shape or (self.num_kv_heads, self.head_dim)
-        return LayerCacheSpec(heads, dim, self.dtype, self.block_size, self.num_blocks, window)
+        return LayerCacheSpec(heads, dim, self.dtype, self.block_size, self.num_blocks,
+                              sliding_window=window, value_dim=self.value_dim)  # fmt: skip
 
     @classmethod
     def for_model(
         cls, loaded: LoadedModel, block_size: int, num_blocks: int, state_bytes_per_block: int = 0
     ) -> KVCacheSpec:
-        tensors = loaded_kv_layout(loaded.model, loaded.model_type).tensors
+        layout = loaded_kv_layout(loaded.model, loaded.model_type)
         return cls(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, block_size, num_blocks,
-                   tensors, state_bytes_per_block)  # fmt: skip
+                   layout.tensors, state_bytes_per_block, layout.value_dim)  # fmt: skip
 
 
 class SamplerFn(Protocol):

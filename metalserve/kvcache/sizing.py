@@ -10,22 +10,31 @@ from metalserve.kvcache.specs import LayerGroupSpec, RecurrentState
 
 
 def kv_bytes_per_block(
-    num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int, block_size: int, state_bytes: int = 0
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype_bytes: int,
+    block_size: int,
+    state_bytes: int = 0,
+    *,
+    planes: int = 2,
 ) -> int:
-    """Bytes of one block across all layers: K and V, `block_size` tokens each, plus `state_bytes`
-    (hybrid models: the recurrent-state slot every block id also owns, executor/state_cache.py)."""
+    """Bytes of one block across all layers: K and V (`planes` 2), or MLA's latent K alone (`planes` 1),
+    `block_size` tokens each, plus `state_bytes` (hybrid models: the recurrent-state slot every block id
+    also owns, executor/state_cache.py)."""
     for name, value in [
         ("num_layers", num_layers),
         ("num_kv_heads", num_kv_heads),
         ("head_dim", head_dim),
         ("dtype_bytes", dtype_bytes),
         ("block_size", block_size),
+        ("planes", planes),
     ]:
         if value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
     if state_bytes < 0:
         raise ValueError(f"state_bytes must not be negative, got {state_bytes}")
-    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes * block_size + state_bytes
+    return planes * num_layers * num_kv_heads * head_dim * dtype_bytes * block_size + state_bytes
 
 
 def blocks_for_request(specs: Sequence[LayerGroupSpec], num_tokens: int, block_size: int) -> int:
@@ -54,6 +63,7 @@ def num_blocks_for_budget(
     *,
     per_block: int | None = None,
     blocks_per_request: int | None = None,
+    planes: int = 2,
 ) -> int:
     """How many blocks fit in `budget_bytes`, counting the reserved null block (block 0).
 
@@ -67,7 +77,7 @@ def num_blocks_for_budget(
     if max_model_len < 1:
         raise ConfigError(f"--max-model-len must be at least 1, got {max_model_len}")
     if per_block is None:
-        per_block = kv_bytes_per_block(num_layers, num_kv_heads, head_dim, dtype_bytes, block_size)
+        per_block = kv_bytes_per_block(num_layers, num_kv_heads, head_dim, dtype_bytes, block_size, planes=planes)
     num_blocks = max(budget_bytes, 0) // per_block
     if blocks_per_request is None:
         blocks_per_request = -(-max_model_len // block_size)

@@ -75,15 +75,21 @@ def _choose_weights(
     return f"{kind} {stored_as}{why}", {}
 
 
-def _kv_shape(model: nn.Module, model_type: str) -> tuple[int, int, int]:
-    """(num_layers, num_kv_heads, head_dim), read off the built model, as the KV cache must match it
-    (a hybrid's KV cache holds its attention layers only)."""
+def _kv_shape(model: nn.Module, model_type: str) -> tuple[int, int, int, int | None]:
+    """(num_layers, num_kv_heads, head_dim, value_dim), read off the built model, as the KV cache must
+    match it (a hybrid's KV cache holds its attention layers only); value_dim is set for MLA's latent
+    pages only (executor/models/mla.py)."""
     from metalserve.executor.models.attention_traits import all_traits
+    from metalserve.executor.models.mla import latent_kv_shape
 
     if model_type in HYBRID_MODEL_TYPES:
-        return attention_shape(model, model_type)
+        return *attention_shape(model, model_type), None
+    layers = model.model.layers
+    latent = latent_kv_shape(layers[0].self_attn)
+    if latent is not None:
+        return len(layers), 1, *latent
     first = all_traits(model)[0]  # the families spell heads and head_dim differently
-    return len(model.model.layers), first.n_kv_heads, first.head_dim
+    return len(layers), first.n_kv_heads, first.head_dim, None
 
 
 def load(
@@ -102,7 +108,7 @@ def load(
     template = chat_template if chat_template is not None else raw.chat_template
     if chat_template is not None:
         raw.tokenizer.chat_template = chat_template
-    num_layers, num_kv_heads, head_dim = _kv_shape(built, model_type)
+    num_layers, num_kv_heads, head_dim, value_dim = _kv_shape(built, model_type)
     loaded = LoadedModel(
         model=built,
         tokenizer=raw.tokenizer,
@@ -119,6 +125,7 @@ def load(
         head_dim=head_dim,
         dtype=activation_dtype(built, model_type),
         codes=codes,
+        value_dim=value_dim,
     )
     logger.info("%s", loaded.describe())
     return loaded

@@ -32,6 +32,14 @@ class LoadedModel:
     dtype: mx.Dtype  # the activations' dtype (and so the KV cache's)
     # The stored codes of dequantized layers by module path, kept on MLX's CPU backend for the host path.
     codes: dict[str, AffineCodes] = field(default_factory=dict)
+    # MLA's latent layout: the KV "head" (num_kv_heads 1, head_dim kv_lora + rope) is K alone, V its
+    # first value_dim (kv_lora) channels; None: K and V of head_dim each.
+    value_dim: int | None = None
+
+    @property
+    def kv_planes(self) -> int:
+        """Arrays of head_dim that one token keeps per layer and KV head: K and V, or the latent alone."""
+        return 1 if self.value_dim is not None else 2
 
     def describe(self) -> str:
         """One line for the start-up log: which model, which weights path, which BLAS."""

@@ -25,7 +25,8 @@ class PortableKV:
 
 
 def zeros_pool(spec: LayerCacheSpec) -> mx.array:
-    return mx.zeros((2, spec.num_kv_heads, spec.num_slots, spec.head_dim), spec.dtype)
+    """`[2, Hkv, num_slots, D]`, or `[1, ...]` for the latent layout (`spec.value_dim`: K alone)."""
+    return mx.zeros((spec.num_planes, spec.num_kv_heads, spec.num_slots, spec.head_dim), spec.dtype)
 
 
 class MlxAttention(AttentionBackend[PortableKV, AttentionPlan]):

@@ -17,18 +17,28 @@ from metalserve.platform import Platform
 logger = logging.getLogger("metalserve.engine")
 
 
+# Why the Metal kernel is not chosen for MLA models (executor/models/mla.py).
+METAL_NO_LATENT = "the Metal kernel has no MLA latent layout (V a slice of K, one KV head of width kv_lora + rope)"
+
+
 def select_attention(
-    name: str, dtype: mx.Dtype, platform: Platform, head_dims: Collection[int] = ()
+    name: str, dtype: mx.Dtype, platform: Platform, head_dims: Collection[int] = (), *, latent_kv: bool = False
 ) -> AttentionBackend[Any, Any]:
     """`auto`: the Metal kernel where Metal exists and takes the model's head dims (`head_dims`, every
     attention layer's), else the CPU backend for float32 KV, else MLX ops. Every backend honours sliding
-    windows, sinks and the logit soft-cap; only the Metal kernel is limited, to its head dims."""
+    windows, sinks and the logit soft-cap; only the Metal kernel is limited, to its head dims and to
+    separate K and V (`latent_kv`: the model keeps MLA's latent pages, LayerCacheSpec.value_dim)."""
     if name == "reference":
         logger.warning("--attention-backend reference is deprecated: it is now called 'mlx'")
         name = "mlx"
     if name not in ATTENTION_BACKEND_NAMES:
         raise ConfigError(f"--attention-backend must be one of {', '.join(ATTENTION_BACKEND_NAMES)}, got {name!r}")
     if name == "mlx":
+        return MlxAttention()
+    if name == "metal" and latent_kv:
+        raise ConfigError(f"--attention-backend metal: {METAL_NO_LATENT}; use 'auto' or 'mlx'")
+    if name == "auto" and platform.metal and latent_kv:
+        logger.info("attention: not the Metal kernel: %s", METAL_NO_LATENT)
         return MlxAttention()
     if name == "metal" or (name == "auto" and platform.metal):
         if not platform.metal:

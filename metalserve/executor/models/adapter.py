@@ -12,7 +12,8 @@ from metalserve.executor.models.attention_traits import all_traits
 from metalserve.executor.models.compute import MlxCompute, ModelCompute
 from metalserve.executor.models.hybrid import install_hybrid
 from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES
-from metalserve.executor.models.kv_layout import hybrid_kv_layout, model_kv_layout
+from metalserve.executor.models.kv_layout import hybrid_kv_layout, mla_kv_layout, model_kv_layout
+from metalserve.executor.models.mla import PagedMLA, is_mla_attention
 from metalserve.executor.models.paged_attention import PagedAttention
 from metalserve.executor.state_cache import StateLayout
 
@@ -29,6 +30,8 @@ SUPPORTED_MODEL_TYPES = (
     "seed_oss", "internlm3", "olmoe", "phimoe", "ernie4_5", "cohere2", "exaone4",
     # Hybrids with recurrent-state layers (models/hybrid.py):
     "qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2", "lfm2_moe", "nemotron_h", "granitemoehybrid",
+    # MLA, latent pages (models/mla.py):
+    "deepseek_v2", "deepseek_v3", "glm4_moe_lite",
 )  # fmt: skip
 ALL_MLX = MlxCompute()  # stateless: one serves every model
 
@@ -54,13 +57,21 @@ class PagedModel:
     def _install_attention(self, model: nn.Module) -> None:
         self.backbone = model.model
         layers = self.backbone.layers
-        if any(isinstance(getattr(layer, "self_attn", None), PagedAttention) for layer in layers):
+        if any(isinstance(getattr(layer, "self_attn", None), PagedAttention | PagedMLA) for layer in layers):
             raise ValueError("this model already has paged attention installed")
-        self.kv_layout = model_kv_layout(model)
-        for traits in all_traits(model):
-            i = traits.layer
-            tensor, group = self.kv_layout.layer_tensor[i], self.kv_layout.layer_group[i]
-            layers[i].self_attn = PagedAttention(layers[i].self_attn, traits, tensor, group)
+        mla = mla_kv_layout(model)
+        if mla is not None:  # latent pages: one tensor per layer, group 0 (models/mla.py)
+            self.kv_layout = mla
+            for i, layer in enumerate(layers):
+                if not is_mla_attention(layer.self_attn):
+                    raise ValueError(f"layer {i} mixes MLA with another attention: not supported")
+                layer.self_attn = PagedMLA(layer.self_attn, i)
+        else:
+            self.kv_layout = model_kv_layout(model)
+            for traits in all_traits(model):
+                i = traits.layer
+                tensor, group = self.kv_layout.layer_tensor[i], self.kv_layout.layer_group[i]
+                layers[i].self_attn = PagedAttention(layers[i].self_attn, traits, tensor, group)
         self.tied = "lm_head" not in model  # mlx-lm builds (or keeps) no lm_head for tied embeddings
         self.embed = self.backbone.embed_tokens
         self.lm_head = None if self.tied else model.lm_head

@@ -27,10 +27,15 @@ class KVLayout:
     layer_tensor: tuple[int, ...]  # per layer: the tensor it reads and writes (-1: not an attention layer)
     layer_group: tuple[int, ...]  # per layer: the group whose block table it uses (-1: none)
     group_shapes: tuple[tuple[int, int], ...]  # per group: its layers' (num_kv_heads, head_dim)
+    value_dim: int | None = None  # MLA's latent pages: K alone, V its first value_dim channels
+
+    @property
+    def num_planes(self) -> int:
+        return 1 if self.value_dim is not None else 2
 
     def bytes_per_block(self, dtype_bytes: int, block_size: int) -> int:
-        """What one block id costs: K and V of `block_size` tokens in every tensor."""
-        return sum(2 * h * d for h, d in self.tensors) * dtype_bytes * block_size
+        """What one block id costs: K and V (or MLA's latent alone) of `block_size` tokens in every tensor."""
+        return sum(self.num_planes * h * d for h, d in self.tensors) * dtype_bytes * block_size
 
     def window(self, group: int) -> int | None:
         spec = self.groups[group]
@@ -107,10 +112,31 @@ def hybrid_kv_layout(model: nn.Module, model_type: str) -> KVLayout:
     )
 
 
+def mla_kv_layout(model: nn.Module) -> KVLayout | None:
+    """An MLA model's latent pages (models/mla.py): one full-attention group, one tensor per layer of
+    one "KV head" of width kv_lora + rope; None for a model without MLA attention."""
+    from metalserve.executor.models.mla import latent_kv_shape
+
+    layers = model.model.layers
+    shape = latent_kv_shape(layers[0].self_attn) if "self_attn" in layers[0] else None
+    if shape is None:
+        return None
+    width, value_dim = shape
+    n = len(layers)
+    return KVLayout(
+        groups=(FullAttention(layers=tuple(range(n))),),
+        tensors=((1, width),) * n,
+        layer_tensor=tuple(range(n)),
+        layer_group=(0,) * n,
+        group_shapes=((1, width),),
+        value_dim=value_dim,
+    )
+
+
 def loaded_kv_layout(model: nn.Module, model_type: str) -> KVLayout:
     """The layout of a loaded mlx-lm model of `model_type` (hybrids keep K/V for attention layers only)."""
     from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES
 
     if model_type in HYBRID_MODEL_TYPES:
         return hybrid_kv_layout(model, model_type)
-    return model_kv_layout(model)
+    return mla_kv_layout(model) or model_kv_layout(model)
