@@ -14,6 +14,8 @@ from metalserve.loader.loaded import SUPPORTED_MODEL_TYPES
 
 # mlx-lm implements mistral with its llama module.
 _MLX_LM_MODULES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+# Built for GGUF files (gguf_arch_config.py); the engine's adapter decides whether it serves them.
+_MLX_LM_MODULES.update({"qwen3_moe": "qwen3_moe", "gemma3_text": "gemma3_text", "phi3": "phi3"})
 
 
 def model_classes(model_type: str) -> tuple[type[nn.Module], Any]:
