@@ -83,13 +83,14 @@ def load_gguf(path: Path, dense_dtype: mx.Dtype = mx.float32, allow_dense: bool 
     if native_reader_suffices(header):
         tensors, metadata = _read_native(path)
     else:
-        if not allow_dense and any(kind in DEQUANTIZED_TYPES for kind in header.tensor_types.values()):
+        quantized = any(kind in DEQUANTIZED_TYPES for kind in header.tensor_types.values())
+        if quantized and not allow_dense:
             raise ModelLoadError(
                 f"{path} stores {stored_as} tensors, which cannot stay quantized (MLX has no layout for "
                 f"them; only {', '.join(MLX_NATIVE_TYPES[2:])} can); use weights 'auto' or 'dequantize'."
             )
         tensors, metadata = _read_dense(path, dense_dtype)
-        stored_as = f"{stored_as}, dequantized at read"
+        stored_as = f"{stored_as}, dequantized at read" if quantized else stored_as
     factors = {name: tensors.pop(name).astype(mx.float32).tolist() for name in ROPE_FACTOR_TENSORS if name in tensors}
     tensor_names = {n.removesuffix(".scales").removesuffix(".biases") for n in tensors}
     config = config_from_gguf(metadata, tensor_names, factors)  # type: ignore[arg-type]
