@@ -39,25 +39,28 @@ def encoded(kind: T, rng: np.random.Generator) -> np.ndarray:
     return np.asarray(gguf.quants.quantize(rng.standard_normal((N, N), dtype=np.float32), kind))
 
 
+def measure(name: str, data: np.ndarray, repeats: int) -> str:
+    kind = T[name]
+    raw = data.view(np.uint8).reshape(-1)
+    chunks = [data[i : i + 16] for i in range(0, N, 16)]
+    whole = best(lambda: gguf.quants.dequantize(data, kind), repeats)
+    chunked = best(lambda: [gguf.quants.dequantize(c, kind) for c in chunks], repeats)
+    ours = best(lambda: dequantize_numpy(raw, name, (N, N)), repeats)
+    assert np.array_equal(dequantize_numpy(raw, name, (N, N)), gguf.quants.dequantize(data, kind))
+    timings = (("gguf whole", whole), ("gguf 16-row chunks", chunked), ("metalserve", ours))
+    out_mb = N * N * 4 / 1e6
+    return ", ".join(f"{label} {out_mb / t:5.0f} MB/s (in {data.nbytes / 1e6 / t:4.0f})" for label, t in timings)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--types", nargs="*", default=["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "Q8_0"])
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    out_mb = N * N * 4 / 1e6
     for name in args.types:
-        kind = T[name]
-        data = encoded(kind, rng)
-        raw = data.view(np.uint8).reshape(-1)
-        chunks = [data[i : i + 16] for i in range(0, N, 16)]
-        whole = best(lambda: gguf.quants.dequantize(data, kind), args.repeats)
-        chunked = best(lambda: [gguf.quants.dequantize(c, kind) for c in chunks], args.repeats)
-        ours = best(lambda: dequantize_numpy(raw, name, (N, N)), args.repeats)
-        assert np.array_equal(dequantize_numpy(raw, name, (N, N)), gguf.quants.dequantize(data, kind))
-        cells = [f"{label} {out_mb / t:5.0f} MB/s (in {data.nbytes / 1e6 / t:4.0f})"
-                 for label, t in (("gguf whole", whole), ("gguf 16-row chunks", chunked), ("metalserve", ours))]  # fmt: skip
-        print(f"{name}: " + ", ".join(cells))
+        print(f"{name}: {measure(name, encoded(T[name], rng), args.repeats)}")
+
 
 if __name__ == "__main__":
     main()

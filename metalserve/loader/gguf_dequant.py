@@ -17,8 +17,6 @@ import numpy as np
 from metalserve.loader.gguf_kquants import FAST
 from metalserve.loader.gguf_reader import GGUFFile, TensorInfo
 
-DENSE_TYPES = ("F32", "F16", "BF16")
-DEQUANTIZED_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 _MAX_THREADS = 8
 _CHUNK_VALUES = 1 << 16  # values dequantized per call: 256 KiB of fp32, cache-sized
 _VIEWS = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}

@@ -46,10 +46,10 @@ def q5_k(blocks: np.ndarray, out: np.ndarray) -> None:
     """Q5_K blocks (n, 176): Q4_K's nibbles plus a fifth bit per value from qh (bit i: sub-block i)."""
     qh = blocks[:, 16:48][:, None, :]  # (n, 1, 32)
     qs = blocks[:, 48:176].reshape(-1, 4, 32)
-    codes = np.empty((blocks.shape[0], 4, 2, 32), dtype=np.uint8)
-    codes[:, :, 0] = qs & _NIBBLE
-    codes[:, :, 1] = qs >> 4
-    codes = codes.reshape(-1, 8, 32)
+    pairs = np.empty((blocks.shape[0], 4, 2, 32), dtype=np.uint8)
+    pairs[:, :, 0] = qs & _NIBBLE
+    pairs[:, :, 1] = qs >> 4
+    codes = pairs.reshape(-1, 8, 32)
     codes |= ((qh >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1) << 4
     q = out.reshape(-1, 8, 32)
     q[...] = codes
@@ -61,10 +61,10 @@ def q6_k(blocks: np.ndarray, out: np.ndarray) -> None:
     n = blocks.shape[0]
     ql = blocks[:, 0:128].reshape(n, 2, 1, 64)
     qh = blocks[:, 128:192].reshape(n, 2, 1, 32)
-    codes = np.empty((n, 2, 2, 64), dtype=np.uint8)
-    codes[:, :, 0:1] = ql & _NIBBLE
-    codes[:, :, 1:2] = ql >> 4
-    codes = codes.reshape(n, 8, 32)
+    halves = np.empty((n, 2, 2, 64), dtype=np.uint8)
+    halves[:, :, 0:1] = ql & _NIBBLE
+    halves[:, :, 1:2] = ql >> 4
+    codes = halves.reshape(n, 8, 32)
     codes |= ((qh >> np.array([0, 2, 4, 6], dtype=np.uint8)[None, None, :, None]) & 3).reshape(n, 8, 32) << 4
     q = out.reshape(n, 8, 32)
     q[...] = codes

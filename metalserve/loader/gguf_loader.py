@@ -16,8 +16,7 @@ import mlx.core as mx
 
 from metalserve.loader.errors import ModelLoadError
 from metalserve.loader.gguf_config import check_architecture, config_from_gguf
-from metalserve.loader.gguf_dequant import DEQUANTIZED_TYPES, read_tensors
-from metalserve.loader.gguf_header import GGUFFormatError, GGUFHeader, read_header
+from metalserve.loader.gguf_header import DEQUANTIZED_TYPES, GGUFFormatError, GGUFHeader, read_header
 from metalserve.loader.gguf_reader import read_gguf
 from metalserve.loader.gguf_tokenizer import tokenizer_from_gguf
 from metalserve.loader.gguf_weights import (
@@ -61,6 +60,8 @@ def _read_native(path: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
 
 
 def _read_dense(path: Path, dense_dtype: mx.Dtype) -> tuple[dict[str, mx.array], dict[str, Any]]:
+    from metalserve.loader.gguf_dequant import read_tensors  # imports gguf: only files that need it
+
     try:
         file = read_gguf(path)
     except GGUFFormatError as exc:

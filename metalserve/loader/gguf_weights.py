@@ -14,7 +14,7 @@ import re
 import mlx.core as mx
 
 from metalserve.loader.errors import ModelLoadError
-from metalserve.loader.gguf_dequant import DENSE_TYPES, DEQUANTIZED_TYPES
+from metalserve.loader.gguf_header import DENSE_TYPES, DEQUANTIZED_TYPES
 
 # Tensor types `mx.load` reads exactly: the three quantized ones land in MLX's affine layout (group 32).
 MLX_NATIVE_TYPES = ("F32", "F16", "Q4_0", "Q4_1", "Q8_0")
