@@ -9,6 +9,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
+from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
 from metalserve.loader.affine_codes import AffineCodes, affine_codes
 
@@ -19,9 +20,8 @@ def fp32_bytes(model: nn.Module) -> int:
     """The model's size once every weight is dense fp32 (quantized weights counted unpacked)."""
     total = 0
     for _, module in model.named_modules():
-        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
-            rows, packed = module.weight.shape
-            total += rows * packed * 32 // module.bits
+        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding, QuantizedSwitchLinear)):
+            total += module.weight.size * 32 // module.bits
             if "bias" in module:
                 total += module.bias.size
         elif not module.children():
@@ -48,7 +48,20 @@ def _unpack(module: nn.QuantizedLinear | nn.QuantizedEmbedding) -> mx.array:
     return mx.dequantize(module.weight, scales, biases, module.group_size, module.bits)
 
 
+def _dense_switch_twin(module: QuantizedSwitchLinear) -> SwitchLinear:
+    """MoE experts (mlx-lm's SwitchGLU projections), stacked [experts, out, in]."""
+    w = _unpack(module)
+    experts, out_dims, in_dims = w.shape
+    twin = SwitchLinear(in_dims, out_dims, experts, bias="bias" in module)
+    twin.weight = w.astype(mx.float32)
+    if "bias" in module:
+        twin.bias = module.bias.astype(mx.float32)
+    return twin
+
+
 def _dense_twin(module: nn.Module) -> nn.Module:
+    if isinstance(module, QuantizedSwitchLinear):
+        return _dense_switch_twin(module)
     if isinstance(module, nn.QuantizedLinear):
         w = _unpack(module)
         has_bias = "bias" in module

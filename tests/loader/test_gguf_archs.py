@@ -35,3 +35,5 @@ def test_architecture_logits_equal_mlx_lm_on_the_decoded_weights(tmp_path: Path,
     assert type(loaded.model) is type(reference)
     assert loaded.head_dim == 64 and loaded.num_kv_heads == 2
     close(logits(loaded.model, TOKENS), logits(reference, TOKENS))
+    # Nothing stays packed when dequantizing, MoE experts included.
+    assert not any("Quantized" in type(m).__name__ for _, m in loaded.model.named_modules())
