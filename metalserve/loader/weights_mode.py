@@ -38,7 +38,7 @@ def should_dequantize(mode: str, fp32_size: int, max_bytes: int, on_metal: bool)
     return not on_metal and fp32_size <= max_bytes
 
 
-def _unpack(module: nn.QuantizedLinear | nn.QuantizedEmbedding) -> mx.array:
+def _unpack(module: nn.QuantizedLinear | nn.QuantizedEmbedding | QuantizedSwitchLinear) -> mx.array:
     mode = getattr(module, "mode", "affine")
     if mode != "affine":  # mxfp4/nvfp4/mxfp8: uint8 scales, no biases
         return mx.dequantize(module.weight, module.scales, None, module.group_size, module.bits, mode=mode)
