@@ -1,20 +1,24 @@
-"""GGUF tensors (any supported ggml type) as dense MLX arrays, dequantized with the `gguf` package.
+"""GGUF tensors of any supported ggml type as MLX arrays (for files `mx.load` cannot read exactly).
 
-MLX has no layout for the K-quants, Q5_0/Q5_1 or GGUF's BF16 reader, so tensors read here become dense:
-BF16/F16/F32 as stored, quantized ones as fp32 (fp16 when asked, as on Metal, to halve the memory).
-gguf's dequantizers are vectorised NumPy that release the GIL, so tensors are decoded on a thread pool.
+Q4_K matrices map exactly onto MLX's 4-bit affine layout (groups of 32) and stay packed, so Metal keeps
+them quantized and the CPU host path reads their codes, as for Q4_0/Q4_1. MLX has no layout for the
+other K-quants (Q2_K, Q3_K and Q6_K scale groups of 16; Q5_K and Q5_0/Q5_1 are 5-bit), so those become
+dense: fp32, or fp16 when asked (on Metal, half the memory). BF16/F16/F32 stay as stored. The NumPy
+decoders release the GIL, so tensors are decoded on a thread pool.
 """
 
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import gguf
 import mlx.core as mx
 import numpy as np
 
-from metalserve.loader.gguf_kquants import FAST
+from metalserve.loader.gguf_header import AFFINE_TYPES
+from metalserve.loader.gguf_kquants import FAST, q4_k_affine
 from metalserve.loader.gguf_reader import GGUFFile, TensorInfo
 
 _MAX_THREADS = 8
@@ -45,35 +49,64 @@ def dequantize_numpy(raw: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.n
     return out.reshape(shape)
 
 
-def _decode(file: GGUFFile, info: TensorInfo, half: bool) -> np.ndarray:
-    """The tensor as NumPy: dense types as stored (BF16 as its uint16 bits), quantized ones as fp32/fp16."""
+def affine_numpy(raw: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A Q4_K tensor's bytes as MLX's affine layout: packed codes, scales and biases (fp32), row chunk
+    by row chunk."""
+    rows = raw.reshape(-1, shape[-1] // 256 * 144)
+    n, groups = rows.shape[0], shape[-1] // 32
+    packed = np.empty((n, shape[-1] // 8), dtype=np.uint32)
+    scales, biases = np.empty((n, groups), dtype=np.float32), np.empty((n, groups), dtype=np.float32)
+    step = max(1, _CHUNK_VALUES // shape[-1])
+    for start in range(0, n, step):
+        p, s, b = q4_k_affine(rows[start : start + step].reshape(-1, 144))
+        packed[start : start + step] = p.reshape(-1, packed.shape[1])
+        scales[start : start + step] = s.reshape(-1, groups)
+        biases[start : start + step] = b.reshape(-1, groups)
+    lead = shape[:-1]
+    return packed.reshape(*lead, -1), scales.reshape(*lead, -1), biases.reshape(*lead, -1)
+
+
+def keeps_affine(info: TensorInfo) -> bool:
+    """Q4_K matrices (and stacked experts) map exactly onto MLX's 4-bit affine layout, so they stay packed."""
+    return info.kind in AFFINE_TYPES and len(info.shape) >= 2 and info.name.endswith(".weight")
+
+
+def _decode(file: GGUFFile, info: TensorInfo, half: bool) -> dict[str, np.ndarray]:
+    """The tensor as NumPy by name: dense types as stored (BF16 as its uint16 bits), Q4_K matrices as
+    `.weight`/`.scales`/`.biases` in MLX's affine layout, other quantized ones dequantized; fp16 if `half`."""
     raw = file.data[info.start : info.start + info.nbytes]
     if info.kind in _VIEWS:
-        return raw.view(_VIEWS[info.kind]).reshape(info.shape)
-    values = dequantize_numpy(raw, info.kind, info.shape)
-    return values.astype(np.float16) if half else values
-
-
-def _to_mlx(values: np.ndarray, kind: str) -> mx.array:
-    array = mx.array(values)
-    return array.view(mx.bfloat16) if kind == "BF16" else array  # numpy has no bfloat16: carry the bits
-
-
-def tensor_array(file: GGUFFile, info: TensorInfo, dense_dtype: mx.Dtype) -> mx.array:
-    """One tensor as an MLX array: dense types as stored, quantized ones dequantized to `dense_dtype`."""
-    array = _to_mlx(_decode(file, info, dense_dtype == mx.float16), info.kind)
-    return array if info.kind in _VIEWS else array.astype(dense_dtype)
+        return {info.name: raw.view(_VIEWS[info.kind]).reshape(info.shape)}
+    dtype = np.float16 if half else np.float32
+    if keeps_affine(info):
+        packed, scales, biases = affine_numpy(raw, info.shape)
+        base = info.name.removesuffix(".weight")
+        scales, biases = scales.astype(dtype, copy=False), biases.astype(dtype, copy=False)
+        return {info.name: packed, f"{base}.scales": scales, f"{base}.biases": biases}
+    return {info.name: dequantize_numpy(raw, info.kind, info.shape).astype(dtype, copy=False)}
 
 
 def read_tensors(file: GGUFFile, dense_dtype: mx.Dtype) -> dict[str, mx.array]:
-    """Every tensor of the file. Decoding runs on up to eight threads (largest tensors first, to balance
-    them); MLX arrays are made on this thread, each as soon as its tensor is decoded."""
+    """Every tensor of the file; `dense_dtype` (fp32 or fp16) for dequantized values and affine scales.
+    Decoding runs on up to eight threads (largest tensors first, to balance
+    them); MLX arrays are made on this thread, in order. At most two tensors per thread are decoded
+    ahead of that, so the fp32 NumPy copies in memory stay a few tensors, not the model."""
     infos = sorted(file.tensors.values(), key=lambda t: -t.nbytes)
     workers = max(1, min(_MAX_THREADS, os.cpu_count() or 1))
     half = dense_dtype == mx.float16
     out: dict[str, mx.array] = {}
+    pending: deque[tuple[TensorInfo, Future[dict[str, np.ndarray]]]] = deque()
+
+    def collect() -> None:
+        info, future = pending.popleft()
+        for name, values in future.result().items():
+            out[name] = mx.array(values).view(mx.bfloat16) if info.kind == "BF16" else mx.array(values)
+
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        for info, values in zip(infos, pool.map(lambda t: _decode(file, t, half), infos), strict=True):
-            array = _to_mlx(values, info.kind)
-            out[info.name] = array if info.kind in _VIEWS else array.astype(dense_dtype)
+        for info in infos:
+            if len(pending) >= 2 * workers:
+                collect()
+            pending.append((info, pool.submit(_decode, file, info, half)))
+        while pending:
+            collect()
     return out

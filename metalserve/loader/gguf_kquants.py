@@ -33,6 +33,21 @@ def _affine(blocks: np.ndarray, q: np.ndarray) -> None:
     np.subtract(q, offset, out=q)
 
 
+def q4_k_affine(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_K blocks (n, 144) as MLX's affine layout (4 bits, groups of 32), exactly: each 32-value
+    sub-block is scale * q + bias with scale = d * sc and bias = -(dmin * m). Returns the codes packed
+    eight to a uint32 (lowest bits first, as MLX packs them) and the fp32 scales and biases, (n, 8) each."""
+    qs = blocks[:, 16:144].reshape(-1, 4, 32)
+    codes = np.empty((blocks.shape[0], 4, 2, 32), dtype=np.uint32)
+    codes[:, :, 0] = qs & _NIBBLE
+    codes[:, :, 1] = qs >> 4
+    codes = codes.reshape(-1, 8) << np.arange(0, 32, 4, dtype=np.uint32)
+    packed = np.bitwise_or.reduce(codes, axis=1).reshape(blocks.shape[0], 32)
+    d, dmin = _halves(blocks)
+    sc, m = Q4_K.get_scale_min(blocks[:, 4:16])
+    return packed, d * sc.astype(np.float32), -(dmin * m.astype(np.float32))
+
+
 def q4_k(blocks: np.ndarray, out: np.ndarray) -> None:
     """Q4_K blocks (n, 144) -> `out` (n, 256) fp32. Byte j of 32-byte group g holds sub-blocks 2g, 2g+1."""
     qs = blocks[:, 16:144].reshape(-1, 4, 32)

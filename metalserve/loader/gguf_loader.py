@@ -2,8 +2,8 @@
 
 Files whose tensors are all of the types `mx.load` reads exactly (F32, F16, Q4_0, Q4_1, Q8_0) go through
 it, so their quantized layers stay in MLX's affine layout (kept quantized on Metal). Files with any other
-type (K-quants, Q5_0/Q5_1, BF16) are read by gguf_reader.py and dequantized to dense arrays: MLX has no
-kernels for those layouts.
+type (K-quants, Q5_0/Q5_1, BF16) are read by gguf_reader.py: Q4_K into the affine layout too, the rest
+dequantized to dense arrays (gguf_dequant.py says why).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import mlx.core as mx
 
 from metalserve.loader.errors import ModelLoadError
 from metalserve.loader.gguf_config import check_architecture, config_from_gguf
-from metalserve.loader.gguf_header import DEQUANTIZED_TYPES, GGUFFormatError, GGUFHeader, read_header
+from metalserve.loader.gguf_header import AFFINE_TYPES, DEQUANTIZED_TYPES, GGUFFormatError, GGUFHeader, read_header
 from metalserve.loader.gguf_reader import read_gguf
 from metalserve.loader.gguf_tokenizer import tokenizer_from_gguf
 from metalserve.loader.gguf_weights import (
@@ -84,14 +84,16 @@ def load_gguf(path: Path, dense_dtype: mx.Dtype = mx.float32, allow_dense: bool 
     if native_reader_suffices(header):
         tensors, metadata = _read_native(path)
     else:
-        quantized = any(kind in DEQUANTIZED_TYPES for kind in header.tensor_types.values())
-        if quantized and not allow_dense:
+        dense = sorted({k for k in header.tensor_types.values() if k in DEQUANTIZED_TYPES and k not in AFFINE_TYPES})
+        if dense and not allow_dense:
             raise ModelLoadError(
-                f"{path} stores {stored_as} tensors, which cannot stay quantized (MLX has no layout for "
-                f"them; only {', '.join(MLX_NATIVE_TYPES[2:])} can); use weights 'auto' or 'dequantize'."
+                f"{path} stores {', '.join(dense)} tensors, which cannot stay quantized (MLX has no layout for "
+                f"them; {', '.join(MLX_NATIVE_TYPES[2:] + AFFINE_TYPES)} can); use weights 'auto' or 'dequantize'."
             )
         tensors, metadata = _read_dense(path, dense_dtype)
-        stored_as = f"{stored_as}, dequantized at read" if quantized else stored_as
+        if dense:
+            read = f"{', '.join(dense)} dequantized at read"
+            stored_as = f"{stored_as}, {read}" if dense == [stored_as] else f"{stored_as} ({read})"
     factors = {name: tensors.pop(name).astype(mx.float32).tolist() for name in ROPE_FACTOR_TENSORS if name in tensors}
     tensor_names = {n.removesuffix(".scales").removesuffix(".biases") for n in tensors}
     config = config_from_gguf(metadata, tensor_names, factors)  # type: ignore[arg-type]

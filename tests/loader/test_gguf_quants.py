@@ -6,6 +6,7 @@ from pathlib import Path
 
 import gguf
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
@@ -14,8 +15,9 @@ from metalserve.loader import ModelLoadError, load_model
 from metalserve.loader.gguf_dequant import read_tensors
 from metalserve.loader.gguf_loader import load_gguf
 from metalserve.loader.gguf_reader import read_gguf
-from tests.loader.gguf_arch_models import write_arch_gguf
+from tests.loader.gguf_arch_models import reference_model, write_arch_gguf
 from tests.loader.gguf_blocks import K_QUANTS, T, add_encoded, encode
+from tests.loader.tiny_models import logits
 
 NEW_TYPES = [*K_QUANTS, T.Q5_0, T.Q5_1, T.BF16]
 ALL_TYPES = [*NEW_TYPES, T.Q4_0, T.Q4_1, T.Q8_0, T.F16, T.F32]
@@ -44,15 +46,28 @@ def _gguf_own(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
+def _dense(tensors: dict[str, mx.array]) -> dict[str, np.ndarray]:
+    """Plain values by tensor name; Q4_K matrices come packed (MLX affine) and are unpacked by MLX."""
+    out = {}
+    for name, t in tensors.items():
+        base = name.removesuffix(".weight")
+        if name.endswith((".scales", ".biases")):
+            continue
+        if f"{base}.scales" in tensors:
+            t = mx.dequantize(t, tensors[f"{base}.scales"], tensors[f"{base}.biases"], group_size=32, bits=4)
+        out[name] = np.array(t.astype(mx.float32))
+    return out
+
+
 @pytest.mark.parametrize("kind", ALL_TYPES, ids=lambda k: k.name)
 def test_tensors_equal_the_gguf_packages_dequantization(tmp_path: Path, kind: T) -> None:
     path = tmp_path / f"{kind.name}.gguf"
     _write(path, kind)
-    got = read_tensors(read_gguf(path), mx.float32)
+    got = _dense(read_tensors(read_gguf(path), mx.float32))
     want = _gguf_own(path)
     assert set(got) == set(want) == set(SHAPES)
     for name, w in want.items():
-        g = np.array(got[name].astype(mx.float32))
+        g = got[name]
         assert g.shape == SHAPES[name] and np.isfinite(w).all()
         assert np.array_equal(g, w), f"{kind.name} {name}: max diff {np.abs(g - w).max()}"
 
@@ -62,8 +77,8 @@ def test_a_model_in_each_new_type_loads_its_exact_weights(tmp_path: Path, kind: 
     path = tmp_path / f"llama-{kind.name}.gguf"
     reference = write_arch_gguf(path, "llama", kind)
     loaded = load_model(str(path), weights="dequantize")
-    read = kind.name if kind == T.BF16 else f"{kind.name}, dequantized at read"
-    assert loaded.weights_desc.startswith(f"fp32 (cast from {read}")
+    desc = {T.BF16: "cast from BF16", T.Q4_K: "dequantized from Q4_K"}.get(kind)
+    assert loaded.weights_desc.startswith(f"fp32 ({desc or f'cast from {kind.name}, {kind.name} dequantized at read'}")
     params = dict(tree_flatten(loaded.model.parameters()))
     assert set(params) == set(reference)
     for name, want in reference.items():
@@ -71,13 +86,31 @@ def test_a_model_in_each_new_type_loads_its_exact_weights(tmp_path: Path, kind: 
 
 
 def test_quantized_tensors_become_fp16_where_asked_and_bf16_stays_bf16(tmp_path: Path) -> None:
-    _write(tmp_path / "q4k.gguf", T.Q4_K)
-    half = read_tensors(read_gguf(tmp_path / "q4k.gguf"), mx.float16)
+    _write(tmp_path / "q6k.gguf", T.Q6_K)
+    half = read_tensors(read_gguf(tmp_path / "q6k.gguf"), mx.float16)
     assert half["a.weight"].dtype == mx.float16
-    want = _gguf_own(tmp_path / "q4k.gguf")["a.weight"].astype(np.float16)
+    want = _gguf_own(tmp_path / "q6k.gguf")["a.weight"].astype(np.float16)
     assert np.array_equal(np.array(half["a.weight"]), want)
     _write(tmp_path / "bf16.gguf", T.BF16)
     assert read_tensors(read_gguf(tmp_path / "bf16.gguf"), mx.float16)["a.weight"].dtype == mx.bfloat16
+    _write(tmp_path / "q4k.gguf", T.Q4_K)
+    packed = read_tensors(read_gguf(tmp_path / "q4k.gguf"), mx.float16)
+    assert packed["a.weight"].dtype == mx.uint32 and packed["a.scales"].dtype == mx.float16
+
+
+def test_q4_k_stays_packed_in_mlx_affine_layout_with_its_codes(tmp_path: Path) -> None:
+    path = tmp_path / "q4k.gguf"
+    reference = reference_model("qwen3", write_arch_gguf(path, "qwen3", T.Q4_K))
+    kept = load_model(str(path), weights="quantized")
+    q = kept.model.model.layers[0].self_attn.q_proj
+    assert isinstance(q, nn.QuantizedLinear) and (q.bits, q.group_size) == (4, 32)
+    assert kept.weights_desc.startswith("quantized Q4_K")
+    tokens = [1, 40, 41, 260, 261, 7, 99, 2]
+    want = logits(reference, tokens)
+    np.testing.assert_allclose(logits(kept.model, tokens), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    # The CPU default dequantizes them and keeps the 4-bit codes for the host path, as for Q4_0/Q4_1.
+    auto = load_model(str(path))
+    assert "model.layers.0.self_attn.q_proj" in auto.codes and auto.weights_desc.startswith("fp32 (dequantized")
 
 
 def test_keeping_k_quants_quantized_is_refused_not_silently_dequantized(tmp_path: Path) -> None:
