@@ -37,12 +37,14 @@ def q4_k_affine(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     """Q4_K blocks (n, 144) as MLX's affine layout (4 bits, groups of 32), exactly: each 32-value
     sub-block is scale * q + bias with scale = d * sc and bias = -(dmin * m). Returns the codes packed
     eight to a uint32 (lowest bits first, as MLX packs them) and the fp32 scales and biases, (n, 8) each."""
-    qs = blocks[:, 16:144].reshape(-1, 4, 32)
-    codes = np.empty((blocks.shape[0], 4, 2, 32), dtype=np.uint32)
-    codes[:, :, 0] = qs & _NIBBLE
-    codes[:, :, 1] = qs >> 4
-    codes = codes.reshape(-1, 8) << np.arange(0, 32, 4, dtype=np.uint32)
-    packed = np.bitwise_or.reduce(codes, axis=1).reshape(blocks.shape[0], 32)
+    # Sub-block 2g holds the low nibbles of 32-byte group g, 2g+1 the high ones; MLX packs two values a
+    # byte, the even one low. So each packed byte merges the same nibble of two neighbouring bytes.
+    qs = blocks[:, 16:144].reshape(-1, 4, 16, 2)
+    even, odd = qs[..., 0], qs[..., 1]
+    packed_bytes = np.empty((blocks.shape[0], 4, 2, 16), dtype=np.uint8)
+    packed_bytes[:, :, 0] = (even & _NIBBLE) | (odd << 4)
+    packed_bytes[:, :, 1] = (even >> 4) | (odd & np.uint8(0xF0))
+    packed = packed_bytes.reshape(blocks.shape[0], 128).view("<u4")
     d, dmin = _halves(blocks)
     sc, m = Q4_K.get_scale_min(blocks[:, 4:16])
     return packed, d * sc.astype(np.float32), -(dmin * m.astype(np.float32))
