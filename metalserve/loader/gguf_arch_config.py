@@ -1,13 +1,16 @@
 """Per-architecture config fields read from GGUF metadata, beyond the common ones (gguf_config.py).
 
 Where llama.cpp hard-codes a model fact instead of storing it (gemma3's window pattern and 27B query
-scale, qwen3moe's normalised top-k), the same value is used here.
+scale, qwen3moe's normalised top-k), the same value is used here; llama-3 rope parameters are recovered
+from the stored factors.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from metalserve.loader.errors import ModelLoadError
 from metalserve.loader.gguf_metadata import get, require, to_python
@@ -26,17 +29,42 @@ ROPE_SCALING_KINDS: dict[str, tuple[str, ...]] = {
     "llama": ("linear", "yarn"), "qwen2": ("linear", "yarn"), "qwen3": ("linear", "yarn"), "qwen3moe": (),
     "gemma3": ("linear",), "phi3": ("linear",),
 }  # fmt: skip
+# The rope factor tensors each architecture's config takes (gguf_weights.ROPE_FACTOR_TENSORS).
+FACTOR_TENSORS = {"llama": ("rope_freqs.weight",), "phi3": ("rope_factors_long.weight", "rope_factors_short.weight")}
+_LLAMA3_BOUNDS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 _GEMMA3_DEFAULT_PATTERN = 6  # llama.cpp: every sixth layer is global
 _GEMMA3_27B_LAYERS = 62  # llama.cpp scales the 27B's queries by hidden / heads instead of head_dim
 
 Extras = Callable[[dict[str, Any], str, dict[str, Any], set[str], dict[str, list[float]]], dict[str, Any]]
 
 
+def _llama3_factors(scaling: dict[str, Any], dims: int, base: float) -> np.ndarray:
+    """The per-frequency factors mlx-lm's Llama3RoPE applies for `scaling` (llama.cpp stores these)."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    wavelens = 2 * np.pi * base ** (np.arange(0, dims, 2) / dims)
+    smooth = (old / wavelens - low) / (high - low)
+    medium = 1 / ((1 - smooth) / factor + smooth)
+    out = np.where(wavelens > old / low, factor, 1.0)
+    return np.where((wavelens > old / high) & (wavelens < old / low), medium, out)
+
+
 def _llama(metadata: dict[str, Any], arch: str, config: dict[str, Any], names: set[str],
            factors: dict[str, list[float]]) -> dict[str, Any]:  # fmt: skip
-    if "rope_freqs.weight" in names:
-        raise ModelLoadError("The GGUF carries llama-3 rope frequency factors, which are not supported yet.")
-    return {}
+    """llama-3.1-style rope: the file stores only the resulting factors; llama 3.1 to 3.3 all use these
+    smoothing bounds, so they are checked against the factors rather than assumed."""
+    stored = factors.get("rope_freqs.weight")
+    if stored is None:
+        return {}
+    scaling = {"type": "llama3", "factor": max(stored), **_LLAMA3_BOUNDS}
+    dims = int(get(metadata, f"{arch}.rope.dimension_count", config["head_dim"]))
+    if len(stored) != dims // 2 or not np.allclose(_llama3_factors(scaling, dims, config["rope_theta"]), stored,
+                                                    rtol=1e-4):  # fmt: skip
+        raise ModelLoadError(
+            "The GGUF's rope frequency factors (rope_freqs) are not llama-3's with factor "
+            f"{scaling['factor']} and bounds {_LLAMA3_BOUNDS}; this rope scaling is not supported."
+        )
+    return {"rope_scaling": scaling}
 
 
 def _plain(metadata: dict[str, Any], arch: str, config: dict[str, Any], names: set[str],

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from metalserve.loader.errors import ModelLoadError
-from metalserve.loader.gguf_arch_config import ARCH_EXTRAS, MODEL_TYPES, ROPE_SCALING_KINDS
+from metalserve.loader.gguf_arch_config import ARCH_EXTRAS, FACTOR_TENSORS, MODEL_TYPES, ROPE_SCALING_KINDS
 from metalserve.loader.gguf_metadata import get, require
 
 # mistral GGUFs say "llama" too.
@@ -66,6 +66,9 @@ def config_from_gguf(
 
     `rope_factors`: the file's per-frequency rope factor tensors by name (phi3's longrope), as lists."""
     arch = check_architecture(require(metadata, "general.architecture"))
+    for name in rope_factors or {}:
+        if name not in FACTOR_TENSORS.get(arch, ()):
+            raise ModelLoadError(f"The {arch} GGUF carries {name!r}, which metalserve cannot apply to a {arch} model.")
     model_type, hf_architecture = MODEL_TYPES[arch]
     config = {"model_type": model_type, "architectures": [hf_architecture], **_common(metadata, arch, tensor_names)}
     config.update(ARCH_EXTRAS[arch](metadata, arch, config, tensor_names, rope_factors or {}))

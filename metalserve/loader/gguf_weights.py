@@ -20,7 +20,7 @@ from metalserve.loader.gguf_header import DENSE_TYPES, DEQUANTIZED_TYPES
 MLX_NATIVE_TYPES = ("F32", "F16", "Q4_0", "Q4_1", "Q8_0")
 SUPPORTED_TENSOR_TYPES = tuple(dict.fromkeys(DENSE_TYPES + DEQUANTIZED_TYPES))
 # Per-frequency rope factors: config, not parameters (gguf_arch_config.py reads them).
-ROPE_FACTOR_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
+ROPE_FACTOR_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight", "rope_freqs.weight")
 
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _ATTENTION = {

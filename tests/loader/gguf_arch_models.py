@@ -30,6 +30,9 @@ _BASE = {
 }  # fmt: skip
 _EXTRA: dict[str, dict[str, Any]] = {
     "llama": {"model_type": "llama"},
+    # llama 3.1's rope (stored by llama.cpp as per-frequency factors), high factor to make it show.
+    "llama3": {"model_type": "llama", "rope_scaling": {"type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
     "qwen2": {"model_type": "qwen2"},
     "qwen3": {"model_type": "qwen3"},
     "qwen3moe": {"model_type": "qwen3_moe", "num_experts": EXPERTS, "num_experts_per_tok": 2,
@@ -46,7 +49,7 @@ _ATTN = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_att
          "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
          "mlp.down_proj": "ffn_down", "post_attention_layernorm": "ffn_norm"}  # fmt: skip
 _TO_GGUF: dict[str, dict[str, str]] = {
-    "llama": _ATTN, "qwen2": _ATTN, "qwen3": _ATTN,
+    "llama": _ATTN, "llama3": _ATTN, "qwen2": _ATTN, "qwen3": _ATTN,
     "qwen3moe": {**_ATTN, "mlp.gate": "ffn_gate_inp", "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
                  "mlp.switch_mlp.up_proj": "ffn_up_exps", "mlp.switch_mlp.down_proj": "ffn_down_exps"},
     "gemma3": {**_ATTN, "post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
@@ -81,11 +84,22 @@ def _permute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 def _store(arch: str, module: str, w: np.ndarray) -> np.ndarray:
     """The stored form of an encoded HF tensor."""
-    if arch == "llama" and module == "self_attn.q_proj":
+    if arch in ("llama", "llama3") and module == "self_attn.q_proj":
         return _permute_rows(w, HEADS)
-    if arch == "llama" and module == "self_attn.k_proj":
+    if arch in ("llama", "llama3") and module == "self_attn.k_proj":
         return _permute_rows(w, KV_HEADS)
     return w
+
+
+def _rope_freqs(config: dict[str, Any]) -> list[float]:
+    """llama.cpp's converter's factors for llama-3 rope: 1 at high frequencies, the factor at low ones."""
+    factor, base, old = config["rope_scaling"]["factor"], config["rope_theta"], 8192
+    out = []
+    for i in range(0, HEAD_DIM, 2):
+        wavelen = 2 * np.pi * base ** (i / HEAD_DIM)
+        smooth = (old / wavelen - 1) / (4 - 1)
+        out.append(1.0 if wavelen < old / 4 else factor if wavelen > old else 1 / ((1 - smooth) / factor + smooth))
+    return out
 
 
 def _metadata(writer: gguf.GGUFWriter, arch: str, config: dict[str, Any]) -> None:
@@ -99,6 +113,7 @@ def _metadata(writer: gguf.GGUFWriter, arch: str, config: dict[str, Any]) -> Non
     writer.add_value_length(HEAD_DIM)
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_rope_freq_base(config["rope_theta"])
+    writer.add_rope_dimension_count(HEAD_DIM // 2 if arch == "phi3" else HEAD_DIM)
     writer.add_vocab_size(config["vocab_size"])
     if arch == "qwen3moe":
         writer.add_expert_count(EXPERTS)
@@ -107,8 +122,9 @@ def _metadata(writer: gguf.GGUFWriter, arch: str, config: dict[str, Any]) -> Non
     if arch == "gemma3":
         writer.add_sliding_window(config["sliding_window"])
         writer.add_array(f"{arch}.attention.sliding_window_pattern", [True, False])  # per-layer flags
+    if arch == "llama3":
+        writer.add_tensor("rope_freqs.weight", np.array(_rope_freqs(config), dtype=np.float32))
     if arch == "phi3":
-        writer.add_rope_dimension_count(HEAD_DIM // 2)
         writer.add_rope_scaling_orig_ctx_len(config["original_max_position_embeddings"])
         writer.add_tensor("rope_factors_long.weight", np.array(PHI3_LONG, dtype=np.float32))
         writer.add_tensor("rope_factors_short.weight", np.array(PHI3_SHORT, dtype=np.float32))
@@ -122,7 +138,7 @@ def write_arch_gguf(path: Path, arch: str, kind: T, seed: int = 0) -> dict[str, 
     if config["tie_word_embeddings"]:
         params.pop("lm_head.weight", None)
     rng = np.random.default_rng(seed)
-    writer = gguf.GGUFWriter(str(path), arch)
+    writer = gguf.GGUFWriter(str(path), "llama" if arch == "llama3" else arch)
     _metadata(writer, arch, config)
     reference: dict[str, mx.array] = {}
     for name, p in params.items():

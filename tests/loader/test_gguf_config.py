@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -61,3 +62,31 @@ def test_qwen3moe_and_phi3_fields() -> None:
 def test_an_unsupported_architecture_names_the_supported_ones() -> None:
     with pytest.raises(ModelLoadError, match="'mamba' is not supported.*llama, qwen2, qwen3, qwen3moe, gemma3, phi3"):
         config_from_gguf(meta("mamba"), set())
+
+
+def converter_rope_freqs(factor: float, dims: int, base: float) -> list[float]:
+    """llama.cpp's converter's rope_freqs for llama 3.1 (low 1, high 4, original context 8192)."""
+    out = []
+    for i in range(0, dims, 2):
+        wavelen = 2 * math.pi / (1.0 / base ** (i / dims))
+        if wavelen < 8192 / 4:
+            out.append(1.0)
+        elif wavelen > 8192 / 1:
+            out.append(factor)
+        else:
+            smooth = (8192 / wavelen - 1) / (4 - 1)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return out
+
+
+def test_llama3_rope_parameters_are_recovered_from_the_stored_factors() -> None:
+    m = meta("llama", **{"ARCH.rope.freq_base": 500000.0})
+    factors = {"rope_freqs.weight": converter_rope_freqs(8.0, 128, 500000.0)}
+    config = config_from_gguf(m, set(), factors)
+    assert config["rope_scaling"] == {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}  # fmt: skip
+    factors["rope_freqs.weight"][20] *= 1.5  # not llama-3's curve: refused, not approximated
+    with pytest.raises(ModelLoadError, match="not llama-3's"):
+        config_from_gguf(m, set(), factors)
+    with pytest.raises(ModelLoadError, match="carries 'rope_freqs.weight'"):
+        config_from_gguf(meta("qwen2"), set(), {"rope_freqs.weight": [1.0]})
