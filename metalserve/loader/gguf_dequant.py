@@ -2,7 +2,8 @@
 
 Q4_K matrices map exactly onto MLX's 4-bit affine layout (groups of 32) and stay packed, so Metal keeps
 them quantized and the CPU host path reads their codes, as for Q4_0/Q4_1. MLX has no groups of 16 for
-Q2_K, Q3_K and Q6_K (Q5_K and Q5_0/Q5_1 would fit its 5-bit layout; not done yet), so those become dense: fp32, or fp16 when asked (on Metal, half the memory). BF16/F16/F32 stay as stored. The NumPy
+Q2_K, Q3_K and Q6_K (Q5_K and Q5_0/Q5_1 would fit its 5-bit layout; not done yet), so those become
+dense: fp32, or fp16 when asked (on Metal, half the memory). BF16/F16/F32 stay as stored. The NumPy
 decoders release the GIL, so tensors are decoded on a thread pool.
 """
 
