@@ -1,7 +1,8 @@
 """Dequantization speed of GGUF tensor types on a 4096x4096 tensor, one thread: gguf's dequantizer on
 the whole tensor, gguf's on chunks of 16 rows, and metalserve's loader (gguf_dequant.dequantize_numpy:
-row chunks, and gguf_kquants.py's own code for Q4_K/Q5_K/Q6_K), checked equal bit for bit; for Q4_K
-also its repacking into MLX's affine layout (what the loader does with Q4_K matrices; MB/s of fp32 equivalent).
+row chunks, and gguf_kquants.py's own code for Q4_K/Q5_K/Q6_K), checked equal bit for bit; for Q4_K,
+Q5_K, Q5_0 and Q5_1 also their repacking into MLX's affine layout (what the loader does with those
+matrices; MB/s of fp32 equivalent).
 MB/s (of CPU time) counts fp32 output; "in" counts the file's bytes. K-quant tensors are random valid blocks.
 Run by hand:  .venv/bin/python bench/gguf_dequant.py [--repeats 5] [--types Q4_K Q6_K]
 """
@@ -18,6 +19,7 @@ import gguf
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from metalserve.loader.gguf_affine import AFFINE  # noqa: E402
 from metalserve.loader.gguf_dequant import affine_numpy, dequantize_numpy  # noqa: E402
 from tests.loader.gguf_blocks import K_QUANTS, random_k_blocks  # noqa: E402
 
@@ -49,8 +51,8 @@ def measure(name: str, data: np.ndarray, repeats: int) -> str:
     ours = best(lambda: dequantize_numpy(raw, name, (N, N)), repeats)
     assert np.array_equal(dequantize_numpy(raw, name, (N, N)), gguf.quants.dequantize(data, kind))
     timings = [("gguf whole", whole), ("gguf 16-row chunks", chunked), ("metalserve", ours)]
-    if name == "Q4_K":  # what the loader really does with Q4_K: repack into MLX's affine layout
-        timings.append(("metalserve affine", best(lambda: affine_numpy(raw, (N, N)), repeats)))
+    if name in AFFINE:  # what the loader really does with these: repack into MLX's affine layout
+        timings.append(("metalserve affine", best(lambda: affine_numpy(raw, name, (N, N)), repeats)))
     out_mb = N * N * 4 / 1e6
     return ", ".join(f"{label} {out_mb / t:5.0f} MB/s (in {data.nbytes / 1e6 / t:4.0f})" for label, t in timings)
 

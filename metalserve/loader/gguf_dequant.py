@@ -1,10 +1,10 @@
 """GGUF tensors of any supported ggml type as MLX arrays (for files `mx.load` cannot read exactly).
 
-Q4_K matrices map exactly onto MLX's 4-bit affine layout (groups of 32) and stay packed, so Metal keeps
-them quantized and the CPU host path reads their codes, as for Q4_0/Q4_1. MLX has no groups of 16 for
-Q2_K, Q3_K and Q6_K (Q5_K and Q5_0/Q5_1 would fit its 5-bit layout; not done yet), so those become
-dense: fp32, or fp16 when asked (on Metal, half the memory). BF16/F16/F32 stay as stored. The NumPy
-decoders release the GIL, so tensors are decoded on a thread pool.
+Q4_K, Q5_K, Q5_0 and Q5_1 matrices map exactly onto MLX's 4/5-bit affine layout (gguf_affine.py) and
+stay packed, so Metal keeps them quantized and the CPU host path reads their codes, as for Q4_0/Q4_1.
+MLX has no groups of 16 for Q2_K, Q3_K and Q6_K, so those become dense: fp32, or fp16 when asked (on
+Metal, half the memory). BF16/F16/F32 stay as stored. The NumPy decoders release the GIL, so tensors are
+decoded on a thread pool.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import gguf
 import mlx.core as mx
 import numpy as np
 
+from metalserve.loader.gguf_affine import AFFINE
 from metalserve.loader.gguf_header import AFFINE_TYPES
-from metalserve.loader.gguf_kquants import FAST, q4_k_affine
+from metalserve.loader.gguf_kquants import FAST
 from metalserve.loader.gguf_reader import GGUFFile, TensorInfo
 
 _MAX_THREADS = 8
@@ -49,16 +50,17 @@ def dequantize_numpy(raw: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.n
     return out.reshape(shape)
 
 
-def affine_numpy(raw: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A Q4_K tensor's bytes as MLX's affine layout: packed codes, scales and biases (fp32), row chunk
-    by row chunk."""
-    rows = raw.reshape(-1, shape[-1] // 256 * 144)
+def affine_numpy(raw: np.ndarray, kind: str, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A Q4_K/Q5_K/Q5_0/Q5_1 tensor's bytes as MLX's affine layout: codes packed in uint32, fp32 scales
+    and biases (one per 32 values), row chunk by row chunk."""
+    size, values, bits, repack = AFFINE[kind]
+    rows = raw.reshape(-1, shape[-1] // values * size)
     n, groups = rows.shape[0], shape[-1] // 32
-    packed = np.empty((n, shape[-1] // 8), dtype=np.uint32)
+    packed = np.empty((n, shape[-1] * bits // 32), dtype=np.uint32)
     scales, biases = np.empty((n, groups), dtype=np.float32), np.empty((n, groups), dtype=np.float32)
     step = max(1, _CHUNK_VALUES // shape[-1])
     for start in range(0, n, step):
-        p, s, b = q4_k_affine(rows[start : start + step].reshape(-1, 144))
+        p, s, b = repack(rows[start : start + step].reshape(-1, size))
         packed[start : start + step] = p.reshape(-1, packed.shape[1])
         scales[start : start + step] = s.reshape(-1, groups)
         biases[start : start + step] = b.reshape(-1, groups)
@@ -67,19 +69,19 @@ def affine_numpy(raw: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, n
 
 
 def keeps_affine(info: TensorInfo) -> bool:
-    """Q4_K matrices (and stacked experts) map exactly onto MLX's 4-bit affine layout, so they stay packed."""
+    """Q4_K/Q5_K/Q5_0/Q5_1 matrices (and stacked experts) map exactly onto MLX's affine layout: kept packed."""
     return info.kind in AFFINE_TYPES and len(info.shape) >= 2 and info.name.endswith(".weight")
 
 
 def _decode(file: GGUFFile, info: TensorInfo, half: bool) -> dict[str, np.ndarray]:
-    """The tensor as NumPy by name: dense types as stored (BF16 as its uint16 bits), Q4_K matrices as
+    """The tensor as NumPy by name: dense types as stored (BF16 as its uint16 bits), affine ones as
     `.weight`/`.scales`/`.biases` in MLX's affine layout, other quantized ones dequantized; fp16 if `half`."""
     raw = file.data[info.start : info.start + info.nbytes]
     if info.kind in _VIEWS:
         return {info.name: raw.view(_VIEWS[info.kind]).reshape(info.shape)}
     dtype = np.float16 if half else np.float32
     if keeps_affine(info):
-        packed, scales, biases = affine_numpy(raw, info.shape)
+        packed, scales, biases = affine_numpy(raw, info.kind, info.shape)
         base = info.name.removesuffix(".weight")
         scales, biases = scales.astype(dtype, copy=False), biases.astype(dtype, copy=False)
         return {info.name: packed, f"{base}.scales": scales, f"{base}.biases": biases}

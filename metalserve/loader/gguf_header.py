@@ -25,8 +25,8 @@ GGML_TYPE_NAMES = {
 # `mx.load` keeps them in MLX's affine layout (gguf_weights.MLX_NATIVE_TYPES).
 DENSE_TYPES = ("F32", "F16", "BF16")
 DEQUANTIZED_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-# Read into MLX's affine layout exactly (gguf_kquants.q4_k_affine) instead of being dequantized.
-AFFINE_TYPES = ("Q4_K",)
+# Read into MLX's affine layout exactly (gguf_affine.py) instead of being dequantized.
+AFFINE_TYPES = ("Q4_K", "Q5_K", "Q5_0", "Q5_1")
 
 
 class GGUFFormatError(ValueError):

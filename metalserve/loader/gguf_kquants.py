@@ -22,32 +22,19 @@ def _halves(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return d, dmin
 
 
+def k_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K sub-block scales d * sc and offsets dmin * m, (n, 8) fp32 each, as gguf computes them."""
+    d, dmin = _halves(blocks)
+    sc, m = Q4_K.get_scale_min(blocks[:, 4:16])
+    return d * sc.astype(np.float32), dmin * m.astype(np.float32)
+
+
 def _affine(blocks: np.ndarray, q: np.ndarray) -> None:
     """d * sc * q - dmin * m over the eight 32-value sub-blocks, in place: `q` holds the codes as fp32."""
-    d, dmin = _halves(blocks)
-    sc, m = Q4_K.get_scale_min(blocks[:, 4:16])
-    scale = (d * sc.astype(np.float32))[:, :, None]
-    offset = (dmin * m.astype(np.float32))[:, :, None]
+    scale, offset = k_scales(blocks)
     q = q.reshape(-1, 8, 32)
-    np.multiply(scale, q, out=q)
-    np.subtract(q, offset, out=q)
-
-
-def q4_k_affine(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q4_K blocks (n, 144) as MLX's affine layout (4 bits, groups of 32), exactly: each 32-value
-    sub-block is scale * q + bias with scale = d * sc and bias = -(dmin * m). Returns the codes packed
-    eight to a uint32 (lowest bits first, as MLX packs them) and the fp32 scales and biases, (n, 8) each."""
-    # Sub-block 2g holds the low nibbles of 32-byte group g, 2g+1 the high ones; MLX packs two values a
-    # byte, the even one low. So each packed byte merges the same nibble of two neighbouring bytes.
-    qs = blocks[:, 16:144].reshape(-1, 4, 16, 2)
-    even, odd = qs[..., 0], qs[..., 1]
-    packed_bytes = np.empty((blocks.shape[0], 4, 2, 16), dtype=np.uint8)
-    packed_bytes[:, :, 0] = (even & _NIBBLE) | (odd << 4)
-    packed_bytes[:, :, 1] = (even >> 4) | (odd & np.uint8(0xF0))
-    packed = packed_bytes.reshape(blocks.shape[0], 128).view("<u4")
-    d, dmin = _halves(blocks)
-    sc, m = Q4_K.get_scale_min(blocks[:, 4:16])
-    return packed, d * sc.astype(np.float32), -(dmin * m.astype(np.float32))
+    np.multiply(scale[:, :, None], q, out=q)
+    np.subtract(q, offset[:, :, None], out=q)
 
 
 def q4_k(blocks: np.ndarray, out: np.ndarray) -> None:
@@ -59,8 +46,9 @@ def q4_k(blocks: np.ndarray, out: np.ndarray) -> None:
     _affine(blocks, q)
 
 
-def q5_k(blocks: np.ndarray, out: np.ndarray) -> None:
-    """Q5_K blocks (n, 176): Q4_K's nibbles plus a fifth bit per value from qh (bit i: sub-block i)."""
+def q5_k_codes(blocks: np.ndarray) -> np.ndarray:
+    """Q5_K blocks (n, 176) -> their 5-bit codes (n, 8, 32) uint8: Q4_K's nibbles plus a fifth bit per
+    value from qh (bit i: sub-block i)."""
     qh = blocks[:, 16:48][:, None, :]  # (n, 1, 32)
     qs = blocks[:, 48:176].reshape(-1, 4, 32)
     pairs = np.empty((blocks.shape[0], 4, 2, 32), dtype=np.uint8)
@@ -68,8 +56,12 @@ def q5_k(blocks: np.ndarray, out: np.ndarray) -> None:
     pairs[:, :, 1] = qs >> 4
     codes = pairs.reshape(-1, 8, 32)
     codes |= ((qh >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1) << 4
+    return codes
+
+
+def q5_k(blocks: np.ndarray, out: np.ndarray) -> None:
     q = out.reshape(-1, 8, 32)
-    q[...] = codes
+    q[...] = q5_k_codes(blocks)
     _affine(blocks, q)
 
 

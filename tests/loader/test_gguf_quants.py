@@ -13,6 +13,7 @@ from mlx.utils import tree_flatten
 
 from metalserve.loader import ModelLoadError, load_model
 from metalserve.loader.gguf_dequant import read_tensors
+from metalserve.loader.gguf_header import AFFINE_TYPES
 from metalserve.loader.gguf_loader import load_gguf
 from metalserve.loader.gguf_reader import read_gguf
 from tests.loader.gguf_arch_models import reference_model, write_arch_gguf
@@ -47,14 +48,17 @@ def _gguf_own(path: Path) -> dict[str, np.ndarray]:
 
 
 def _dense(tensors: dict[str, mx.array]) -> dict[str, np.ndarray]:
-    """Plain values by tensor name; Q4_K matrices come packed (MLX affine) and are unpacked by MLX."""
+    """Plain values by tensor name; Q4_K/Q5_K/Q5_0/Q5_1 matrices come packed (MLX affine) and are unpacked by
+    MLX's own dequantize."""
     out = {}
     for name, t in tensors.items():
         base = name.removesuffix(".weight")
         if name.endswith((".scales", ".biases")):
             continue
         if f"{base}.scales" in tensors:
-            t = mx.dequantize(t, tensors[f"{base}.scales"], tensors[f"{base}.biases"], group_size=32, bits=4)
+            scales = tensors[f"{base}.scales"]
+            bits = t.shape[-1] * 32 // (scales.shape[-1] * 32)  # 32 values a group
+            t = mx.dequantize(t, scales, tensors[f"{base}.biases"], group_size=32, bits=bits)
         out[name] = np.array(t.astype(mx.float32))
     return out
 
@@ -77,8 +81,11 @@ def test_a_model_in_each_new_type_loads_its_exact_weights(tmp_path: Path, kind: 
     path = tmp_path / f"llama-{kind.name}.gguf"
     reference = write_arch_gguf(path, "llama", kind)
     loaded = load_model(str(path), weights="dequantize")
-    desc = {T.BF16: "cast from BF16", T.Q4_K: "dequantized from Q4_K"}.get(kind)
-    assert loaded.weights_desc.startswith(f"fp32 ({desc or f'cast from {kind.name}, {kind.name} dequantized at read'}")
+    if kind.name in AFFINE_TYPES:  # read packed (MLX affine), then dequantized by the CPU rule
+        desc = f"dequantized from {kind.name}"
+    else:
+        desc = "cast from BF16" if kind == T.BF16 else f"cast from {kind.name}, {kind.name} dequantized at read"
+    assert loaded.weights_desc.startswith(f"fp32 ({desc}")
     params = dict(tree_flatten(loaded.model.parameters()))
     assert set(params) == set(reference)
     for name, want in reference.items():
