@@ -1,6 +1,6 @@
 """Dequantization speed of GGUF tensor types on a 4096x4096 tensor, one thread: gguf's dequantizer on
 the whole tensor, gguf's on chunks of 16 rows, and metalserve's loader (gguf_dequant.dequantize_numpy:
-row chunks, and gguf_kquants.py's own code for Q4_K/Q5_K/Q6_K), checked equal bit for bit; for Q4_K,
+row chunks, and gguf_kquants.py's own code for Q6_K), checked equal bit for bit; for Q4_K,
 Q5_K, Q5_0 and Q5_1 also their repacking into MLX's affine layout (what the loader does with those
 matrices; MB/s of fp32 equivalent).
 MB/s (of CPU time) counts fp32 output; "in" counts the file's bytes. K-quant tensors are random valid blocks.

@@ -1,8 +1,9 @@
-"""Faster NumPy dequantizers for the K-quants GGUF files mostly hold (Q4_K, Q5_K, Q6_K).
+"""K-quant decoding in NumPy: Q4_K/Q5_K codes and scales for gguf_affine.py, and a faster Q6_K dequantizer.
 
-Same arithmetic as the `gguf` package's (so the same fp32 values, bit for bit; the tests compare), but
-the codes are unpacked straight into the fp32 output and scaled in place: two full-size passes fewer
-and no full-size temporaries. Called on cache-sized row chunks (gguf_dequant.py).
+Q6_K (the K-quant MLX has no layout for that files hold most, e.g. a Q4_K_M's attn_v and ffn_down) is
+decoded with the `gguf` package's arithmetic (so the same fp32 values, bit for bit; the tests compare),
+but its codes go straight into the fp32 output, scaled in place: no full-size temporaries. Called on
+cache-sized row chunks (gguf_dequant.py).
 """
 
 from __future__ import annotations
@@ -29,23 +30,6 @@ def k_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return d * sc.astype(np.float32), dmin * m.astype(np.float32)
 
 
-def _affine(blocks: np.ndarray, q: np.ndarray) -> None:
-    """d * sc * q - dmin * m over the eight 32-value sub-blocks, in place: `q` holds the codes as fp32."""
-    scale, offset = k_scales(blocks)
-    q = q.reshape(-1, 8, 32)
-    np.multiply(scale[:, :, None], q, out=q)
-    np.subtract(q, offset[:, :, None], out=q)
-
-
-def q4_k(blocks: np.ndarray, out: np.ndarray) -> None:
-    """Q4_K blocks (n, 144) -> `out` (n, 256) fp32. Byte j of 32-byte group g holds sub-blocks 2g, 2g+1."""
-    qs = blocks[:, 16:144].reshape(-1, 4, 32)
-    q = out.reshape(-1, 4, 2, 32)
-    q[:, :, 0] = qs & _NIBBLE  # assignment casts to fp32 without a full-size temporary
-    q[:, :, 1] = qs >> 4
-    _affine(blocks, q)
-
-
 def q5_k_codes(blocks: np.ndarray) -> np.ndarray:
     """Q5_K blocks (n, 176) -> their 5-bit codes (n, 8, 32) uint8: Q4_K's nibbles plus a fifth bit per
     value from qh (bit i: sub-block i)."""
@@ -57,12 +41,6 @@ def q5_k_codes(blocks: np.ndarray) -> np.ndarray:
     codes = pairs.reshape(-1, 8, 32)
     codes |= ((qh >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1) << 4
     return codes
-
-
-def q5_k(blocks: np.ndarray, out: np.ndarray) -> None:
-    q = out.reshape(-1, 8, 32)
-    q[...] = q5_k_codes(blocks)
-    _affine(blocks, q)
 
 
 def q6_k(blocks: np.ndarray, out: np.ndarray) -> None:
@@ -86,5 +64,5 @@ def q6_k(blocks: np.ndarray, out: np.ndarray) -> None:
 
 # type -> (block bytes, dequantizer writing (n, 256) fp32 into its `out`)
 FAST: dict[str, tuple[int, Callable[[np.ndarray, np.ndarray], None]]] = {
-    "Q4_K": (144, q4_k), "Q5_K": (176, q5_k), "Q6_K": (210, q6_k),
+    "Q6_K": (210, q6_k),
 }  # fmt: skip
