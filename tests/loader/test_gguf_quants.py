@@ -105,17 +105,18 @@ def test_quantized_tensors_become_fp16_where_asked_and_bf16_stays_bf16(tmp_path:
     assert packed["a.weight"].dtype == mx.uint32 and packed["a.scales"].dtype == mx.float16
 
 
-def test_q4_k_stays_packed_in_mlx_affine_layout_with_its_codes(tmp_path: Path) -> None:
-    path = tmp_path / "q4k.gguf"
-    reference = reference_model("qwen3", write_arch_gguf(path, "qwen3", T.Q4_K))
+@pytest.mark.parametrize(("kind", "bits"), [(T.Q4_K, 4), (T.Q5_K, 5), (T.Q5_0, 5)], ids=["Q4_K", "Q5_K", "Q5_0"])
+def test_affine_types_stay_packed_in_mlx_layout_with_their_codes(tmp_path: Path, kind: T, bits: int) -> None:
+    path = tmp_path / f"{kind.name}.gguf"
+    reference = reference_model("qwen3", write_arch_gguf(path, "qwen3", kind))
     kept = load_model(str(path), weights="quantized")
     q = kept.model.model.layers[0].self_attn.q_proj
-    assert isinstance(q, nn.QuantizedLinear) and (q.bits, q.group_size) == (4, 32)
-    assert kept.weights_desc.startswith("quantized Q4_K")
+    assert isinstance(q, nn.QuantizedLinear) and (q.bits, q.group_size) == (bits, 32)
+    assert kept.weights_desc.startswith(f"quantized {kind.name}")
     tokens = [1, 40, 41, 260, 261, 7, 99, 2]
     want = logits(reference, tokens)
     np.testing.assert_allclose(logits(kept.model, tokens), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
-    # The CPU default dequantizes them and keeps the 4-bit codes for the host path, as for Q4_0/Q4_1.
+    # The CPU default dequantizes them and keeps the codes for the host path, as for Q4_0/Q4_1.
     auto = load_model(str(path))
     assert "model.layers.0.self_attn.q_proj" in auto.codes and auto.weights_desc.startswith("fp32 (dequantized")
 
