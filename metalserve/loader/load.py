@@ -31,16 +31,18 @@ from metalserve.platform import Platform, current_platform
 logger = logging.getLogger(__name__)
 
 
-def _read(model: str | None) -> tuple[RawModel, str]:
+def _read(model: str | None, weights: str, platform: Platform) -> tuple[RawModel, str]:
     """The model's raw parts and a description of where they came from."""
+    # GGUF tensors MLX cannot keep quantized become dense: fp16 on Metal (half the memory), else fp32.
+    dense = mx.float16 if platform.metal and weights != "dequantize" else mx.float32
     if model is None:
         path = default_model_path()
-        return load_gguf(path), f"embedded default: {path}"
+        return load_gguf(path, dense, weights != "quantized"), f"embedded default: {path}"
     path = Path(model).expanduser()
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelLoadError(f"{path} is a file but not a .gguf; pass a .gguf file or a model directory.")
-        return load_gguf(path), str(path)
+        return load_gguf(path, dense, weights != "quantized"), str(path)
     if path.is_dir():
         return load_directory(path), str(path)
     if looks_like_repo_id(model):
@@ -98,9 +100,9 @@ def load(
     """See metalserve.loader.load_model."""
     if weights not in WEIGHTS_MODES:
         raise ModelLoadError(f"weights must be one of {', '.join(WEIGHTS_MODES)}, got {weights!r}")
-    raw, source = _read(model)
-    built = build_model(raw.config, raw.weights)
     platform = current_platform()
+    raw, source = _read(model, weights, platform)
+    built = build_model(raw.config, raw.weights)
     model_type = raw.config["model_type"]
     hybrid = model_type in HYBRID_MODEL_TYPES  # hybrids run all in MLX: no host path reads the codes
     weights_desc, codes = _choose_weights(built, raw.stored_as, weights, dequantize_max_bytes, platform, not hybrid)
