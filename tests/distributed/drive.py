@@ -48,7 +48,7 @@ def config_of(spec: dict[str, Any]) -> EngineConfig:
     return EngineConfig(
         model=spec["model"], block_size=8, max_num_batched_tokens=spec["budget"], enable_prefix_caching=True,
         kv_cache_memory=64 << 20, pipeline_parallel_size=spec.get("pp", 1), attention_backend="mlx",
-        pipeline_step_timeout=60.0,
+        pipeline_step_timeout=60.0, max_model_len=512,
     )  # fmt: skip
 
 
@@ -68,8 +68,8 @@ def reference_tokens(spec: dict[str, Any]) -> dict[str, list[int]]:
     blocks = 512
     runner = ModelRunner(model, KVCacheSpec.for_model(loaded, config.block_size, blocks),
                          eos_token_ids=loaded.eos_token_ids, sampler=Sampler(0), backend=MlxAttention())  # fmt: skip
-    scheduler = build_scheduler(config, loaded, blocks, loaded.max_model_len, None)
-    core = EngineCore(scheduler, runner, loaded.max_model_len)
+    scheduler = build_scheduler(config, loaded, blocks, 512, None)
+    core = EngineCore(scheduler, runner, 512)
     return run_core(core, workload(spec), spec["max_tokens"], spec["stagger"])
 
 
