@@ -34,8 +34,16 @@ class PipelineEngineCore(EngineCore):
         self.queue: deque[InFlight] = deque()
         self.waiting_since: float | None = None  # when rank 0 began waiting for a result (watchdog)
         self.stopped = False
+        self.failed = False  # a step raised (a rank went away): the pipeline cannot be stopped in order
 
     def step(self) -> list[EngineCoreOutput]:
+        try:
+            return self._step()
+        except BaseException:
+            self.failed = True
+            raise
+
+    def _step(self) -> list[EngineCoreOutput]:
         """Schedule and send one step if there is room; else (or when nothing new can run) finish the
         oldest step in flight. Returns the outputs of whatever finished."""
         self._ensure_stream()

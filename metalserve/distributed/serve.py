@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import sys
 
 import mlx.core as mx
@@ -74,11 +75,16 @@ def build_core(config: EngineConfig, setup: RankSetup, group: mx.distributed.Gro
 
 
 def _stop(core: PipelineEngineCore, watchdog: Watchdog) -> None:
-    """At exit: an orderly STOP down the pipeline when it is still whole, then wait for local ranks."""
+    """At exit: an orderly STOP down the pipeline when it is still whole, then wait for local ranks.
+    After a failure nothing is sent (a send to a broken ring can block) and the process ends at once."""
+    broken = core.failed or watchdog.failed or bool(core.queue)
     watchdog.stopping = True
+    if broken:
+        watchdog.kill_children()
+        logging.shutdown()
+        os._exit(1)
     try:
-        if not core.queue and core.waiting_since is None:
-            core.stop_pipeline()
+        core.stop_pipeline()
     except RuntimeError as exc:
         logger.warning("pipeline: could not send STOP (%s)", exc)
     watchdog.stop_children()

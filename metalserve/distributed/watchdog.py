@@ -35,6 +35,7 @@ class Watchdog:
         self.waiting_since = waiting_since
         self.on_failure: Callable[[str], None] = self._exit_now  # set once the engine serves
         self.stopping = False
+        self.failed = False
         self._thread = threading.Thread(target=self._run, name="metalserve-pipeline-watchdog", daemon=True)
 
     def start(self) -> None:
@@ -45,8 +46,9 @@ class Watchdog:
             problem = self.check()
             if problem is not None:
                 logger.error("pipeline failure: %s", problem)
+                self.failed = True
                 self.on_failure(problem)
-                self._kill_children()  # unblocks a step waiting on a dead pipe
+                self.kill_children()  # unblocks a step waiting on a dead pipe
                 time.sleep(EXIT_GRACE_S)
                 if not self.stopping:
                     logger.error("exiting: the pipeline failed (%s)", problem)
@@ -67,10 +69,10 @@ class Watchdog:
 
     def _exit_now(self, problem: str) -> None:
         logger.error("pipeline start-up failed: %s", problem)
-        self._kill_children()
+        self.kill_children()
         os._exit(1)
 
-    def _kill_children(self) -> None:
+    def kill_children(self) -> None:
         for child in self.children:
             if child.poll() is None:
                 child.kill()
