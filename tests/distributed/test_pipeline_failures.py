@@ -1,5 +1,6 @@
-"""(All slow: multi-process; unit twins in test_watchdog.py.) Failures end the pipeline server with an error, never a hang: a rank killed mid-stream or while idle,
-a rank that stops answering, and start-up errors (another model on one rank, a rank that cannot load)."""
+"""Failures end the pipeline server with an error, never a hang: a rank killed mid-stream or while idle,
+a rank that stops answering, and start-up errors (another model on one rank, a rank that cannot load).
+All slow (several processes each); the default run has their unit twins in test_pipeline_units.py."""
 
 from __future__ import annotations
 
