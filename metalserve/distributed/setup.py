@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from metalserve.config import EngineConfig
 from metalserve.distributed.handshake import RankReport, check_reports, exchange, fingerprint
@@ -48,15 +49,27 @@ class RankSetup:
 
 
 def _load_slice(config: EngineConfig, rank: int, size: int) -> tuple[LoadedModel, PagedModel, range, tuple[int, ...]]:
+    """Load only this rank's layers: the split and the fingerprint are taken from the built model before
+    its (lazy, for safetensors) weights are materialised, so the other layers never reach memory."""
+    found: dict[str, Any] = {}
+
+    def prepare(model: nn.Module) -> None:
+        found["fingerprint"] = fingerprint(model, loaded_config(model))
+        slices = split_layers(layer_bytes(model), size, non_layer_bytes(model), config.pipeline_layer_partition)
+        found["layers"], found["total"] = slices[rank], len(model.model.layers)
+        keep_layers(model, slices[rank], first=rank == 0)
+
     loaded = load_model(config.model, weights=config.weights, dequantize_max_bytes=config.dequantize_max_bytes,
-                        chat_template=config.chat_template)  # fmt: skip
-    fp = fingerprint(loaded.model, loaded.config)
-    slices = split_layers(layer_bytes(loaded.model), size, non_layer_bytes(loaded.model),
-                          config.pipeline_layer_partition)  # fmt: skip
-    keep_layers(loaded.model, slices[rank], first=rank == 0)
+                        chat_template=config.chat_template, prepare=prepare)  # fmt: skip
+    loaded = replace(loaded, num_layers=found["total"])  # the scheduler's view: every layer of the model
     mx.clear_cache()
     # The generic MLX path on every rank: the host fast path (executor/host/) runs whole models only.
-    return loaded, PagedModel(loaded.model, loaded.model_type, MlxCompute()), slices[rank], fp
+    return loaded, PagedModel(loaded.model, loaded.model_type, MlxCompute()), found["layers"], found["fingerprint"]
+
+
+def loaded_config(model: nn.Module) -> dict[str, object]:
+    """The model's arguments as mlx-lm parsed them (the same on every rank that loaded the same model)."""
+    return {k: v for k, v in vars(model.args).items() if isinstance(v, (int, float, str, bool, list, type(None)))}
 
 
 def _blocks_fit(

@@ -36,11 +36,18 @@ def non_layer_bytes(model: nn.Module) -> int:
 
 
 def keep_layers(model: nn.Module, layers: range, first: bool) -> None:
-    """Drop every layer outside `layers` (and, off rank 0, the embedding, norm and head) so they free."""
+    """Drop every layer outside `layers` (and, off rank 0, the embedding, norm and head) so they free.
+
+    Off rank 0 the embedding becomes a 1x1 one of the same dtype: the loader reads the activations'
+    dtype from it."""
     backbone = model.model
     backbone.layers = [backbone.layers[i] for i in layers]
     if not first:
-        backbone.embed_tokens = nn.Identity()
+        embed = backbone.embed_tokens
+        dtype = embed.scales.dtype if isinstance(embed, nn.QuantizedEmbedding) else embed.weight.dtype
+        stub = nn.Embedding(1, 1)
+        stub.weight = mx.zeros((1, 1), dtype)
+        backbone.embed_tokens = stub
         backbone.norm = nn.Identity()
         if "lm_head" in model:
             model.lm_head = nn.Identity()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
@@ -45,8 +46,7 @@ def _read(model: str | None) -> tuple[RawModel, str]:
     if looks_like_repo_id(model):
         return load_directory(download(model)), model
     raise ModelLoadError(
-        f"{model!r} is neither an existing file or directory nor a Hugging Face repo id (org/name); "
-        "check the path."
+        f"{model!r} is neither an existing file or directory nor a Hugging Face repo id (org/name); check the path."
     )
 
 
@@ -83,13 +83,21 @@ def _kv_shape(model: nn.Module) -> tuple[int, int, int]:
 
 
 def load(
-    model: str | None, *, weights: str, dequantize_max_bytes: int, chat_template: str | None
+    model: str | None,
+    *,
+    weights: str,
+    dequantize_max_bytes: int,
+    chat_template: str | None,
+    prepare: Callable[[nn.Module], None] | None = None,
 ) -> LoadedModel:
     """See metalserve.loader.load_model."""
     if weights not in WEIGHTS_MODES:
         raise ModelLoadError(f"weights must be one of {', '.join(WEIGHTS_MODES)}, got {weights!r}")
     raw, source = _read(model)
     built = build_model(raw.config, raw.weights)
+    if prepare is not None:
+        prepare(built)  # e.g. a pipeline rank drops the layers it does not hold: lazy weights never load
+    raw.weights.clear()
     platform = current_platform()
     weights_desc, codes = _choose_weights(built, raw.stored_as, weights, dequantize_max_bytes, platform)
     mx.eval(built.parameters())
