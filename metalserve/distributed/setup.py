@@ -29,6 +29,7 @@ from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.compute import MlxCompute
 from metalserve.kvcache.sizing import kv_bytes_per_block
 from metalserve.loader import LoadedModel, load_model
+from metalserve.loader.weights_mode import fp32_bytes, should_dequantize
 from metalserve.platform import current_platform
 
 logger = logging.getLogger("metalserve.distributed")
@@ -55,7 +56,8 @@ def _load_slice(config: EngineConfig, rank: int, size: int) -> tuple[LoadedModel
 
     def prepare(model: nn.Module) -> None:
         found["fingerprint"] = fingerprint(model, loaded_config(model))
-        slices = split_layers(layer_bytes(model), size, non_layer_bytes(model), config.pipeline_layer_partition)
+        sizes, extra = _resident_sizes(model, config)
+        slices = split_layers(sizes, size, extra, config.pipeline_layer_partition)
         found["layers"], found["total"] = slices[rank], len(model.model.layers)
         keep_layers(model, slices[rank], first=rank == 0)
 
@@ -65,6 +67,16 @@ def _load_slice(config: EngineConfig, rank: int, size: int) -> tuple[LoadedModel
     mx.clear_cache()
     # The generic MLX path on every rank: the host fast path (executor/host/) runs whole models only.
     return loaded, PagedModel(loaded.model, loaded.model_type, MlxCompute()), found["layers"], found["fingerprint"]
+
+
+def _resident_sizes(model: nn.Module, config: EngineConfig) -> tuple[list[int], int]:
+    """Each layer's bytes and the rest's, as they will sit in memory: unpacked to fp32 where the loader
+    will dequantize (MLX's CPU backend), else as stored."""
+    whole = fp32_bytes(model)
+    if should_dequantize(config.weights, whole, config.dequantize_max_bytes, current_platform().metal):
+        sizes = [fp32_bytes(layer) for layer in model.model.layers]
+        return sizes, whole - sum(sizes)
+    return layer_bytes(model), non_layer_bytes(model)
 
 
 def loaded_config(model: nn.Module) -> dict[str, object]:

@@ -9,6 +9,7 @@ prompts share prefixes so later ones hit the prefix cache.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from dataclasses import replace
 from typing import Any
@@ -76,6 +77,7 @@ def reference_tokens(spec: dict[str, Any]) -> dict[str, list[int]]:
 def main() -> int:
     from metalserve.distributed.serve import start_pipeline
 
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     with open(sys.argv[1]) as f:
         spec = json.load(f)
     core, _, watchdog = start_pipeline(config_of(spec))

@@ -24,6 +24,7 @@ def run_pipeline(spec: dict[str, Any], tmp_path: Path, timeout: float = 240) -> 
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["log"] = proc.stderr
     return result
 
 
@@ -32,6 +33,10 @@ def test_two_ranks_match_one_process(tiny_llama: Path, tmp_path: Path) -> None:
     got = run_pipeline(spec, tmp_path)
     assert got["prefix_hits"] > 0  # later prompts reused the shared prefix's blocks
     assert got["tokens"] == reference_tokens(spec)
+    # The start-up log: each rank's layers, weights and KV room; the pool is the smallest room.
+    assert "pipeline rank 0: layers 0-1 (2), weights 0 MiB, KV 4.0 KiB per block, room for 16384" in got["log"]
+    assert "pipeline rank 1: layers 2-3 (2)" in got["log"]
+    assert "pipeline KV pool: up to 4097 blocks of 8 tokens" in got["log"]  # capped by --max-num-seqs
 
 
 @pytest.mark.slow
