@@ -46,7 +46,8 @@ def _read(model: str | None) -> tuple[RawModel, str]:
     if looks_like_repo_id(model):
         return load_directory(download(model)), model
     raise ModelLoadError(
-        f"{model!r} is neither an existing file or directory nor a Hugging Face repo id (org/name); check the path."
+        f"{model!r} is neither an existing file or directory nor a Hugging Face repo id (org/name); "
+        "check the path."
     )
 
 
