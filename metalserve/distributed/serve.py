@@ -44,9 +44,13 @@ def start_pipeline(config: EngineConfig) -> tuple[PipelineEngineCore, LoadedMode
         sys.exit(run_rank_in_group(config, group))
     try:
         setup = setup_rank(config, group)
-    except StartupError as exc:
-        raise ValueError(str(exc)) from exc
-    core = build_core(config, setup, group)
+        core = build_core(config, setup, group)
+    except BaseException as exc:
+        watchdog.stopping = True  # our own error is the one to report, not the ranks it takes down
+        watchdog.kill_children()
+        if isinstance(exc, StartupError):
+            raise ValueError(str(exc)) from exc
+        raise
     core_ref.append(core)
     atexit.register(_stop, core, watchdog)
     return core, setup.loaded, watchdog

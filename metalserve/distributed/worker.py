@@ -4,8 +4,10 @@ last rank sends the sampling rows back to rank 0. No scheduler, no request state
 from __future__ import annotations
 
 import logging
+import statistics
 import sys
 import time
+from collections import deque
 from typing import NamedTuple
 
 import mlx.core as mx
@@ -44,7 +46,7 @@ class Worker:
         self.rank = group.rank()
         self.last = self.rank == group.size() - 1
         self.dtype = dtype
-        self.times: list[StepTimes] = []
+        self.times: deque[StepTimes] = deque(maxlen=1024)  # the latest steps, summarised at the end
 
     def serve(self) -> None:
         """Run steps until rank 0 sends STOP (passed on down the pipeline)."""
@@ -88,8 +90,19 @@ def run_worker(setup: RankSetup, group: mx.distributed.Group, block_size: int) -
     spec = KVCacheSpec.for_model(sliced_loaded(setup), block_size, setup.initial_blocks)
     worker = Worker(Stage(setup.model, spec, setup.backend), group, setup.loaded.dtype)
     logger.info("pipeline rank %d ready: layers %d-%d", setup.rank, setup.layers.start, setup.layers.stop - 1)
-    worker.serve()
+    try:
+        worker.serve()
+    finally:
+        logger.info("pipeline rank %d: %s", setup.rank, summary(list(worker.times)))
     logger.info("pipeline rank %d: stopped by rank 0", setup.rank)
+
+
+def summary(times: list[StepTimes]) -> str:
+    """Median seconds of the latest steps: waiting for and receiving a step, computing, sending."""
+    if not times:
+        return "no steps"
+    med = [statistics.median(t[i] for t in times) * 1e3 for i in range(3)]
+    return f"last {len(times)} steps, median ms: receive {med[0]:.2f}, compute {med[1]:.2f}, send {med[2]:.2f}"
 
 
 def main() -> int:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.distributed.procs import child_pids, launched_ranks, local_pipeline
+from tests.distributed.procs import child_pids, launched_ranks, local_pipeline, serve_cmd
 from tests.distributed.tiny_dir import write_tiny_dir
 
 
@@ -80,3 +81,13 @@ def test_rank_that_cannot_load_its_slice(tiny_llama: Path, tmp_path: Path) -> No
     rank0, rank1 = launched_ranks([tiny_llama, tmp_path / "missing"], tmp_path)
     assert rank0.returncode == 1 and rank1.returncode == 1
     assert "pipeline rank 1 could not start: ModelLoadError" in rank0.stdout
+
+
+@pytest.mark.slow
+def test_bad_layer_partition_is_a_clear_error(tiny_llama: Path) -> None:
+    cmd = serve_cmd(tiny_llama, "--pipeline-parallel-size", "2", "--pipeline-layer-partition", "1,9")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert (
+        "--pipeline-layer-partition 1,9: needs 2 counts of at least 1 that sum to the model's 4 layers" in proc.stderr
+    )
