@@ -4,7 +4,6 @@ projection and samples. Sampling stays next to the scheduler, so every sampling 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +43,6 @@ class InFlight:
     states: list[CachedRequestState]  # per packed request, as they were at submit
     sampling: list[CachedRequestState]
     step_id: int
-    submitted: float
 
 
 class PipelineRunner(ModelRunner):
@@ -64,8 +62,6 @@ class PipelineRunner(ModelRunner):
         self.group = group
         self.last_rank = group.size() - 1
         self._next_id = 0
-        self.bytes_sent = 0
-        self.bytes_received = 0
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         flight = self.submit(so)
@@ -88,11 +84,10 @@ class PipelineRunner(ModelRunner):
                         self.spec.num_blocks, self._next_id, payload.nbytes)  # fmt: skip
         send_message(header, payload, 1, self.group)
         mx.eval(self._kv_arrays())
-        self.bytes_sent += payload.nbytes
         states = [self.requests[rid] for rid in step.request_ids]
         sampling = [states[i] for i in step.sampling_rows]
         self._next_id += 1
-        return InFlight(so, step, states, sampling, header.step_id, time.monotonic())
+        return InFlight(so, step, states, sampling, header.step_id)
 
     def complete(self, flight: InFlight) -> ModelRunnerOutput:
         """Receive the step's sampling rows from the last rank, project them and sample."""
@@ -100,7 +95,6 @@ class PipelineRunner(ModelRunner):
         if header.kind != Kind.RESULT or header.step_id != flight.step_id:
             raise PipelineError(f"expected the result of step {flight.step_id}, got {header}")
         payload = recv_payload(header, self.last_rank, self.group)
-        self.bytes_received += 0 if payload is None else payload.nbytes
         sampled: dict[str, list[int]] = {rid: [] for rid in flight.step.request_ids}
         logprobs: dict[str, list[TokenLogprob]] = {}
         for i, state in enumerate(flight.states):

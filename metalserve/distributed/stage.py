@@ -63,9 +63,6 @@ class Stage:
         layer = spec.layer_spec()
         self.kv: list[Any] = [backend.allocate(layer) for _ in range(spec.num_layers)]
 
-    def weight_bytes(self) -> int:
-        return param_bytes(self.model.model)
-
     def ensure_blocks(self, num_blocks: int) -> None:
         """Grow every local pool to `num_blocks` (rank 0's scheduler grew its pool)."""
         if num_blocks <= self.spec.num_blocks:
