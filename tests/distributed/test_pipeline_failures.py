@@ -63,7 +63,7 @@ def test_rank_that_stops_answering(tiny_llama: Path) -> None:
 
 @pytest.mark.slow
 def test_rank_killed_while_idle(tiny_llama: Path) -> None:
-    with local_pipeline(tiny_llama, 3) as (proc, _):
+    with local_pipeline(tiny_llama, 2) as (proc, _):
         os.kill(child_pids(proc.pid)[-1], signal.SIGKILL)
         assert proc.wait(30) == 1
 
