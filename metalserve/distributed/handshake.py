@@ -14,7 +14,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 MESSAGE_CHARS = 400
-_FIXED = 16  # ok, 8 fingerprint words, fits, start, stop, weight MiB, kv bytes/block (lo, hi), spare
+_FIXED = 16  # ok, 8 fingerprint words, fits, start, stop, weight MiB, kv bytes/block (lo, hi), block size
 
 
 class StartupError(RuntimeError):
@@ -29,10 +29,12 @@ class RankReport(NamedTuple):
     weight_mib: int
     kv_bytes_per_block: int
     message: str  # why it failed, or ""
+    block_size: int = 0  # --block-size: block ids mean the same on every rank only if it is the same
 
     def encode(self) -> mx.array:
+        kv = self.kv_bytes_per_block
         fixed = [int(self.ok), *self.fingerprint, self.blocks_fit, self.layers.start, self.layers.stop,
-                 self.weight_mib, self.kv_bytes_per_block & 0x7FFFFFFF, self.kv_bytes_per_block >> 31, 0]  # fmt: skip
+                 self.weight_mib, kv & 0x7FFFFFFF, kv >> 31, self.block_size]  # fmt: skip
         text = self.message.encode()[:MESSAGE_CHARS].ljust(MESSAGE_CHARS, b"\0")
         return mx.array(fixed + list(text), dtype=mx.int32)
 
@@ -41,7 +43,7 @@ class RankReport(NamedTuple):
         fp = tuple(row[1:9])
         text = bytes(row[_FIXED:]).rstrip(b"\0").decode(errors="replace")
         kv = row[13] | (row[14] << 31)
-        return cls(bool(row[0]), fp, row[9], range(row[10], row[11]), row[12], kv, text)
+        return cls(bool(row[0]), fp, row[9], range(row[10], row[11]), row[12], kv, text, row[15])
 
     @classmethod
     def failed(cls, message: str) -> RankReport:
@@ -85,6 +87,12 @@ def check_reports(reports: list[RankReport]) -> None:
             raise StartupError(
                 f"pipeline rank {rank} loaded a different model than rank 0 (config or weights differ): "
                 "give every host the same model files"
+            )
+    for rank, r in enumerate(reports[1:], start=1):
+        if r.block_size != reports[0].block_size:
+            raise StartupError(
+                f"pipeline rank {rank} runs --block-size {r.block_size}, rank 0 {reports[0].block_size}: "
+                "give every rank the same flags"
             )
     for rank in range(1, len(reports)):
         if reports[rank].layers.start != reports[rank - 1].layers.stop:

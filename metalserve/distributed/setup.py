@@ -113,7 +113,7 @@ def setup_rank(config: EngineConfig, group: mx.distributed.Group) -> RankSetup:
         backend = select_attention(config.attention_backend, loaded.dtype, current_platform())
         fits, per_block = _blocks_fit(config, loaded, layers, rank, config.max_num_seqs)
         weight_mib = param_bytes(model.model) >> 20
-        report = RankReport(True, fp, fits, layers, weight_mib, per_block, "")
+        report = RankReport(True, fp, fits, layers, weight_mib, per_block, "", config.block_size)
     except Exception as exc:  # reported to every rank, then raised here too
         exchange(RankReport.failed(f"{type(exc).__name__}: {exc}"), group)
         raise

@@ -62,8 +62,8 @@ def test_payload_carries_meta_then_activations() -> None:
     assert mx.view(raw, mx.float32).tolist() == list(range(8))
 
 
-def _report(fp: int = 1, layers: range = range(0, 2), ok: bool = True, msg: str = "") -> RankReport:
-    return RankReport(ok, (fp,) * 8, 100, layers, 5, 1 << 33, msg)
+def _report(fp: int = 1, layers: range = range(0, 2), ok: bool = True, msg: str = "", bs: int = 16) -> RankReport:
+    return RankReport(ok, (fp,) * 8, 100, layers, 5, 1 << 33, msg, bs)
 
 
 def test_reports_round_trip_and_checks() -> None:
@@ -74,6 +74,8 @@ def test_reports_round_trip_and_checks() -> None:
         check_reports([_report(), RankReport.failed("no such file")])
     with pytest.raises(StartupError, match="rank 1 loaded a different model"):
         check_reports([_report(), _report(fp=2, layers=range(2, 4))])
+    with pytest.raises(StartupError, match="rank 1 runs --block-size 8, rank 0 16"):
+        check_reports([_report(), _report(layers=range(2, 4), bs=8)])
     with pytest.raises(StartupError, match="disagree on the layer split"):
         check_reports([_report(), _report(layers=range(3, 4))])
 
