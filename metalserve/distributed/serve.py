@@ -79,11 +79,11 @@ def build_core(config: EngineConfig, setup: RankSetup, group: mx.distributed.Gro
 
 
 def _stop(core: PipelineEngineCore, watchdog: Watchdog) -> None:
-    """At exit: an orderly STOP down the pipeline when it is still whole, then wait for local ranks.
-    After a failure nothing is sent (a send to a broken ring can block) and the process ends at once."""
-    broken = core.failed or watchdog.failed or bool(core.queue)
+    """At exit: an orderly STOP down the pipeline (each rank reads it after any step still in flight),
+    then wait for local ranks. After a failure nothing is sent (a send to a broken ring can block) and
+    the process ends at once, with status 1."""
     watchdog.stopping = True
-    if broken:
+    if core.failed or watchdog.failed:
         watchdog.kill_children()
         logging.shutdown()
         os._exit(1)

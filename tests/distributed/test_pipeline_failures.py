@@ -91,3 +91,15 @@ def test_bad_layer_partition_is_a_clear_error(tiny_llama: Path) -> None:
     assert (
         "--pipeline-layer-partition 1,9: needs 2 counts of at least 1 that sum to the model's 4 layers" in proc.stderr
     )
+
+
+@pytest.mark.slow
+def test_sigterm_stops_every_rank_in_order(tiny_llama: Path) -> None:
+    with local_pipeline(tiny_llama, 2) as (proc, base):
+        (rank1,) = child_pids(proc.pid)
+        model = httpx.get(f"{base}/v1/models", timeout=10).json()["data"][0]["id"]
+        body = {"model": model, "prompt": "the", "max_tokens": 4, "ignore_eos": True}
+        assert httpx.post(f"{base}/v1/completions", json=body, timeout=60).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0  # an orderly stop: STOP went down the pipe, the local rank exited
+        assert not Path(f"/proc/{rank1}").exists() or "Z" in Path(f"/proc/{rank1}/stat").read_text().split()[2]
