@@ -41,6 +41,9 @@ class EngineConfig:
     chat_template: str | None = None
     tool_call_parser: str | None = None
     seed: int = 0
+    pipeline_parallel_size: int = 1  # ranks, each holding a slice of the layers (metalserve/distributed/)
+    pipeline_layer_partition: tuple[int, ...] | None = None  # layers per rank; None: balanced by bytes
+    pipeline_step_timeout: float = 120.0  # seconds without a step's result before the server gives up
 
     def __post_init__(self) -> None:
         self.validate()
@@ -60,5 +63,15 @@ class EngineConfig:
             raise ConfigError("--kv-cache-memory must be a positive number of bytes")
         if self.long_prefill_token_threshold < 0:
             raise ConfigError("--long-prefill-token-threshold must be >= 0")
+        if self.pipeline_parallel_size < 1:
+            raise ConfigError("--pipeline-parallel-size must be at least 1")
+        if self.pipeline_step_timeout <= 0:
+            raise ConfigError("--pipeline-step-timeout must be a positive number of seconds")
+        partition = self.pipeline_layer_partition
+        if partition is not None and len(partition) != self.pipeline_parallel_size:
+            raise ConfigError(
+                f"--pipeline-layer-partition gives {len(partition)} counts for "
+                f"--pipeline-parallel-size {self.pipeline_parallel_size}"
+            )
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ConfigError("--scheduling-policy must be 'fcfs' or 'priority'")

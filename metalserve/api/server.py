@@ -76,7 +76,24 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--log-stats-interval", type=float, default=s.log_stats_interval, help="seconds; 0: off")
     parser.add_argument("--seed", type=int, default=d.seed)
+    _add_pipeline_args(parser, d)
     _add_http_args(parser, s)
+
+
+def _add_pipeline_args(parser: argparse.ArgumentParser, d: EngineConfig) -> None:
+    parser.add_argument(
+        "--pipeline-parallel-size", "-pp", type=int, default=d.pipeline_parallel_size,
+        help="split the layers over N ranks (MLX distributed); alone it starts N-1 local ranks, under "
+        "mlx.launch each host runs one rank and rank 0 serves HTTP",
+    )  # fmt: skip
+    parser.add_argument(
+        "--pipeline-layer-partition", default=None,
+        help="layers per rank, comma-separated (e.g. 12,18); default: balanced by weight bytes",
+    )  # fmt: skip
+    parser.add_argument(
+        "--pipeline-step-timeout", type=float, default=d.pipeline_step_timeout,
+        help="seconds to wait for a step's result from the last rank before failing open requests and exiting",
+    )  # fmt: skip
 
 
 def _add_http_args(parser: argparse.ArgumentParser, s: ServerSettings) -> None:
@@ -135,6 +152,9 @@ def config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerSett
         chat_template=_chat_template(args.chat_template),
         tool_call_parser=args.tool_call_parser,
         seed=args.seed,
+        pipeline_parallel_size=args.pipeline_parallel_size,
+        pipeline_layer_partition=_partition(args.pipeline_layer_partition),
+        pipeline_step_timeout=args.pipeline_step_timeout,
     )
     settings = ServerSettings(
         host=args.host,
@@ -161,6 +181,12 @@ def config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerSett
     return config, settings
 
 
+def _partition(text: str | None) -> tuple[int, ...] | None:
+    from metalserve.distributed.partition import parse_partition  # no MLX
+
+    return parse_partition(text)
+
+
 def _string_list(value: object, flag: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ValueError(f'{flag} takes a JSON list of strings, e.g. \'["*"]\'')
@@ -180,7 +206,14 @@ def run_server(config: EngineConfig, settings: ServerSettings) -> None:
     """Load the model, start the engine and serve until SIGINT/SIGTERM."""
     from metalserve.engine.core import EngineCore  # heavy (MLX); only the real server needs it
 
-    core, loaded = EngineCore.from_config(config)
+    watchdog = None
+    core: EngineCore
+    if config.pipeline_parallel_size > 1:
+        from metalserve.distributed.serve import start_pipeline  # on ranks other than 0 it serves and exits
+
+        core, loaded, watchdog = start_pipeline(config)
+    else:
+        core, loaded = EngineCore.from_config(config)
     engine = AsyncEngine(
         core,
         loaded.tokenizer,
@@ -189,6 +222,8 @@ def run_server(config: EngineConfig, settings: ServerSettings) -> None:
         eos_token_ids=loaded.eos_token_ids,
         chat_template=loaded.chat_template,
     )
+    if watchdog is not None:
+        watchdog.on_failure = lambda problem: engine.crash(RuntimeError(problem))
     if settings.tool_call_parser is None and config.tool_call_parser:
         settings = dataclasses.replace(settings, tool_call_parser=config.tool_call_parser)
     serve_app(build_app(engine, settings), settings)

@@ -59,7 +59,12 @@ class _Stop:
     pass
 
 
-_Command = _Add | _Abort | _FailAll | _Stop
+@dataclass(frozen=True)
+class _Crash:
+    error: BaseException
+
+
+_Command = _Add | _Abort | _FailAll | _Stop | _Crash
 
 
 class AsyncEngine:
@@ -114,6 +119,11 @@ class AsyncEngine:
     def fail_open_requests(self, message: str) -> None:
         """End every open request with an error (the grace period of a shutdown ran out)."""
         self._commands.put(_FailAll(EngineDrainingError(message)))
+
+    def crash(self, error: BaseException) -> None:
+        """Fail the engine from another thread (a pipeline watchdog): as if the core had raised `error`."""
+        self._commands.put(_Crash(error))
+        self.start()
 
     async def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the worker after its current step; pending requests end with EngineDeadError.
@@ -236,6 +246,8 @@ class AsyncEngine:
         while True:
             if isinstance(command, _Stop):
                 return False
+            if isinstance(command, _Crash):
+                raise command.error
             if isinstance(command, _Add):
                 self._add(command.request, command.state)
             elif isinstance(command, _Abort):

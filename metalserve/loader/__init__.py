@@ -5,6 +5,9 @@ Importing this package does not import MLX, so `metalserve/__init__.py` can load
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from metalserve.loader.errors import ModelLoadError, PromptTooLongError, check_prompt_length
 from metalserve.loader.loaded import LoadedModel
 
@@ -23,14 +26,18 @@ def load_model(
     weights: str = "auto",
     dequantize_max_bytes: int = 4 << 30,
     chat_template: str | None = None,
+    prepare: Callable[[Any], None] | None = None,
 ) -> LoadedModel:
     """Load `model`: None (the embedded default), a .gguf file, a model directory or a hub repo id.
 
     `weights`: "auto" (fp32 on CPU when it fits in `dequantize_max_bytes`), "dequantize" or "quantized".
-    `chat_template` overrides the model's own. Every user-facing failure is a ModelLoadError.
+    `chat_template` overrides the model's own. `prepare` gets the built mlx-lm model before its weights
+    are converted and materialised (a pipeline rank drops the layers it does not hold).
+    Every user-facing failure is a ModelLoadError.
     """
     from metalserve.loader.load import load  # heavy (MLX, transformers): only when a model is loaded
 
     return load(
-        model, weights=weights, dequantize_max_bytes=dequantize_max_bytes, chat_template=chat_template
-    )
+        model, weights=weights, dequantize_max_bytes=dequantize_max_bytes, chat_template=chat_template,
+        prepare=prepare,
+    )  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
@@ -95,7 +96,12 @@ def _kv_shape(model: nn.Module, model_type: str) -> tuple[int, int, int, int | N
 
 
 def load(
-    model: str | None, *, weights: str, dequantize_max_bytes: int, chat_template: str | None
+    model: str | None,
+    *,
+    weights: str,
+    dequantize_max_bytes: int,
+    chat_template: str | None,
+    prepare: Callable[[nn.Module], None] | None = None,
 ) -> LoadedModel:
     """See metalserve.loader.load_model."""
     if weights not in WEIGHTS_MODES:
@@ -103,6 +109,9 @@ def load(
     platform = current_platform()
     raw, source = _read(model, weights, platform)
     built = build_model(raw.config, raw.weights)
+    if prepare is not None:
+        prepare(built)  # e.g. a pipeline rank drops the layers it does not hold: lazy weights never load
+    raw.weights.clear()
     model_type = raw.config["model_type"]
     hybrid = model_type in HYBRID_MODEL_TYPES  # hybrids run all in MLX: no host path reads the codes
     weights_desc, codes = _choose_weights(built, raw.stored_as, weights, dequantize_max_bytes, platform, not hybrid)

@@ -58,11 +58,13 @@ def _spec(window: int | None, layers: list[AttentionTraits]) -> LayerGroupSpec:
 def layout_of(traits: list[AttentionTraits], num_layers: int | None = None) -> KVLayout:
     """`traits`: the attention layers'; `num_layers`: all layers (default: as many as there are traits)."""
     owners = [t for t in traits if t.kv_source == t.layer]
+    num_layers = len(traits) if num_layers is None else num_layers
+    if not owners:  # a slice without attention layers (a pipeline stage's test case): nothing to keep
+        return KVLayout((), (), (-1,) * num_layers, (-1,) * num_layers, ())
     kinds = _kinds(owners)
     size = min(len(k) for k in kinds)  # vLLM's rule: the smallest kind sets the group size
     groups: list[list[AttentionTraits]] = [kind[i : i + size] for kind in kinds for i in range(0, len(kind), size)]
     tensor_of: dict[tuple[int, int, int], int] = {}
-    num_layers = len(traits) if num_layers is None else num_layers
     layer_tensor, layer_group = [-1] * num_layers, [-1] * num_layers
     shapes = []
     for g, members in enumerate(groups):
@@ -118,7 +120,7 @@ def mla_kv_layout(model: nn.Module) -> KVLayout | None:
     from metalserve.executor.models.mla import latent_kv_shape
 
     layers = model.model.layers
-    shape = latent_kv_shape(layers[0].self_attn) if "self_attn" in layers[0] else None
+    shape = latent_kv_shape(layers[0].self_attn) if layers and "self_attn" in layers[0] else None
     if shape is None:
         return None
     width, value_dim = shape

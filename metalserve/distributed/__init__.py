@@ -1,0 +1,6 @@
+"""Pipeline parallelism over MLX's distributed engine (`--pipeline-parallel-size N`).
+
+Rank 0 owns the API, the scheduler and the KV manager; every rank holds a contiguous slice of layers and
+the KV pools of those layers under the same block ids. See launch.py (ranks), wire.py (messages),
+stage.py (a rank's layers), rank0.py (the rank-0 runner), worker.py (ranks 1..N-1) and core.py.
+"""

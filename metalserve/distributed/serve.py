@@ -1,0 +1,94 @@
+"""`--pipeline-parallel-size N`: start or join the ranks, set each up, and hand rank 0's engine core to
+the server (ranks 1..N-1 serve the pipeline until rank 0 stops them)."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+
+import mlx.core as mx
+
+from metalserve.config import EngineConfig
+from metalserve.distributed.core import PipelineEngineCore
+from metalserve.distributed.handshake import StartupError
+from metalserve.distributed.launch import init_group, launched_externally, spawn_local_ranks
+from metalserve.distributed.rank0 import PipelineRunner
+from metalserve.distributed.setup import RankSetup, setup_rank, sliced_loaded
+from metalserve.distributed.watchdog import Watchdog
+from metalserve.distributed.worker import run_worker
+from metalserve.engine.core import BUFFER_CACHE_FRACTION
+from metalserve.engine.kv_groups import build_scheduler
+from metalserve.executor.runner import KVCacheSpec
+from metalserve.executor.sampler import Sampler
+from metalserve.loader import LoadedModel, ModelLoadError
+
+logger = logging.getLogger("metalserve.distributed")
+
+
+def run_rank(config: EngineConfig) -> int:
+    """A rank other than 0: set up, then run steps until STOP. The exit status says how it ended."""
+    return run_rank_in_group(config, init_group(config.pipeline_parallel_size))
+
+
+def start_pipeline(config: EngineConfig) -> tuple[PipelineEngineCore, LoadedModel, Watchdog]:
+    """Rank 0's side (on a rank other than 0, started by mlx.launch, this serves and exits)."""
+    children = [] if launched_externally() else spawn_local_ranks(config)
+    core_ref: list[PipelineEngineCore] = []
+    watchdog = Watchdog(children, config.pipeline_step_timeout,
+                        lambda: core_ref[0].waiting_since if core_ref else None)  # fmt: skip
+    watchdog.start()  # from here a local rank that dies during start-up ends this process too
+    group = init_group(config.pipeline_parallel_size)
+    if group.rank() != 0:
+        sys.exit(run_rank_in_group(config, group))
+    try:
+        setup = setup_rank(config, group)
+        core = build_core(config, setup, group)
+    except BaseException as exc:
+        watchdog.stopping = True  # our own error is the one to report, not the ranks it takes down
+        watchdog.kill_children()
+        if isinstance(exc, StartupError):
+            raise ValueError(str(exc)) from exc
+        raise
+    core_ref.append(core)
+    atexit.register(_stop, core, watchdog)
+    return core, setup.loaded, watchdog
+
+
+def run_rank_in_group(config: EngineConfig, group: mx.distributed.Group) -> int:
+    try:
+        setup = setup_rank(config, group)
+        run_worker(setup, group, config.block_size)
+    except (StartupError, ModelLoadError, ValueError, RuntimeError) as exc:  # RuntimeError: a peer went away
+        logger.error("pipeline rank %d: %s", group.rank(), exc)
+        return 1
+    return 0
+
+
+def build_core(config: EngineConfig, setup: RankSetup, group: mx.distributed.Group) -> PipelineEngineCore:
+    loaded = setup.loaded
+    spec = KVCacheSpec.for_model(sliced_loaded(setup), config.block_size, setup.initial_blocks)
+    runner = PipelineRunner(setup.model, spec, group, eos_token_ids=loaded.eos_token_ids,
+                            sampler=Sampler(config.seed), backend=setup.backend)  # fmt: skip
+    mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * setup.num_blocks * spec.bytes_per_block))
+    scheduler = build_scheduler(config, loaded, setup.num_blocks, setup.max_model_len, setup.initial_blocks)
+    logger.info("pipeline: %d ranks, %d steps in flight; every rank runs the generic MLX path, attention %s",
+                setup.size, 2, setup.backend.description)  # fmt: skip
+    return PipelineEngineCore(scheduler, runner, setup.max_model_len, depth=2)
+
+
+def _stop(core: PipelineEngineCore, watchdog: Watchdog) -> None:
+    """At exit: an orderly STOP down the pipeline (each rank reads it after any step still in flight),
+    then wait for local ranks. After a failure nothing is sent (a send to a broken ring can block) and
+    the process ends at once, with status 1."""
+    watchdog.stopping = True
+    if core.failed or watchdog.failed:
+        watchdog.kill_children()
+        logging.shutdown()
+        os._exit(1)
+    try:
+        core.stop_pipeline()
+    except RuntimeError as exc:
+        logger.warning("pipeline: could not send STOP (%s)", exc)
+    watchdog.stop_children()

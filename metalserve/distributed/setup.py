@@ -1,0 +1,159 @@
+"""What every rank does at start-up: load the model, take its layer slice, size its KV pools, and agree
+with the other ranks (handshake.py) before any step runs."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from metalserve.config import ConfigError, EngineConfig
+from metalserve.distributed.handshake import RankReport, check_reports, exchange, fingerprint
+from metalserve.distributed.partition import split_layers
+from metalserve.distributed.stage import keep_layers, layer_bytes, non_layer_bytes, param_bytes
+from metalserve.engine.core import resolve_max_model_len
+from metalserve.engine.memory import (
+    INITIAL_POOL_BLOCKS,
+    available_memory_bytes,
+    format_bytes,
+    memory_limit,
+    pool_block_cap,
+    total_memory_bytes,
+)
+from metalserve.executor.attention.base import AttentionBackend
+from metalserve.executor.attention.select import select_attention
+from metalserve.executor.models.adapter import PagedModel
+from metalserve.executor.models.compute import MlxCompute
+from metalserve.kvcache.sizing import kv_bytes_per_block
+from metalserve.loader import LoadedModel, load_model
+from metalserve.loader.weights_mode import fp32_bytes, should_dequantize
+from metalserve.platform import current_platform
+
+logger = logging.getLogger("metalserve.distributed")
+
+
+@dataclass
+class RankSetup:
+    rank: int
+    size: int
+    loaded: LoadedModel  # num_layers is the whole model's; the model object holds only this slice
+    model: PagedModel
+    layers: range
+    backend: AttentionBackend[Any, Any]
+    max_model_len: int
+    num_blocks: int  # the pool's cap: the smallest any rank can hold
+    initial_blocks: int
+    reports: list[RankReport]
+
+
+def _load_slice(config: EngineConfig, rank: int, size: int) -> tuple[LoadedModel, PagedModel, range, tuple[int, ...]]:
+    """Load only this rank's layers: the split and the fingerprint are taken from the built model before
+    its (lazy, for safetensors) weights are materialised, so the other layers never reach memory."""
+    found: dict[str, Any] = {}
+
+    def prepare(model: nn.Module) -> None:
+        found["fingerprint"] = fingerprint(model, loaded_config(model))
+        sizes, extra = _resident_sizes(model, config)
+        slices = split_layers(sizes, size, extra, config.pipeline_layer_partition)
+        found["layers"], found["total"] = slices[rank], len(model.model.layers)
+        keep_layers(model, slices[rank], first=rank == 0)
+
+    loaded = load_model(config.model, weights=config.weights, dequantize_max_bytes=config.dequantize_max_bytes,
+                        chat_template=config.chat_template, prepare=prepare)  # fmt: skip
+    loaded = replace(loaded, num_layers=found["total"])  # the scheduler's view: every layer of the model
+    mx.clear_cache()
+    # The generic MLX path on every rank: the host fast path (executor/host/) runs whole models only.
+    model = PagedModel(loaded.model, loaded.model_type, MlxCompute())
+    check_pipeline_model(model, loaded.model_type)
+    return loaded, model, found["layers"], found["fingerprint"]
+
+
+def check_pipeline_model(model: PagedModel, model_type: str) -> None:
+    """A stage runs its layers under one group's block table: models with sliding-window groups,
+    recurrent states or MLA's latent pages are refused here, naming why, rather than served wrongly."""
+    layout = model.kv_layout
+    if model.state_layout is not None or layout.value_dim is not None or len(layout.groups) != 1:
+        raise ConfigError(
+            f"--pipeline-parallel-size: a {model_type} model keeps {len(layout.groups)} KV layer groups"
+            f"{', recurrent states' if model.state_layout is not None else ''}"
+            f"{', MLA latent pages' if layout.value_dim is not None else ''}; pipeline stages serve models "
+            "of full attention only so far"
+        )
+
+
+def _resident_sizes(model: nn.Module, config: EngineConfig) -> tuple[list[int], int]:
+    """Each layer's bytes and the rest's, as they will sit in memory: unpacked to fp32 where the loader
+    will dequantize (MLX's CPU backend), else as stored."""
+    whole = fp32_bytes(model)
+    if should_dequantize(config.weights, whole, config.dequantize_max_bytes, current_platform().metal):
+        sizes = [fp32_bytes(layer) for layer in model.model.layers]
+        return sizes, whole - sum(sizes)
+    return layer_bytes(model), non_layer_bytes(model)
+
+
+def loaded_config(model: nn.Module) -> dict[str, object]:
+    """The model's arguments as mlx-lm parsed them (the same on every rank that loaded the same model)."""
+    return {k: v for k, v in vars(model.args).items() if isinstance(v, (int, float, str, bool, list, type(None)))}
+
+
+def _blocks_fit(
+    config: EngineConfig, loaded: LoadedModel, layers: range, rank: int, max_num_seqs: int
+) -> tuple[int, int]:
+    """(KV blocks this rank can hold for its layers, bytes per block here)."""
+    per_block = kv_bytes_per_block(len(layers), loaded.num_kv_heads, loaded.head_dim, loaded.dtype.size,
+                                   config.block_size)  # fmt: skip
+    if config.kv_cache_memory is not None:
+        return config.kv_cache_memory // per_block, per_block
+    held = int(mx.get_active_memory())
+    limit, _ = memory_limit(config.gpu_memory_utilization, total_memory_bytes(), available_memory_bytes(), held)
+    hidden = int(loaded.config.get("hidden_size", 0))
+    inter = int(loaded.config.get("intermediate_size", 4 * hidden))
+    # An estimate of a full step's activations (no warm-up step runs across ranks): a few hidden-sized
+    # and MLP-sized rows per token, and on rank 0 the logits of every sampling row.
+    step = config.max_num_batched_tokens * loaded.dtype.size * (8 * hidden + 3 * inter)
+    if rank == 0:
+        step += max_num_seqs * int(loaded.config.get("vocab_size", 0)) * 4
+    return max(0, (limit - held - step) // per_block), per_block
+
+
+def setup_rank(config: EngineConfig, group: mx.distributed.Group) -> RankSetup:
+    """Load this rank's slice and agree with the others; StartupError if any rank cannot go on."""
+    rank, size = group.rank(), group.size()
+    try:
+        loaded, model, layers, fp = _load_slice(config, rank, size)
+        max_model_len = resolve_max_model_len(config, loaded.max_model_len)
+        backend = select_attention(config.attention_backend, loaded.dtype, current_platform())
+        fits, per_block = _blocks_fit(config, loaded, layers, rank, config.max_num_seqs)
+        weight_mib = param_bytes(model.model) >> 20
+        report = RankReport(True, fp, fits, layers, weight_mib, per_block, "", config.block_size)
+    except Exception as exc:  # reported to every rank, then raised here too
+        exchange(RankReport.failed(f"{type(exc).__name__}: {exc}"), group)
+        raise
+    reports = exchange(report, group)
+    check_reports(reports)
+    cap = pool_block_cap(config.max_num_seqs, max_model_len, config.block_size)
+    num_blocks = min(min(r.blocks_fit for r in reports), cap)
+    if rank == 0:
+        log_ranks(reports, num_blocks, config.block_size)
+    return RankSetup(rank, size, loaded, model, layers, backend, max_model_len, num_blocks,
+                     min(num_blocks, INITIAL_POOL_BLOCKS), reports)  # fmt: skip
+
+
+def log_ranks(reports: list[RankReport], num_blocks: int, block_size: int) -> None:
+    smallest = min(r.blocks_fit for r in reports)
+    for rank, r in enumerate(reports):
+        logger.info(
+            "pipeline rank %d: layers %d-%d (%d), weights %d MiB, KV %s per block, room for %d blocks%s",
+            rank, r.layers.start, r.layers.stop - 1, len(r.layers), r.weight_mib,
+            format_bytes(r.kv_bytes_per_block), r.blocks_fit,
+            " (the smallest: it sets the pool)" if r.blocks_fit == smallest else "",
+        )  # fmt: skip
+    logger.info("pipeline KV pool: up to %d blocks of %d tokens on every rank", num_blocks, block_size)
+
+
+def sliced_loaded(setup: RankSetup) -> LoadedModel:
+    """The LoadedModel as this rank's pools see it: only its own layers."""
+    return replace(setup.loaded, num_layers=len(setup.layers))

@@ -1,0 +1,91 @@
+"""Drive an engine core over a fixed workload and print each request's greedy tokens (JSON).
+
+`python -m tests.distributed.drive SPEC.json` runs the pipelined core (rank 0 here, the other ranks
+started by it); `reference_tokens` runs one process on the same generic MLX path, for comparison.
+Requests arrive staggered (one every `stagger` steps) so steps mix prefill chunks and decodes, and
+prompts share prefixes so later ones hit the prefix cache.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import replace
+from typing import Any
+
+from metalserve.config import EngineConfig
+from metalserve.engine.core import EngineCore
+from metalserve.request import Request
+from metalserve.sampling_params import SamplingParams
+
+
+def workload(spec: dict[str, Any]) -> list[list[int]]:
+    """Prompts of token ids: a shared prefix, then a per-request tail of varied length."""
+    prefix = [(7 * i + 3) % 250 + 5 for i in range(spec["prefix_len"])]
+    return [prefix[: spec["prefix_len"] - 3 * j] + [(11 * j + i) % 250 + 5 for i in range(4 + 5 * j)]
+            for j in range(spec["num_requests"])]  # fmt: skip
+
+
+def run_core(core: EngineCore, prompts: list[list[int]], max_tokens: int, stagger: int) -> dict[str, list[int]]:
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    tokens: dict[str, list[int]] = {}
+    pending = list(enumerate(prompts))
+    steps = 0
+    while pending or core.has_unfinished_requests():
+        if pending and steps % stagger == 0:
+            i, prompt = pending.pop(0)
+            core.add_request(Request(f"r{i}", prompt, params))
+            tokens[f"r{i}"] = []
+        for out in core.step():
+            tokens[out.request_id] += out.new_token_ids
+        steps += 1
+        if steps > 10_000:
+            raise RuntimeError("the engine did not finish the workload")
+    return tokens
+
+
+def config_of(spec: dict[str, Any]) -> EngineConfig:
+    return EngineConfig(
+        model=spec["model"], block_size=8, max_num_batched_tokens=spec["budget"], enable_prefix_caching=True,
+        kv_cache_memory=64 << 20, pipeline_parallel_size=spec.get("pp", 1), attention_backend="mlx",
+        pipeline_step_timeout=60.0, max_model_len=512,
+    )  # fmt: skip
+
+
+def reference_tokens(spec: dict[str, Any]) -> dict[str, list[int]]:
+    """One process, the generic MLX path (not the numba host forward): what every pipeline rank runs."""
+    from metalserve.engine.kv_groups import build_scheduler
+    from metalserve.executor.attention.mlx import MlxAttention
+    from metalserve.executor.models.adapter import PagedModel
+    from metalserve.executor.models.compute import MlxCompute
+    from metalserve.executor.runner import KVCacheSpec, ModelRunner
+    from metalserve.executor.sampler import Sampler
+    from metalserve.loader import load_model
+
+    config = replace(config_of(spec), pipeline_parallel_size=1)
+    loaded = load_model(config.model)
+    model = PagedModel(loaded.model, loaded.model_type, MlxCompute())
+    blocks = 512
+    runner = ModelRunner(model, KVCacheSpec.for_model(loaded, config.block_size, blocks),
+                         eos_token_ids=loaded.eos_token_ids, sampler=Sampler(0), backend=MlxAttention())  # fmt: skip
+    scheduler = build_scheduler(config, loaded, blocks, 512, None)
+    core = EngineCore(scheduler, runner, 512)
+    return run_core(core, workload(spec), spec["max_tokens"], spec["stagger"])
+
+
+def main() -> int:
+    from metalserve.distributed.serve import start_pipeline
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
+    core, _, watchdog = start_pipeline(config_of(spec))
+    tokens = run_core(core, workload(spec), spec["max_tokens"], spec["stagger"])
+    stats = core.make_stats()
+    print(json.dumps({"tokens": tokens, "prefix_hits": stats.prefix_cache_hits}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

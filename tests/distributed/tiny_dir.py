@@ -1,0 +1,28 @@
+"""Tiny random-weight model directories (config.json + safetensors + tokenizer) that every rank loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from tests.executor.tiny_models import tiny_model
+from tests.loader.tiny_tokenizer import save_hf_tokenizer, vocab_tokens
+
+
+def write_tiny_dir(path: Path, model_type: str = "llama", seed: int = 0, layers: int = 4) -> Path:
+    vocab = len(vocab_tokens())
+    overrides = dict(num_hidden_layers=layers, vocab_size=vocab, eos_token_id=2)
+    model = tiny_model(model_type, seed=seed, **overrides)
+    path.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(path / "model.safetensors"), dict(nn.utils.tree_flatten(model.parameters())))
+    config = {**model.args.__dict__, "model_type": model_type, "architectures": ["LlamaForCausalLM"]}
+    (path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if _plain(v)}))
+    save_hf_tokenizer(path)
+    return path
+
+
+def _plain(value: object) -> bool:
+    return isinstance(value, (int, float, str, bool, list, dict)) or value is None
