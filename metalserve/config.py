@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from metalserve.spec_decode.config import SpeculativeConfig
+
 SchedulingPolicy = Literal["fcfs", "priority"]
 WeightsMode = Literal["auto", "dequantize", "quantized"]
 # --attention-backend: "mlx" is the MLX-ops backend; "reference", its old name, is a deprecated alias.
@@ -41,6 +43,7 @@ class EngineConfig:
     chat_template: str | None = None
     tool_call_parser: str | None = None
     seed: int = 0
+    speculative_config: SpeculativeConfig | None = None  # --speculative-config; None: no speculation
 
     def __post_init__(self) -> None:
         self.validate()

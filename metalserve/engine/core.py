@@ -17,6 +17,7 @@ from metalserve.executor.attention.select import select_attention
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import KVCacheSpec, ModelRunner
 from metalserve.executor.sampler import Sampler
+from metalserve.kvcache.hybrid import HybridKVCacheManager
 from metalserve.loader import LoadedModel, load_model
 from metalserve.outputs import EngineCoreOutput
 from metalserve.platform import Platform, current_platform
@@ -24,6 +25,8 @@ from metalserve.request import Request, RequestStatus
 from metalserve.sampling_params import SamplingParams
 from metalserve.scheduler.output import NewRequestData, SchedulerOutput
 from metalserve.scheduler.scheduler import Scheduler, SchedulerStats
+from metalserve.spec_decode.config import SpeculativeConfig
+from metalserve.spec_decode.proposer import make_proposer
 
 logger = logging.getLogger("metalserve.engine")
 
@@ -70,15 +73,16 @@ class EngineCore:
             peak = measure_step_peak(model, loaded, config, attention) + host
         plan = plan_kv_pool(config, loaded, max_model_len, peak, held)
         spec = KVCacheSpec.for_model(loaded, config.block_size, plan.initial_blocks)
+        scheduler = build_scheduler(config, loaded, plan.num_blocks, max_model_len, plan.initial_blocks)
         runner = ModelRunner(
             model,
             spec,
             eos_token_ids=loaded.eos_token_ids,
             sampler=Sampler(config.seed),
             backend=attention,
+            proposer=make_proposer(speculation_for(config, scheduler)),
         )
         mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * plan.num_blocks * spec.bytes_per_block))
-        scheduler = build_scheduler(config, loaded, plan.num_blocks, max_model_len, plan.initial_blocks)
         return cls(scheduler, runner, max_model_len, platform)
 
     def add_request(self, request: Request) -> None:
@@ -113,6 +117,22 @@ class EngineCore:
 
     def make_stats(self) -> SchedulerStats:
         return self.scheduler.make_stats()
+
+
+def speculation_for(config: EngineConfig, scheduler: Scheduler) -> SpeculativeConfig | None:
+    """The speculative config in force: off (with a start-up line) for a model with several KV layer
+    groups, whose recurrent states and windows cannot roll back rejected drafts yet."""
+    spec = config.speculative_config
+    if spec is None:
+        return None
+    if isinstance(scheduler.kv, HybridKVCacheManager):
+        logger.warning("speculative decoding: off, this model has several KV cache layer groups")
+        return None
+    logger.info(
+        "speculative decoding: %s, %d tokens per step (n-grams of %d..%d)", spec.method,
+        spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max,
+    )  # fmt: skip
+    return spec
 
 
 def resolve_max_model_len(config: EngineConfig, model_len: int) -> int:

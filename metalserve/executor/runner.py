@@ -16,6 +16,8 @@ from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.step_inputs import StepInputs, pack_step
 from metalserve.outputs import TokenLogprob
 from metalserve.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from metalserve.spec_decode.proposer import Proposer
+from metalserve.spec_decode.verify import Window, verify_windows
 
 if TYPE_CHECKING:
     from metalserve.loader import LoadedModel
@@ -70,8 +72,10 @@ class ModelRunner:
         eos_token_ids: frozenset[int] = frozenset(),
         sampler: SamplerFn | None = None,
         backend: AttentionBackend[Any, Any] = MLX_OPS,
+        proposer: Proposer | None = None,
     ) -> None:
-        """`backend`: how attention runs (executor/attention/), chosen by the engine from the Platform."""
+        """`backend`: how attention runs (executor/attention/), chosen by the engine from the Platform.
+        `proposer`: drafts for speculative decoding (spec_decode/), None: off."""
         self.model = model
         self.spec = spec
         self.eos_token_ids = eos_token_ids
@@ -84,6 +88,7 @@ class ModelRunner:
         layer = spec.layer_spec()
         self.kv: list[Any] = [self.backend.allocate(layer) for _ in range(spec.num_layers)]
         self.requests: dict[str, CachedRequestState] = {}
+        self.proposer = proposer
 
     def grow_kv(self, num_blocks: int) -> None:
         """Extend every layer's pool to `num_blocks` blocks, keeping what the old blocks hold."""
@@ -99,6 +104,8 @@ class ModelRunner:
     def _update_states(self, so: SchedulerOutput) -> None:
         for rid in so.finished_req_ids | so.preempted_req_ids:
             self.requests.pop(rid, None)
+            if self.proposer is not None:
+                self.proposer.forget(rid)
         for new in so.scheduled_new_reqs:
             self.requests[new.request_id] = CachedRequestState(
                 request_id=new.request_id,
@@ -130,31 +137,43 @@ class ModelRunner:
         self._update_states(so)
         if so.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput(sampled_token_ids={})
-        step = pack_step(self.requests, so.num_scheduled_tokens, self.spec.block_size)
+        drafts = so.scheduled_spec_decode_tokens
+        step = pack_step(self.requests, so.num_scheduled_tokens, self.spec.block_size, drafts)
         with forward_context(self._context(step)):
             logits = self.model(step.token_ids, step.logits_indices)
         sampling = [self.requests[step.request_ids[i]] for i in step.sampling_rows]
-        result = self.sampler(logits, sampling) if sampling else _NO_SAMPLES
+        windows = self._sample(logits, sampling, drafts)
         # Evaluate the pools with the logits so the scatters run now and release the old buffers.
         mx.eval(self._kv_arrays())
         sampled: dict[str, list[int]] = {rid: [] for rid in step.request_ids}
         logprobs: dict[str, list[TokenLogprob]] = {}
         for rid in step.request_ids:
             self.requests[rid].num_computed_tokens += so.num_scheduled_tokens[rid]
-        for j, state in enumerate(sampling):
-            token = result.token_ids[j]
-            state.token_ids.append(token)
-            sampled[state.request_id] = [token]
-            lp = result.logprobs[j]
-            if lp is not None:
-                logprobs[state.request_id] = [lp]
-        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+        for state, window in zip(sampling, windows, strict=True):
+            rid = state.request_id
+            state.token_ids.extend(window.token_ids)
+            sampled[rid] = window.token_ids
+            if window.logprobs is not None:
+                logprobs[rid] = window.logprobs
+            num_drafted = len(drafts.get(rid, ()))
+            if num_drafted:  # the rejected drafts' KV is stale: the next step overwrites it
+                state.num_computed_tokens -= num_drafted + 1 - len(window.token_ids)
+                assert self.proposer is not None
+                self.proposer.record(rid, num_drafted, len(window.token_ids) - 1)
+        spec = self.proposer.propose(sampling) if self.proposer is not None else {}
+        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, spec_token_ids=spec)
 
-
-@dataclass
-class _NoSamples:
-    token_ids: list[int]
-    logprobs: list[TokenLogprob | None]
-
-
-_NO_SAMPLES = _NoSamples([], [])
+    def _sample(
+        self, logits: mx.array, sampling: list[CachedRequestState], drafts: dict[str, list[int]]
+    ) -> list[Window]:
+        """One window per sampling request: its accepted drafts and the next token."""
+        if not sampling:
+            return []
+        if drafts:
+            spec = [drafts.get(s.request_id, []) for s in sampling]
+            return verify_windows(self.sampler, logits, sampling, spec)
+        result = self.sampler(logits, sampling)
+        return [
+            Window([token], None if lp is None else [lp])
+            for token, lp in zip(result.token_ids, result.logprobs, strict=True)
+        ]

@@ -1,0 +1,58 @@
+"""The runner's drafting side: after a step, propose the next drafts of every request that sampled."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from metalserve.spec_decode.backoff import BackOff
+from metalserve.spec_decode.config import SpeculativeConfig
+from metalserve.spec_decode.ngram import propose_ngram
+
+
+class DraftedRequest(Protocol):
+    request_id: str
+    token_ids: list[int]  # prompt + output so far
+    structured: Any  # a grammar; such requests do not draft
+
+
+class Proposer(Protocol):
+    def record(self, request_id: str, num_drafted: int, num_accepted: int) -> None: ...
+
+    def propose(self, requests: Sequence[DraftedRequest]) -> dict[str, list[int]]: ...
+
+    def forget(self, request_id: str) -> None: ...
+
+
+class NgramProposer:
+    """Prompt-lookup drafts, with per-request back-off (spec_decode/backoff.py)."""
+
+    def __init__(self, config: SpeculativeConfig) -> None:
+        self.k = config.num_speculative_tokens
+        self.min_n, self.max_n = config.prompt_lookup_min, config.prompt_lookup_max
+        self.backoff = BackOff()
+
+    def record(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
+        self.backoff.record(request_id, num_drafted, num_accepted)
+
+    def propose(self, requests: Sequence[DraftedRequest]) -> dict[str, list[int]]:
+        """Drafts per request id; requests with a grammar or in back-off get none."""
+        out: dict[str, list[int]] = {}
+        for request in requests:
+            if request.structured is not None or not self.backoff.may_draft(request.request_id):
+                continue
+            drafts = propose_ngram(request.token_ids, self.k, self.min_n, self.max_n)
+            if drafts:
+                out[request.request_id] = drafts
+        return out
+
+    def forget(self, request_id: str) -> None:
+        self.backoff.forget(request_id)
+
+
+def make_proposer(config: SpeculativeConfig | None) -> Proposer | None:
+    if config is None:
+        return None
+    if config.method == "ngram":
+        return NgramProposer(config)
+    raise ValueError(f"no proposer for speculative method {config.method!r}")
