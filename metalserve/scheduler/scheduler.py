@@ -210,13 +210,10 @@ class Scheduler(StepUpdate):
         step.budget = budget
 
     def _num_drafts(self, request: Request, budget: int) -> int:
-        """How many of the request's drafts fit the budget, the context and its max_tokens."""
+        """How many of the request's drafts fit the budget and its output limit (max_tokens or the
+        context, whichever comes first); the window's last token is one more output."""
         max_out = self._stop_hints[request.request_id][1]
-        room = min(
-            budget - 1,
-            self.max_model_len - request.num_tokens,
-            max_out - request.num_output_tokens - 1,  # the window's last token is one more output
-        )
+        room = min(budget - 1, max_out - request.num_output_tokens - 1)
         return max(0, min(len(request.spec_token_ids), room))
 
     def _preempt_until_fits(
