@@ -1,0 +1,127 @@
+"""The engine with speculation on gives the same text as with it off: greedy, seeded sampling with the
+whole pipeline, chunked prefill and preemption, and grammar-constrained requests (which never draft)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jsonschema
+import numpy as np
+
+from metalserve.config import EngineConfig
+from metalserve.engine.core import EngineCore
+from metalserve.request import Request
+from metalserve.sampling_params import SamplingParams
+from metalserve.spec_decode.config import SpeculativeConfig
+from metalserve.structured.compiler import GrammarCompiler
+from metalserve.structured.params import StructuredOutputsParams
+from tests.engine.test_core import tiny_loaded
+from tests.structured.test_engine import SCHEMA, TOK, make_core, request, run, text
+
+NGRAM = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
+PER_BLOCK = 2 * 2 * 2 * 16 * 4 * 8  # layers * (K, V) * kv heads * head_dim * fp32 * block size
+
+
+def tiny_core(spec: SpeculativeConfig | None, **config: object) -> EngineCore:
+    defaults: dict[str, object] = {"kv_cache_memory": 1 << 22, "max_num_batched_tokens": 64, "block_size": 8}
+    merged = {**defaults, **config, "speculative_config": spec}
+    return EngineCore.from_loaded(EngineConfig(**merged), tiny_loaded())  # type: ignore[arg-type]
+
+
+def drive(core: EngineCore, requests: list[Request]) -> dict[str, list[int]]:
+    for r in requests:
+        core.add_request(r)
+    got: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    while core.has_unfinished_requests():
+        for out in core.step():
+            got[out.request_id] += out.new_token_ids
+    return got
+
+
+def mixed_greedy(n: int, seed: int = 3) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        # Repeating motifs give prompt lookup something to find; lengths 3..90 mix decode and chunks.
+        motif = rng.integers(0, 97, size=int(rng.integers(2, 6))).tolist()
+        prompt = (motif * 40)[: int(rng.integers(3, 90))]
+        params = SamplingParams(temperature=0, max_tokens=int(rng.integers(8, 40)), ignore_eos=True)
+        out.append(Request(f"r{i}", prompt, params))
+    return out
+
+
+def test_greedy_32_requests_with_chunked_prefill_and_preemption_match_without_speculation() -> None:
+    tight = {"kv_cache_memory": 40 * PER_BLOCK, "max_model_len": 256, "long_prefill_token_threshold": 24}
+    off_core, on_core = tiny_core(None, **tight), tiny_core(NGRAM, **tight)
+    off, on = drive(off_core, mixed_greedy(32)), drive(on_core, mixed_greedy(32))
+    assert on == off
+    stats = on_core.make_stats()
+    assert stats.num_preemptions > 0 and off_core.make_stats().num_preemptions > 0
+    assert stats.spec_num_accepted_tokens > 0 and stats.spec_num_drafts > 0
+    assert stats.spec_num_accepted_tokens < stats.spec_num_draft_tokens  # rejections happened too
+    assert stats.num_free_blocks == stats.num_total_blocks
+
+
+def pipeline_requests() -> list[Request]:
+    prompt = [5, 6, 7, 8, 9] * 6
+    cases = [
+        SamplingParams(temperature=1.0, top_p=0.9, seed=1, max_tokens=40, logprobs=2),
+        SamplingParams(temperature=0.0, max_tokens=40, frequency_penalty=0.5, logit_bias={7: 5.0}),
+        SamplingParams(temperature=0.7, top_k=5, seed=3, max_tokens=30, repetition_penalty=1.2),
+        SamplingParams(temperature=0.0, max_tokens=40, logit_bias={7: 30.0}, min_tokens=5, stop_token_ids=[7]),
+        SamplingParams(temperature=0.0, max_tokens=33, logit_bias={11: 30.0}, logprobs=1),
+        SamplingParams(temperature=1.0, min_p=0.1, seed=9, max_tokens=40, logit_bias={3: 4.0}, presence_penalty=1.0),
+    ]
+    return [Request(f"p{i}", prompt, params, eos_token_ids=frozenset({2})) for i, params in enumerate(cases)]
+
+
+def test_seeded_sampling_with_penalties_bias_and_logprobs_matches_without_speculation() -> None:
+    def outcome(spec: SpeculativeConfig | None) -> tuple[dict[str, list[int]], dict[str, list[float]], EngineCore]:
+        core = tiny_core(spec)
+        for r in pipeline_requests():
+            core.add_request(r)
+        tokens: dict[str, list[int]] = {f"p{i}": [] for i in range(6)}
+        logprobs: dict[str, list[float]] = {f"p{i}": [] for i in range(6)}
+        while core.has_unfinished_requests():
+            for out in core.step():
+                tokens[out.request_id] += out.new_token_ids
+                logprobs[out.request_id] += [lp.logprob for lp in out.new_logprobs or []]
+        return tokens, logprobs, core
+
+    off_tokens, off_lps, _ = outcome(None)
+    on_tokens, on_lps, core = outcome(NGRAM)
+    assert on_tokens == off_tokens
+    assert off_tokens["p3"][-1] == 7 and len(off_tokens["p3"]) == 6  # the stop id, once min_tokens allowed it
+    for rid, lps in off_lps.items():
+        assert len(on_lps[rid]) == len(lps) == (len(off_tokens[rid]) if rid in ("p0", "p4") else 0)
+        assert np.allclose(on_lps[rid], lps, atol=1e-3)
+    assert core.make_stats().spec_num_accepted_tokens > 0
+
+
+def test_grammar_constrained_requests_never_draft_and_stay_valid() -> None:
+    compiler = GrammarCompiler(TOK)
+    spec = StructuredOutputsParams(json=SCHEMA)
+    on = make_core(speculative_config=NGRAM)
+    off = make_core()
+    reqs_on = [request(f"g{i}", compiler, spec, seed=i) for i in range(3)]
+    reqs_off = [request(f"g{i}", compiler, spec, seed=i) for i in range(3)]
+    tokens_on, reasons, _ = run(on, reqs_on)
+    tokens_off, _, _ = run(off, reqs_off)
+    assert tokens_on == tokens_off
+    assert on.scheduler.spec_counter.num_drafts == 0
+    for i in range(3):
+        jsonschema.validate(json.loads(text(tokens_on[f"g{i}"])), SCHEMA)
+        assert reasons[f"g{i}"] == "stop"
+
+
+def test_a_model_with_several_kv_groups_runs_without_speculation() -> None:
+    from metalserve.engine.core import speculation_for
+    from metalserve.kvcache.specs import FullAttention, SlidingWindow
+    from metalserve.scheduler.scheduler import Scheduler
+
+    config = EngineConfig(block_size=8, speculative_config=NGRAM)
+    groups = [FullAttention(layers=(0,)), SlidingWindow(layers=(1,), window=16)]
+    assert speculation_for(config, Scheduler(config, 64, 64, kv_groups=groups)) is None
+    assert speculation_for(config, Scheduler(config, 64, 64)) == NGRAM
+    assert math.isfinite(0.0)
