@@ -26,7 +26,8 @@ from metalserve.sampling_params import SamplingParams
 from metalserve.scheduler.output import NewRequestData, SchedulerOutput
 from metalserve.scheduler.scheduler import Scheduler, SchedulerStats
 from metalserve.spec_decode.config import SpeculativeConfig
-from metalserve.spec_decode.proposer import make_proposer
+from metalserve.spec_decode.draft_model import build_draft_proposer
+from metalserve.spec_decode.proposer import Proposer, make_proposer
 
 logger = logging.getLogger("metalserve.engine")
 
@@ -58,7 +59,8 @@ class EngineCore:
         return cls.from_loaded(config, loaded), loaded
 
     @classmethod
-    def from_loaded(cls, config: EngineConfig, loaded: LoadedModel) -> EngineCore:
+    def from_loaded(cls, config: EngineConfig, loaded: LoadedModel, draft: LoadedModel | None = None) -> EngineCore:
+        """`draft`: the draft model of `--speculative-config` method draft_model, if already loaded."""
         platform = current_platform()
         max_model_len = resolve_max_model_len(config, loaded.max_model_len)
         model = PagedModel.from_loaded(loaded, platform)
@@ -80,7 +82,7 @@ class EngineCore:
             eos_token_ids=loaded.eos_token_ids,
             sampler=Sampler(config.seed),
             backend=attention,
-            proposer=make_proposer(speculation_for(config, scheduler)),
+            proposer=build_proposer(config, scheduler, loaded, platform, plan.initial_blocks, draft),
         )
         mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * plan.num_blocks * spec.bytes_per_block))
         return cls(scheduler, runner, max_model_len, platform)
@@ -119,6 +121,27 @@ class EngineCore:
         return self.scheduler.make_stats()
 
 
+def build_proposer(
+    config: EngineConfig,
+    scheduler: Scheduler,
+    loaded: LoadedModel,
+    platform: Platform,
+    num_blocks: int,
+    draft: LoadedModel | None,
+) -> Proposer | None:
+    """The drafter of the speculative config in force (None: no speculation); loads a draft model."""
+    spec = speculation_for(config, scheduler)
+    if spec is None or spec.method == "ngram":
+        return make_proposer(spec)
+    if draft is None:
+        draft = load_model(spec.model, weights=config.weights, dequantize_max_bytes=config.dequantize_max_bytes)
+    vocab = int(loaded.model.args.vocab_size)
+    attention = config.attention_backend
+    return build_draft_proposer(
+        draft, vocab, platform, attention, config.block_size, num_blocks, spec.num_speculative_tokens
+    )
+
+
 def speculation_for(config: EngineConfig, scheduler: Scheduler) -> SpeculativeConfig | None:
     """The speculative config in force: off (with a start-up line) for a model with several KV layer
     groups, whose recurrent states and windows cannot roll back rejected drafts yet."""
@@ -128,10 +151,8 @@ def speculation_for(config: EngineConfig, scheduler: Scheduler) -> SpeculativeCo
     if isinstance(scheduler.kv, HybridKVCacheManager):
         logger.warning("speculative decoding: off, this model has several KV cache layer groups")
         return None
-    logger.info(
-        "speculative decoding: %s, %d tokens per step (n-grams of %d..%d)", spec.method,
-        spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max,
-    )  # fmt: skip
+    how = f"n-grams of {spec.prompt_lookup_min}..{spec.prompt_lookup_max}" if spec.method == "ngram" else spec.model
+    logger.info("speculative decoding: %s, %d tokens per step (%s)", spec.method, spec.num_speculative_tokens, how)
     return spec
 
 

@@ -95,6 +95,8 @@ class ModelRunner:
         more = replace(self.spec, num_blocks=num_blocks - self.spec.num_blocks).layer_spec()
         self.kv = [self.backend.extend(cache, more) for cache in self.kv]
         self.spec = replace(self.spec, num_blocks=num_blocks)
+        if self.proposer is not None:
+            self.proposer.grow(num_blocks)
         mx.eval(self._kv_arrays())
         mx.clear_cache()  # the old, smaller buffers are not needed again
 

@@ -26,7 +26,7 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
-    model: str | None = None  # draft_model: the draft model (a path or the embedded default)
+    model: str | None = None  # draft_model: the draft model (a GGUF file, directory or hub id; None: embedded)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -35,10 +35,6 @@ class SpeculativeConfig:
         err = SpeculativeConfigError
         if self.method not in SPEC_METHODS:
             raise err(f"--speculative-config: unknown method {self.method!r} (known: {', '.join(SPEC_METHODS)})")
-        if self.method == "draft_model":
-            raise err(
-                "--speculative-config: method 'draft_model' is not available in this build; use 'ngram'"
-            )
         k = self.num_speculative_tokens
         if not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise err(f"--speculative-config: num_speculative_tokens must be 1..{MAX_SPECULATIVE_TOKENS}, got {k!r}")

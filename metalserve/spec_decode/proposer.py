@@ -14,6 +14,10 @@ class DraftedRequest(Protocol):
     request_id: str
     token_ids: list[int]  # prompt + output so far
     structured: Any  # a grammar; such requests do not draft
+    block_ids: list[int]  # the KV slots it holds (a draft model writes its own KV there)
+
+    @property
+    def block_array(self) -> Any: ...
 
 
 class Proposer(Protocol):
@@ -22,6 +26,10 @@ class Proposer(Protocol):
     def propose(self, requests: Sequence[DraftedRequest]) -> dict[str, list[int]]: ...
 
     def forget(self, request_id: str) -> None: ...
+
+    def grow(self, num_blocks: int) -> None:
+        """The KV pool grew to `num_blocks` blocks (a draft model grows its own pools to match)."""
+        ...
 
 
 class NgramProposer:
@@ -49,10 +57,13 @@ class NgramProposer:
     def forget(self, request_id: str) -> None:
         self.backoff.forget(request_id)
 
+    def grow(self, num_blocks: int) -> None:
+        return None
+
 
 def make_proposer(config: SpeculativeConfig | None) -> Proposer | None:
     if config is None:
         return None
     if config.method == "ngram":
         return NgramProposer(config)
-    raise ValueError(f"no proposer for speculative method {config.method!r}")
+    raise ValueError(f"method {config.method!r} needs its model: see spec_decode/draft_model.py")

@@ -123,3 +123,54 @@ def test_a_model_with_several_kv_groups_runs_without_speculation() -> None:
     groups = [FullAttention(layers=(0,)), SlidingWindow(layers=(1,), window=16)]
     assert speculation_for(config, Scheduler(config, 64, 64, kv_groups=groups)) is None
     assert speculation_for(config, Scheduler(config, 64, 64)) == NGRAM
+
+
+def draft_core(draft_seed: int, **config: object) -> EngineCore:
+    """The tiny target with a tiny draft: the same weights (seed 0, a perfect draft) or other ones."""
+    from tests.executor.tiny_models import tiny_model
+
+    draft = tiny_loaded()
+    draft.model = tiny_model("llama", seed=draft_seed)
+    defaults: dict[str, object] = {"kv_cache_memory": 1 << 22, "max_num_batched_tokens": 64, "block_size": 8}
+    spec = SpeculativeConfig("draft_model", num_speculative_tokens=3)
+    merged = {**defaults, **config, "speculative_config": spec}
+    return EngineCore.from_loaded(EngineConfig(**merged), tiny_loaded(), draft=draft)  # type: ignore[arg-type]
+
+
+def test_draft_model_greedy_32_requests_with_chunked_prefill_and_preemption_match() -> None:
+    tight = {"kv_cache_memory": 40 * PER_BLOCK, "max_model_len": 256, "long_prefill_token_threshold": 24}
+    off = drive(tiny_core(None, **tight), mixed_greedy(32))
+    for draft_seed in (0, 1):
+        core = draft_core(draft_seed, **tight)
+        assert drive(core, mixed_greedy(32)) == off
+        stats = core.make_stats()
+        assert stats.num_preemptions > 0 and stats.spec_num_drafts > 0
+        rate = stats.spec_num_accepted_tokens / stats.spec_num_draft_tokens
+        # The target's own weights as the draft agree nearly always; another model's rarely.
+        assert rate > 0.9 if draft_seed == 0 else rate < 0.5
+
+
+def test_draft_model_pools_grow_with_the_target_and_sampling_matches(monkeypatch: object) -> None:
+    from metalserve.engine import kv_plan
+
+    monkeypatch.setattr(kv_plan, "INITIAL_POOL_BLOCKS", 4)  # type: ignore[attr-defined]
+    core = draft_core(0)
+    tokens = drive(core, pipeline_requests())
+    assert tokens == drive(tiny_core(None), pipeline_requests())
+    proposer = core.runner.proposer
+    assert proposer.spec.num_blocks == core.runner.spec.num_blocks > 4  # type: ignore[union-attr]
+    assert core.make_stats().spec_num_accepted_tokens > 0
+
+
+def test_a_draft_with_another_vocabulary_is_refused() -> None:
+    import pytest
+
+    from metalserve.config import ConfigError
+    from tests.executor.tiny_models import tiny_model
+
+    draft = tiny_loaded()
+    draft.model = tiny_model("llama", vocab_size=50)
+    config = EngineConfig(kv_cache_memory=1 << 22, block_size=8,
+                          speculative_config=SpeculativeConfig("draft_model", num_speculative_tokens=2))  # fmt: skip
+    with pytest.raises(ConfigError, match="vocabulary"):
+        EngineCore.from_loaded(config, tiny_loaded(), draft=draft)
