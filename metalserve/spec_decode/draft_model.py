@@ -68,7 +68,7 @@ class DraftModelProposer:
         for r in requests:
             rid, n = r.request_id, len(r.token_ids)
             capacity = len(r.block_ids) * bs
-            if r.structured is not None or capacity < n or not self.backoff.may_draft(rid):
+            if capacity < n or not self.backoff.may_draft(rid):
                 continue
             start = min(self.computed.get(rid, 0), n - 1)
             views[rid] = _View(list(r.token_ids), start, r.block_array)

@@ -13,7 +13,7 @@ from metalserve.spec_decode.ngram import propose_ngram
 class DraftedRequest(Protocol):
     request_id: str
     token_ids: list[int]  # prompt + output so far
-    structured: Any  # a grammar; such requests do not draft
+    structured: Any  # a grammar: its masks follow the drafts (spec_decode/grammar.py)
     block_ids: list[int]  # the KV slots it holds (a draft model writes its own KV there)
 
     @property
@@ -44,10 +44,10 @@ class NgramProposer:
         self.backoff.record(request_id, num_drafted, num_accepted)
 
     def propose(self, requests: Sequence[DraftedRequest]) -> dict[str, list[int]]:
-        """Drafts per request id; requests with a grammar or in back-off get none."""
+        """Drafts per request id; requests in back-off get none."""
         out: dict[str, list[int]] = {}
         for request in requests:
-            if request.structured is not None or not self.backoff.may_draft(request.request_id):
+            if not self.backoff.may_draft(request.request_id):
                 continue
             drafts = propose_ngram(request.token_ids, self.k, self.min_n, self.max_n)
             if drafts:

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple, Protocol
 
 from metalserve.outputs import TokenLogprob
 from metalserve.sampling_params import SamplingParams
+from metalserve.spec_decode.grammar import window_masks
 
 
 class VerifiedRequest(Protocol):
@@ -40,11 +41,11 @@ class VerifiedRequest(Protocol):
 
 
 class WindowRow:
-    """One window position as the sampler sees it: the request with the first `j` drafts as output."""
+    """One window position as the sampler sees it: the request with the first `j` drafts as output,
+    and (a grammar-constrained request) the grammar's mask after those drafts."""
 
-    structured = None  # a grammar-constrained request never drafts (its mask follows accepted tokens)
-
-    def __init__(self, request: VerifiedRequest, drafts: Sequence[int]) -> None:
+    def __init__(self, request: VerifiedRequest, drafts: Sequence[int], structured: Any = None) -> None:
+        self.structured = structured
         self._request = request
         self._drafts = list(drafts)
         self.sampling_params = request.sampling_params
@@ -72,14 +73,22 @@ class SampleResult(Protocol):
     logprobs: list[TokenLogprob | None]
 
 
-def window_rows(requests: Sequence[VerifiedRequest], drafts: Sequence[Sequence[int]]) -> list[Any]:
-    """The sampler's rows, in logits order: each request's positions 0..k (a draft-less request: itself)."""
+def window_rows(
+    requests: Sequence[VerifiedRequest], drafts: Sequence[Sequence[int]], vocab: int = 0
+) -> list[Any]:
+    """The sampler's rows, in logits order: each request's positions 0..k (a draft-less request: itself).
+    `vocab`: the logits' width, for the grammar masks of constrained windows."""
     rows: list[Any] = []
     for request, spec in zip(requests, drafts, strict=True):
         if not spec:
             rows.append(request)
             continue
-        rows.extend(WindowRow(request, spec[:j]) for j in range(len(spec) + 1))
+        state = getattr(request, "structured", None)
+        if state is not None:
+            masks = window_masks(state, request.output_token_ids, spec, vocab)
+            rows.extend(WindowRow(request, spec[:j], masks[j]) for j in range(len(spec) + 1))
+        else:
+            rows.extend(WindowRow(request, spec[:j]) for j in range(len(spec) + 1))
     return rows
 
 
@@ -98,7 +107,7 @@ def verify_windows(
     drafts: Sequence[Sequence[int]],
 ) -> list[Window]:
     """Sample every window position in one batched call and keep each request's agreeing prefix."""
-    result = sample(logits, window_rows(requests, drafts))
+    result = sample(logits, window_rows(requests, drafts, int(logits.shape[-1]) if logits is not None else 0))
     out: list[Window] = []
     offset = 0
     for spec in drafts:

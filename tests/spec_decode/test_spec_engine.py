@@ -1,9 +1,10 @@
 """The engine with speculation on gives the same text as with it off: greedy, seeded sampling with the
-whole pipeline, chunked prefill and preemption, and grammar-constrained requests (which never draft)."""
+whole pipeline, chunked prefill and preemption, grammar-constrained windows; n-gram and draft model."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import numpy as np
@@ -98,20 +99,29 @@ def test_seeded_sampling_with_penalties_bias_and_logprobs_matches_without_specul
     assert core.make_stats().spec_num_accepted_tokens > 0
 
 
-def test_grammar_constrained_requests_never_draft_and_stay_valid() -> None:
+def test_grammar_constrained_windows_are_masked_per_position_and_match() -> None:
     compiler = GrammarCompiler(TOK)
-    spec = StructuredOutputsParams(json=SCHEMA)
-    on = make_core(speculative_config=NGRAM)
-    off = make_core()
-    reqs_on = [request(f"g{i}", compiler, spec, seed=i) for i in range(3)]
-    reqs_off = [request(f"g{i}", compiler, spec, seed=i) for i in range(3)]
-    tokens_on, reasons, _ = run(on, reqs_on)
-    tokens_off, _, _ = run(off, reqs_off)
+    grammars = [StructuredOutputsParams(json=SCHEMA), StructuredOutputsParams(regex=r"(ab|cd){3,9}-(yes|no)")]
+    prompt = list(TOK.encode("ababcdcdab-yes ababcd-no", add_special_tokens=False))
+
+    def reqs() -> list[Request]:
+        out = []
+        for i in range(6):
+            r = request(f"g{i}", compiler, grammars[i % 2], seed=i, temperature=0.0 if i < 2 else 1.0)
+            r.prompt_token_ids = list(prompt)
+            out.append(r)
+        return out
+
+    on, off = make_core(speculative_config=NGRAM), make_core()
+    tokens_on, reasons, _ = run(on, reqs())
+    tokens_off, _, _ = run(off, reqs())
     assert tokens_on == tokens_off
-    assert on.scheduler.spec_counter.num_drafts == 0
-    for i in range(3):
+    stats = on.make_stats()
+    assert stats.spec_num_drafts > 0 and stats.spec_num_accepted_tokens > 0
+    for i in range(0, 6, 2):
         jsonschema.validate(json.loads(text(tokens_on[f"g{i}"])), SCHEMA)
-        assert reasons[f"g{i}"] == "stop"
+        assert re.fullmatch(r"(ab|cd){3,9}-(yes|no)", text(tokens_on[f"g{i + 1}"]))
+    assert all(reasons[f"g{i}"] == "stop" for i in range(6))
 
 
 def test_a_model_with_several_kv_groups_runs_without_speculation() -> None:
