@@ -160,8 +160,8 @@ class ModelRunner:
             num_drafted = len(drafts.get(rid, ()))
             if num_drafted:  # the rejected drafts' KV is stale: the next step overwrites it
                 state.num_computed_tokens -= num_drafted + 1 - len(window.token_ids)
-                assert self.proposer is not None
-                self.proposer.record(rid, num_drafted, len(window.token_ids) - 1)
+                if self.proposer is not None:
+                    self.proposer.record(rid, num_drafted, len(window.token_ids) - 1)
         spec = self.proposer.propose(sampling) if self.proposer is not None else {}
         return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, spec_token_ids=spec)
 
