@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -16,6 +17,7 @@ from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.step_inputs import StepInputs, pack_step
 from metalserve.outputs import TokenLogprob
 from metalserve.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from metalserve.spec_decode.cost import StepCostModel
 from metalserve.spec_decode.proposer import Proposer
 from metalserve.spec_decode.verify import Window, verify_windows
 
@@ -89,6 +91,7 @@ class ModelRunner:
         self.kv: list[Any] = [self.backend.allocate(layer) for _ in range(spec.num_layers)]
         self.requests: dict[str, CachedRequestState] = {}
         self.proposer = proposer
+        self.step_cost = StepCostModel()  # when drafts pay (spec_decode/cost.py)
 
     def grow_kv(self, num_blocks: int) -> None:
         """Extend every layer's pool to `num_blocks` blocks, keeping what the old blocks hold."""
@@ -141,6 +144,7 @@ class ModelRunner:
             return ModelRunnerOutput(sampled_token_ids={})
         drafts = so.scheduled_spec_decode_tokens
         step = pack_step(self.requests, so.num_scheduled_tokens, self.spec.block_size, drafts)
+        started = time.perf_counter()
         with forward_context(self._context(step)):
             logits = self.model(step.token_ids, step.logits_indices)
         sampling = [self.requests[step.request_ids[i]] for i in step.sampling_rows]
@@ -162,8 +166,18 @@ class ModelRunner:
                 state.num_computed_tokens -= num_drafted + 1 - len(window.token_ids)
                 if self.proposer is not None:
                     self.proposer.record(rid, num_drafted, len(window.token_ids) - 1)
-        spec = self.proposer.propose(sampling) if self.proposer is not None else {}
+        spec = self._propose(sampling, step, time.perf_counter() - started, drafts) if self.proposer else {}
         return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, spec_token_ids=spec)
+
+    def _propose(
+        self, sampling: list[CachedRequestState], step: StepInputs, seconds: float, drafts: dict[str, list[int]]
+    ) -> dict[str, list[int]]:
+        """The next drafts, as many as pay in a step like this one without its drafts."""
+        assert self.proposer is not None
+        num_tokens = int(step.token_ids.size)
+        self.step_cost.record(num_tokens, seconds)
+        without = num_tokens - sum(len(d) for d in drafts.values())
+        return self.proposer.propose(sampling, self.step_cost.threshold(without, len(sampling)))
 
     def _sample(
         self, logits: mx.array, sampling: list[CachedRequestState], drafts: dict[str, list[int]]

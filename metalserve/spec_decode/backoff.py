@@ -1,6 +1,7 @@
 """Back-off: a request whose drafts keep failing stops drafting for a while, so speculation costs little.
 
-Each verified window updates the request's acceptance (an exponential average of accepted / drafted).
+Each verified window updates the request's per-token acceptance (an exponential average of accepted
+drafts over the drafts tested: the accepted ones and the first refused one).
 Below `MIN_ACCEPTANCE` the request pauses drafting for a cool-down that doubles each time it happens
 again (up to `MAX_COOLDOWN` steps), then tries again from a neutral average.
 """
@@ -36,11 +37,17 @@ class BackOff:
         track.paused_for -= 1
         return False
 
+    def acceptance(self, request_id: str) -> float:
+        """The request's recent per-token acceptance (optimistic before its first window)."""
+        track = self._tracks.get(request_id)
+        return 1.0 if track is None else track.acceptance
+
     def record(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
         if num_drafted < 1:
             return
         track = self._tracks.setdefault(request_id, _Track())
-        rate = num_accepted / num_drafted
+        # Per-token acceptance: the accepted drafts out of those tested (the first refused one ends a window).
+        rate = num_accepted / (num_accepted + (num_accepted < num_drafted))
         track.acceptance = (1 - EMA_WEIGHT) * track.acceptance + EMA_WEIGHT * rate
         if track.acceptance < MIN_ACCEPTANCE:
             track.paused_for = track.cooldown

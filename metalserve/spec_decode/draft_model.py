@@ -21,6 +21,7 @@ import numpy as np
 from metalserve.executor.context import ForwardContext, forward_context
 from metalserve.executor.step_inputs import pack_step
 from metalserve.spec_decode.backoff import BackOff
+from metalserve.spec_decode.cost import drafts_worth
 from metalserve.spec_decode.proposer import DraftedRequest
 
 if TYPE_CHECKING:
@@ -61,18 +62,19 @@ class DraftModelProposer:
         self.kv = [self.backend.extend(cache, more) for cache in self.kv]
         self.spec = replace(self.spec, num_blocks=num_blocks)
 
-    def propose(self, requests: Sequence[DraftedRequest]) -> dict[str, list[int]]:
+    def propose(self, requests: Sequence[DraftedRequest], threshold: float = 0.0) -> dict[str, list[int]]:
         bs = self.spec.block_size
         views: dict[str, _View] = {}
         room: dict[str, int] = {}
         for r in requests:
             rid, n = r.request_id, len(r.token_ids)
             capacity = len(r.block_ids) * bs
-            if capacity < n or not self.backoff.may_draft(rid):
+            k = drafts_worth(self.backoff.acceptance(rid), self.k, threshold)
+            if capacity < n or not k or not self.backoff.may_draft(rid):
                 continue
             start = min(self.computed.get(rid, 0), n - 1)
             views[rid] = _View(list(r.token_ids), start, r.block_array)
-            room[rid] = min(self.k, capacity - n + 1)  # guess j is fed back at position n + j - 1
+            room[rid] = min(k, capacity - n + 1)  # guess j is fed back at position n + j - 1
         drafts: dict[str, list[int]] = {rid: [] for rid in views}
         todo = {rid: len(v.token_ids) - v.num_computed_tokens for rid, v in views.items()}
         while todo:

@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 from metalserve.spec_decode.backoff import BackOff
 from metalserve.spec_decode.config import SpeculativeConfig
+from metalserve.spec_decode.cost import drafts_worth
 from metalserve.spec_decode.ngram import propose_ngram
 
 
@@ -23,7 +24,10 @@ class DraftedRequest(Protocol):
 class Proposer(Protocol):
     def record(self, request_id: str, num_drafted: int, num_accepted: int) -> None: ...
 
-    def propose(self, requests: Sequence[DraftedRequest]) -> dict[str, list[int]]: ...
+    def propose(self, requests: Sequence[DraftedRequest], threshold: float = 0.0) -> dict[str, list[int]]:
+        """Drafts per request id; a draft position is proposed only while its chance of acceptance
+        beats `threshold` (spec_decode/cost.py)."""
+        ...
 
     def forget(self, request_id: str) -> None: ...
 
@@ -43,13 +47,15 @@ class NgramProposer:
     def record(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
         self.backoff.record(request_id, num_drafted, num_accepted)
 
-    def propose(self, requests: Sequence[DraftedRequest]) -> dict[str, list[int]]:
+    def propose(self, requests: Sequence[DraftedRequest], threshold: float = 0.0) -> dict[str, list[int]]:
         """Drafts per request id; requests in back-off get none."""
         out: dict[str, list[int]] = {}
         for request in requests:
-            if not self.backoff.may_draft(request.request_id):
+            rid = request.request_id
+            k = drafts_worth(self.backoff.acceptance(rid), self.k, threshold)
+            if not k or not self.backoff.may_draft(rid):
                 continue
-            drafts = propose_ngram(request.token_ids, self.k, self.min_n, self.max_n)
+            drafts = propose_ngram(request.token_ids, k, self.min_n, self.max_n)
             if drafts:
                 out[request.request_id] = drafts
         return out
