@@ -12,13 +12,13 @@ a guess); a request whose blocks do not yet hold its newest token catches up at 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import numpy as np
 
-from metalserve.executor.context import ForwardContext, forward_context
+from metalserve.executor.context import forward_context
 from metalserve.executor.step_inputs import pack_step
 from metalserve.spec_decode.backoff import BackOff
 from metalserve.spec_decode.cost import drafts_worth
@@ -45,10 +45,17 @@ class DraftModelProposer:
     """Greedy drafts from a second, smaller model; see the module docstring."""
 
     def __init__(self, model: PagedModel, spec: KVCacheSpec, backend: AttentionBackend[Any, Any], k: int) -> None:
-        self.model, self.spec, self.backend, self.k = model, spec, backend, k
-        self.kv: list[Any] = [backend.allocate(spec.layer_spec()) for _ in range(spec.num_layers)]
+        from metalserve.executor.runner import ModelRunner
+
+        # A runner of its own holds the draft's pools and builds its forward contexts; it never samples.
+        self.runner = ModelRunner(model, spec, backend=backend)
+        self.k = k
         self.computed: dict[str, int] = {}  # positions whose draft KV holds the request's real tokens
         self.backoff = BackOff()
+
+    @property
+    def spec(self) -> KVCacheSpec:
+        return self.runner.spec
 
     def record(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
         self.backoff.record(request_id, num_drafted, num_accepted)
@@ -58,9 +65,7 @@ class DraftModelProposer:
         self.backoff.forget(request_id)
 
     def grow(self, num_blocks: int) -> None:
-        more = replace(self.spec, num_blocks=num_blocks - self.spec.num_blocks).layer_spec()
-        self.kv = [self.backend.extend(cache, more) for cache in self.kv]
-        self.spec = replace(self.spec, num_blocks=num_blocks)
+        self.runner.grow_kv(num_blocks)
 
     def propose(self, requests: Sequence[DraftedRequest], threshold: float = 0.0) -> dict[str, list[int]]:
         bs = self.spec.block_size
@@ -93,19 +98,11 @@ class DraftModelProposer:
     def _forward(self, views: dict[str, _View], num_tokens: dict[str, int]) -> dict[str, int]:
         """One packed draft forward; the greedy next token of each request."""
         step = pack_step(views, num_tokens, self.spec.block_size)  # type: ignore[arg-type]
-        ctx = ForwardContext(
-            positions=mx.array(step.positions),
-            slot_mapping=mx.array(step.slot_mapping),
-            backend=self.backend,
-            metadata=self.backend.build_metadata(step, self.spec.layer_spec()),
-            kv=self.kv,
-        )
-        with forward_context(ctx):
-            logits = self.model(step.token_ids, step.logits_indices)
+        with forward_context(self.runner._context(step)):
+            logits = self.runner.model(step.token_ids, step.logits_indices)
         tokens = np.array(mx.argmax(logits, axis=-1)).tolist()
-        mx.eval([a for layer in self.kv for a in layer.arrays()])
+        mx.eval(self.runner._kv_arrays())
         return {step.request_ids[i]: int(t) for i, t in zip(step.sampling_rows, tokens, strict=True)}
-
 
 def build_draft_proposer(
     draft: LoadedModel, target_vocab: int, platform: Platform, attention: str, block_size: int, num_blocks: int, k: int
