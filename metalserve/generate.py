@@ -12,7 +12,11 @@ import mlx.core as mx
 
 from metalserve.config import EngineConfig
 from metalserve.engine.core import EngineCore, resolve_max_model_len
-from metalserve.kvcache.sizing import kv_bytes_per_block
+from metalserve.engine.kv_groups import layer_groups
+from metalserve.engine.kv_plan import kv_block_bytes
+from metalserve.executor.models.hybrid import state_layout_of
+from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES
+from metalserve.kvcache.sizing import blocks_for_request
 from metalserve.loader import LoadedModel
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
@@ -33,6 +37,13 @@ def encode_chat(loaded: LoadedModel, user_message: str) -> list[int]:
     return list(loaded.tokenizer.encode(text, add_special_tokens=False))
 
 
+def hybrid_state_bytes(loaded: LoadedModel) -> int:
+    """The recurrent-state bytes each block id owns (0 for models without recurrent layers)."""
+    if loaded.model_type not in HYBRID_MODEL_TYPES:
+        return 0
+    return state_layout_of(loaded.model, loaded.model_type).bytes_per_block
+
+
 def generate_config(loaded: LoadedModel, num_prompts: int, config: EngineConfig | None = None) -> EngineConfig:
     """An engine config for a batch of prompts: room for each at the full context (the pool grows as
     used, so this costs nothing up front) and no warm-up step to size the pool from memory."""
@@ -40,10 +51,8 @@ def generate_config(loaded: LoadedModel, num_prompts: int, config: EngineConfig 
     if config.kv_cache_memory is not None:
         return replace(config, max_num_seqs=max(num_prompts, 1))
     max_model_len = resolve_max_model_len(config, loaded.max_model_len)
-    per_block = kv_bytes_per_block(
-        loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype.size, config.block_size
-    )
-    blocks = num_prompts * -(-max_model_len // config.block_size) + 1
+    per_block = kv_block_bytes(loaded, config.block_size) + hybrid_state_bytes(loaded)
+    blocks = num_prompts * blocks_for_request(layer_groups(loaded), max_model_len, config.block_size) + 1
     return replace(config, kv_cache_memory=blocks * per_block, max_num_seqs=max(num_prompts, 1))
 
 

@@ -10,8 +10,9 @@ from typing import Any
 import mlx.core as mx
 
 from metalserve.config import ConfigError, EngineConfig
-from metalserve.engine.kv_groups import build_scheduler
+from metalserve.engine.kv_groups import build_scheduler, layer_groups, state_group
 from metalserve.engine.kv_plan import plan_kv_pool
+from metalserve.engine.memory import format_bytes
 from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.models.adapter import PagedModel
@@ -64,17 +65,24 @@ class EngineCore:
         platform = current_platform()
         max_model_len = resolve_max_model_len(config, loaded.max_model_len)
         model = PagedModel.from_loaded(loaded, platform)
-        attention = select_attention(config.attention_backend, loaded.dtype, platform)
+        head_dims = {shape[1] for shape in model.kv_layout.tensors}
+        latent = model.kv_layout.value_dim is not None
+        attention = select_attention(config.attention_backend, loaded.dtype, platform, head_dims, latent_kv=latent)
         logger.info("platform: %s", platform.describe())
         logger.info("attention: %s", attention.description)
         logger.info("on the host: %s", model.host_description())
         peak = held = 0
+        states = state_group(layer_groups(loaded))
         if config.kv_cache_memory is None:
             host = model.host_bytes()  # the CPU path's stored codes live outside MLX's counters
             held = int(mx.get_active_memory()) + host
-            peak = measure_step_peak(model, loaded, config, attention) + host
-        plan = plan_kv_pool(config, loaded, max_model_len, peak, held)
-        spec = KVCacheSpec.for_model(loaded, config.block_size, plan.initial_blocks)
+            peak = measure_step_peak(model, loaded, config, attention, states) + host
+        state_bytes = model.state_layout.bytes_per_block if model.state_layout is not None else 0
+        if model.state_layout is not None:
+            logger.info("recurrent state: %d layers, %s per request, a slot in every KV block (counted in its size)",
+                        len(model.state_layout.layers), format_bytes(state_bytes))  # fmt: skip
+        plan = plan_kv_pool(config, loaded, max_model_len, peak, held, state_bytes)
+        spec = KVCacheSpec.for_model(loaded, config.block_size, plan.initial_blocks, state_bytes)
         scheduler = build_scheduler(config, loaded, plan.num_blocks, max_model_len, plan.initial_blocks)
         runner = ModelRunner(
             model,
@@ -82,6 +90,7 @@ class EngineCore:
             eos_token_ids=loaded.eos_token_ids,
             sampler=Sampler(config.seed),
             backend=attention,
+            state_group=states or 1,
             proposer=build_proposer(config, scheduler, loaded, platform, plan.initial_blocks, draft),
         )
         mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * plan.num_blocks * spec.bytes_per_block))
@@ -167,16 +176,23 @@ def resolve_max_model_len(config: EngineConfig, model_len: int) -> int:
 
 
 def measure_step_peak(
-    model: PagedModel, loaded: LoadedModel, config: EngineConfig, attention: AttentionBackend[Any, Any]
+    model: PagedModel,
+    loaded: LoadedModel,
+    config: EngineConfig,
+    attention: AttentionBackend[Any, Any],
+    states: int = 0,
 ) -> int:
-    """Run one prefill of max_num_batched_tokens tokens on a throw-away pool and return MLX's peak memory."""
+    """Run one prefill of max_num_batched_tokens tokens on a throw-away pool and return MLX's peak memory.
+    `states`: the recurrent-state group's index (hybrid models; 0: none)."""
     n = config.max_num_batched_tokens
     blocks = -(-n // config.block_size)
     spec = KVCacheSpec.for_model(loaded, config.block_size, blocks)
     mx.reset_peak_memory()
-    runner = ModelRunner(model, spec, sampler=Sampler(0), backend=attention)
+    runner = ModelRunner(model, spec, sampler=Sampler(0), backend=attention, state_group=states or 1)
     params = SamplingParams(temperature=0, max_tokens=1)
-    new = NewRequestData("warmup", [0] * n, n, params, list(range(blocks)), 0)
+    # Every group's table over the same throw-away blocks: the values written are never read back.
+    tables = tuple(list(range(blocks)) for _ in range(runner.num_tables))
+    new = NewRequestData("warmup", [0] * n, n, params, list(range(blocks)), 0, group_block_ids=tables)
     runner.execute_model(SchedulerOutput([new], [], {"warmup": n}, n))
     peak = mx.get_peak_memory()
     del runner

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 
 from metalserve.config import EngineConfig
-from metalserve.kvcache.specs import FullAttention, LayerGroupSpec, prefix_caching_problem
+from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES, mixers_of
+from metalserve.kvcache.specs import LayerGroupSpec, RecurrentState, prefix_caching_problem
 from metalserve.loader import LoadedModel
 from metalserve.scheduler.scheduler import Scheduler
 
@@ -13,9 +14,31 @@ logger = logging.getLogger("metalserve.engine")
 
 
 def layer_groups(loaded: LoadedModel) -> list[LayerGroupSpec]:
-    """One group per kind of cache the model's layers keep: every supported model today is all full
-    attention (models with sliding-window or recurrent layers add their groups here)."""
-    return [FullAttention(layers=tuple(range(loaded.num_layers)))]
+    """The groups of the model's layers, one kind of cache each, group 0 full attention where the
+    model has such layers (a model of one kind: one group of all layers, as before groups existed);
+    a hybrid's recurrent-state layers come last, in a group of their own."""
+    return _attention_groups(loaded) + _state_groups(loaded)
+
+
+def _attention_groups(loaded: LoadedModel) -> list[LayerGroupSpec]:
+    """Full attention and sliding windows, in groups of equal size (executor/models/kv_layout.py)."""
+    from metalserve.executor.models.kv_layout import loaded_kv_layout
+
+    return list(loaded_kv_layout(loaded.model, loaded.model_type).groups)
+
+
+def _state_groups(loaded: LoadedModel) -> list[LayerGroupSpec]:
+    """A hybrid's recurrent layers, in one group; a boundary state (conv + recurrent arrays) is the
+    whole state, so it can be snapshotted for the prefix cache."""
+    if loaded.model_type not in HYBRID_MODEL_TYPES:
+        return []
+    mixers = mixers_of(loaded.model, loaded.model_type)
+    return [RecurrentState(layers=tuple(m.layer_idx for m in mixers if m.kind == "state"), snapshots=True)]
+
+
+def state_group(groups: list[LayerGroupSpec]) -> int:
+    """The index of the recurrent-state group (the runner reads that group's tables); 0 when none."""
+    return next((i for i, g in enumerate(groups) if isinstance(g, RecurrentState)), 0)
 
 
 def build_scheduler(

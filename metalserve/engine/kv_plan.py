@@ -6,6 +6,7 @@ import logging
 from typing import NamedTuple
 
 from metalserve.config import EngineConfig
+from metalserve.engine.kv_groups import layer_groups
 from metalserve.engine.memory import (
     INITIAL_POOL_BLOCKS,
     available_memory_bytes,
@@ -14,7 +15,7 @@ from metalserve.engine.memory import (
     pool_block_cap,
     total_memory_bytes,
 )
-from metalserve.kvcache.sizing import kv_bytes_per_block, num_blocks_for_budget
+from metalserve.kvcache.sizing import blocks_for_request, num_blocks_for_budget
 from metalserve.loader import LoadedModel
 
 logger = logging.getLogger("metalserve.engine")
@@ -25,12 +26,14 @@ class KVPoolPlan(NamedTuple):
     initial_blocks: int  # what it allocates at start-up
 
 
-def plan_kv_pool(config: EngineConfig, loaded: LoadedModel, max_model_len: int, peak: int, held: int) -> KVPoolPlan:
+def plan_kv_pool(
+    config: EngineConfig, loaded: LoadedModel, max_model_len: int, peak: int, held: int, state_bytes: int = 0
+) -> KVPoolPlan:
     """`peak`: weights + activations of a warm-up step (0 with --kv-cache-memory); `held`: bytes this
-    process holds already, which the OS no longer reports as available."""
-    per_block = kv_bytes_per_block(
-        loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype.size, config.block_size
-    )
+    process holds already, which the OS no longer reports as available; `state_bytes`: the recurrent
+    state slot each block also owns (hybrid models)."""
+    per_block = kv_block_bytes(loaded, config.block_size) + state_bytes
+    per_request = blocks_for_request(layer_groups(loaded), max_model_len, config.block_size)
     if config.kv_cache_memory is not None:
         budget, why = config.kv_cache_memory, "--kv-cache-memory"
     else:
@@ -41,9 +44,9 @@ def plan_kv_pool(config: EngineConfig, loaded: LoadedModel, max_model_len: int, 
         why = f"{why} - {format_bytes(peak)} weights and a warm-up step"
     fits = num_blocks_for_budget(
         budget, loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype.size,
-        config.block_size, max_model_len,
+        config.block_size, max_model_len, per_block=per_block, blocks_per_request=per_request,
     )  # fmt: skip
-    cap = pool_block_cap(config.max_num_seqs, max_model_len, config.block_size)
+    cap = pool_block_cap(config.max_num_seqs, max_model_len, config.block_size, per_request)
     num_blocks = min(fits, cap)
     initial = min(num_blocks, INITIAL_POOL_BLOCKS)
     capped = f", capped at --max-num-seqs {config.max_num_seqs} x {max_model_len} tokens" if cap < fits else ""
@@ -52,6 +55,13 @@ def plan_kv_pool(config: EngineConfig, loaded: LoadedModel, max_model_len: int, 
         "growing as requests need them; max concurrency at %d tokens/request: %.1fx",
         format_bytes(budget), why, num_blocks, config.block_size, format_bytes(per_block * num_blocks),
         num_blocks * config.block_size, capped, initial, format_bytes(per_block * initial), max_model_len,
-        num_blocks * config.block_size / max_model_len,
+        num_blocks / per_request,  # over every layer group a request holds blocks in
     )  # fmt: skip
     return KVPoolPlan(num_blocks, initial)
+
+
+def kv_block_bytes(loaded: LoadedModel, block_size: int) -> int:
+    """What one block id costs: K/V of one group's layers, in every pool tensor (models/kv_layout.py)."""
+    from metalserve.executor.models.kv_layout import loaded_kv_layout
+
+    return loaded_kv_layout(loaded.model, loaded.model_type).bytes_per_block(loaded.dtype.size, block_size)

@@ -62,9 +62,13 @@ def memory_limit(utilization: float, total: int, available: int | None, held: in
     return share, why
 
 
-def pool_block_cap(max_num_seqs: int, max_model_len: int, block_size: int) -> int:
-    """More blocks than `max_num_seqs` requests of `max_model_len` tokens can never be in use at once."""
-    return max_num_seqs * -(-max_model_len // block_size) + NUM_RESERVED_BLOCKS
+def pool_block_cap(
+    max_num_seqs: int, max_model_len: int, block_size: int, blocks_per_request: int | None = None
+) -> int:
+    """More blocks than `max_num_seqs` requests of `max_model_len` tokens can never be in use at once.
+    `blocks_per_request`: what one such request holds over all layer groups (default: one group's)."""
+    per_request = -(-max_model_len // block_size) if blocks_per_request is None else blocks_per_request
+    return max_num_seqs * per_request + NUM_RESERVED_BLOCKS
 
 
 def format_bytes(n: float) -> str:

@@ -15,15 +15,33 @@ from typing import Any
 import mlx.core as mx
 
 from metalserve.executor.attention.base import AttentionBackend
+from metalserve.executor.state_cache import StateStep
+
+
+@dataclass(frozen=True)
+class GroupStep:
+    """One layer group's view of the step: its block table decides where K/V goes and is read."""
+
+    slot_mapping: mx.array  # [T] int32, where each token's K/V is written in this group's blocks
+    metadata: Any  # what `backend.build_metadata` built for this group this step
 
 
 @dataclass(frozen=True)
 class ForwardContext:
     positions: mx.array  # [T] int32, each token's position in its request
-    slot_mapping: mx.array  # [T] int32, where each token's K/V is written
     backend: AttentionBackend[Any, Any]  # the one attention backend of this runner
-    metadata: Any  # what `backend.build_metadata` built for this step
-    kv: Sequence[Any]  # each layer's cache, in the backend's layout
+    kv: Sequence[Any]  # each pool tensor's cache, in the backend's layout (see models/kv_layout.py)
+    groups: Sequence[GroupStep]  # per attention layer group; group 0 first
+    states: StateStep | None = None  # the recurrent layers' state plan (hybrid models only)
+
+    @property
+    def slot_mapping(self) -> mx.array:
+        return self.groups[0].slot_mapping
+
+    @property
+    def metadata(self) -> Any:
+        """Group 0's metadata (a model of one group has only this one)."""
+        return self.groups[0].metadata
 
 
 _local = threading.local()

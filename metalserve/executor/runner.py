@@ -11,9 +11,12 @@ import mlx.core as mx
 
 from metalserve.executor.attention.base import AttentionBackend, LayerCacheSpec
 from metalserve.executor.attention.mlx import MlxAttention
-from metalserve.executor.context import ForwardContext, forward_context
+from metalserve.executor.context import ForwardContext, GroupStep, forward_context
+from metalserve.executor.group_tables import GroupTables, group_step
 from metalserve.executor.input_batch import CachedRequestState
 from metalserve.executor.models.adapter import PagedModel
+from metalserve.executor.models.kv_layout import KVLayout, loaded_kv_layout
+from metalserve.executor.state_cache import RecurrentStates
 from metalserve.executor.step_inputs import StepInputs, pack_step
 from metalserve.outputs import TokenLogprob
 from metalserve.scheduler.output import ModelRunnerOutput, SchedulerOutput
@@ -33,6 +36,10 @@ class KVCacheSpec:
     dtype: mx.Dtype
     block_size: int
     num_blocks: int
+    # (num_kv_heads, head_dim) of each pool tensor (models/kv_layout.py); () for one per layer, all alike.
+    tensors: tuple[tuple[int, int], ...] = ()
+    state_bytes_per_block: int = 0  # hybrid models: every block id also owns a recurrent-state slot
+    value_dim: int | None = None  # MLA's latent layout: K alone, V its first value_dim channels
 
     @property
     def num_slots(self) -> int:
@@ -40,15 +47,26 @@ class KVCacheSpec:
 
     @property
     def bytes_per_block(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.size * self.block_size
+        """What one block id costs: K and V (MLA: the latent alone) in every pool tensor (groups share
+        the tensors), and the recurrent-state slot a hybrid model's block id owns."""
+        tensors = self.tensors or ((self.num_kv_heads, self.head_dim),) * self.num_layers
+        planes = self.layer_spec().num_planes
+        kv = planes * sum(h * d for h, d in tensors) * self.dtype.size * self.block_size
+        return kv + self.state_bytes_per_block
 
-    def layer_spec(self) -> LayerCacheSpec:
-        """Every layer's cache (all layers alike today)."""
-        return LayerCacheSpec(self.num_kv_heads, self.head_dim, self.dtype, self.block_size, self.num_blocks)
+    def layer_spec(self, shape: tuple[int, int] | None = None, window: int | None = None) -> LayerCacheSpec:
+        """One pool tensor's cache of `shape` (num_kv_heads, head_dim); the spec's own by default."""
+        heads, dim = shape or (self.num_kv_heads, self.head_dim)
+        return LayerCacheSpec(heads, dim, self.dtype, self.block_size, self.num_blocks,
+                              sliding_window=window, value_dim=self.value_dim)  # fmt: skip
 
     @classmethod
-    def for_model(cls, loaded: LoadedModel, block_size: int, num_blocks: int) -> KVCacheSpec:
-        return cls(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, block_size, num_blocks)
+    def for_model(
+        cls, loaded: LoadedModel, block_size: int, num_blocks: int, state_bytes_per_block: int = 0
+    ) -> KVCacheSpec:
+        layout = loaded_kv_layout(loaded.model, loaded.model_type)
+        return cls(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, block_size, num_blocks,
+                   layout.tensors, state_bytes_per_block, layout.value_dim)  # fmt: skip
 
 
 class SamplerFn(Protocol):
@@ -74,10 +92,12 @@ class ModelRunner:
         eos_token_ids: frozenset[int] = frozenset(),
         sampler: SamplerFn | None = None,
         backend: AttentionBackend[Any, Any] = MLX_OPS,
+        state_group: int = 1,
         proposer: Proposer | None = None,
     ) -> None:
-        """`backend`: how attention runs (executor/attention/), chosen by the engine from the Platform.
-        `proposer`: drafts for speculative decoding (spec_decode/), None: off."""
+        """`backend`: how attention runs (executor/attention/), chosen by the engine from the Platform;
+        `state_group`: the KV manager's recurrent-state group (hybrid models); `proposer`: drafts for
+        speculative decoding (spec_decode/), None: off."""
         self.model = model
         self.spec = spec
         self.eos_token_ids = eos_token_ids
@@ -87,31 +107,50 @@ class ModelRunner:
 
             sampler = Sampler()
         self.sampler = sampler
-        layer = spec.layer_spec()
-        self.kv: list[Any] = [self.backend.allocate(layer) for _ in range(spec.num_layers)]
+        self.layout: KVLayout = model.kv_layout
+        self.kv: list[Any] = [self.backend.allocate(spec.layer_spec(shape)) for shape in self.layout.tensors]
         self.requests: dict[str, CachedRequestState] = {}
+        self.group_tables: dict[str, GroupTables] = {}  # groups 1.. (group 0's is the state's block_ids)
+        self.states: RecurrentStates | None = None
+        if model.state_layout is not None:
+            self.states = RecurrentStates(model.state_layout, state_group, spec.block_size, spec.num_blocks)
+        # The tables a new request brings: the attention groups after group 0, and the state group's.
+        self.num_tables = len(self.layout.groups) - 1 + (self.states is not None)
         self.proposer = proposer
         self.step_cost = StepCostModel()  # when drafts pay (spec_decode/cost.py)
 
     def grow_kv(self, num_blocks: int) -> None:
-        """Extend every layer's pool to `num_blocks` blocks, keeping what the old blocks hold."""
-        more = replace(self.spec, num_blocks=num_blocks - self.spec.num_blocks).layer_spec()
-        self.kv = [self.backend.extend(cache, more) for cache in self.kv]
+        """Extend every pool tensor to `num_blocks` blocks, keeping what the old blocks hold."""
+        more = replace(self.spec, num_blocks=num_blocks - self.spec.num_blocks)
+        self.kv = [
+            self.backend.extend(cache, more.layer_spec(shape))
+            for cache, shape in zip(self.kv, self.layout.tensors, strict=True)
+        ]
         self.spec = replace(self.spec, num_blocks=num_blocks)
+        if self.states is not None:
+            self.states.pool.grow(num_blocks)
         if self.proposer is not None:
             self.proposer.grow(num_blocks)
         mx.eval(self._kv_arrays())
         mx.clear_cache()  # the old, smaller buffers are not needed again
 
     def _kv_arrays(self) -> list[mx.array]:
-        return [a for layer in self.kv for a in layer.arrays()]
+        states = self.states.pool.all_arrays() if self.states is not None else []
+        return [a for layer in self.kv for a in layer.arrays()] + states
 
     def _update_states(self, so: SchedulerOutput) -> None:
+        if self.states is not None:
+            self.states.update(so)
         for rid in so.finished_req_ids | so.preempted_req_ids:
             self.requests.pop(rid, None)
+            self.group_tables.pop(rid, None)
             if self.proposer is not None:
                 self.proposer.forget(rid)
         for new in so.scheduled_new_reqs:
+            if len(new.group_block_ids) != self.num_tables:
+                raise ValueError(f"request {new.request_id}: {len(new.group_block_ids) + 1} block tables for "
+                                 f"a model of {self.num_tables + 1} layer groups")  # fmt: skip
+            self.group_tables[new.request_id] = GroupTables(new.group_block_ids)
             self.requests[new.request_id] = CachedRequestState(
                 request_id=new.request_id,
                 token_ids=list(new.token_ids),
@@ -125,16 +164,21 @@ class ModelRunner:
         for cached in so.scheduled_cached_reqs:
             state = self.requests[cached.request_id]
             state.add_blocks(cached.new_block_ids)
+            self.group_tables[cached.request_id].add(cached.new_group_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
 
+    def _group_step(self, step: StepInputs, group: int) -> GroupStep:
+        """The group's slots and metadata, built once per step and shared by the group's layers."""
+        if group:
+            tables = [self.group_tables[rid].array(group - 1) for rid in step.request_ids]
+            step = group_step(step, tables, self.spec.block_size)
+        spec = self.spec.layer_spec(self.layout.group_shapes[group], self.layout.window(group))
+        return GroupStep(mx.array(step.slot_mapping), self.backend.build_metadata(step, spec))
+
     def _context(self, step: StepInputs) -> ForwardContext:
-        return ForwardContext(
-            positions=mx.array(step.positions),
-            slot_mapping=mx.array(step.slot_mapping),
-            backend=self.backend,
-            metadata=self.backend.build_metadata(step, self.spec.layer_spec()),
-            kv=self.kv,
-        )
+        groups = [self._group_step(step, g) for g in range(len(self.layout.groups))]
+        states = self.states.plan(step) if self.states is not None else None
+        return ForwardContext(mx.array(step.positions), self.backend, self.kv, groups, states)
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         if so.num_kv_blocks > self.spec.num_blocks:

@@ -50,14 +50,16 @@ def host_view(pool: mx.array) -> np.ndarray:
 
 
 def cpu_paged_attention(
-    q: mx.array, k: mx.array, v: mx.array, view: np.ndarray, step: CpuStepPlan, opts: AttentionOptions
+    q: mx.array, k: mx.array, v: mx.array | None, view: np.ndarray, step: CpuStepPlan, opts: AttentionOptions
 ) -> mx.array:
-    """Write this step's K/V and attend every query row: `[T, Hq, D]` like the portable path."""
-    mx.eval(q, k, v)
-    cpu_attention.write_kv(view, np.asarray(k), np.asarray(v), step.slot_mapping)
+    """Write this step's K/V and attend every query row: `[T, Hq, D]` like the portable path (`v` None:
+    MLA's latent pool, `[T, Hq, opts.value_dim]`)."""
+    mx.eval(q, k, *([] if v is None else [v]))
+    cpu_attention.write_kv(view, np.asarray(k), None if v is None else np.asarray(v), step.slot_mapping)
     sinks = None if opts.sinks is None else np.asarray(opts.sinks.astype(mx.float32))
     out = cpu_attention.attend_rows(
         np.asarray(q), view, step.block_tables, step.row_req, step.row_pos, block_size=step.block_size,
         scale=opts.scale, sliding_window=opts.sliding_window, softcap=opts.softcap, sinks=sinks,
+        value_dim=opts.value_dim,
     )  # fmt: skip
     return mx.array(out)

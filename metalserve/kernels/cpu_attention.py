@@ -8,7 +8,8 @@ head, whose K is read once for all query heads of the group, then V once. Decode
 cores get an even share.
 
 Contract: that of metalserve/kernels/reference.py with the portable pool `[2, Hkv, num_slots, D]`,
-float32 only.
+float32 only; or MLA's latent pool `[1, Hkv, num_slots, D]`, whose V is K's first `Dv` channels (`out`
+is `[T, Hq, Dv]`): V is always the pool's last plane, cut to `out`'s width.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ def _attention_kernel(  # numba infers the types
 ):
     total_q, num_q_heads, head_dim = q.shape
     num_kv_heads = pool.shape[1]
+    value_plane, value_dim = pool.shape[0] - 1, out.shape[2]
     group = num_q_heads // num_kv_heads
     items = total_q * num_kv_heads
     for k in numba.prange(items):
@@ -70,15 +72,15 @@ def _attention_kernel(  # numba infers the types
             inv = np.float32(1.0) / total
             for j in range(n):
                 scores[g, j] *= inv
-        acc_out = np.zeros((group, head_dim), np.float32)
+        acc_out = np.zeros((group, value_dim), np.float32)
         for j in range(n):
             slot = slots[j]
             for g in range(group):
                 p = scores[g, j]
-                for c in range(head_dim):
-                    acc_out[g, c] += p * pool[1, h, slot, c]
+                for c in range(value_dim):
+                    acc_out[g, c] += p * pool[value_plane, h, slot, c]
         for g in range(group):
-            for c in range(head_dim):
+            for c in range(value_dim):
                 out[row, h * group + g, c] = acc_out[g, c]
 
 
@@ -123,14 +125,18 @@ def attend_rows(
     sliding_window: int | None = None,
     softcap: float | None = None,
     sinks: np.ndarray | None = None,
+    value_dim: int | None = None,
 ) -> np.ndarray:
-    """`paged_attention` with each row's request and position given (see `query_rows`)."""
+    """`paged_attention` with each row's request and position given (see `query_rows`); `value_dim`: the
+    latent pool's V width (MLA), which the pool's plane count must agree with."""
     if q.dtype != np.float32 or pool.dtype != np.float32:
         raise TypeError(f"the CPU attention kernel takes float32 only, got q {q.dtype} and pool {pool.dtype}")
     num_q_heads = q.shape[1]
     if num_q_heads % pool.shape[1]:
         raise ValueError(f"{num_q_heads} query heads are not a multiple of {pool.shape[1]} KV heads")
-    out = np.empty(q.shape, np.float32)
+    if (pool.shape[0] == 1) != (value_dim is not None):
+        raise ValueError(f"a pool of {pool.shape[0]} planes with value_dim {value_dim}: K/V and latent mixed up")
+    out = np.empty((*q.shape[:2], value_dim or q.shape[2]), np.float32)
     sink_logits = np.zeros(num_q_heads, np.float32) if sinks is None else np.ascontiguousarray(sinks, np.float32)
     with launch_lock:
         _attention_kernel(
@@ -141,7 +147,11 @@ def attend_rows(
     return out
 
 
-def write_kv(pool: np.ndarray, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray) -> None:
-    """Write new K/V `[T, Hkv, D]` into the pool `[2, Hkv, num_slots, D]` in place, at `slot_mapping` `[T]`."""
+def write_kv(pool: np.ndarray, k: np.ndarray, v: np.ndarray | None, slot_mapping: np.ndarray) -> None:
+    """Write new K/V `[T, Hkv, D]` into the pool `[2, Hkv, num_slots, D]` in place, at `slot_mapping` `[T]`;
+    `v` None: K alone into a latent pool `[1, Hkv, num_slots, D]`."""
+    if (v is None) != (pool.shape[0] == 1):
+        raise ValueError(f"a pool of {pool.shape[0]} planes cannot take {'K alone' if v is None else 'K and V'}")
     pool[0][:, slot_mapping] = k.transpose(1, 0, 2)
-    pool[1][:, slot_mapping] = v.transpose(1, 0, 2)
+    if v is not None:
+        pool[1][:, slot_mapping] = v.transpose(1, 0, 2)

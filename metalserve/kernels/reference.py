@@ -34,6 +34,8 @@ class AttentionOptions:
     sliding_window: int | None = None
     softcap: float | None = None
     sinks: mx.array | None = None  # [Hq]
+    # MLA's latent layout: V is K's first `value_dim` channels, the pool holds K alone ([1, Hkv, slots, D]).
+    value_dim: int | None = None
 
 
 @dataclass(frozen=True)
@@ -70,9 +72,9 @@ def _slots(block_row: np.ndarray, length: int, block_size: int) -> np.ndarray:
     return np.asarray(block_row)[pages] * block_size + positions % block_size
 
 
-def _window_mask(q_positions: np.ndarray, length: int, window: int | None) -> np.ndarray:
-    """Additive mask: causal, and a sliding window when one is given."""
-    keys = np.arange(length)[None, :]
+def _window_mask(q_positions: np.ndarray, length: int, window: int | None, key_start: int = 0) -> np.ndarray:
+    """Additive mask over keys `key_start .. length - 1`: causal, and a sliding window when one is given."""
+    keys = np.arange(key_start, length)[None, :]
     q = q_positions[:, None]
     allowed = keys <= q
     if window is not None:
@@ -88,14 +90,19 @@ def _decode_group(
     window: int | None,
     num_kv_heads: int,
 ) -> DecodeGroup:
-    """Requests `start .. start + len(lens)`, one query each, padded to the longest of them."""
-    pages = -(-int(lens.max()) // block_size)
+    """Requests `start .. start + len(lens)`, one query each, padded to the longest of them. With a
+    window, each request's pages start at the first one its window reads (the rest are never gathered)."""
+    first = np.zeros(len(lens), np.int64) if window is None else np.maximum(lens - window, 0) // block_size
+    pages = int(((lens - 1) // block_size - first).max()) + 1
     tables = [np.asarray(block_tables[start + i]) for i in range(len(lens))]
-    rows = [t[np.minimum(np.arange(pages), len(t) - 1)] for t in tables]
+    rows = [t[np.minimum(f + np.arange(pages), len(t) - 1)] for t, f in zip(tables, first, strict=True)]
     mask = None
     span = pages * block_size
     if window is not None or int(lens.min()) != span:
-        masks = np.stack([_window_mask(np.array([n - 1]), span, window) for n in lens])[:, None]  # [B, 1, 1, L]
+        masks = np.stack([
+            _window_mask(np.array([n - 1]), int(f) * block_size + span, window, int(f) * block_size)
+            for n, f in zip(lens, first, strict=True)
+        ])[:, None]  # [B, 1, 1, L]  # fmt: skip
         mask = mx.array(np.tile(masks, (num_kv_heads, 1, 1, 1)))  # batch rows are (kv head, request)
     return DecodeGroup(start, start + len(lens), mx.array(np.stack(rows).astype(np.int32)), block_size, mask)
 
@@ -103,10 +110,13 @@ def _decode_group(
 def _prefill_chunk(
     block_row: np.ndarray, start: int, end: int, length: int, block_size: int, window: int | None
 ) -> PrefillChunk:
-    slots = mx.array(_slots(block_row, length, block_size).astype(np.int32))
+    q_first = length - (end - start)
+    # With a window, keys start at the page of the first query's oldest key: no page behind it is read.
+    key_start = 0 if window is None else max(0, q_first - window + 1) // block_size * block_size
+    slots = mx.array(_slots(block_row, length, block_size)[key_start:].astype(np.int32))
     mask: mx.array | str = "causal"
     if window is not None:
-        mask = mx.array(_window_mask(np.arange(length - (end - start), length), length, window))
+        mask = mx.array(_window_mask(np.arange(q_first, length), length, window, key_start))
     return PrefillChunk(start, end, slots, mask)
 
 
@@ -186,22 +196,27 @@ def _attend(
 
 def _attend_decodes(q: mx.array, pool: mx.array, g: DecodeGroup, opts: AttentionOptions) -> mx.array:
     """One call for every single-query request: KV heads folded into the batch, `[Hkv * B, 1, L, D]`."""
-    _, hkv, num_slots, d = pool.shape
+    planes, hkv, num_slots, d = pool.shape
     b, pages = g.block_ids.shape
-    pages_view = pool.reshape(2, hkv, num_slots // g.block_size, g.block_size, d)
-    kv = pages_view[:, :, g.block_ids].reshape(2, hkv * b, 1, pages * g.block_size, d)  # one gather for K and V
+    pages_view = pool.reshape(planes, hkv, num_slots // g.block_size, g.block_size, d)
+    kv = pages_view[:, :, g.block_ids].reshape(planes, hkv * b, 1, pages * g.block_size, d)  # one gather, K and V
     hq = q.shape[1]
     group = hq // hkv
     qd = q[g.q_start : g.q_end].reshape(b, hkv, group, d).transpose(1, 0, 2, 3).reshape(hkv * b, group, 1, d)
     sinks = None
     if opts.sinks is not None:  # per query head: row (kv head h, request) uses sinks[h * group : (h + 1) * group]
         sinks = mx.broadcast_to(opts.sinks.reshape(hkv, 1, group), (hkv, b, group)).reshape(hkv * b, 1, group, 1, 1)
-    out = _attend(qd, kv[0], kv[1], g.mask, opts, sinks)  # [Hkv * B, group, 1, D]
+    out = _attend(qd, kv[0], kv[-1], g.mask, opts, sinks)  # [Hkv * B, group, 1, D]
     return out.reshape(hkv, b, group, d).transpose(1, 0, 2, 3).reshape(b, hq, d)
 
 
 def paged_attention_planned(q: mx.array, pool: mx.array, plan: AttentionPlan, opts: AttentionOptions) -> mx.array:
-    """Attention for one layer over the portable pool `[2, Hkv, num_slots, D]`. Returns `[total_q, Hq, D]`."""
+    """Attention for one layer over the portable pool `[2, Hkv, num_slots, D]`. Returns `[total_q, Hq, D]`.
+
+    A latent pool `[1, Hkv, num_slots, D]` (`opts.value_dim`) attends with K as its own V and keeps the
+    output's first `value_dim` channels: the same numbers as a narrower V, with every reshape unchanged."""
+    if (pool.shape[0] == 1) != (opts.value_dim is not None):
+        raise ValueError(f"a pool of {pool.shape[0]} planes with value_dim {opts.value_dim}: K/V and latent mixed up")
     parts = []
     for group in plan.decodes:
         parts.append(_attend_decodes(q, pool, group, opts))
@@ -211,8 +226,9 @@ def paged_attention_planned(q: mx.array, pool: mx.array, plan: AttentionPlan, op
         kv = pool[:, :, c.kv_slots][:, None]  # [2, 1, Hkv, L, D]
         qp = q[c.q_start : c.q_end].transpose(1, 0, 2)[None]  # [1, Hq, Tq, D]
         mask = c.mask if isinstance(c.mask, str) else c.mask[None, None]
-        parts.append(_attend(qp, kv[0], kv[1], mask, opts, sinks)[0].transpose(1, 0, 2))
-    return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
+        parts.append(_attend(qp, kv[0], kv[-1], mask, opts, sinks)[0].transpose(1, 0, 2))
+    out = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
+    return out if opts.value_dim is None else out[..., : opts.value_dim]
 
 
 def portable_pool(k_pool: mx.array, v_pool: mx.array) -> mx.array:
@@ -262,7 +278,11 @@ def write_kv(
     return k_pool, v_pool
 
 
-def write_kv_portable(pool: mx.array, k: mx.array, v: mx.array, slot_mapping: mx.array) -> mx.array:
-    """Scatter new K/V `[T, Hkv, D]` into the portable pool `[2, Hkv, num_slots, D]`; in place, as `write_kv`."""
-    pool[:, :, slot_mapping] = mx.stack([k, v]).astype(pool.dtype).transpose(0, 2, 1, 3)
+def write_kv_portable(pool: mx.array, k: mx.array, v: mx.array | None, slot_mapping: mx.array) -> mx.array:
+    """Scatter new K/V `[T, Hkv, D]` into the portable pool `[2, Hkv, num_slots, D]`; in place, as `write_kv`.
+    `v` None: a latent pool `[1, Hkv, num_slots, D]` takes K alone."""
+    kv = k[None] if v is None else mx.stack([k, v])
+    if kv.shape[0] != pool.shape[0]:
+        raise ValueError(f"a pool of {pool.shape[0]} planes cannot take {kv.shape[0]} (K and V, or the latent K)")
+    pool[:, :, slot_mapping] = kv.astype(pool.dtype).transpose(0, 2, 1, 3)
     return pool

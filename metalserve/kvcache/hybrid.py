@@ -10,6 +10,7 @@ from metalserve.kvcache.block_pool import KVBlock
 from metalserve.kvcache.groups import FullAttentionGroup, make_group
 from metalserve.kvcache.hashing import DEFAULT_HASH_ALGORITHM
 from metalserve.kvcache.manager import ComputedBlocks, KVCacheManager
+from metalserve.kvcache.sizing import blocks_for_request
 from metalserve.kvcache.specs import FullAttention, LayerGroupSpec, RecurrentState, prefix_caching_problem
 from metalserve.request import Request
 
@@ -47,8 +48,7 @@ class HybridKVCacheManager(KVCacheManager):
 
     def blocks_for_request(self, num_tokens: int) -> int:
         """Every group's worst case together: a recurrent state holds at most two entries."""
-        per_group = super().blocks_for_request(num_tokens)
-        return sum(min(per_group, 2) if isinstance(s, RecurrentState) else per_group for s in self.specs)
+        return blocks_for_request(self.specs, num_tokens, self.block_size)
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.groups[0].tables.get(request_id, ())]

@@ -6,10 +6,9 @@ Importing this package does not import MLX, so `metalserve/__init__.py` can load
 from __future__ import annotations
 
 from metalserve.loader.errors import ModelLoadError, PromptTooLongError, check_prompt_length
-from metalserve.loader.loaded import SUPPORTED_MODEL_TYPES, LoadedModel
+from metalserve.loader.loaded import LoadedModel
 
 __all__ = [
-    "SUPPORTED_MODEL_TYPES",
     "LoadedModel",
     "ModelLoadError",
     "PromptTooLongError",

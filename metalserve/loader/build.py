@@ -10,18 +10,20 @@ import mlx.nn as nn
 from mlx_lm.utils import infer_quant_config
 
 from metalserve.loader.errors import ModelLoadError
-from metalserve.loader.loaded import SUPPORTED_MODEL_TYPES
 
-# mlx-lm implements mistral with its llama module.
-_MLX_LM_MODULES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+# mlx-lm implements mistral with its llama module; every other type is its own module.
+_MLX_LM_MODULES = {"mistral": "llama"}
 
 
 def model_classes(model_type: str) -> tuple[type[nn.Module], Any]:
-    if model_type not in _MLX_LM_MODULES:
+    # The one list of covered types is the adapter's (the loader reads it here, where MLX is loaded).
+    from metalserve.executor.models.adapter import SUPPORTED_MODEL_TYPES
+
+    if model_type not in SUPPORTED_MODEL_TYPES:
         raise ModelLoadError(
             f"Model type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})."
         )
-    module = importlib.import_module(f"mlx_lm.models.{_MLX_LM_MODULES[model_type]}")
+    module = importlib.import_module(f"mlx_lm.models.{_MLX_LM_MODULES.get(model_type, model_type)}")
     return module.Model, module.ModelArgs
 
 

@@ -21,6 +21,12 @@ GGML_TYPE_NAMES = {
     19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32",
     27: "I64", 28: "F64", 29: "IQ1_M", 30: "BF16", 34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4",
 }  # fmt: skip
+# What metalserve reads: dense types as stored, quantized ones dequantized (gguf_dequant.py) unless
+# `mx.load` keeps them in MLX's affine layout (gguf_weights.MLX_NATIVE_TYPES).
+DENSE_TYPES = ("F32", "F16", "BF16")
+DEQUANTIZED_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+# Read into MLX's affine layout exactly (gguf_affine.py) instead of being dequantized.
+AFFINE_TYPES = ("Q4_K", "Q5_K", "Q5_0", "Q5_1")
 
 
 class GGUFFormatError(ValueError):

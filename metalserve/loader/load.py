@@ -8,6 +8,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
+from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES, attention_shape
 from metalserve.kernels.affine_codes import AffineCodes
 from metalserve.loader.build import build_model
 from metalserve.loader.directory import load_directory
@@ -30,16 +31,18 @@ from metalserve.platform import Platform, current_platform
 logger = logging.getLogger(__name__)
 
 
-def _read(model: str | None) -> tuple[RawModel, str]:
+def _read(model: str | None, weights: str, platform: Platform) -> tuple[RawModel, str]:
     """The model's raw parts and a description of where they came from."""
+    # GGUF tensors MLX cannot keep quantized become dense: fp16 on Metal (half the memory), else fp32.
+    dense = mx.float16 if platform.metal and weights != "dequantize" else mx.float32
     if model is None:
         path = default_model_path()
-        return load_gguf(path), f"embedded default: {path}"
+        return load_gguf(path, dense, weights != "quantized"), f"embedded default: {path}"
     path = Path(model).expanduser()
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelLoadError(f"{path} is a file but not a .gguf; pass a .gguf file or a model directory.")
-        return load_gguf(path), str(path)
+        return load_gguf(path, dense, weights != "quantized"), str(path)
     if path.is_dir():
         return load_directory(path), str(path)
     if looks_like_repo_id(model):
@@ -51,7 +54,7 @@ def _read(model: str | None) -> tuple[RawModel, str]:
 
 
 def _choose_weights(
-    model: nn.Module, stored_as: str, weights: str, max_bytes: int, platform: Platform
+    model: nn.Module, stored_as: str, weights: str, max_bytes: int, platform: Platform, host_path: bool = True
 ) -> tuple[str, dict[str, AffineCodes]]:
     """Dequantize to fp32 or keep the stored weights; return the description for the start-up log and
     the stored codes the dequantized layers kept (only MLX's CPU backend has host matmuls to read them)."""
@@ -60,7 +63,7 @@ def _choose_weights(
     packed = (nn.QuantizedLinear, nn.QuantizedEmbedding)
     quantized = any(isinstance(m, packed) for _, m in model.named_modules())
     if should_dequantize(weights, size, max_bytes, on_metal):
-        codes = dequantize_model(model, keep_codes=platform.on_cpu)
+        codes = dequantize_model(model, keep_codes=platform.on_cpu and host_path)
         cast_floats(model, mx.float32)
         verb = "dequantized from" if quantized else "cast from"
         return f"fp32 ({verb} {stored_as}, {size / 1e6:.0f} MB)", codes
@@ -74,12 +77,21 @@ def _choose_weights(
     return f"{kind} {stored_as}{why}", {}
 
 
-def _kv_shape(model: nn.Module) -> tuple[int, int, int]:
-    """(num_layers, num_kv_heads, head_dim), read off the built model, as the KV cache must match it."""
+def _kv_shape(model: nn.Module, model_type: str) -> tuple[int, int, int, int | None]:
+    """(num_layers, num_kv_heads, head_dim, value_dim), read off the built model, as the KV cache must
+    match it (a hybrid's KV cache holds its attention layers only); value_dim is set for MLA's latent
+    pages only (executor/models/mla.py)."""
+    from metalserve.executor.models.attention_traits import all_traits
+    from metalserve.executor.models.mla import latent_kv_shape
+
+    if model_type in HYBRID_MODEL_TYPES:
+        return *attention_shape(model, model_type), None
     layers = model.model.layers
-    attn = layers[0].self_attn
-    kv_heads = int(attn.n_kv_heads)
-    return len(layers), kv_heads, int(attn.k_proj.weight.shape[0]) // kv_heads
+    latent = latent_kv_shape(layers[0].self_attn)
+    if latent is not None:
+        return len(layers), 1, *latent
+    first = all_traits(model)[0]  # the families spell heads and head_dim differently
+    return len(layers), first.n_kv_heads, first.head_dim, None
 
 
 def load(
@@ -88,15 +100,17 @@ def load(
     """See metalserve.loader.load_model."""
     if weights not in WEIGHTS_MODES:
         raise ModelLoadError(f"weights must be one of {', '.join(WEIGHTS_MODES)}, got {weights!r}")
-    raw, source = _read(model)
-    built = build_model(raw.config, raw.weights)
     platform = current_platform()
-    weights_desc, codes = _choose_weights(built, raw.stored_as, weights, dequantize_max_bytes, platform)
+    raw, source = _read(model, weights, platform)
+    built = build_model(raw.config, raw.weights)
+    model_type = raw.config["model_type"]
+    hybrid = model_type in HYBRID_MODEL_TYPES  # hybrids run all in MLX: no host path reads the codes
+    weights_desc, codes = _choose_weights(built, raw.stored_as, weights, dequantize_max_bytes, platform, not hybrid)
     mx.eval(built.parameters())
     template = chat_template if chat_template is not None else raw.chat_template
     if chat_template is not None:
         raw.tokenizer.chat_template = chat_template
-    num_layers, num_kv_heads, head_dim = _kv_shape(built)
+    num_layers, num_kv_heads, head_dim, value_dim = _kv_shape(built, model_type)
     loaded = LoadedModel(
         model=built,
         tokenizer=raw.tokenizer,
@@ -111,8 +125,9 @@ def load(
         num_layers=num_layers,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
-        dtype=activation_dtype(built),
+        dtype=activation_dtype(built, model_type),
         codes=codes,
+        value_dim=value_dim,
     )
     logger.info("%s", loaded.describe())
     return loaded

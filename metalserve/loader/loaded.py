@@ -12,16 +12,13 @@ if TYPE_CHECKING:  # keep `import metalserve.loader` free of MLX (the BLAS must 
 
     from metalserve.kernels.affine_codes import AffineCodes
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-
-
 @dataclass
 class LoadedModel:
     """An mlx-lm model with its tokenizer, chat template, EOS ids and the facts the KV cache needs."""
 
     model: nn.Module  # an mlx-lm model: .model.embed_tokens, .model.layers[i].self_attn, ...
     tokenizer: PreTrainedTokenizerBase
-    model_type: str  # one of SUPPORTED_MODEL_TYPES
+    model_type: str  # one of executor/models/adapter.py: SUPPORTED_MODEL_TYPES
     config: dict[str, Any]  # HF-style config
     max_model_len: int
     eos_token_ids: frozenset[int]
@@ -35,6 +32,14 @@ class LoadedModel:
     dtype: mx.Dtype  # the activations' dtype (and so the KV cache's)
     # The stored codes of dequantized layers by module path, kept on MLX's CPU backend for the host path.
     codes: dict[str, AffineCodes] = field(default_factory=dict)
+    # MLA's latent layout: the KV "head" (num_kv_heads 1, head_dim kv_lora + rope) is K alone, V its
+    # first value_dim (kv_lora) channels; None: K and V of head_dim each.
+    value_dim: int | None = None
+
+    @property
+    def kv_planes(self) -> int:
+        """Arrays of head_dim that one token keeps per layer and KV head: K and V, or the latent alone."""
+        return 1 if self.value_dim is not None else 2
 
     def describe(self) -> str:
         """One line for the start-up log: which model, which weights path, which BLAS."""

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx.utils import tree_flatten, tree_map
+from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
+from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES, embedding_of
 from metalserve.loader.affine_codes import AffineCodes, affine_codes
 
 WEIGHTS_MODES = ("auto", "dequantize", "quantized")
@@ -19,9 +22,8 @@ def fp32_bytes(model: nn.Module) -> int:
     """The model's size once every weight is dense fp32 (quantized weights counted unpacked)."""
     total = 0
     for _, module in model.named_modules():
-        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
-            rows, packed = module.weight.shape
-            total += rows * packed * 32 // module.bits
+        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding, QuantizedSwitchLinear)):
+            total += module.weight.size * 32 // module.bits
             if "bias" in module:
                 total += module.bias.size
         elif not module.children():
@@ -38,7 +40,7 @@ def should_dequantize(mode: str, fp32_size: int, max_bytes: int, on_metal: bool)
     return not on_metal and fp32_size <= max_bytes
 
 
-def _unpack(module: nn.QuantizedLinear | nn.QuantizedEmbedding) -> mx.array:
+def _unpack(module: nn.QuantizedLinear | nn.QuantizedEmbedding | QuantizedSwitchLinear) -> mx.array:
     mode = getattr(module, "mode", "affine")
     if mode != "affine":  # mxfp4/nvfp4/mxfp8: uint8 scales, no biases
         return mx.dequantize(module.weight, module.scales, None, module.group_size, module.bits, mode=mode)
@@ -48,9 +50,35 @@ def _unpack(module: nn.QuantizedLinear | nn.QuantizedEmbedding) -> mx.array:
     return mx.dequantize(module.weight, scales, biases, module.group_size, module.bits)
 
 
-def _dense_twin(module: nn.Module) -> nn.Module:
+def _dense_switch_twin(module: QuantizedSwitchLinear) -> SwitchLinear:
+    """MoE experts (mlx-lm's SwitchGLU projections), stacked [experts, out, in]."""
+    w = _unpack(module)
+    experts, out_dims, in_dims = w.shape
+    twin = SwitchLinear(in_dims, out_dims, experts, bias="bias" in module)
+    twin.weight = w.astype(mx.float32)
+    if "bias" in module:
+        twin.bias = module.bias.astype(mx.float32)
+    return twin
+
+
+def _dense_weights(module: nn.QuantizedLinear | nn.QuantizedEmbedding, codes: AffineCodes | None) -> mx.array:
+    """fp32 weights: from the codes in NumPy where the loader has them (faster than MLX's CPU dequantize;
+    the same values: scale * q is exact in fp32, so only the bias adds a rounding, as in MLX), else MLX."""
+    if codes is None:
+        return _unpack(module)
+    rows, cols = codes.codes.shape
+    groups = codes.scales.shape[1]
+    w = codes.codes.reshape(rows, groups, cols // groups).astype(np.float32)
+    w *= codes.scales[:, :, None]
+    w += codes.biases[:, :, None]
+    return mx.array(w.reshape(rows, cols))
+
+
+def _dense_twin(module: nn.Module, codes: AffineCodes | None = None) -> nn.Module:
+    if isinstance(module, QuantizedSwitchLinear):
+        return _dense_switch_twin(module)
     if isinstance(module, nn.QuantizedLinear):
-        w = _unpack(module)
+        w = _dense_weights(module, codes)
         has_bias = "bias" in module
         out_dims, in_dims = w.shape
         linear = nn.Linear(in_dims, out_dims, bias=has_bias)
@@ -59,7 +87,7 @@ def _dense_twin(module: nn.Module) -> nn.Module:
             linear.bias = module.bias.astype(mx.float32)
         return linear
     if isinstance(module, nn.QuantizedEmbedding):
-        w = _unpack(module)
+        w = _dense_weights(module, codes)
         emb = nn.Embedding(*w.shape)
         emb.weight = w.astype(mx.float32)
         return emb
@@ -71,13 +99,15 @@ def dequantize_model(model: nn.Module, keep_codes: bool = False) -> dict[str, Af
     replaced layer's stored integer codes by its module path (e.g. `model.layers.0.mlp.down_proj`), where
     its mode has them; the host path reads them (executor/host/)."""
     codes: dict[str, AffineCodes] = {}
-    if keep_codes:
-        for path, module in model.named_modules():
-            if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
-                found = affine_codes(module)
-                if found is not None:
+    by_module: dict[int, AffineCodes] = {}  # unpacked once, for the twin and for the host path
+    for path, module in model.named_modules():
+        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            found = affine_codes(module)
+            if found is not None:
+                by_module[id(module)] = found
+                if keep_codes:
                     codes[path] = found
-    leaves = tree_map(_dense_twin, model.leaf_modules(), is_leaf=nn.Module.is_module)
+    leaves = tree_map(lambda m: _dense_twin(m, by_module.get(id(m))), model.leaf_modules(), is_leaf=nn.Module.is_module)
     model.update_modules(leaves)
     return codes
 
@@ -91,7 +121,8 @@ def cast_floats(model: nn.Module, dtype: mx.Dtype) -> None:
     model.update(tree_map(cast, model.parameters()))
 
 
-def activation_dtype(model: nn.Module) -> mx.Dtype:
+def activation_dtype(model: nn.Module, model_type: str = "llama") -> mx.Dtype:
     """The dtype activations (and so the KV cache) take: that of the embedding's output."""
-    embed = model.model.embed_tokens
+    hybrid = model_type in HYBRID_MODEL_TYPES
+    embed = embedding_of(model, model_type) if hybrid else model.model.embed_tokens
     return embed.scales.dtype if isinstance(embed, nn.QuantizedEmbedding) else embed.weight.dtype

@@ -119,6 +119,9 @@ def build_draft_proposer(
             f"--speculative-config: the draft model's vocabulary ({vocab} tokens) differs from the target's "
             f"({target_vocab}); a draft must share the target's tokenizer"
         )
-    backend = select_attention(attention, draft.dtype, platform)
+    model = PagedModel.from_loaded(draft, platform)
+    if len(model.kv_layout.groups) != 1 or model.state_layout is not None:
+        raise ConfigError("--speculative-config: the draft model must be all full attention (one KV layer group)")
+    backend = select_attention(attention, draft.dtype, platform, {shape[1] for shape in model.kv_layout.tensors})
     spec = KVCacheSpec.for_model(draft, block_size, num_blocks)
-    return DraftModelProposer(PagedModel.from_loaded(draft, platform), spec, backend, k)
+    return DraftModelProposer(model, spec, backend, k)

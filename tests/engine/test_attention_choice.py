@@ -53,3 +53,15 @@ def test_metal_without_a_metal_device_is_a_config_error() -> None:
 def test_an_unknown_name_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="--attention-backend"):
         select_attention("portable", mx.float32, CPU_ONLY)
+
+
+def test_a_head_dim_the_metal_kernel_lacks_takes_mlx_ops_on_a_mac_and_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="metalserve.engine"):
+        backend = select_attention("auto", mx.bfloat16, MAC, head_dims={256, 512})  # gemma4: 512 on full layers
+    assert isinstance(backend, MlxAttention)
+    assert "head dims" in caplog.text and "[512]" in caplog.text
+    assert isinstance(select_attention("auto", mx.bfloat16, MAC, head_dims={64, 128}), KernelAttention)
+    with pytest.raises(ConfigError, match="Metal kernel takes head dims"):
+        select_attention("metal", mx.bfloat16, MAC, head_dims={16})

@@ -67,3 +67,16 @@ def test_quantized_head_and_mlp_stay_in_mlx() -> None:
     paged = PagedModel(model, "qwen2", compute)
     assert compute.head is None
     assert not isinstance(paged.backbone.layers[0].mlp, HostSwiGLUMLP)
+
+
+def test_host_compute_is_chosen_for_the_llama_family_only() -> None:
+    from metalserve.executor.host import HOST_MODEL_TYPES, choose_compute
+    from metalserve.executor.models.adapter import SUPPORTED_MODEL_TYPES
+    from metalserve.executor.models.compute import MlxCompute
+    from metalserve.platform import Platform
+
+    cpu = Platform(on_cpu=True, metal=False, numba=True, blas="test")
+    assert isinstance(choose_compute(cpu, {}, "qwen3"), HostCompute)
+    for model_type in set(SUPPORTED_MODEL_TYPES) - set(HOST_MODEL_TYPES):
+        assert isinstance(choose_compute(cpu, {}, model_type), MlxCompute), model_type
+    assert {"gemma3_text", "gpt_oss", "qwen3_moe"} <= set(SUPPORTED_MODEL_TYPES) - set(HOST_MODEL_TYPES)

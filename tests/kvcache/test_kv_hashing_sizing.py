@@ -11,7 +11,8 @@ import pytest
 
 from metalserve.config import ConfigError
 from metalserve.kvcache.hashing import BlockHash, block_extra_keys, hash_block_tokens
-from metalserve.kvcache.sizing import kv_bytes_per_block, num_blocks_for_budget
+from metalserve.kvcache.sizing import blocks_for_request, kv_bytes_per_block, num_blocks_for_budget
+from metalserve.kvcache.specs import FullAttention, RecurrentState
 
 
 def test_hash_is_sha256_and_stable() -> None:
@@ -58,6 +59,20 @@ def test_num_blocks_for_budget() -> None:
     assert num_blocks_for_budget(per_block * 100 + 5, 2, 2, 8, 2, 16, 1024) == 100
     # 1024 tokens = 64 blocks, plus the null block.
     assert num_blocks_for_budget(per_block * 65, 2, 2, 8, 2, 16, 1024) == 65
+
+
+def test_a_hybrid_block_also_counts_its_state_slot_and_a_request_two_state_entries() -> None:
+    per_block = kv_bytes_per_block(2, 2, 8, 2, 16, state_bytes=1000)
+    assert per_block == 2048 + 1000
+    groups = [FullAttention(layers=(0, 1)), RecurrentState(layers=(2,))]
+    per_request = blocks_for_request(groups, 1024, 16)
+    assert per_request == 64 + 2
+    assert num_blocks_for_budget(per_block * 67, 2, 2, 8, 2, 16, 1024, per_block=per_block,
+                                 blocks_per_request=per_request) == 67  # fmt: skip
+    with pytest.raises(ConfigError, match="needs 67 blocks"):
+        num_blocks_for_budget(per_block * 66, 2, 2, 8, 2, 16, 1024, per_block=per_block, blocks_per_request=per_request)
+    with pytest.raises(ValueError, match="state_bytes"):
+        kv_bytes_per_block(2, 2, 8, 2, 16, state_bytes=-1)
 
 
 def test_budget_too_small_names_missing_memory_and_flags() -> None:
@@ -118,3 +133,19 @@ def test_memory_readers_and_the_pool_cap() -> None:
     assert limit == 5 * gib and "available" in why
     assert memory_limit(0.5, 24 * gib, None, gib)[0] == 12 * gib
     assert pool_block_cap(max_num_seqs=4, max_model_len=100, block_size=16) == 4 * 7 + 1
+
+
+def test_sizing_over_layer_groups_sharing_the_pool() -> None:
+    from metalserve.engine.memory import pool_block_cap
+    from metalserve.kvcache.sizing import blocks_for_request
+    from metalserve.kvcache.specs import FullAttention, RecurrentState, SlidingWindow
+
+    groups = [FullAttention((1, 3)), SlidingWindow(16, (0, 2))]
+    assert blocks_for_request(groups, 100, 16) == 2 * 7  # a chunk may span the whole prompt in both
+    assert blocks_for_request([FullAttention(), RecurrentState()], 100, 16) == 7 + 2
+    per_block = 1000  # one group's layers (KVLayout.bytes_per_block)
+    assert num_blocks_for_budget(per_block * 200, 4, 2, 8, 2, 16, 1024, per_block=per_block,
+                                 blocks_per_request=2 * 64) == 200  # fmt: skip
+    with pytest.raises(ConfigError, match="129 blocks"):
+        num_blocks_for_budget(per_block * 128, 4, 2, 8, 2, 16, 1024, per_block=per_block, blocks_per_request=128)
+    assert pool_block_cap(max_num_seqs=4, max_model_len=100, block_size=16, blocks_per_request=14) == 4 * 14 + 1

@@ -73,9 +73,15 @@ def test_unsupported_architecture_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_unsupported_tensor_type_is_a_clear_error(tmp_path: Path) -> None:
-    path = tmp_path / "q5.gguf"
-    write_gguf(path, T.Q5_0)
-    with pytest.raises(ModelLoadError, match=r"type Q5_0, which is not supported.*Q4_0, Q4_1, Q8_0, F16 or F32"):
+    path = tmp_path / "iq4.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    block, size = gguf.GGML_QUANT_SIZES[T.IQ4_NL]
+    writer.add_tensor("token_embd.weight", np.zeros((4, 64 // block * size), np.uint8), raw_dtype=T.IQ4_NL)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelLoadError, match=r"type IQ4_NL, which is not supported.*Q4_K, Q5_K, Q6_K"):
         load_model(str(path))
 
 

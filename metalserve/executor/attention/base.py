@@ -18,17 +18,29 @@ from metalserve.kernels.reference import AttentionOptions
 
 @dataclass(frozen=True)
 class LayerCacheSpec:
-    """One attention layer's paged cache: `num_blocks` blocks of `block_size` tokens, K and V each."""
+    """One attention layer's paged cache: `num_blocks` blocks of `block_size` tokens, K and V each.
+
+    `sliding_window`: the window of the layer group `build_metadata` plans for (None: full attention);
+    a backend whose plan holds the mask (MLX ops) masks by it, the others read `AttentionOptions`.
+    `value_dim`: None for separate K and V of `head_dim` each; an int for MLA's latent layout, where the
+    cache holds K alone and V is K's first `value_dim` channels (the compressed latent)."""
 
     num_kv_heads: int
     head_dim: int
     dtype: mx.Dtype
     block_size: int
     num_blocks: int
+    sliding_window: int | None = None
+    value_dim: int | None = None
 
     @property
     def num_slots(self) -> int:
         return self.num_blocks * self.block_size
+
+    @property
+    def num_planes(self) -> int:
+        """Arrays of `head_dim` per token and KV head: 2 (K and V) or 1 (the latent, V inside K)."""
+        return 1 if self.value_dim is not None else 2
 
 
 class LayerCache(Protocol):
@@ -46,11 +58,13 @@ class AttentionCall(NamedTuple, Generic[CacheT, MetaT]):
 
     `q` `[T, Hq, D]`, `k` and `v` `[T, Hkv, D]`: this step's packed tokens (RoPE applied); `slot_mapping`
     `[T]`: where each token's K/V goes; `meta`: the step's metadata from `build_metadata`. A NamedTuple:
-    one is made per layer and step, so it should cost next to nothing."""
+    one is made per layer and step, so it should cost next to nothing. MLA's latent layout
+    (`options.value_dim` set): `v` is None, V being K's first `value_dim` channels, and the output is
+    `[T, Hq, value_dim]`."""
 
     q: mx.array
     k: mx.array
-    v: mx.array
+    v: mx.array | None
     slot_mapping: mx.array
     cache: CacheT
     meta: MetaT
@@ -73,7 +87,8 @@ class AttentionBackend(ABC, Generic[CacheT, MetaT]):
 
     @abstractmethod
     def build_metadata(self, step: StepInputs, spec: LayerCacheSpec) -> MetaT:
-        """The step's per-step metadata, built once and shared by every layer."""
+        """The step's metadata for one layer group (its block table in `step`), built once per step and
+        shared by the group's layers."""
 
     @abstractmethod
     def forward(self, call: AttentionCall[CacheT, MetaT]) -> mx.array:

@@ -52,6 +52,8 @@ class KernelAttention(AttentionBackend[LayerKV, KernelStep]):
         self.description = description
 
     def allocate(self, spec: LayerCacheSpec) -> LayerKV:
+        if spec.value_dim is not None:  # select.py never picks this backend for such a model
+            raise ValueError(f"the {self.name} kernel has no MLA latent layout (K and V must be pools of their own)")
         cache = LayerKV(_zeros(spec), _zeros(spec))
         mx.eval(cache.k, cache.v)
         return cache
@@ -65,6 +67,8 @@ class KernelAttention(AttentionBackend[LayerKV, KernelStep]):
 
     def forward(self, call: AttentionCall[LayerKV, KernelStep]) -> mx.array:
         cache, meta, opts = call.cache, call.meta, call.options
+        if call.v is None:
+            raise ValueError(f"the {self.name} kernel needs V of its own (MLA's latent layout is not supported)")
         cache.k, cache.v = write_kv(cache.k, cache.v, call.k, call.v, call.slot_mapping)
         return self.kernel(
             call.q, cache.k, cache.v, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens,

@@ -25,7 +25,8 @@ class PortableKV:
 
 
 def zeros_pool(spec: LayerCacheSpec) -> mx.array:
-    return mx.zeros((2, spec.num_kv_heads, spec.num_slots, spec.head_dim), spec.dtype)
+    """`[2, Hkv, num_slots, D]`, or `[1, ...]` for the latent layout (`spec.value_dim`: K alone)."""
+    return mx.zeros((spec.num_planes, spec.num_kv_heads, spec.num_slots, spec.head_dim), spec.dtype)
 
 
 class MlxAttention(AttentionBackend[PortableKV, AttentionPlan]):
@@ -42,7 +43,7 @@ class MlxAttention(AttentionBackend[PortableKV, AttentionPlan]):
 
     def build_metadata(self, step: StepInputs, spec: LayerCacheSpec) -> AttentionPlan:
         return build_plan(step.block_rows, step.cu_seqlens_q, step.seq_lens, spec.block_size,
-                          num_kv_heads=spec.num_kv_heads)  # fmt: skip
+                          sliding_window=spec.sliding_window, num_kv_heads=spec.num_kv_heads)  # fmt: skip
 
     def forward(self, call: AttentionCall[PortableKV, AttentionPlan]) -> mx.array:
         cache = call.cache

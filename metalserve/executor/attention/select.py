@@ -4,6 +4,7 @@ model's dtype."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from typing import Any
 
 import mlx.core as mx
@@ -16,9 +17,17 @@ from metalserve.platform import Platform
 logger = logging.getLogger("metalserve.engine")
 
 
+# Why the Metal kernel is not chosen for MLA models (executor/models/mla.py).
+METAL_NO_LATENT = "the Metal kernel has no MLA latent layout (V a slice of K, one KV head of width kv_lora + rope)"
 
-def select_attention(name: str, dtype: mx.Dtype, platform: Platform) -> AttentionBackend[Any, Any]:
-    """`auto`: the Metal kernel where Metal exists, else the CPU backend for float32 KV, else MLX ops."""
+
+def select_attention(
+    name: str, dtype: mx.Dtype, platform: Platform, head_dims: Collection[int] = (), *, latent_kv: bool = False
+) -> AttentionBackend[Any, Any]:
+    """`auto`: the Metal kernel where Metal exists and takes the model's head dims (`head_dims`, every
+    attention layer's), else the CPU backend for float32 KV, else MLX ops. Every backend honours sliding
+    windows, sinks and the logit soft-cap; only the Metal kernel is limited, to its head dims and to
+    separate K and V (`latent_kv`: the model keeps MLA's latent pages, LayerCacheSpec.value_dim)."""
     if name == "reference":
         logger.warning("--attention-backend reference is deprecated: it is now called 'mlx'")
         name = "mlx"
@@ -26,9 +35,20 @@ def select_attention(name: str, dtype: mx.Dtype, platform: Platform) -> Attentio
         raise ConfigError(f"--attention-backend must be one of {', '.join(ATTENTION_BACKEND_NAMES)}, got {name!r}")
     if name == "mlx":
         return MlxAttention()
+    if name == "metal" and latent_kv:
+        raise ConfigError(f"--attention-backend metal: {METAL_NO_LATENT}; use 'auto' or 'mlx'")
+    if name == "auto" and platform.metal and latent_kv:
+        logger.info("attention: not the Metal kernel: %s", METAL_NO_LATENT)
+        return MlxAttention()
     if name == "metal" or (name == "auto" and platform.metal):
         if not platform.metal:
             raise ConfigError("--attention-backend metal: it needs a Metal device; use 'auto' or 'mlx'")
+        problem = metal_kernel_problem(head_dims)
+        if problem and name == "metal":
+            raise ConfigError(f"--attention-backend metal: {problem}; use 'auto' or 'mlx'")
+        if problem:
+            logger.warning("attention: MLX ops instead of the Metal kernel: %s", problem)
+            return MlxAttention()
         from metalserve.executor.attention.metal import metal_attention
 
         return metal_attention()
@@ -47,4 +67,13 @@ def cpu_backend_problem(dtype: mx.Dtype, platform: Platform) -> str | None:
         return "it needs the numba package (pip install numba)"
     if dtype != mx.float32:
         return f"it needs float32 activations and KV, and this model computes in {dtype} (see --weights)"
+    return None
+
+
+def metal_kernel_problem(head_dims: Collection[int]) -> str | None:
+    from metalserve.kernels.paged import HEAD_DIMS
+
+    unsupported = sorted(set(head_dims) - set(HEAD_DIMS))
+    if unsupported:
+        return f"the Metal kernel takes head dims {HEAD_DIMS}, and this model has {unsupported}"
     return None

@@ -11,12 +11,17 @@ from metalserve.executor.models.compute import MlxCompute, ModelCompute
 from metalserve.kernels.affine_codes import AffineCodes
 from metalserve.platform import Platform
 
+# The dense llama-family models whose blocks the host twins reproduce; every other family runs mlx-lm's
+# own modules (attention through the selected backend) on MLX.
+HOST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
-def choose_compute(platform: Platform, codes: Mapping[str, AffineCodes]) -> ModelCompute:
-    """Host compute where MLX runs on the CPU and numba is installed, else everything in MLX.
+
+def choose_compute(platform: Platform, codes: Mapping[str, AffineCodes], model_type: str) -> ModelCompute:
+    """Host compute where MLX runs on the CPU, numba is installed and the model is of the llama family,
+    else everything in MLX.
 
     `codes`: the stored codes the loader kept, by module path (see LoadedModel.codes)."""
-    if not platform.host_compute:
+    if not platform.host_compute or model_type not in HOST_MODEL_TYPES:
         return MlxCompute()
     from metalserve.executor.host.compute import HostCompute
 

@@ -182,7 +182,8 @@ class HostForward:
 
     def applies_to(self, ctx: ForwardContext) -> bool:
         """Whether this step's attention runs on the CPU backend, whose host views this forward writes."""
-        return isinstance(ctx.metadata, CpuStepPlan) and all(isinstance(kv, HostKV) for kv in ctx.kv)
+        one_group = len(ctx.groups) == 1  # one table: the decoder reads every layer's pool through it
+        return one_group and isinstance(ctx.metadata, CpuStepPlan) and all(isinstance(kv, HostKV) for kv in ctx.kv)
 
     def __call__(self, token_ids: np.ndarray, ctx: ForwardContext) -> np.ndarray:
         """`[T]` token ids -> the final-normed hidden states `[T, hidden]` float32."""

@@ -1,0 +1,142 @@
+"""The KV layout of a model: its attention layer groups and the pool tensors the groups share.
+
+vLLM's layout: the layers are split into groups of one kind (full attention, or one sliding window)
+and equal size; layer j of every group shares pool tensor j, indexed by the group's own block ids.
+Blocks come from one shared pool and a block id belongs to one group at a time, so a block costs the
+K/V of one group's layers (`max layers per group`), not of all layers: a sliding group returns the
+blocks behind its window to the pool, and every group can reuse them. A model of one kind keeps one
+group of all layers (one tensor per layer), exactly the layout before groups existed.
+
+Layers that read another layer's K/V (gemma4's shared KV) own no tensor: they use their source's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.nn as nn
+
+from metalserve.executor.models.attention_traits import AttentionTraits, all_traits
+from metalserve.kvcache.specs import FullAttention, LayerGroupSpec, SlidingWindow
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    groups: tuple[LayerGroupSpec, ...]  # group 0 is full attention where the model has such layers
+    tensors: tuple[tuple[int, int], ...]  # (num_kv_heads, head_dim) of each pool tensor
+    layer_tensor: tuple[int, ...]  # per layer: the tensor it reads and writes (-1: not an attention layer)
+    layer_group: tuple[int, ...]  # per layer: the group whose block table it uses (-1: none)
+    group_shapes: tuple[tuple[int, int], ...]  # per group: its layers' (num_kv_heads, head_dim)
+    value_dim: int | None = None  # MLA's latent pages: K alone, V its first value_dim channels
+
+    @property
+    def num_planes(self) -> int:
+        return 1 if self.value_dim is not None else 2
+
+    def bytes_per_block(self, dtype_bytes: int, block_size: int) -> int:
+        """What one block id costs: K and V (or MLA's latent alone) of `block_size` tokens in every tensor."""
+        return sum(self.num_planes * h * d for h, d in self.tensors) * dtype_bytes * block_size
+
+    def window(self, group: int) -> int | None:
+        spec = self.groups[group]
+        return spec.window if isinstance(spec, SlidingWindow) else None
+
+
+def _kinds(owners: list[AttentionTraits]) -> list[list[AttentionTraits]]:
+    """Layers by kind: full attention first, then each window in order of first use."""
+    kinds: dict[int | None, list[AttentionTraits]] = {}
+    for t in sorted(owners, key=lambda t: t.window is not None):
+        kinds.setdefault(t.window, []).append(t)
+    return list(kinds.values())
+
+
+def _spec(window: int | None, layers: list[AttentionTraits]) -> LayerGroupSpec:
+    ids = tuple(t.layer for t in layers)
+    return FullAttention(layers=ids) if window is None else SlidingWindow(window, layers=ids)
+
+
+def layout_of(traits: list[AttentionTraits], num_layers: int | None = None) -> KVLayout:
+    """`traits`: the attention layers'; `num_layers`: all layers (default: as many as there are traits)."""
+    owners = [t for t in traits if t.kv_source == t.layer]
+    kinds = _kinds(owners)
+    size = min(len(k) for k in kinds)  # vLLM's rule: the smallest kind sets the group size
+    groups: list[list[AttentionTraits]] = [kind[i : i + size] for kind in kinds for i in range(0, len(kind), size)]
+    tensor_of: dict[tuple[int, int, int], int] = {}
+    num_layers = len(traits) if num_layers is None else num_layers
+    layer_tensor, layer_group = [-1] * num_layers, [-1] * num_layers
+    shapes = []
+    for g, members in enumerate(groups):
+        group_shapes = {(t.n_kv_heads, t.head_dim) for t in members}
+        if len(group_shapes) != 1:
+            raise ValueError(f"layers {[t.layer for t in members]} share a window but not a KV shape")
+        shapes.append(group_shapes.pop())
+        for j, t in enumerate(members):
+            key = (j, t.n_kv_heads, t.head_dim)
+            layer_tensor[t.layer] = tensor_of.setdefault(key, len(tensor_of))
+            layer_group[t.layer] = g
+    for t in traits:  # shared-KV layers read their source's tensor through its group's table
+        if t.kv_source != t.layer:
+            layer_tensor[t.layer] = layer_tensor[t.kv_source]
+            layer_group[t.layer] = layer_group[t.kv_source]
+    return KVLayout(
+        groups=tuple(_spec(m[0].window, m) for m in groups),
+        tensors=tuple(sorted(tensor_of, key=tensor_of.__getitem__)[i][1:] for i in range(len(tensor_of))),
+        layer_tensor=tuple(layer_tensor),
+        layer_group=tuple(layer_group),
+        group_shapes=tuple(shapes),
+    )
+
+
+def model_kv_layout(model: nn.Module) -> KVLayout:
+    """The layout of an mlx-lm model (or of one whose attention we took over)."""
+    return layout_of(all_traits(model), len(model.model.layers))
+
+
+def hybrid_kv_layout(model: nn.Module, model_type: str) -> KVLayout:
+    """A hybrid model's attention layers: one full-attention group, one pool tensor per attention layer
+    in layer order (models/hybrid_attention.py indexes them so); recurrent layers own no tensor."""
+    from metalserve.executor.models.hybrid_families import attention_shape, backbone_of, mixers_of
+
+    layers = [m.layer_idx for m in mixers_of(model, model_type) if m.kind == "attention"]
+    _, heads, head_dim = attention_shape(model, model_type)
+    num_layers = len(backbone_of(model, model_type).layers)
+    layer_tensor, layer_group = [-1] * num_layers, [-1] * num_layers
+    for j, i in enumerate(layers):
+        layer_tensor[i], layer_group[i] = j, 0
+    return KVLayout(
+        groups=(FullAttention(layers=tuple(layers)),),
+        tensors=((heads, head_dim),) * len(layers),
+        layer_tensor=tuple(layer_tensor),
+        layer_group=tuple(layer_group),
+        group_shapes=((heads, head_dim),),
+    )
+
+
+def mla_kv_layout(model: nn.Module) -> KVLayout | None:
+    """An MLA model's latent pages (models/mla.py): one full-attention group, one tensor per layer of
+    one "KV head" of width kv_lora + rope; None for a model without MLA attention."""
+    from metalserve.executor.models.mla import latent_kv_shape
+
+    layers = model.model.layers
+    shape = latent_kv_shape(layers[0].self_attn) if "self_attn" in layers[0] else None
+    if shape is None:
+        return None
+    width, value_dim = shape
+    n = len(layers)
+    return KVLayout(
+        groups=(FullAttention(layers=tuple(range(n))),),
+        tensors=((1, width),) * n,
+        layer_tensor=tuple(range(n)),
+        layer_group=(0,) * n,
+        group_shapes=((1, width),),
+        value_dim=value_dim,
+    )
+
+
+def loaded_kv_layout(model: nn.Module, model_type: str) -> KVLayout:
+    """The layout of a loaded mlx-lm model of `model_type` (hybrids keep K/V for attention layers only)."""
+    from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES
+
+    if model_type in HYBRID_MODEL_TYPES:
+        return hybrid_kv_layout(model, model_type)
+    return mla_kv_layout(model) or model_kv_layout(model)

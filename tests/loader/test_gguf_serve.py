@@ -1,0 +1,28 @@
+"""qwen2 and qwen3 GGUFs (K-quant and Q5 tensors) serve through the real engine: mlx-lm's greedy tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from metalserve.config import EngineConfig
+from metalserve.engine.core import EngineCore
+from metalserve.loader import load_model
+from tests.engine.test_core import run_all
+from tests.executor.test_runner_golden import mlx_lm_greedy, prompts_of
+from tests.loader.gguf_arch_models import reference_model, write_arch_gguf
+from tests.loader.gguf_blocks import T
+
+
+@pytest.mark.parametrize(("arch", "kind"), [("qwen2", T.Q5_1), ("qwen3", T.Q6_K)], ids=["qwen2-Q5_1", "qwen3-Q6_K"])
+def test_gguf_serves_mlx_lm_greedy_tokens_batched_with_chunked_prefill(tmp_path: Path, arch: str, kind: T) -> None:
+    path = tmp_path / f"{arch}.gguf"
+    reference = reference_model(arch, write_arch_gguf(path, arch, kind))
+    loaded = load_model(str(path))  # the CPU default: dequantized to fp32 at load
+    prompts = prompts_of([5, 40, 23], loaded.config["vocab_size"], seed=3)
+    expected = [mlx_lm_greedy(reference, p, 10) for p in prompts]
+    config = EngineConfig(kv_cache_memory=1 << 23, max_num_batched_tokens=16, block_size=8)
+    core = EngineCore.from_loaded(config, loaded)
+    got, _ = run_all(core, prompts, 10)
+    assert [got[f"r{i}"] for i in range(len(prompts))] == expected
