@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from metalserve.spec_decode.config import SpeculativeConfig
+
 SchedulingPolicy = Literal["fcfs", "priority"]
 WeightsMode = Literal["auto", "dequantize", "quantized"]
 # --attention-backend: "mlx" is the MLX-ops backend; "reference", its old name, is a deprecated alias.
@@ -44,6 +46,7 @@ class EngineConfig:
     pipeline_parallel_size: int = 1  # ranks, each holding a slice of the layers (metalserve/distributed/)
     pipeline_layer_partition: tuple[int, ...] | None = None  # layers per rank; None: balanced by bytes
     pipeline_step_timeout: float = 120.0  # seconds without a step's result before the server gives up
+    speculative_config: SpeculativeConfig | None = None  # --speculative-config; None: no speculation
 
     def __post_init__(self) -> None:
         self.validate()

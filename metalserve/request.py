@@ -74,6 +74,8 @@ class Request:
     block_hashes: list[BlockHash] = field(default_factory=list, repr=False)
     # Grammar-constrained decoding: set by the engine when sampling_params.structured_outputs is.
     structured: StructuredState | None = field(default=None, repr=False)
+    # Speculative decoding: drafts the runner proposed after the last step, to verify in the next one.
+    spec_token_ids: list[int] = field(default_factory=list, repr=False)
 
     @property
     def num_prompt_tokens(self) -> int:

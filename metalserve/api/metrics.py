@@ -8,6 +8,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from metalserve.api.spec_metrics import SpecDecodeMetrics, spec_log_suffix
 from metalserve.engine.async_engine import IterationStats
 from metalserve.engine.protocol import SchedulerStatsLike
 
@@ -108,6 +109,7 @@ class Metrics:
         )
         self._model = model_name
         self._last_cumulative = (0, 0, 0)
+        self.spec = SpecDecodeMetrics(r, labels)
         self.log_state = StatLogState()
 
     def on_step(self, scheduler_stats: SchedulerStatsLike, iteration: IterationStats) -> None:
@@ -133,6 +135,7 @@ class Metrics:
         for reason, latency in iteration.finished:
             self._e2e.labels(m).observe(latency)
             self._success.labels(m, reason).inc()
+        self.spec.observe(m, s)
         self.log_state.record(scheduler_stats, iteration)
 
 
@@ -145,6 +148,7 @@ class StatLogState:
         self._gen = 0
         self._since = time.monotonic()
         self._stats: SchedulerStatsLike | None = None
+        self._last_spec = (0, 0, 0)  # cumulative draft counters at the previous line
 
     def record(self, stats: SchedulerStatsLike, iteration: IterationStats) -> None:
         with self._lock:
@@ -172,7 +176,16 @@ class StatLogState:
             f"Avg generation throughput: {gen / elapsed:.1f} tokens/s, "
             f"Running: {running} reqs, Waiting: {waiting} reqs, "
             f"GPU KV cache usage: {usage:.1f}%, Prefix cache hit rate: {hit_rate:.1f}%"
+            f"{self._spec_suffix(stats)}"
         )
+
+    def _spec_suffix(self, stats: SchedulerStatsLike | None) -> str:
+        """The draft acceptance since the previous line (nothing while speculation never ran)."""
+        if stats is None or not stats.spec_num_drafts:
+            return ""
+        now = (stats.spec_num_drafts, stats.spec_num_draft_tokens, stats.spec_num_accepted_tokens)
+        last, self._last_spec = self._last_spec, now
+        return spec_log_suffix(*(a - b for a, b in zip(now, last, strict=True)))
 
     def log(self) -> None:
         logger.info(self.line())

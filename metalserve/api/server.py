@@ -19,6 +19,7 @@ from metalserve.api.shutdown import GracefulServer
 from metalserve.api.tool_parsers import TOOL_PARSERS
 from metalserve.config import ATTENTION_BACKEND_NAMES, CPU_MAX_NUM_BATCHED_TOKENS, EngineConfig
 from metalserve.engine.async_engine import AsyncEngine
+from metalserve.spec_decode.config import SpeculativeConfig
 
 logger = logging.getLogger("metalserve.server")
 
@@ -77,6 +78,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-stats-interval", type=float, default=s.log_stats_interval, help="seconds; 0: off")
     parser.add_argument("--seed", type=int, default=d.seed)
     _add_pipeline_args(parser, d)
+    parser.add_argument(
+        "--speculative-config", default=None,
+        help='speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, '
+        '"prompt_lookup_min": 2, "prompt_lookup_max": 4}',
+    )  # fmt: skip
     _add_http_args(parser, s)
 
 
@@ -155,6 +161,9 @@ def config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerSett
         pipeline_parallel_size=args.pipeline_parallel_size,
         pipeline_layer_partition=_partition(args.pipeline_layer_partition),
         pipeline_step_timeout=args.pipeline_step_timeout,
+        speculative_config=(
+            SpeculativeConfig.from_json(args.speculative_config) if args.speculative_config else None
+        ),
     )
     settings = ServerSettings(
         host=args.host,

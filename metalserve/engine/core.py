@@ -18,6 +18,7 @@ from metalserve.executor.attention.select import select_attention
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import KVCacheSpec, ModelRunner
 from metalserve.executor.sampler import Sampler
+from metalserve.kvcache.hybrid import HybridKVCacheManager
 from metalserve.loader import LoadedModel, load_model
 from metalserve.outputs import EngineCoreOutput
 from metalserve.platform import Platform, current_platform
@@ -25,6 +26,9 @@ from metalserve.request import Request, RequestStatus
 from metalserve.sampling_params import SamplingParams
 from metalserve.scheduler.output import NewRequestData, SchedulerOutput
 from metalserve.scheduler.scheduler import Scheduler, SchedulerStats
+from metalserve.spec_decode.config import SpeculativeConfig
+from metalserve.spec_decode.draft_model import build_draft_proposer
+from metalserve.spec_decode.proposer import Proposer, make_proposer
 
 logger = logging.getLogger("metalserve.engine")
 
@@ -56,7 +60,8 @@ class EngineCore:
         return cls.from_loaded(config, loaded), loaded
 
     @classmethod
-    def from_loaded(cls, config: EngineConfig, loaded: LoadedModel) -> EngineCore:
+    def from_loaded(cls, config: EngineConfig, loaded: LoadedModel, draft: LoadedModel | None = None) -> EngineCore:
+        """`draft`: the draft model of `--speculative-config` method draft_model, if already loaded."""
         platform = current_platform()
         max_model_len = resolve_max_model_len(config, loaded.max_model_len)
         model = PagedModel.from_loaded(loaded, platform)
@@ -78,6 +83,7 @@ class EngineCore:
                         len(model.state_layout.layers), format_bytes(state_bytes))  # fmt: skip
         plan = plan_kv_pool(config, loaded, max_model_len, peak, held, state_bytes)
         spec = KVCacheSpec.for_model(loaded, config.block_size, plan.initial_blocks, state_bytes)
+        scheduler = build_scheduler(config, loaded, plan.num_blocks, max_model_len, plan.initial_blocks)
         runner = ModelRunner(
             model,
             spec,
@@ -85,9 +91,9 @@ class EngineCore:
             sampler=Sampler(config.seed),
             backend=attention,
             state_group=states or 1,
+            proposer=build_proposer(config, scheduler, loaded, platform, plan.initial_blocks, draft),
         )
         mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * plan.num_blocks * spec.bytes_per_block))
-        scheduler = build_scheduler(config, loaded, plan.num_blocks, max_model_len, plan.initial_blocks)
         return cls(scheduler, runner, max_model_len, platform)
 
     def add_request(self, request: Request) -> None:
@@ -122,6 +128,41 @@ class EngineCore:
 
     def make_stats(self) -> SchedulerStats:
         return self.scheduler.make_stats()
+
+
+def build_proposer(
+    config: EngineConfig,
+    scheduler: Scheduler,
+    loaded: LoadedModel,
+    platform: Platform,
+    num_blocks: int,
+    draft: LoadedModel | None,
+) -> Proposer | None:
+    """The drafter of the speculative config in force (None: no speculation); loads a draft model."""
+    spec = speculation_for(config, scheduler)
+    if spec is None or spec.method == "ngram":
+        return make_proposer(spec)
+    if draft is None:
+        draft = load_model(spec.model, weights=config.weights, dequantize_max_bytes=config.dequantize_max_bytes)
+    vocab = int(loaded.model.args.vocab_size)
+    attention = config.attention_backend
+    return build_draft_proposer(
+        draft, vocab, platform, attention, config.block_size, num_blocks, spec.num_speculative_tokens
+    )
+
+
+def speculation_for(config: EngineConfig, scheduler: Scheduler) -> SpeculativeConfig | None:
+    """The speculative config in force: off (with a start-up line) for a model with several KV layer
+    groups, whose recurrent states and windows cannot roll back rejected drafts yet."""
+    spec = config.speculative_config
+    if spec is None:
+        return None
+    if isinstance(scheduler.kv, HybridKVCacheManager):
+        logger.warning("speculative decoding: off, this model has several KV cache layer groups")
+        return None
+    how = f"n-grams of {spec.prompt_lookup_min}..{spec.prompt_lookup_max}" if spec.method == "ngram" else spec.model
+    logger.info("speculative decoding: %s, %d tokens per step (%s)", spec.method, spec.num_speculative_tokens, how)
+    return spec
 
 
 def resolve_max_model_len(config: EngineConfig, model_len: int) -> int:

@@ -39,17 +39,21 @@ class IncrementalDetokenizer:
         self._sent = 0
         self.output_text = ""
         self.stop_reason: str | None = None
+        self.num_used = 0  # tokens of the last update read (up to the one that completed a stop string)
 
     def update(self, new_token_ids: list[int], finished: bool) -> str:
         """Add this step's tokens; return the new text that is safe to send.
 
         After a stop string is found, `stop_reason` holds it, the text is cut there and the rest of
-        the tokens are ignored; the caller should then finish the request.
+        the tokens are ignored (`num_used` says how many of these were read: several tokens arrive at
+        once from a verified speculative window); the caller should then finish the request.
         """
+        self.num_used = 0
         if self.stop_reason is not None:
             return ""
         for token_id in new_token_ids:
             self._ids.append(token_id)
+            self.num_used += 1
             piece = self._decode_next(final=False)
             if piece:
                 self.output_text += piece

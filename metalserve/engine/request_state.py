@@ -32,8 +32,17 @@ class RequestState:
 
 
 def make_output(out: EngineCoreOutput, state: RequestState, now: float, iteration: IterationStats) -> RequestOutput:
-    """Detokenize one core output into the delta its stream gets, counting it in this step's stats."""
-    n_new = len(out.new_token_ids)
+    """Detokenize one core output into the delta its stream gets, counting it in this step's stats.
+
+    Tokens after the one that completed a stop string are dropped (a verified speculative window
+    brings several at once), so token ids, logprobs and usage end where the text does."""
+    detok = state.detokenizer
+    text = detok.update(out.new_token_ids, finished=out.finished)
+    token_ids, logprobs = out.new_token_ids, out.new_logprobs
+    if detok.num_used < len(token_ids):
+        token_ids = token_ids[: detok.num_used]
+        logprobs = logprobs[: detok.num_used] if logprobs is not None else None
+    n_new = len(token_ids)
     if n_new:
         if state.num_output_tokens == 0:
             iteration.num_prompt_tokens += state.num_prompt_tokens
@@ -43,8 +52,6 @@ def make_output(out: EngineCoreOutput, state: RequestState, now: float, iteratio
         state.last_token_time = now
         state.num_output_tokens += n_new
         iteration.num_generation_tokens += n_new
-    detok = state.detokenizer
-    text = detok.update(out.new_token_ids, finished=out.finished)
     finish_reason, stop_reason = out.finish_reason, out.stop_reason
     if detok.stop_reason is not None:
         finish_reason, stop_reason = "stop", detok.stop_reason
@@ -53,8 +60,8 @@ def make_output(out: EngineCoreOutput, state: RequestState, now: float, iteratio
     return RequestOutput(
         request_id=out.request_id,
         text=text,
-        token_ids=list(out.new_token_ids),
-        logprobs=out.new_logprobs,
+        token_ids=list(token_ids),
+        logprobs=logprobs,
         finish_reason=finish_reason,
         stop_reason=stop_reason,
         num_prompt_tokens=out.num_prompt_tokens or state.num_prompt_tokens,

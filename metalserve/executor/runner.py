@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -19,6 +20,9 @@ from metalserve.executor.state_cache import RecurrentStates
 from metalserve.executor.step_inputs import StepInputs, pack_step
 from metalserve.outputs import TokenLogprob
 from metalserve.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from metalserve.spec_decode.cost import StepCostModel
+from metalserve.spec_decode.proposer import Proposer
+from metalserve.spec_decode.verify import Window, verify_windows
 
 if TYPE_CHECKING:
     from metalserve.loader import LoadedModel
@@ -89,9 +93,11 @@ class ModelRunner:
         sampler: SamplerFn | None = None,
         backend: AttentionBackend[Any, Any] = MLX_OPS,
         state_group: int = 1,
+        proposer: Proposer | None = None,
     ) -> None:
         """`backend`: how attention runs (executor/attention/), chosen by the engine from the Platform;
-        `state_group`: the KV manager's recurrent-state group (hybrid models)."""
+        `state_group`: the KV manager's recurrent-state group (hybrid models); `proposer`: drafts for
+        speculative decoding (spec_decode/), None: off."""
         self.model = model
         self.spec = spec
         self.eos_token_ids = eos_token_ids
@@ -110,6 +116,8 @@ class ModelRunner:
             self.states = RecurrentStates(model.state_layout, state_group, spec.block_size, spec.num_blocks)
         # The tables a new request brings: the attention groups after group 0, and the state group's.
         self.num_tables = len(self.layout.groups) - 1 + (self.states is not None)
+        self.proposer = proposer
+        self.step_cost = StepCostModel()  # when drafts pay (spec_decode/cost.py)
 
     def grow_kv(self, num_blocks: int) -> None:
         """Extend every pool tensor to `num_blocks` blocks, keeping what the old blocks hold."""
@@ -121,6 +129,8 @@ class ModelRunner:
         self.spec = replace(self.spec, num_blocks=num_blocks)
         if self.states is not None:
             self.states.pool.grow(num_blocks)
+        if self.proposer is not None:
+            self.proposer.grow(num_blocks)
         mx.eval(self._kv_arrays())
         mx.clear_cache()  # the old, smaller buffers are not needed again
 
@@ -134,6 +144,8 @@ class ModelRunner:
         for rid in so.finished_req_ids | so.preempted_req_ids:
             self.requests.pop(rid, None)
             self.group_tables.pop(rid, None)
+            if self.proposer is not None:
+                self.proposer.forget(rid)
         for new in so.scheduled_new_reqs:
             if len(new.group_block_ids) != self.num_tables:
                 raise ValueError(f"request {new.request_id}: {len(new.group_block_ids) + 1} block tables for "
@@ -174,31 +186,54 @@ class ModelRunner:
         self._update_states(so)
         if so.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput(sampled_token_ids={})
-        step = pack_step(self.requests, so.num_scheduled_tokens, self.spec.block_size)
+        drafts = so.scheduled_spec_decode_tokens
+        step = pack_step(self.requests, so.num_scheduled_tokens, self.spec.block_size, drafts)
+        started = time.perf_counter()
         with forward_context(self._context(step)):
             logits = self.model(step.token_ids, step.logits_indices)
         sampling = [self.requests[step.request_ids[i]] for i in step.sampling_rows]
-        result = self.sampler(logits, sampling) if sampling else _NO_SAMPLES
+        windows = self._sample(logits, sampling, drafts)
         # Evaluate the pools with the logits so the scatters run now and release the old buffers.
         mx.eval(self._kv_arrays())
         sampled: dict[str, list[int]] = {rid: [] for rid in step.request_ids}
         logprobs: dict[str, list[TokenLogprob]] = {}
         for rid in step.request_ids:
             self.requests[rid].num_computed_tokens += so.num_scheduled_tokens[rid]
-        for j, state in enumerate(sampling):
-            token = result.token_ids[j]
-            state.token_ids.append(token)
-            sampled[state.request_id] = [token]
-            lp = result.logprobs[j]
-            if lp is not None:
-                logprobs[state.request_id] = [lp]
-        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+        for state, window in zip(sampling, windows, strict=True):
+            rid = state.request_id
+            state.token_ids.extend(window.token_ids)
+            sampled[rid] = window.token_ids
+            if window.logprobs is not None:
+                logprobs[rid] = window.logprobs
+            num_drafted = len(drafts.get(rid, ()))
+            if num_drafted:  # the rejected drafts' KV is stale: the next step overwrites it
+                state.num_computed_tokens -= num_drafted + 1 - len(window.token_ids)
+                if self.proposer is not None:
+                    self.proposer.record(rid, num_drafted, len(window.token_ids) - 1)
+        spec = self._propose(sampling, step, time.perf_counter() - started, drafts) if self.proposer else {}
+        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, spec_token_ids=spec)
 
+    def _propose(
+        self, sampling: list[CachedRequestState], step: StepInputs, seconds: float, drafts: dict[str, list[int]]
+    ) -> dict[str, list[int]]:
+        """The next drafts, as many as pay in a step like this one without its drafts."""
+        assert self.proposer is not None
+        num_tokens = int(step.token_ids.size)
+        self.step_cost.record(num_tokens, seconds)
+        without = num_tokens - sum(len(d) for d in drafts.values())
+        return self.proposer.propose(sampling, self.step_cost.threshold(without, len(sampling)))
 
-@dataclass
-class _NoSamples:
-    token_ids: list[int]
-    logprobs: list[TokenLogprob | None]
-
-
-_NO_SAMPLES = _NoSamples([], [])
+    def _sample(
+        self, logits: mx.array, sampling: list[CachedRequestState], drafts: dict[str, list[int]]
+    ) -> list[Window]:
+        """One window per sampling request: its accepted drafts and the next token."""
+        if not sampling:
+            return []
+        if drafts:
+            spec = [drafts.get(s.request_id, []) for s in sampling]
+            return verify_windows(self.sampler, logits, sampling, spec)
+        result = self.sampler(logits, sampling)
+        return [
+            Window([token], None if lp is None else [lp])
+            for token, lp in zip(result.token_ids, result.logprobs, strict=True)
+        ]

@@ -21,7 +21,7 @@ class StepInputs:
     seq_lens: np.ndarray  # [R]
     block_rows: list[np.ndarray]  # each request's block ids (ragged)
     sampling_rows: list[int]  # indices into request_ids of requests that sample this step
-    logits_indices: np.ndarray  # [S] each sampling request's last query row
+    logits_indices: np.ndarray  # [S] each sampling request's last query row (its whole window if drafted)
 
     def padded_block_tables(self) -> np.ndarray:
         width = max(len(r) for r in self.block_rows)
@@ -31,8 +31,17 @@ class StepInputs:
         return table
 
 
-def pack_step(states: dict[str, CachedRequestState], num_scheduled: dict[str, int], block_size: int) -> StepInputs:
-    """Lay out the step: requests with one query first (they form the batched decode group)."""
+def pack_step(
+    states: dict[str, CachedRequestState],
+    num_scheduled: dict[str, int],
+    block_size: int,
+    drafts: dict[str, list[int]] | None = None,
+) -> StepInputs:
+    """Lay out the step: requests with one query first (they form the batched decode group).
+
+    `drafts`: speculative tokens that follow a request's known tokens; its window (last token plus
+    drafts) gets a logits row per query, so one forward verifies every draft."""
+    drafts = drafts or {}
     # Single-query requests first, shortest context first, so the attention can bucket them by length.
     order = sorted(
         num_scheduled,
@@ -40,26 +49,30 @@ def pack_step(states: dict[str, CachedRequestState], num_scheduled: dict[str, in
     )
     tokens, positions, slots, rows = [], [], [], []
     cu = [0]
-    seq_lens, sampling_rows, logits_indices = [], [], []
+    seq_lens: list[int] = []
+    sampling_rows: list[int] = []
+    logits_indices: list[int] = []
     for i, rid in enumerate(order):
         state, n = states[rid], num_scheduled[rid]
         start = state.num_computed_tokens
         end = start + n
-        if end > len(state.token_ids):
-            raise ValueError(f"request {rid}: scheduled past its known tokens ({end} > {len(state.token_ids)})")
+        spec = drafts.get(rid, ())
+        known = len(state.token_ids) + len(spec)
+        if end > known:
+            raise ValueError(f"request {rid}: scheduled past its known tokens ({end} > {known})")
         pos = np.arange(start, end)
         blocks = state.block_array
         if (end + block_size - 1) // block_size > len(blocks):
             raise ValueError(f"request {rid}: {len(blocks)} blocks cannot hold {end} tokens")
-        tokens.append(state.token_ids[start:end])
+        tokens.append(state.token_ids[start:end] if not spec else state.token_ids[start:] + list(spec))
         positions.append(pos)
         slots.append(blocks[pos // block_size] * block_size + pos % block_size)
         rows.append(blocks)
         cu.append(cu[-1] + n)
         seq_lens.append(end)
-        if end == len(state.token_ids):  # caught up with every known token: sample the next one
+        if end == known:  # caught up with every known token: sample the next one (and verify drafts)
             sampling_rows.append(i)
-            logits_indices.append(cu[-1] - 1)
+            logits_indices.extend(range(cu[-1] - 1 - len(spec), cu[-1]))
     return StepInputs(
         request_ids=order,
         token_ids=np.fromiter((t for chunk in tokens for t in chunk), dtype=np.int32),

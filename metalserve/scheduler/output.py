@@ -45,6 +45,9 @@ class SchedulerOutput:
     preempted_req_ids: set[str] = field(default_factory=set)
     # Blocks the KV pool has grown to (0: unchanged); the runner grows its pools to match.
     num_kv_blocks: int = 0
+    # Speculative decoding: the draft tokens scheduled after a request's last token (counted in
+    # num_scheduled_tokens); the runner verifies them in this step's forward.
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -53,7 +56,9 @@ class SchedulerOutput:
 
 @dataclass
 class ModelRunnerOutput:
-    """Per scheduled request: the sampled token ids (empty while its prompt is still being prefilled)."""
+    """Per scheduled request: the sampled token ids (empty while its prompt is still being prefilled;
+    a verified window's accepted drafts and next token), and the drafts proposed for the next step."""
 
     sampled_token_ids: dict[str, list[int]]
     logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)

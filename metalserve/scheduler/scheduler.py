@@ -9,6 +9,7 @@ latest-arrived running request is preempted by recompute and put back at the hea
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.kvcache.block_pool import NUM_RESERVED_BLOCKS
@@ -22,6 +23,7 @@ from metalserve.scheduler.queues import make_queue
 from metalserve.scheduler.stats import SchedulerStats, StatsCounter
 from metalserve.scheduler.step import StepBuilder
 from metalserve.scheduler.update import StepUpdate
+from metalserve.spec_decode.stats import SpecDecodingCounter
 
 __all__ = ["Scheduler", "SchedulerStats"]
 
@@ -60,6 +62,7 @@ class Scheduler(StepUpdate):
         self.running: list[Request] = []
         self.num_preemptions = 0
         self._stats = StatsCounter()
+        self.spec_counter = SpecDecodingCounter()
         self._finished_ids: set[str] = set()
         self._pending_finish: dict[str, RequestStatus] = {}
         self._pending_outputs: list[EngineCoreOutput] = []
@@ -119,14 +122,23 @@ class Scheduler(StepUpdate):
 
     def make_stats(self) -> SchedulerStats:
         """Counts now, cumulative counters, and the counters' deltas since the previous call."""
-        kv = self.kv
-        return self._stats.snapshot(
+        kv, spec = self.kv, self.spec_counter
+        stats = self._stats.snapshot(
             num_running=len(self.running),
             num_waiting=len(self.waiting),
             kv_cache_usage=kv.usage,
             num_free_blocks=kv.num_free_blocks,
             num_total_blocks=kv.pool.num_usable_blocks,
             counters=(kv.prefix_cache_queries, kv.prefix_cache_hits, self.num_preemptions),
+        )
+        if not spec.num_drafts:
+            return stats
+        return replace(
+            stats,
+            spec_num_drafts=spec.num_drafts,
+            spec_num_draft_tokens=spec.num_draft_tokens,
+            spec_num_accepted_tokens=spec.num_accepted_tokens,
+            spec_accepted_per_pos=tuple(spec.accepted_per_pos),
         )
 
     def _remove_waiting(self, ids: set[str]) -> None:
@@ -163,17 +175,24 @@ class Scheduler(StepUpdate):
             request = running[i]
             rid, computed = request.request_id, request.num_computed_tokens
             n = len(request.prompt_token_ids) + len(request.output_token_ids) - computed
+            k = 0  # draft tokens verified after the decode token
             # A decode token (n == 1) is always within the budget, the threshold and the context.
             if n != 1:
                 n = self._num_new_tokens(request, computed, budget)
                 if n <= 0:  # its last token was scheduled but not yet sampled
                     i += 1
                     continue
+            elif request.spec_token_ids:
+                k = self._num_drafts(request, budget)
+                n += k
             if computed + n <= fast_limit.get(rid, 0):
                 # The inlined allocate_slots fast path: nothing to allocate in any group.
                 cached_reqs.append(CachedRequestData(rid, [], computed))
             else:
                 maybe_ids = kv.allocate_slots(request, n)
+                if maybe_ids is None and k:  # no room for the drafts: decode without them first
+                    n, k = 1, 0
+                    maybe_ids = kv.allocate_slots(request, n)
                 if maybe_ids is None:
                     step.budget = budget
                     maybe_ids, i = self._preempt_until_fits(request, n, i, step)
@@ -182,11 +201,20 @@ class Scheduler(StepUpdate):
                         continue  # it preempted itself; running[i] is now the next request
                 groups = tuple(self._hybrid.last_group_ids) if self._hybrid is not None else ()
                 cached_reqs.append(CachedRequestData(rid, maybe_ids, computed, groups))
+            if k:
+                step.spec_tokens[rid] = request.spec_token_ids[:k]
             num_tokens[rid] = n
             budget -= n
             request.num_computed_tokens = computed + n
             i += 1
         step.budget = budget
+
+    def _num_drafts(self, request: Request, budget: int) -> int:
+        """How many of the request's drafts fit the budget and its output limit (max_tokens or the
+        context, whichever comes first); the window's last token is one more output."""
+        max_out = self._stop_hints[request.request_id][1]
+        room = min(budget - 1, max_out - request.num_output_tokens - 1)
+        return max(0, min(len(request.spec_token_ids), room))
 
     def _preempt_until_fits(
         self, request: Request, n: int, i: int, step: StepBuilder
@@ -209,6 +237,7 @@ class Scheduler(StepUpdate):
         self.kv.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend(request)
@@ -260,4 +289,5 @@ class Scheduler(StepUpdate):
             finished_req_ids=finished,
             preempted_req_ids=step.preempted,
             num_kv_blocks=self.kv.pool.num_allocated_blocks,
+            scheduled_spec_decode_tokens=step.spec_tokens,
         )

@@ -24,6 +24,11 @@ class SchedulerStats:
     step_prefix_cache_queries: int = 0
     step_prefix_cache_hits: int = 0
     step_preemptions: int = 0
+    # Speculative decoding, cumulative (vLLM's spec_decode counters); 0 / () while off.
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: tuple[int, ...] = ()
 
 
 class StatsCounter:

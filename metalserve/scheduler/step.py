@@ -21,6 +21,7 @@ class StepBuilder:
     new_reqs: list[NewRequestData] = field(default_factory=list)
     cached_reqs: list[CachedRequestData] = field(default_factory=list)
     preempted: set[str] = field(default_factory=set)
+    spec_tokens: dict[str, list[int]] = field(default_factory=dict)  # drafts scheduled after the last token
 
     def add_new(
         self, request: Request, n: int, block_ids: list[int], group_block_ids: tuple[list[int], ...] = ()
@@ -46,6 +47,7 @@ class StepBuilder:
         n = self.num_tokens.pop(request.request_id, None)
         if n is None:
             return
+        self.spec_tokens.pop(request.request_id, None)
         self.budget += n
         request.num_computed_tokens -= n
         # In place: the scheduler loop holds a reference to this list.

@@ -7,6 +7,7 @@ from metalserve.outputs import EngineCoreOutput
 from metalserve.request import Request, RequestStatus
 from metalserve.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from metalserve.scheduler.stop import check_stop
+from metalserve.spec_decode.stats import SpecDecodingCounter
 
 
 class StepUpdate:
@@ -20,6 +21,7 @@ class StepUpdate:
     _pending_finish: dict[str, RequestStatus]
     _pending_outputs: list[EngineCoreOutput]
     _stop_hints: dict[str, tuple[frozenset[int], int]]
+    spec_counter: SpecDecodingCounter
 
     def _remove_waiting(self, ids: set[str]) -> None:
         raise NotImplementedError
@@ -30,6 +32,8 @@ class StepUpdate:
         """Append sampled tokens, check stops, free finished requests; one output per touched request."""
         outputs, self._pending_outputs = self._pending_outputs, []
         sampled, requests, hints = runner_output.sampled_token_ids, self.requests, self._stop_hints
+        if scheduler_output.scheduled_spec_decode_tokens or runner_output.spec_token_ids:
+            self._update_drafts(scheduler_output, runner_output)
         plain = not runner_output.logprobs
         running = RequestStatus.RUNNING
         append = outputs.append
@@ -62,6 +66,22 @@ class StepUpdate:
         if any_finished:
             self.running = [r for r in self.running if r.status is running]
         return outputs
+
+    def _update_drafts(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> None:
+        """Roll back the rejected drafts' positions (only accepted tokens count as computed, so only they
+        are ever hashed into the prefix cache), count the drafts, and keep the next step's drafts."""
+        running = RequestStatus.RUNNING
+        for request_id, drafts in scheduler_output.scheduled_spec_decode_tokens.items():
+            request = self.requests.get(request_id)
+            token_ids = runner_output.sampled_token_ids.get(request_id)
+            if request is None or request.status is not running or not token_ids:
+                continue
+            request.num_computed_tokens -= len(drafts) + 1 - len(token_ids)
+            self.spec_counter.record(len(drafts), len(token_ids) - 1)
+        for request_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests.get(request_id)
+            if request is not None:
+                request.spec_token_ids = runner_output.spec_token_ids.get(request_id, [])
 
     def _append_tokens(
         self, request: Request, token_ids: list[int], runner_output: ModelRunnerOutput

@@ -69,6 +69,10 @@ class FakeStats:
     num_preemptions: int
     num_free_blocks: int
     num_total_blocks: int
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: tuple[int, ...] = ()
 
 
 @dataclass

@@ -1,0 +1,186 @@
+"""The engine with speculation on gives the same text as with it off: greedy, seeded sampling with the
+whole pipeline, chunked prefill and preemption, grammar-constrained windows; n-gram and draft model."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import numpy as np
+
+from metalserve.config import EngineConfig
+from metalserve.engine.core import EngineCore
+from metalserve.request import Request
+from metalserve.sampling_params import SamplingParams
+from metalserve.spec_decode.config import SpeculativeConfig
+from metalserve.structured.compiler import GrammarCompiler
+from metalserve.structured.params import StructuredOutputsParams
+from tests.engine.test_core import tiny_loaded
+from tests.structured.test_engine import SCHEMA, TOK, make_core, request, run, text
+
+NGRAM = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
+PER_BLOCK = 2 * 2 * 2 * 16 * 4 * 8  # layers * (K, V) * kv heads * head_dim * fp32 * block size
+
+
+def tiny_core(spec: SpeculativeConfig | None, **config: object) -> EngineCore:
+    defaults: dict[str, object] = {"kv_cache_memory": 1 << 22, "max_num_batched_tokens": 64, "block_size": 8}
+    merged = {**defaults, **config, "speculative_config": spec}
+    return EngineCore.from_loaded(EngineConfig(**merged), tiny_loaded())  # type: ignore[arg-type]
+
+
+def drive(core: EngineCore, requests: list[Request]) -> dict[str, list[int]]:
+    for r in requests:
+        core.add_request(r)
+    got: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    while core.has_unfinished_requests():
+        for out in core.step():
+            got[out.request_id] += out.new_token_ids
+    return got
+
+
+def mixed_greedy(n: int, seed: int = 3) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        # Repeating motifs give prompt lookup something to find; lengths 3..90 mix decode and chunks.
+        motif = rng.integers(0, 97, size=int(rng.integers(2, 6))).tolist()
+        prompt = (motif * 40)[: int(rng.integers(3, 90))]
+        params = SamplingParams(temperature=0, max_tokens=int(rng.integers(8, 40)), ignore_eos=True)
+        out.append(Request(f"r{i}", prompt, params))
+    return out
+
+
+def test_greedy_32_requests_with_chunked_prefill_and_preemption_match_without_speculation() -> None:
+    tight = {"kv_cache_memory": 40 * PER_BLOCK, "max_model_len": 256, "long_prefill_token_threshold": 24}
+    off_core, on_core = tiny_core(None, **tight), tiny_core(NGRAM, **tight)
+    off, on = drive(off_core, mixed_greedy(32)), drive(on_core, mixed_greedy(32))
+    assert on == off
+    stats = on_core.make_stats()
+    assert stats.num_preemptions > 0 and off_core.make_stats().num_preemptions > 0
+    assert stats.spec_num_accepted_tokens > 0 and stats.spec_num_drafts > 0
+    assert stats.spec_num_accepted_tokens < stats.spec_num_draft_tokens  # rejections happened too
+    assert stats.num_free_blocks == stats.num_total_blocks
+
+
+def pipeline_requests() -> list[Request]:
+    prompt = [5, 6, 7, 8, 9] * 6
+    cases = [
+        SamplingParams(temperature=1.0, top_p=0.9, seed=1, max_tokens=40, logprobs=2),
+        SamplingParams(temperature=0.0, max_tokens=40, frequency_penalty=0.5, logit_bias={7: 5.0}),
+        SamplingParams(temperature=0.7, top_k=5, seed=3, max_tokens=30, repetition_penalty=1.2),
+        SamplingParams(temperature=0.0, max_tokens=40, logit_bias={7: 30.0}, min_tokens=5, stop_token_ids=[7]),
+        SamplingParams(temperature=0.0, max_tokens=33, logit_bias={11: 30.0}, logprobs=1),
+        SamplingParams(temperature=1.0, min_p=0.1, seed=9, max_tokens=40, logit_bias={3: 4.0}, presence_penalty=1.0),
+    ]
+    return [Request(f"p{i}", prompt, params, eos_token_ids=frozenset({2})) for i, params in enumerate(cases)]
+
+
+def test_seeded_sampling_with_penalties_bias_and_logprobs_matches_without_speculation() -> None:
+    def outcome(spec: SpeculativeConfig | None) -> tuple[dict[str, list[int]], dict[str, list[float]], EngineCore]:
+        core = tiny_core(spec)
+        for r in pipeline_requests():
+            core.add_request(r)
+        tokens: dict[str, list[int]] = {f"p{i}": [] for i in range(6)}
+        logprobs: dict[str, list[float]] = {f"p{i}": [] for i in range(6)}
+        while core.has_unfinished_requests():
+            for out in core.step():
+                tokens[out.request_id] += out.new_token_ids
+                logprobs[out.request_id] += [lp.logprob for lp in out.new_logprobs or []]
+        return tokens, logprobs, core
+
+    off_tokens, off_lps, _ = outcome(None)
+    on_tokens, on_lps, core = outcome(NGRAM)
+    assert on_tokens == off_tokens
+    assert off_tokens["p3"][-1] == 7 and len(off_tokens["p3"]) == 6  # the stop id, once min_tokens allowed it
+    for rid, lps in off_lps.items():
+        assert len(on_lps[rid]) == len(lps) == (len(off_tokens[rid]) if rid in ("p0", "p4") else 0)
+        assert np.allclose(on_lps[rid], lps, atol=1e-3)
+    assert core.make_stats().spec_num_accepted_tokens > 0
+
+
+def test_grammar_constrained_windows_are_masked_per_position_and_match() -> None:
+    compiler = GrammarCompiler(TOK)
+    grammars = [StructuredOutputsParams(json=SCHEMA), StructuredOutputsParams(regex=r"(ab|cd){3,9}-(yes|no)")]
+    prompt = list(TOK.encode("ababcdcdab-yes ababcd-no", add_special_tokens=False))
+
+    def reqs() -> list[Request]:
+        out = []
+        for i in range(6):
+            r = request(f"g{i}", compiler, grammars[i % 2], seed=i, temperature=0.0 if i < 2 else 1.0)
+            r.prompt_token_ids = list(prompt)
+            out.append(r)
+        return out
+
+    on, off = make_core(speculative_config=NGRAM), make_core()
+    tokens_on, reasons, _ = run(on, reqs())
+    tokens_off, _, _ = run(off, reqs())
+    assert tokens_on == tokens_off
+    stats = on.make_stats()
+    assert stats.spec_num_drafts > 0 and stats.spec_num_accepted_tokens > 0
+    for i in range(0, 6, 2):
+        jsonschema.validate(json.loads(text(tokens_on[f"g{i}"])), SCHEMA)
+        assert re.fullmatch(r"(ab|cd){3,9}-(yes|no)", text(tokens_on[f"g{i + 1}"]))
+    assert all(reasons[f"g{i}"] == "stop" for i in range(6))
+
+
+def test_a_model_with_several_kv_groups_runs_without_speculation() -> None:
+    from metalserve.engine.core import speculation_for
+    from metalserve.kvcache.specs import FullAttention, SlidingWindow
+    from metalserve.scheduler.scheduler import Scheduler
+
+    config = EngineConfig(block_size=8, speculative_config=NGRAM)
+    groups = [FullAttention(layers=(0,)), SlidingWindow(layers=(1,), window=16)]
+    assert speculation_for(config, Scheduler(config, 64, 64, kv_groups=groups)) is None
+    assert speculation_for(config, Scheduler(config, 64, 64)) == NGRAM
+
+
+def draft_core(draft_seed: int, **config: object) -> EngineCore:
+    """The tiny target with a tiny draft: the same weights (seed 0, a perfect draft) or other ones."""
+    from tests.executor.tiny_models import tiny_model
+
+    draft = tiny_loaded()
+    draft.model = tiny_model("llama", seed=draft_seed)
+    defaults: dict[str, object] = {"kv_cache_memory": 1 << 22, "max_num_batched_tokens": 64, "block_size": 8}
+    spec = SpeculativeConfig("draft_model", num_speculative_tokens=3)
+    merged = {**defaults, **config, "speculative_config": spec}
+    return EngineCore.from_loaded(EngineConfig(**merged), tiny_loaded(), draft=draft)  # type: ignore[arg-type]
+
+
+def test_draft_model_greedy_32_requests_with_chunked_prefill_and_preemption_match() -> None:
+    tight = {"kv_cache_memory": 40 * PER_BLOCK, "max_model_len": 256, "long_prefill_token_threshold": 24}
+    off = drive(tiny_core(None, **tight), mixed_greedy(32))
+    for draft_seed in (0, 1):
+        core = draft_core(draft_seed, **tight)
+        assert drive(core, mixed_greedy(32)) == off
+        stats = core.make_stats()
+        assert stats.num_preemptions > 0 and stats.spec_num_drafts > 0
+        rate = stats.spec_num_accepted_tokens / stats.spec_num_draft_tokens
+        # The target's own weights as the draft agree nearly always; another model's rarely.
+        assert rate > 0.9 if draft_seed == 0 else rate < 0.5
+
+
+def test_draft_model_pools_grow_with_the_target_and_sampling_matches(monkeypatch: object) -> None:
+    from metalserve.engine import kv_plan
+
+    monkeypatch.setattr(kv_plan, "INITIAL_POOL_BLOCKS", 4)  # type: ignore[attr-defined]
+    core = draft_core(0)
+    tokens = drive(core, pipeline_requests())
+    assert tokens == drive(tiny_core(None), pipeline_requests())
+    proposer = core.runner.proposer
+    assert proposer.spec.num_blocks == core.runner.spec.num_blocks > 4  # type: ignore[union-attr]
+    assert core.make_stats().spec_num_accepted_tokens > 0
+
+
+def test_a_draft_with_another_vocabulary_is_refused() -> None:
+    import pytest
+
+    from metalserve.config import ConfigError
+    from tests.executor.tiny_models import tiny_model
+
+    draft = tiny_loaded()
+    draft.model = tiny_model("llama", vocab_size=50)
+    config = EngineConfig(kv_cache_memory=1 << 22, block_size=8,
+                          speculative_config=SpeculativeConfig("draft_model", num_speculative_tokens=2))  # fmt: skip
+    with pytest.raises(ConfigError, match="vocabulary"):
+        EngineCore.from_loaded(config, tiny_loaded(), draft=draft)
