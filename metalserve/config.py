@@ -76,5 +76,8 @@ class EngineConfig:
                 f"--pipeline-layer-partition gives {len(partition)} counts for "
                 f"--pipeline-parallel-size {self.pipeline_parallel_size}"
             )
+        if self.pipeline_parallel_size > 1 and self.speculative_config is not None:
+            # Pipeline stages run one step's tokens and return no drafts: say so rather than not speculate.
+            raise ConfigError("--speculative-config does not work with --pipeline-parallel-size > 1 yet")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ConfigError("--scheduling-policy must be 'fcfs' or 'priority'")

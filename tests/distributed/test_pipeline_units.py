@@ -36,6 +36,13 @@ def test_split_override_and_errors() -> None:
         EngineConfig(pipeline_parallel_size=2, pipeline_layer_partition=(1, 1, 1))
 
 
+def test_speculation_with_pipeline_stages_is_refused_not_ignored() -> None:
+    from metalserve.spec_decode.config import SpeculativeConfig
+
+    with pytest.raises(ConfigError, match="--speculative-config does not work with --pipeline-parallel-size"):
+        EngineConfig(pipeline_parallel_size=2, speculative_config=SpeculativeConfig("ngram", 3, 1, 5))
+
+
 def test_step_meta_round_trip() -> None:
     rows = [np.array([3, 4, 5]), np.array([9])]
     meta = StepMeta(np.arange(5, dtype=np.int32), np.arange(10, 15, dtype=np.int32), np.array([0, 1, 5], np.int32),
