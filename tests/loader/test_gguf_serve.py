@@ -1,4 +1,5 @@
-"""qwen2 and qwen3 GGUFs (K-quant and Q5 tensors) serve through the real engine: mlx-lm's greedy tokens."""
+"""GGUFs of every mapped architecture (K-quant and Q5 tensors) serve through the real engine: mlx-lm's greedy
+tokens."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ from tests.loader.gguf_arch_models import reference_model, write_arch_gguf
 from tests.loader.gguf_blocks import T
 
 
-@pytest.mark.parametrize(("arch", "kind"), [("qwen2", T.Q5_1), ("qwen3", T.Q6_K)], ids=["qwen2-Q5_1", "qwen3-Q6_K"])
+CASES = [("qwen2", T.Q5_1), ("qwen3", T.Q6_K), ("qwen3moe", T.Q4_K), ("gemma3", T.Q5_0), ("phi3", T.Q8_0)]
+
+
+@pytest.mark.parametrize(("arch", "kind"), CASES, ids=[f"{a}-{k.name}" for a, k in CASES])
 def test_gguf_serves_mlx_lm_greedy_tokens_batched_with_chunked_prefill(tmp_path: Path, arch: str, kind: T) -> None:
     path = tmp_path / f"{arch}.gguf"
     reference = reference_model(arch, write_arch_gguf(path, arch, kind))
