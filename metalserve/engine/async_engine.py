@@ -13,9 +13,9 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
 
+from metalserve.engine.commands import Abort, Add, Command, Crash, FailAll, Stop
 from metalserve.engine.detokenizer import IncrementalDetokenizer
 from metalserve.engine.errors import ClientTooSlowError, EngineDeadError, EngineDrainingError
 from metalserve.engine.protocol import EngineCoreProtocol
@@ -35,36 +35,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEAD_MESSAGE = "the engine stopped after an internal error (the server log has the details)"
-
-
-# The worker's commands: typed, so the loop that applies them is a match over four shapes.
-@dataclass(frozen=True)
-class _Add:
-    request: Request
-    state: RequestState
-
-
-@dataclass(frozen=True)
-class _Abort:
-    request_ids: list[str]
-
-
-@dataclass(frozen=True)
-class _FailAll:
-    error: BaseException
-
-
-@dataclass(frozen=True)
-class _Stop:
-    pass
-
-
-@dataclass(frozen=True)
-class _Crash:
-    error: BaseException
-
-
-_Command = _Add | _Abort | _FailAll | _Stop | _Crash
 
 
 class AsyncEngine:
@@ -91,7 +61,7 @@ class AsyncEngine:
         self.dead_error: BaseException | None = None
         self.on_dead: Callable[[], None] | None = None  # called on the worker thread once the core failed
         self.draining = False
-        self._commands: queue.Queue[_Command] = queue.Queue()
+        self._commands: queue.Queue[Command] = queue.Queue()
         self._states: dict[str, RequestState] = {}  # worker thread only
         self._active_ids: set[str] = set()  # event loop only
         self._thread: threading.Thread | None = None
@@ -118,11 +88,11 @@ class AsyncEngine:
 
     def fail_open_requests(self, message: str) -> None:
         """End every open request with an error (the grace period of a shutdown ran out)."""
-        self._commands.put(_FailAll(EngineDrainingError(message)))
+        self._commands.put(FailAll(EngineDrainingError(message)))
 
     def crash(self, error: BaseException) -> None:
         """Fail the engine from another thread (a pipeline watchdog): as if the core had raised `error`."""
-        self._commands.put(_Crash(error))
+        self._commands.put(Crash(error))
         self.start()
 
     async def shutdown(self, timeout: float = 10.0) -> None:
@@ -131,7 +101,7 @@ class AsyncEngine:
         A step that does not end within `timeout` seconds is left behind (the thread is a daemon)."""
         if self._thread is None:
             return
-        self._commands.put(_Stop())
+        self._commands.put(Stop())
         thread, self._thread = self._thread, None
         try:
             await asyncio.wait_for(asyncio.to_thread(thread.join), timeout)
@@ -173,7 +143,7 @@ class AsyncEngine:
         finally:
             self._active_ids.discard(request_id)
             if not finished:
-                self._commands.put(_Abort([request_id]))
+                self._commands.put(Abort([request_id]))
 
     def _submit(
         self, prompt: list[int], params: SamplingParams, request_id: str, priority: int, cache_salt: str | None
@@ -198,12 +168,12 @@ class AsyncEngine:
         detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params)
 
         def on_overflow() -> None:
-            self._commands.put(_Abort([request_id]))
+            self._commands.put(Abort([request_id]))
 
         loop = asyncio.get_running_loop()
         state = RequestState(loop, asyncio.Queue(), detok, len(request.prompt_token_ids), on_overflow)
         self._active_ids.add(request_id)
-        self._commands.put(_Add(request, state))
+        self._commands.put(Add(request, state))
         return state
 
     @property
@@ -219,7 +189,7 @@ class AsyncEngine:
 
     async def abort(self, request_id: str) -> None:
         """Abort a request (a client went away); its blocks are freed before the next step."""
-        self._commands.put(_Abort([request_id]))
+        self._commands.put(Abort([request_id]))
 
     # ---- worker thread ----
 
@@ -244,13 +214,13 @@ class AsyncEngine:
         except queue.Empty:
             return True
         while True:
-            if isinstance(command, _Stop):
+            if isinstance(command, Stop):
                 return False
-            if isinstance(command, _Crash):
+            if isinstance(command, Crash):
                 raise command.error
-            if isinstance(command, _Add):
+            if isinstance(command, Add):
                 self._add(command.request, command.state)
-            elif isinstance(command, _Abort):
+            elif isinstance(command, Abort):
                 ids = [rid for rid in command.request_ids if self._states.pop(rid, None) is not None]
                 if ids:
                     self.core.abort_requests(ids)

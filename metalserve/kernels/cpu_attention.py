@@ -31,10 +31,8 @@ def _attention_kernel(  # numba infers the types
     items = total_q * num_kv_heads
     for k in numba.prange(items):
         idx = k // 2 if k % 2 == 0 else items - 1 - k // 2  # rows sorted short to long: mix them
-        row = idx // num_kv_heads
-        h = idx % num_kv_heads
-        r = row_req[row]
-        last = row_pos[row]
+        row, h = idx // num_kv_heads, idx % num_kv_heads
+        r, last = row_req[row], row_pos[row]
         first = max(0, last + 1 - window) if window > 0 else 0
         n = last + 1 - first
         # Each key's slot, stepping through the blocks (a division per key cost as much as its dot).

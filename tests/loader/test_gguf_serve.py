@@ -15,7 +15,6 @@ from tests.executor.test_runner_golden import mlx_lm_greedy, prompts_of
 from tests.loader.gguf_arch_models import reference_model, write_arch_gguf
 from tests.loader.gguf_blocks import T
 
-
 CASES = [("qwen2", T.Q5_1), ("qwen3", T.Q6_K), ("qwen3moe", T.Q4_K), ("gemma3", T.Q5_0), ("phi3", T.Q8_0)]
 
 
