@@ -16,35 +16,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
+from metalserve.executor.sampling_metadata import SamplingRequest
 from metalserve.outputs import TokenLogprob
-from metalserve.sampling_params import SamplingParams
 from metalserve.spec_decode.grammar import window_masks
-
-
-class VerifiedRequest(Protocol):
-    """What the verifier reads from the runner's per-request state."""
-
-    @property
-    def sampling_params(self) -> SamplingParams: ...
-
-    @property
-    def prompt_token_ids(self) -> list[int]: ...
-
-    @property
-    def output_token_ids(self) -> list[int]: ...
-
-    @property
-    def num_output_tokens(self) -> int: ...
-
-    @property
-    def eos_token_ids(self) -> frozenset[int]: ...
 
 
 class WindowRow:
     """One window position as the sampler sees it: the request with the first `j` drafts as output,
     and (a grammar-constrained request) the grammar's mask after those drafts."""
 
-    def __init__(self, request: VerifiedRequest, drafts: Sequence[int], structured: Any = None) -> None:
+    def __init__(self, request: SamplingRequest, drafts: Sequence[int], structured: Any = None) -> None:
         self.structured = structured
         self._request = request
         self._drafts = list(drafts)
@@ -74,7 +55,7 @@ class SampleResult(Protocol):
 
 
 def window_rows(
-    requests: Sequence[VerifiedRequest], drafts: Sequence[Sequence[int]], vocab: int = 0
+    requests: Sequence[SamplingRequest], drafts: Sequence[Sequence[int]], vocab: int = 0
 ) -> list[Any]:
     """The sampler's rows, in logits order: each request's positions 0..k (a draft-less request: itself).
     `vocab`: the logits' width, for the grammar masks of constrained windows."""
@@ -103,7 +84,7 @@ def accept(drafts: Sequence[int], targets: Sequence[int]) -> int:
 def verify_windows(
     sample: Callable[[Any, list[Any]], SampleResult],
     logits: Any,
-    requests: Sequence[VerifiedRequest],
+    requests: Sequence[SamplingRequest],
     drafts: Sequence[Sequence[int]],
 ) -> list[Window]:
     """Sample every window position in one batched call and keep each request's agreeing prefix."""
