@@ -17,3 +17,8 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_dir(tmp_path_factory.mktemp("tiny") / "qwen3", "qwen3", seed=1, layers=5)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_dir(tmp_path_factory.mktemp("tiny") / "qwen3_moe", "qwen3_moe", seed=2, layers=4)

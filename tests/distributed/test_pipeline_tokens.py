@@ -48,6 +48,14 @@ def test_three_ranks_second_architecture(tiny_qwen3: Path, tmp_path: Path) -> No
 
 
 @pytest.mark.slow
+def test_two_ranks_of_a_moe_model(tiny_qwen3_moe: Path, tmp_path: Path) -> None:
+    spec = {**SPEC, "model": str(tiny_qwen3_moe), "pp": 2}
+    got = run_pipeline(spec, tmp_path)
+    assert got["prefix_hits"] > 0
+    assert got["tokens"] == reference_tokens(spec)
+
+
+@pytest.mark.slow
 def test_default_model_pipeline(tmp_path: Path) -> None:
     spec = {**SPEC, "model": None, "pp": 2, "max_tokens": 8, "budget": 32, "num_requests": 4}
     got = run_pipeline(spec, tmp_path, timeout=500)

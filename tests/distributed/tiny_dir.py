@@ -10,12 +10,16 @@ import mlx.nn as nn
 
 from tests.executor.tiny_models import tiny_model
 from tests.loader.tiny_tokenizer import save_hf_tokenizer, vocab_tokens
+from tests.models.archs import build
 
 
 def write_tiny_dir(path: Path, model_type: str = "llama", seed: int = 0, layers: int = 4) -> Path:
     vocab = len(vocab_tokens())
     overrides = dict(num_hidden_layers=layers, vocab_size=vocab, eos_token_id=2)
-    model = tiny_model(model_type, seed=seed, **overrides)
+    if model_type in ("llama", "mistral", "qwen2", "qwen3"):
+        model = tiny_model(model_type, seed=seed, **overrides)
+    else:  # the other covered architectures' tiny configs (tests/models/archs.py)
+        model = build(model_type, seed=seed, **overrides)
     path.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(path / "model.safetensors"), dict(nn.utils.tree_flatten(model.parameters())))
     config = {**model.args.__dict__, "model_type": model_type, "architectures": ["LlamaForCausalLM"]}
