@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import make_prompt_cache
 
 from metalserve.config import EngineConfig
 from metalserve.engine.core import EngineCore
@@ -15,6 +13,7 @@ from metalserve.kvcache.sizing import kv_bytes_per_block
 from metalserve.loader import LoadedModel
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
+from tests.models.golden import reference
 from tests.models.hybrid_tiny import VOCAB, tiny_hybrid
 
 BLOCK_SIZE = 16
@@ -34,17 +33,8 @@ def prompts_of(lengths: list[int], seed: int = 1) -> list[list[int]]:
 
 def mlx_lm_greedy(model_type: str, prompt: list[int], n: int, bits: int | None = None) -> Generated:
     """mlx-lm's reference: a fresh copy of the tiny model, its own call with its own prompt cache."""
-    model = tiny_hybrid(model_type, bits=bits)
-    cache = make_prompt_cache(model)
-    logits = model(mx.array(prompt)[None], cache=cache)
-    out = Generated([], [])
-    for _ in range(n):
-        row = logits[0, -1].astype(mx.float32)
-        tok = int(mx.argmax(row).item())
-        out.tokens.append(tok)
-        out.logprobs.append(float((row - mx.logsumexp(row))[tok].item()))
-        logits = model(mx.array([[tok]]), cache=cache)
-    return out
+    ref = reference(tiny_hybrid(model_type, bits=bits), prompt, n)
+    return Generated(ref.tokens, ref.logprobs)
 
 
 def bytes_per_block(loaded: LoadedModel) -> int:

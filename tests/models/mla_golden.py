@@ -11,7 +11,6 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx_lm.models import deepseek_v2, deepseek_v3, glm4_moe_lite
-from mlx_lm.models.cache import make_prompt_cache
 
 from metalserve.config import EngineConfig
 from metalserve.engine.core import EngineCore
@@ -19,6 +18,7 @@ from metalserve.loader import LoadedModel
 from metalserve.loader.load import _kv_shape
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
+from tests.models.golden import reference
 
 # Three layers: one dense MLP, then two MoE layers (sigmoid gate with grouped top-k, shared expert);
 # DeepSeek's YaRN RoPE (its own mscale, and mscale_all_dim changing the attention scale); a LoRA'd query.
@@ -75,16 +75,8 @@ class Greedy:
 
 def mlx_lm_greedy(model: nn.Module, prompt: list[int], n: int) -> Greedy:
     """mlx-lm's own generation: its model call with its contiguous cache, greedy, with chosen logprobs."""
-    cache = make_prompt_cache(model)
-    logits = model(mx.array(prompt)[None], cache=cache)
-    out = Greedy([], [])
-    for _ in range(n):
-        row = logits[0, -1].astype(mx.float32)
-        tok = int(mx.argmax(row).item())
-        out.tokens.append(tok)
-        out.logprobs.append(float((row - mx.logsumexp(row))[tok].item()))
-        logits = model(mx.array([[tok]]), cache=cache)
-    return out
+    ref = reference(model, prompt, n)
+    return Greedy(ref.tokens, ref.logprobs)
 
 
 def prompts_of(lengths: list[int], vocab: int, seed: int = 1) -> list[list[int]]:
