@@ -20,7 +20,7 @@ from metalserve.executor.state_cache import RecurrentStates
 from metalserve.executor.step_inputs import StepInputs, pack_step
 from metalserve.outputs import TokenLogprob
 from metalserve.scheduler.output import ModelRunnerOutput, SchedulerOutput
-from metalserve.spec_decode.cost import StepCostModel
+from metalserve.spec_decode.controller import DraftController
 from metalserve.spec_decode.proposer import Proposer
 from metalserve.spec_decode.verify import Window, verify_windows
 
@@ -117,7 +117,7 @@ class ModelRunner:
         # The tables a new request brings: the attention groups after group 0, and the state group's.
         self.num_tables = len(self.layout.groups) - 1 + (self.states is not None)
         self.proposer = proposer
-        self.step_cost = StepCostModel()  # when drafts pay (spec_decode/cost.py)
+        self.drafting = DraftController()  # how many drafts pay (spec_decode/controller.py)
 
     def grow_kv(self, num_blocks: int) -> None:
         """Extend every pool tensor to `num_blocks` blocks, keeping what the old blocks hold."""
@@ -144,6 +144,7 @@ class ModelRunner:
         for rid in so.finished_req_ids | so.preempted_req_ids:
             self.requests.pop(rid, None)
             self.group_tables.pop(rid, None)
+            self.drafting.forget(rid)
             if self.proposer is not None:
                 self.proposer.forget(rid)
         for new in so.scheduled_new_reqs:
@@ -208,8 +209,7 @@ class ModelRunner:
             num_drafted = len(drafts.get(rid, ()))
             if num_drafted:  # the rejected drafts' KV is stale: the next step overwrites it
                 state.num_computed_tokens -= num_drafted + 1 - len(window.token_ids)
-                if self.proposer is not None:
-                    self.proposer.record(rid, num_drafted, len(window.token_ids) - 1)
+                self.drafting.record_window(rid, num_drafted, len(window.token_ids) - 1)
         spec = self._propose(sampling, step, time.perf_counter() - started, drafts) if self.proposer else {}
         return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, spec_token_ids=spec)
 
@@ -219,9 +219,11 @@ class ModelRunner:
         """The next drafts, as many as pay in a step like this one without its drafts."""
         assert self.proposer is not None
         num_tokens = int(step.token_ids.size)
-        self.step_cost.record(num_tokens, seconds)
         without = num_tokens - sum(len(d) for d in drafts.values())
-        return self.proposer.propose(sampling, self.step_cost.threshold(without, len(sampling)))
+        if without == len(sampling) == len(step.request_ids):  # decode and draft tokens only
+            self.drafting.record_step(num_tokens, seconds)
+        limits = self.drafting.limits([s.request_id for s in sampling], without, self.proposer.k)
+        return self.proposer.propose(sampling, limits)
 
     def _sample(
         self, logits: mx.array, sampling: list[CachedRequestState], drafts: dict[str, list[int]]

@@ -1,59 +1,82 @@
-"""When a draft token pays: a step-cost model fitted online, and the drafts it allows per request.
+"""When draft tokens pay: a step-cost model fitted online, and the drafts it gives each request.
 
-A forward of T tokens costs about a + b * T (seconds): on one request `a` (reading the weights)
+A forward of T tokens costs about a + b * T seconds: on one request `a` (reading the weights)
 dominates and drafts are nearly free; in a large batch the step is compute-bound and every draft
-token costs nearly as much as an output token. Draft position j of a request is kept while its chance
-of being accepted (the request's acceptance to the power j) beats b over the cost per output token of
-the step without drafts, so speculation backs off for the whole batch when it stops paying.
+token costs nearly as much as an output token. `plan_drafts` hands out draft positions across the
+batch, best chance first, while each one adds more expected output tokens than its share of the
+step's cost, so speculation backs off for the whole batch when it stops paying.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
+from collections.abc import Mapping
 
 import numpy as np
 
 WINDOW = 64  # recent steps the fit uses
 MIN_SAMPLES = 8
+REFIT_EVERY = 8  # new samples between fits: a fit costs a few hundred microseconds, a step's share of it less
+OUTLIER = 3.0  # a step this many median residuals off the line (a pause, a compile) is left out
 
 
 class StepCostModel:
-    """Least squares of step seconds on step tokens over the recent steps."""
+    """Least squares of step seconds on step tokens over the recent decode steps.
+
+    Only steps of decode and draft tokens are recorded (a prefill chunk's tokens cost differently).
+    A fit outlives the samples that made it: when every recent step has one size (drafting stopped),
+    the last fit still says what a draft would cost."""
 
     def __init__(self) -> None:
         self._samples: deque[tuple[int, float]] = deque(maxlen=WINDOW)
         self._fit: tuple[float, float] | None = None
+        self._new = 0  # samples since the last fit
 
     def record(self, num_tokens: int, seconds: float) -> None:
         self._samples.append((num_tokens, seconds))
-        self._fit = None
+        self._new += 1
 
     def fit(self) -> tuple[float, float] | None:
-        """(a, b) with b >= 0, or None until the steps differ enough in size to tell them apart."""
-        if self._fit is None and len(self._samples) >= MIN_SAMPLES:
+        """(a, b) with a > 0 and b >= 0, or None until the steps have differed enough in size."""
+        if self._new >= (REFIT_EVERY if self._fit else 1) and len(self._samples) >= MIN_SAMPLES:
+            self._new = 0
             t = np.array([s[0] for s in self._samples], dtype=np.float64)
             y = np.array([s[1] for s in self._samples], dtype=np.float64)
             if t.max() > t.min():
                 b, a = np.polyfit(t, y, 1)
+                residual = np.abs(y - (a + b * t))
+                keep = residual <= OUTLIER * np.median(residual) + 1e-12
+                if keep.sum() >= MIN_SAMPLES and t[keep].max() > t[keep].min():
+                    b, a = np.polyfit(t[keep], y[keep], 1)
                 self._fit = (max(float(a), 1e-9), max(float(b), 0.0))
         return self._fit
 
-    def threshold(self, num_tokens: int, num_outputs: int) -> float:
-        """The acceptance chance a draft token needs in a step of `num_tokens` tokens that outputs
-        `num_outputs` tokens without drafts (0: any draft pays, or not known yet)."""
-        fit = self.fit()
-        if fit is None or num_outputs < 1:
-            return 0.0
-        a, b = fit
-        return b * num_outputs / (a + b * num_tokens)
 
+def plan_drafts(
+    acceptance: Mapping[str, float], k: int, fit: tuple[float, float] | None, base_tokens: int
+) -> dict[str, int]:
+    """Draft positions per request id for a step of `base_tokens` tokens besides the drafts, in which
+    each request of `acceptance` (its per-token acceptance) outputs at least one token.
 
-def drafts_worth(acceptance: float, k: int, threshold: float) -> int:
-    """The most draft positions j <= k with acceptance ** j > threshold."""
-    n, p = 0, 1.0
-    while n < k:
-        p *= acceptance
-        if p <= threshold:
-            break
-        n += 1
-    return n
+    Draft j of a request is accepted with chance acceptance ** j. Positions are added best chance first
+    while one adds more expected tokens than the step's tokens per second lose to its cost:
+    chance * (a + b * T) > b * E, with T and E the step's tokens and expected outputs so far. Without a
+    fit yet, every request drafts k (the steps that follow make one)."""
+    if fit is None:
+        return dict.fromkeys(acceptance, k)
+    a, b = fit
+    tokens, expected = float(base_tokens), float(len(acceptance))
+    planned = dict.fromkeys(acceptance, 0)
+    heap = [(-p, rid, 1) for rid, p in acceptance.items() if k > 0 and p > 0]
+    heapq.heapify(heap)
+    while heap:
+        negative, rid, j = heapq.heappop(heap)
+        chance = -negative
+        if chance * (a + b * tokens) <= b * expected:
+            break  # every later position has a smaller chance and faces a higher bar
+        planned[rid] = j
+        tokens, expected = tokens + 1, expected + chance
+        if j < k:
+            heapq.heappush(heap, (-chance * acceptance[rid], rid, j + 1))
+    return planned

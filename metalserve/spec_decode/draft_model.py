@@ -11,7 +11,7 @@ a guess); a request whose blocks do not yet hold its newest token catches up at 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,8 +20,6 @@ import numpy as np
 
 from metalserve.executor.context import forward_context
 from metalserve.executor.step_inputs import pack_step
-from metalserve.spec_decode.backoff import BackOff
-from metalserve.spec_decode.cost import drafts_worth
 from metalserve.spec_decode.proposer import DraftedRequest
 
 if TYPE_CHECKING:
@@ -51,31 +49,26 @@ class DraftModelProposer:
         self.runner = ModelRunner(model, spec, backend=backend)
         self.k = k
         self.computed: dict[str, int] = {}  # positions whose draft KV holds the request's real tokens
-        self.backoff = BackOff()
 
     @property
     def spec(self) -> KVCacheSpec:
         return self.runner.spec
 
-    def record(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
-        self.backoff.record(request_id, num_drafted, num_accepted)
-
     def forget(self, request_id: str) -> None:
         self.computed.pop(request_id, None)
-        self.backoff.forget(request_id)
 
     def grow(self, num_blocks: int) -> None:
         self.runner.grow_kv(num_blocks)
 
-    def propose(self, requests: Sequence[DraftedRequest], threshold: float = 0.0) -> dict[str, list[int]]:
+    def propose(self, requests: Sequence[DraftedRequest], limits: Mapping[str, int]) -> dict[str, list[int]]:
         bs = self.spec.block_size
         views: dict[str, _View] = {}
         room: dict[str, int] = {}
         for r in requests:
             rid, n = r.request_id, len(r.token_ids)
             capacity = len(r.block_ids) * bs
-            k = drafts_worth(self.backoff.acceptance(rid), self.k, threshold)
-            if capacity < n or not k or not self.backoff.may_draft(rid):
+            k = limits.get(rid, 0)
+            if capacity < n or not k:
                 continue
             start = min(self.computed.get(rid, 0), n - 1)
             views[rid] = _View(list(r.token_ids), start, r.block_array)

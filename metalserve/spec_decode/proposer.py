@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from metalserve.spec_decode.backoff import BackOff
 from metalserve.spec_decode.config import SpeculativeConfig
-from metalserve.spec_decode.cost import drafts_worth
 from metalserve.spec_decode.ngram import propose_ngram
 
 
@@ -22,11 +20,10 @@ class DraftedRequest(Protocol):
 
 
 class Proposer(Protocol):
-    def record(self, request_id: str, num_drafted: int, num_accepted: int) -> None: ...
+    k: int  # num_speculative_tokens: the most drafts one request gets
 
-    def propose(self, requests: Sequence[DraftedRequest], threshold: float = 0.0) -> dict[str, list[int]]:
-        """Drafts per request id; a draft position is proposed only while its chance of acceptance
-        beats `threshold` (spec_decode/cost.py)."""
+    def propose(self, requests: Sequence[DraftedRequest], limits: Mapping[str, int]) -> dict[str, list[int]]:
+        """Drafts per request id, at most `limits[request_id]` (spec_decode/controller.py; absent: 0)."""
         ...
 
     def forget(self, request_id: str) -> None: ...
@@ -37,31 +34,23 @@ class Proposer(Protocol):
 
 
 class NgramProposer:
-    """Prompt-lookup drafts, with per-request back-off (spec_decode/backoff.py)."""
+    """Prompt-lookup drafts (spec_decode/ngram.py)."""
 
     def __init__(self, config: SpeculativeConfig) -> None:
         self.k = config.num_speculative_tokens
         self.min_n, self.max_n = config.prompt_lookup_min, config.prompt_lookup_max
-        self.backoff = BackOff()
 
-    def record(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
-        self.backoff.record(request_id, num_drafted, num_accepted)
-
-    def propose(self, requests: Sequence[DraftedRequest], threshold: float = 0.0) -> dict[str, list[int]]:
-        """Drafts per request id; requests in back-off get none."""
+    def propose(self, requests: Sequence[DraftedRequest], limits: Mapping[str, int]) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
         for request in requests:
-            rid = request.request_id
-            k = drafts_worth(self.backoff.acceptance(rid), self.k, threshold)
-            if not k or not self.backoff.may_draft(rid):
-                continue
-            drafts = propose_ngram(request.token_ids, k, self.min_n, self.max_n)
+            k = limits.get(request.request_id, 0)
+            drafts = propose_ngram(request.token_ids, k, self.min_n, self.max_n) if k else []
             if drafts:
                 out[request.request_id] = drafts
         return out
 
     def forget(self, request_id: str) -> None:
-        self.backoff.forget(request_id)
+        return None
 
     def grow(self, num_blocks: int) -> None:
         return None

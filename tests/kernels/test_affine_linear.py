@@ -51,7 +51,7 @@ def test_codes_check_their_shapes_and_dtypes() -> None:
         AffineCodes(codes, np.ones((4, 3), np.float32), np.zeros((4, 3), np.float32))
 
 
-@pytest.mark.parametrize("rows", [1, 3, 16, 33])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 16, 33])
 def test_affine_linear_matches_a_dense_matmul(rows: int) -> None:
     codes = affine_codes(quantized_linear(37, 96, 32, 4))  # 37 outputs: chunks do not divide evenly
     assert codes is not None

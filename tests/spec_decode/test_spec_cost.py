@@ -1,36 +1,79 @@
-"""When drafts pay: the step-cost fit and the draft positions it allows."""
+"""When drafts pay: the step-cost fit, the batch's draft plan, and the controller that applies both."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
-from metalserve.spec_decode.backoff import BackOff
-from metalserve.spec_decode.cost import StepCostModel, drafts_worth
+from metalserve.spec_decode.backoff import FIRST_COOLDOWN, BackOff
+from metalserve.spec_decode.controller import DraftController
+from metalserve.spec_decode.cost import StepCostModel, plan_drafts
 
 
-def test_the_fit_recovers_a_linear_step_cost() -> None:
+def test_the_fit_recovers_a_linear_step_cost_and_ignores_a_pause() -> None:
     model = StepCostModel()
-    assert model.threshold(8, 8) == 0.0  # nothing known yet: drafts are free
-    for t in (1, 8, 16, 40, 8, 1, 24, 512, 8, 40):
+    assert model.fit() is None  # nothing known yet
+    for t in (1, 8, 16, 40, 8, 1, 24, 5, 8, 40, 3, 12):
+        model.record(t, 0.03 + 0.01 * t)
+    model.record(8, 2.0)  # a collection pause or a compile: far off the line
+    for t in (2, 6, 9):
         model.record(t, 0.03 + 0.01 * t)
     a, b = model.fit()  # type: ignore[misc]
     assert a == pytest.approx(0.03) and b == pytest.approx(0.01)
-    assert model.threshold(1, 1) == pytest.approx(0.01 / 0.04)  # one request: a draft needs 25 %
-    assert model.threshold(8, 8) == pytest.approx(0.08 / 0.11)  # eight: 73 %
 
 
-def test_equal_steps_tell_nothing() -> None:
+def test_steps_of_one_size_tell_nothing_but_a_fit_outlives_them() -> None:
     model = StepCostModel()
     for _ in range(20):
-        model.record(8, 0.1)
-    assert model.fit() is None and model.threshold(8, 8) == 0.0
+        model.record(8, 0.052)
+    assert model.fit() is None
+    for t in range(1, 9):
+        model.record(t, 0.02 + 0.004 * t)
+    assert model.fit() == pytest.approx((0.02, 0.004))
+    for _ in range(100):  # drafting stopped: every step has the batch's size
+        model.record(8, 0.052)
+    assert model.fit() == pytest.approx((0.02, 0.004))
 
 
-def test_draft_positions_are_kept_while_their_chance_beats_the_threshold() -> None:
-    assert drafts_worth(0.9, 4, 0.0) == 4
-    assert drafts_worth(0.9, 4, 0.75) == 2  # 0.9, 0.81 pass; 0.729 does not
-    assert drafts_worth(0.5, 4, 0.73) == 0
-    assert drafts_worth(1.0, 3, 0.99) == 3
+def expected_rate(plan: dict[str, int], acceptance: dict[str, float], a: float, b: float, base: int) -> float:
+    """Expected output tokens per second of a step under `plan` (draft j kept with chance p ** j)."""
+    tokens = base + sum(plan.values())
+    outputs = sum(1 + sum(acceptance[r] ** j for j in range(1, n + 1)) for r, n in plan.items())
+    return outputs / (a + b * tokens)
+
+
+def test_without_a_fit_every_request_drafts_k() -> None:
+    assert plan_drafts({"a": 0.1, "b": 0.9}, 4, None, 2) == {"a": 4, "b": 4}
+
+
+def test_one_request_drafts_deep_where_the_step_is_bound_by_reading_weights() -> None:
+    # This machine's numbers at concurrency 1 (bench/spec_decode.py): a = 15 ms, b = 3 ms a token.
+    assert plan_drafts({"r": 0.9}, 4, (0.015, 0.003), 1) == {"r": 4}
+    assert plan_drafts({"r": 0.05}, 4, (0.015, 0.003), 1) == {"r": 0}  # 5 % never pays for 3 ms
+
+
+def test_a_compute_bound_batch_drafts_little_and_the_plan_beats_every_uniform_depth() -> None:
+    fit, base = (0.026, 0.0036), 8  # eight requests: 8 tokens cost 55 ms, each more 3.6 ms
+    acceptance = {f"r{i}": 0.8 for i in range(8)}
+    plan = plan_drafts(acceptance, 4, fit, base)
+    assert set(plan.values()) <= {1, 2}
+    best = expected_rate(plan, acceptance, *fit, base)
+    for depth in range(5):
+        assert best >= expected_rate(dict.fromkeys(acceptance, depth), acceptance, *fit, base) - 1e-9
+    low = {f"r{i}": 0.4 for i in range(8)}
+    assert plan_drafts(low, 4, fit, base) == dict.fromkeys(low, 0)  # 40 % does not pay here
+
+
+def test_mixed_acceptance_gives_the_likelier_requests_more_drafts() -> None:
+    acceptance = {"good": 0.95, "fair": 0.6, "poor": 0.1}
+    fit, base = (0.02, 0.003), 3
+    plan = plan_drafts(acceptance, 6, fit, base)
+    assert plan["good"] > plan["fair"] > plan["poor"] == 0
+    best = expected_rate(plan, acceptance, *fit, base)
+    for depths in itertools.product(range(7), repeat=3):  # greedy is as good as the best of all plans
+        other = dict(zip(acceptance, depths, strict=True))
+        assert best >= expected_rate(other, acceptance, *fit, base) - 1e-9
 
 
 def test_acceptance_is_per_token_among_the_drafts_tested() -> None:
@@ -40,3 +83,19 @@ def test_acceptance_is_per_token_among_the_drafts_tested() -> None:
     assert b.acceptance("r") == 1.0
     b.record("r", 4, 1)  # one accepted, the second refused: 1 / 2
     assert b.acceptance("r") == pytest.approx(0.65 * 1.0 + 0.35 * 0.5)
+
+
+def test_the_controller_plans_from_acceptance_and_leaves_paused_requests_out() -> None:
+    control = DraftController()
+    for t in range(1, 13):
+        control.record_step(t, 0.015 + 0.003 * t)
+    for _ in range(3):
+        control.record_window("good", 4, 4)
+        control.record_window("bad", 4, 0)  # under 30 %: paused for a while
+    limits = control.limits(["good", "bad", "new"], 3, 4)
+    assert limits == {"good": 4, "new": 4}  # a new request starts optimistic
+    for _ in range(FIRST_COOLDOWN * 4):
+        control.limits(["bad"], 1, 4)
+    assert "bad" in control.limits(["bad"], 1, 4)
+    control.forget("good")
+    assert control.backoff.acceptance("good") == 1.0

@@ -1,0 +1,35 @@
+"""How many drafts each request gets next step: per-request back-off, then the batch's step cost.
+
+One controller serves every proposer (n-gram, draft model): the runner tells it each verified window
+and each decode step's time, and asks it for the next step's limits before the proposer drafts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from metalserve.spec_decode.backoff import BackOff
+from metalserve.spec_decode.cost import StepCostModel, plan_drafts
+
+
+class DraftController:
+    def __init__(self) -> None:
+        self.backoff = BackOff()
+        self.cost = StepCostModel()
+
+    def record_window(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
+        self.backoff.record(request_id, num_drafted, num_accepted)
+
+    def record_step(self, num_tokens: int, seconds: float) -> None:
+        """A step of decode and draft tokens only (no prefill chunk) took `seconds`."""
+        self.cost.record(num_tokens, seconds)
+
+    def limits(self, request_ids: Sequence[str], base_tokens: int, k: int) -> dict[str, int]:
+        """The most drafts (up to `k`) each request may get in a step of `base_tokens` tokens besides
+        the drafts; requests in back-off get none."""
+        drafting = [rid for rid in request_ids if self.backoff.may_draft(rid)]
+        acceptance = {rid: self.backoff.acceptance(rid) for rid in drafting}
+        return plan_drafts(acceptance, k, self.cost.fit(), base_tokens)
+
+    def forget(self, request_id: str) -> None:
+        self.backoff.forget(request_id)
