@@ -11,14 +11,14 @@ import mlx.core as mx
 
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.engine.kv_groups import build_scheduler, layer_groups, state_group
-from metalserve.engine.kv_plan import plan_kv_pool
+from metalserve.engine.kv_plan import kv_block_bytes, plan_kv_pool
 from metalserve.engine.memory import format_bytes
 from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import KVCacheSpec, ModelRunner
 from metalserve.executor.sampler import Sampler
-from metalserve.kvcache.hybrid import HybridKVCacheManager
+from metalserve.kvcache.specs import FullAttention, LayerGroupSpec
 from metalserve.loader import LoadedModel, load_model
 from metalserve.outputs import EngineCoreOutput
 from metalserve.platform import Platform, current_platform
@@ -72,16 +72,20 @@ class EngineCore:
         logger.info("attention: %s", attention.description)
         logger.info("on the host: %s", model.host_description())
         peak = held = 0
-        states = state_group(layer_groups(loaded))
+        groups = layer_groups(loaded)
+        states = state_group(groups)
+        speculation, draft = draft_for(config, groups, draft)
         if config.kv_cache_memory is None:
-            host = model.host_bytes()  # the CPU path's stored codes live outside MLX's counters
+            # The CPU path's stored codes (the draft's too) live outside MLX's counters.
+            host = model.host_bytes() + (host_code_bytes(draft) if draft is not None else 0)
             held = int(mx.get_active_memory()) + host
             peak = measure_step_peak(model, loaded, config, attention, states) + host
         state_bytes = model.state_layout.bytes_per_block if model.state_layout is not None else 0
         if model.state_layout is not None:
             logger.info("recurrent state: %d layers, %s per request, a slot in every KV block (counted in its size)",
                         len(model.state_layout.layers), format_bytes(state_bytes))  # fmt: skip
-        plan = plan_kv_pool(config, loaded, max_model_len, peak, held, state_bytes)
+        draft_bytes = kv_block_bytes(draft, config.block_size) if draft is not None else 0
+        plan = plan_kv_pool(config, loaded, max_model_len, peak, held, state_bytes + draft_bytes)
         spec = KVCacheSpec.for_model(loaded, config.block_size, plan.initial_blocks, state_bytes)
         scheduler = build_scheduler(config, loaded, plan.num_blocks, max_model_len, plan.initial_blocks)
         runner = ModelRunner(
@@ -91,7 +95,7 @@ class EngineCore:
             sampler=Sampler(config.seed),
             backend=attention,
             state_group=states or 1,
-            proposer=build_proposer(config, scheduler, loaded, platform, plan.initial_blocks, draft),
+            proposer=build_proposer(speculation, config, loaded, platform, plan.initial_blocks, draft),
         )
         mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * plan.num_blocks * spec.bytes_per_block))
         return cls(scheduler, runner, max_model_len, platform)
@@ -130,20 +134,35 @@ class EngineCore:
         return self.scheduler.make_stats()
 
 
+def draft_for(
+    config: EngineConfig, groups: list[LayerGroupSpec], draft: LoadedModel | None
+) -> tuple[SpeculativeConfig | None, LoadedModel | None]:
+    """The speculative config in force and, for method draft_model, its model: loaded here (before the
+    memory plan, which counts its weights and the KV it keeps at every block id) unless given."""
+    spec = speculation_for(config, groups)
+    if spec is None or spec.method != "draft_model":
+        return spec, None
+    if draft is None:
+        draft = load_model(spec.model, weights=config.weights, dequantize_max_bytes=config.dequantize_max_bytes)
+    return spec, draft
+
+
+def host_code_bytes(loaded: LoadedModel) -> int:
+    """Bytes of the stored codes the loader kept for the CPU path (outside MLX's memory counters)."""
+    return sum(c.codes.nbytes + c.scales.nbytes + c.biases.nbytes for c in loaded.codes.values())
+
+
 def build_proposer(
+    spec: SpeculativeConfig | None,
     config: EngineConfig,
-    scheduler: Scheduler,
     loaded: LoadedModel,
     platform: Platform,
     num_blocks: int,
     draft: LoadedModel | None,
 ) -> Proposer | None:
-    """The drafter of the speculative config in force (None: no speculation); loads a draft model."""
-    spec = speculation_for(config, scheduler)
-    if spec is None or spec.method == "ngram":
+    """The drafter of `spec` (None: no speculation); `draft`: the draft model of method draft_model."""
+    if spec is None or draft is None:
         return make_proposer(spec)
-    if draft is None:
-        draft = load_model(spec.model, weights=config.weights, dequantize_max_bytes=config.dequantize_max_bytes)
     vocab = int(loaded.model.args.vocab_size)
     attention = config.attention_backend
     return build_draft_proposer(
@@ -151,13 +170,13 @@ def build_proposer(
     )
 
 
-def speculation_for(config: EngineConfig, scheduler: Scheduler) -> SpeculativeConfig | None:
+def speculation_for(config: EngineConfig, groups: list[LayerGroupSpec]) -> SpeculativeConfig | None:
     """The speculative config in force: off (with a start-up line) for a model with several KV layer
     groups, whose recurrent states and windows cannot roll back rejected drafts yet."""
     spec = config.speculative_config
     if spec is None:
         return None
-    if isinstance(scheduler.kv, HybridKVCacheManager):
+    if len(groups) > 1 or not isinstance(groups[0], FullAttention):
         logger.warning("speculative decoding: off, this model has several KV cache layer groups")
         return None
     how = f"n-grams of {spec.prompt_lookup_min}..{spec.prompt_lookup_max}" if spec.method == "ngram" else spec.model

@@ -27,12 +27,12 @@ class KVPoolPlan(NamedTuple):
 
 
 def plan_kv_pool(
-    config: EngineConfig, loaded: LoadedModel, max_model_len: int, peak: int, held: int, state_bytes: int = 0
+    config: EngineConfig, loaded: LoadedModel, max_model_len: int, peak: int, held: int, extra_block_bytes: int = 0
 ) -> KVPoolPlan:
     """`peak`: weights + activations of a warm-up step (0 with --kv-cache-memory); `held`: bytes this
-    process holds already, which the OS no longer reports as available; `state_bytes`: the recurrent
-    state slot each block also owns (hybrid models)."""
-    per_block = kv_block_bytes(loaded, config.block_size) + state_bytes
+    process holds already, which the OS no longer reports as available; `extra_block_bytes`: what each
+    block id costs beside the model's K/V (a hybrid model's recurrent-state slot, a draft model's K/V)."""
+    per_block = kv_block_bytes(loaded, config.block_size) + extra_block_bytes
     per_request = blocks_for_request(layer_groups(loaded), max_model_len, config.block_size)
     if config.kv_cache_memory is not None:
         budget, why = config.kv_cache_memory, "--kv-cache-memory"

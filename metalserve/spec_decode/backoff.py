@@ -3,7 +3,9 @@
 Each verified window updates the request's per-token acceptance (an exponential average of accepted
 drafts over the drafts tested: the accepted ones and the first refused one).
 Below `MIN_ACCEPTANCE` the request pauses drafting for a cool-down that doubles each time it happens
-again (up to `MAX_COOLDOWN` steps), then tries again from a neutral average.
+again (up to `MAX_COOLDOWN` steps), then tries again from a neutral average. A new request starts from
+the acceptance of recent windows of all requests: on a workload whose drafts fail (random chat), its
+first windows are short or none, instead of k drafts that fail in a compute-bound batch.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 
 MIN_ACCEPTANCE = 0.3
 EMA_WEIGHT = 0.35  # weight of the newest window
+PRIOR_WEIGHT = 0.05  # weight of the newest window in the all-requests average a new request starts from
 FIRST_COOLDOWN = 4
 MAX_COOLDOWN = 128
 RESTART_ACCEPTANCE = 0.5
@@ -29,6 +32,7 @@ class BackOff:
 
     def __init__(self) -> None:
         self._tracks: dict[str, _Track] = {}
+        self.prior = 1.0  # optimistic until windows are seen: the first ones decide
 
     def may_draft(self, request_id: str) -> bool:
         track = self._tracks.get(request_id)
@@ -38,16 +42,17 @@ class BackOff:
         return False
 
     def acceptance(self, request_id: str) -> float:
-        """The request's recent per-token acceptance (optimistic before its first window)."""
+        """The request's recent per-token acceptance (before its first window: all requests')."""
         track = self._tracks.get(request_id)
-        return 1.0 if track is None else track.acceptance
+        return self.prior if track is None else track.acceptance
 
     def record(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
         if num_drafted < 1:
             return
-        track = self._tracks.setdefault(request_id, _Track())
+        track = self._tracks.setdefault(request_id, _Track(acceptance=self.prior))
         # Per-token acceptance: the accepted drafts out of those tested (the first refused one ends a window).
         rate = num_accepted / (num_accepted + (num_accepted < num_drafted))
+        self.prior = (1 - PRIOR_WEIGHT) * self.prior + PRIOR_WEIGHT * rate
         track.acceptance = (1 - EMA_WEIGHT) * track.acceptance + EMA_WEIGHT * rate
         if track.acceptance < MIN_ACCEPTANCE:
             track.paused_for = track.cooldown

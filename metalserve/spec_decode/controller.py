@@ -1,7 +1,9 @@
 """How many drafts each request gets next step: per-request back-off, then the batch's step cost.
 
 One controller serves every proposer (n-gram, draft model): the runner tells it each verified window
-and each decode step's time, and asks it for the next step's limits before the proposer drafts.
+and each decode step's time, and asks it for the next step's limits before the proposer drafts. A
+request planned no drafts for `PROBE_EVERY` steps in a row may draft one, so a workload that turns
+predictable (or a batch that shrinks) is noticed even where the estimates said drafting would not pay.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ from collections.abc import Sequence
 from metalserve.spec_decode.backoff import BackOff
 from metalserve.spec_decode.cost import StepCostModel, plan_drafts
 
+PROBE_EVERY = 32
+
 
 class DraftController:
     def __init__(self) -> None:
         self.backoff = BackOff()
         self.cost = StepCostModel()
+        self._idle: dict[str, int] = {}  # steps in a row a request was planned no drafts
 
     def record_window(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
         self.backoff.record(request_id, num_drafted, num_accepted)
@@ -29,7 +34,14 @@ class DraftController:
         the drafts; requests in back-off get none."""
         drafting = [rid for rid in request_ids if self.backoff.may_draft(rid)]
         acceptance = {rid: self.backoff.acceptance(rid) for rid in drafting}
-        return plan_drafts(acceptance, k, self.cost.fit(), base_tokens)
+        limits = plan_drafts(acceptance, k, self.cost.fit(), base_tokens)
+        for rid, n in limits.items():
+            idle = 0 if n else self._idle.get(rid, 0) + 1
+            if idle >= PROBE_EVERY and k:
+                limits[rid], idle = 1, 0
+            self._idle[rid] = idle
+        return limits
 
     def forget(self, request_id: str) -> None:
         self.backoff.forget(request_id)
+        self._idle.pop(request_id, None)

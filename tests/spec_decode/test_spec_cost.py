@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from metalserve.spec_decode.backoff import FIRST_COOLDOWN, BackOff
-from metalserve.spec_decode.controller import DraftController
+from metalserve.spec_decode.controller import PROBE_EVERY, DraftController
 from metalserve.spec_decode.cost import StepCostModel, plan_drafts
 
 
@@ -93,9 +93,30 @@ def test_the_controller_plans_from_acceptance_and_leaves_paused_requests_out() -
         control.record_window("good", 4, 4)
         control.record_window("bad", 4, 0)  # under 30 %: paused for a while
     limits = control.limits(["good", "bad", "new"], 3, 4)
-    assert limits == {"good": 4, "new": 4}  # a new request starts optimistic
+    assert limits.keys() == {"good", "new"} and limits["good"] == 4
+    assert 1 <= limits["new"] <= 4  # a new request starts from all requests' acceptance
     for _ in range(FIRST_COOLDOWN * 4):
         control.limits(["bad"], 1, 4)
     assert "bad" in control.limits(["bad"], 1, 4)
     control.forget("good")
-    assert control.backoff.acceptance("good") == 1.0
+    assert control.backoff.acceptance("good") == control.backoff.prior  # forgotten: a new request again
+
+
+def test_a_new_request_starts_from_the_acceptance_of_all_requests() -> None:
+    b = BackOff()
+    assert b.acceptance("new") == 1.0  # nothing seen yet: optimistic
+    for i in range(60):
+        b.record(f"chat{i}", 4, 0)  # random chat: every draft fails
+    assert b.acceptance("new") < 0.1
+
+
+def test_a_request_planned_no_drafts_probes_with_one_now_and_then() -> None:
+    control = DraftController()
+    for t in range(1, 13):  # eight requests' steps, compute-bound: 3.6 ms a token
+        control.record_step(8 + t, 0.026 + 0.0036 * (8 + t))
+    for i in range(60):
+        control.record_window(f"old{i}", 4, 0)  # the prior is near 0: drafts do not pay
+    batch = [f"r{i}" for i in range(8)]
+    plans = [control.limits(batch, 8, 4) for _ in range(2 * PROBE_EVERY)]
+    drafted = [p for p in plans if any(p.values())]
+    assert len(drafted) == 2 and all(set(p.values()) == {1} for p in drafted)

@@ -127,12 +127,11 @@ def test_grammar_constrained_windows_are_masked_per_position_and_match() -> None
 def test_a_model_with_several_kv_groups_runs_without_speculation() -> None:
     from metalserve.engine.core import speculation_for
     from metalserve.kvcache.specs import FullAttention, SlidingWindow
-    from metalserve.scheduler.scheduler import Scheduler
 
     config = EngineConfig(block_size=8, speculative_config=NGRAM)
     groups = [FullAttention(layers=(0,)), SlidingWindow(layers=(1,), window=16)]
-    assert speculation_for(config, Scheduler(config, 64, 64, kv_groups=groups)) is None
-    assert speculation_for(config, Scheduler(config, 64, 64)) == NGRAM
+    assert speculation_for(config, groups) is None
+    assert speculation_for(config, [FullAttention(layers=(0, 1))]) == NGRAM
 
 
 def draft_core(draft_seed: int, **config: object) -> EngineCore:
@@ -147,11 +146,20 @@ def draft_core(draft_seed: int, **config: object) -> EngineCore:
     return EngineCore.from_loaded(EngineConfig(**merged), tiny_loaded(), draft=draft)  # type: ignore[arg-type]
 
 
+def test_the_memory_plan_counts_the_draft_models_kv_at_every_block() -> None:
+    # The draft here is the target's architecture: each block id costs twice a target block.
+    target = tiny_core(None, kv_cache_memory=40 * PER_BLOCK, max_model_len=128)
+    drafted = draft_core(0, kv_cache_memory=40 * PER_BLOCK, max_model_len=128)
+    assert target.scheduler.kv.pool.num_blocks == 40
+    assert drafted.scheduler.kv.pool.num_blocks == 20
+
+
 def test_draft_model_greedy_32_requests_with_chunked_prefill_and_preemption_match() -> None:
     tight = {"kv_cache_memory": 40 * PER_BLOCK, "max_model_len": 256, "long_prefill_token_threshold": 24}
     off = drive(tiny_core(None, **tight), mixed_greedy(32))
     for draft_seed in (0, 1):
-        core = draft_core(draft_seed, **tight)
+        # The same 40 blocks of the target, with the draft's K/V at each.
+        core = draft_core(draft_seed, **(tight | {"kv_cache_memory": 80 * PER_BLOCK}))
         assert drive(core, mixed_greedy(32)) == off
         stats = core.make_stats()
         assert stats.num_preemptions > 0 and stats.spec_num_drafts > 0
