@@ -18,7 +18,7 @@ from metalserve.executor.attention.select import select_attention
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import KVCacheSpec, ModelRunner
 from metalserve.executor.sampler import Sampler
-from metalserve.kvcache.specs import FullAttention, LayerGroupSpec
+from metalserve.kvcache.specs import LayerGroupSpec, RecurrentState
 from metalserve.loader import LoadedModel, load_model
 from metalserve.outputs import EngineCoreOutput
 from metalserve.platform import Platform, current_platform
@@ -171,13 +171,14 @@ def build_proposer(
 
 
 def speculation_for(config: EngineConfig, groups: list[LayerGroupSpec]) -> SpeculativeConfig | None:
-    """The speculative config in force: off (with a start-up line) for a model with several KV layer
-    groups, whose recurrent states and windows cannot roll back rejected drafts yet."""
+    """The speculative config in force: off (with a start-up line) for a model with recurrent layers,
+    whose states cannot roll back rejected drafts yet. Sliding windows can: a rollback never goes behind
+    the point the step was scheduled from, and a window group frees only blocks behind that point."""
     spec = config.speculative_config
     if spec is None:
         return None
-    if len(groups) > 1 or not isinstance(groups[0], FullAttention):
-        logger.warning("speculative decoding: off, this model has several KV cache layer groups")
+    if any(isinstance(g, RecurrentState) for g in groups):
+        logger.warning("speculative decoding: off, this model's recurrent states cannot roll back drafts yet")
         return None
     how = f"n-grams of {spec.prompt_lookup_min}..{spec.prompt_lookup_max}" if spec.method == "ngram" else spec.model
     logger.info("speculative decoding: %s, %d tokens per step (%s)", spec.method, spec.num_speculative_tokens, how)

@@ -2,7 +2,8 @@
 
 The longest tail n-gram (prompt_lookup_max down to prompt_lookup_min tokens) that also occurs earlier
 in prompt + output wins; its most recent earlier occurrence with k tokens after it is the most local
-guess (an edit copies the span it is working through). Pure NumPy over the request's tokens: a few tens of microseconds.
+guess (an edit copies the span it is working through). Pure NumPy: one pass over the request's tokens,
+then a few candidates.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 
 def propose_ngram(tokens: Sequence[int] | np.ndarray, k: int, min_n: int, max_n: int) -> list[int]:
@@ -19,11 +19,15 @@ def propose_ngram(tokens: Sequence[int] | np.ndarray, k: int, min_n: int, max_n:
     total = seq.shape[0]
     if k < 1 or total < min_n + 1:
         return []
+    # Every earlier n-gram equal to the tail ends where the last token recurs: one pass finds those ends
+    # (before the last token), and only they are checked against the longer tails.
+    ends = np.flatnonzero(seq[: total - 1] == seq[total - 1])
     for n in range(min(max_n, total - 1), min_n - 1, -1):
-        tail = seq[total - n :]
-        # Windows starting at 0 .. total-n-1: every earlier occurrence with a token after it.
-        windows = sliding_window_view(seq[: total - 1], n)
-        hits = np.flatnonzero((windows == tail).all(axis=1))
+        candidates = ends[ends >= n - 1]
+        match = np.ones(candidates.shape[0], dtype=bool)
+        for back in range(1, n):
+            match &= seq[candidates - back] == seq[total - 1 - back]
+        hits = candidates[match] - (n - 1)  # where each occurrence starts
         if hits.size:
             # The latest occurrence with k tokens after it, else the earliest (the longest run after it).
             full = hits[hits + n + k <= total]

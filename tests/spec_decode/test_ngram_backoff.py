@@ -51,3 +51,27 @@ def test_backoff_leaves_a_good_request_alone_and_forgets_finished_ones() -> None
     assert not b.may_draft("bad")
     b.forget("bad")
     assert b.may_draft("bad")
+
+
+def brute_force_ngram(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """The definition, one n-gram and one earlier start at a time."""
+    total = len(tokens)
+    for n in range(min(max_n, total - 1), min_n - 1, -1):
+        tail = tokens[total - n :]
+        starts = [s for s in range(total - n) if tokens[s : s + n] == tail]  # each followed by a token
+        if starts:
+            full = [s for s in starts if s + n + k <= total]
+            start = (full[-1] if full else starts[0]) + n
+            return tokens[start : start + k]
+    return []
+
+
+def test_prompt_lookup_agrees_with_its_definition_on_random_sequences() -> None:
+    import random
+
+    rng = random.Random(5)
+    for _ in range(400):
+        tokens = [rng.randrange(4) for _ in range(rng.randrange(1, 40))]  # 4 symbols: many recurrences
+        k, low = rng.randrange(1, 6), rng.randrange(1, 4)
+        high = low + rng.randrange(0, 3)
+        assert propose_ngram(tokens, k, low, high) == brute_force_ngram(tokens, k, low, high), (tokens, k, low, high)

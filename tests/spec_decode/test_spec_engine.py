@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 import jsonschema
 import numpy as np
@@ -124,13 +125,14 @@ def test_grammar_constrained_windows_are_masked_per_position_and_match() -> None
     assert all(reasons[f"g{i}"] == "stop" for i in range(6))
 
 
-def test_a_model_with_several_kv_groups_runs_without_speculation() -> None:
+def test_a_model_with_recurrent_layers_runs_without_speculation() -> None:
     from metalserve.engine.core import speculation_for
-    from metalserve.kvcache.specs import FullAttention, SlidingWindow
+    from metalserve.kvcache.specs import FullAttention, RecurrentState, SlidingWindow
 
     config = EngineConfig(block_size=8, speculative_config=NGRAM)
-    groups = [FullAttention(layers=(0,)), SlidingWindow(layers=(1,), window=16)]
-    assert speculation_for(config, groups) is None
+    windowed = [FullAttention(layers=(0,)), SlidingWindow(layers=(1,), window=16)]
+    assert speculation_for(config, windowed) == NGRAM
+    assert speculation_for(config, [FullAttention(layers=(0,)), RecurrentState(layers=(1,))]) is None
     assert speculation_for(config, [FullAttention(layers=(0, 1))]) == NGRAM
 
 
@@ -192,3 +194,61 @@ def test_a_draft_with_another_vocabulary_is_refused() -> None:
                           speculative_config=SpeculativeConfig("draft_model", num_speculative_tokens=2))  # fmt: skip
     with pytest.raises(ConfigError, match="vocabulary"):
         EngineCore.from_loaded(config, tiny_loaded(), draft=draft)
+
+
+class OracleProposer:
+    """Drafts the tokens the run without speculation produced, the last one of every other window
+    wrong: windows accepted whole, in part and not at all, on any model."""
+
+    def __init__(self, expected: dict[str, list[int]], k: int) -> None:
+        self.expected, self.k, self.calls = expected, k, 0
+
+    def propose(self, requests: list[Any], limits: dict[str, int]) -> dict[str, list[int]]:
+        out = {}
+        for r in requests:
+            n = limits.get(r.request_id, 0)
+            drafts = list(self.expected[r.request_id][len(r.token_ids) : len(r.token_ids) + n])
+            self.calls += 1
+            if drafts and self.calls % 2:
+                drafts[-1] = (drafts[-1] + 1) % 256
+            if drafts:
+                out[r.request_id] = drafts
+        return out
+
+    def forget(self, request_id: str) -> None:
+        return None
+
+    def grow(self, num_blocks: int) -> None:
+        return None
+
+
+def test_a_sliding_window_model_speculates_with_the_same_text_under_preemption() -> None:
+    # Rejected drafts roll num_computed_tokens back to no less than it was when the step was scheduled,
+    # and a window group frees only blocks behind that point: nothing a rollback needs is ever freed.
+    from metalserve.executor.models.kv_layout import model_kv_layout
+    from tests.models import golden
+    from tests.models.archs import build
+
+    loaded = golden.loaded_of(build("gemma3_text"), "gemma3_text")  # window 16: prompts run far past it
+    per_block = model_kv_layout(loaded.model).bytes_per_block(4, 16)
+    batch = golden.prompts([120, 90, 150, 60], 256, seed=7)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+    def core_with(spec: SpeculativeConfig | None) -> EngineCore:
+        config = EngineConfig(kv_cache_memory=31 * per_block, max_model_len=200, block_size=16,
+                              max_num_batched_tokens=64, max_num_seqs=4, speculative_config=spec)  # fmt: skip
+        return EngineCore.from_loaded(config, golden.loaded_of(build("gemma3_text"), "gemma3_text"))
+
+    def requests() -> list[Request]:
+        return [Request(f"w{i}", p, params) for i, p in enumerate(batch)]
+
+    off = drive(core_with(None), requests())
+    assert core_with(NGRAM).runner.proposer is not None  # windows do not turn speculation off
+    core = core_with(NGRAM)
+    expected = {f"w{i}": p + off[f"w{i}"] for i, p in enumerate(batch)}
+    core.runner.proposer = OracleProposer(expected, NGRAM.num_speculative_tokens)
+    assert drive(core, requests()) == off
+    stats = core.make_stats()
+    assert stats.num_preemptions > 0
+    assert 0 < stats.spec_num_accepted_tokens < stats.spec_num_draft_tokens
+    assert stats.num_free_blocks == stats.num_total_blocks
