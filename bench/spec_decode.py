@@ -6,6 +6,8 @@ varied topics, sampled at temperature 0.8 with a seed per request, so both arms 
 One engine serves both arms (speculation off: no proposer, so no drafts are ever scheduled); arms
 alternate per cell, prefix caching off so no arm inherits the other's KV. Run by hand (minutes):
     .venv/bin/python bench/spec_decode.py [--k 4] [--requests 4] [--reps 2] [--edit-tokens 160] [--chat-tokens 64]
+`--method draft_model` drafts with `--draft-model` instead (default: the default model drafting for
+itself, which measures the batched draft path's cost at full acceptance, not a speed-up).
 """
 
 from __future__ import annotations
@@ -136,6 +138,9 @@ def workloads(loaded: Any, args: argparse.Namespace) -> dict[str, tuple[list[lis
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    parser.add_argument("--method", choices=("ngram", "draft_model"), default="ngram")
+    parser.add_argument("--draft-model", default=None, help="draft_model: its path (default: the default model)")
+    parser.add_argument("--workloads", default="edit,chat")
     parser.add_argument("--lookup-min", type=int, default=2)
     parser.add_argument("--lookup-max", type=int, default=4)
     parser.add_argument("--requests", type=int, default=4, help="requests per cell at concurrency 1")
@@ -160,11 +165,11 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
     from metalserve.spec_decode.config import SpeculativeConfig
 
     loaded = load_model(None)
-    spec = SpeculativeConfig("ngram", args.k, args.lookup_min, args.lookup_max)
+    spec = SpeculativeConfig(args.method, args.k, args.lookup_min, args.lookup_max, model=args.draft_model)
     base = EngineConfig(max_num_batched_tokens=512, enable_prefix_caching=False, speculative_config=spec)
     core = EngineCore.from_loaded(generate_config(loaded, 8, base), loaded)
     proposer = core.runner.proposer
-    cells = workloads(loaded, args)
+    cells = {name: cell for name, cell in workloads(loaded, args).items() if name in args.workloads.split(",")}
     # numba compiles per shape on first use (tens of seconds): every cell's shapes once, both arms, untimed.
     for prompts, params in cells.values():
         for arm in (None, proposer):

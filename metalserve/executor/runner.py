@@ -223,7 +223,10 @@ class ModelRunner:
         if without == len(sampling) == len(step.request_ids):  # decode and draft tokens only
             self.drafting.record_step(num_tokens, seconds)
         limits = self.drafting.limits([s.request_id for s in sampling], without, self.proposer.k)
-        return self.proposer.propose(sampling, limits)
+        started = time.perf_counter()
+        proposed = self.proposer.propose(sampling, limits)
+        self.drafting.record_proposal(max(map(len, proposed.values()), default=0), time.perf_counter() - started)
+        return proposed
 
     def _sample(
         self, logits: mx.array, sampling: list[CachedRequestState], drafts: dict[str, list[int]]

@@ -14,6 +14,7 @@ from metalserve.spec_decode.backoff import BackOff
 from metalserve.spec_decode.cost import StepCostModel, plan_drafts
 
 PROBE_EVERY = 32
+DEPTH_WEIGHT = 0.2  # weight of the newest proposal in the average cost of one draft position
 
 
 class DraftController:
@@ -21,6 +22,7 @@ class DraftController:
         self.backoff = BackOff()
         self.cost = StepCostModel()
         self._idle: dict[str, int] = {}  # steps in a row a request was planned no drafts
+        self.depth_cost = 0.0  # seconds the proposer takes per draft position of its deepest window
 
     def record_window(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
         self.backoff.record(request_id, num_drafted, num_accepted)
@@ -29,12 +31,17 @@ class DraftController:
         """A step of decode and draft tokens only (no prefill chunk) took `seconds`."""
         self.cost.record(num_tokens, seconds)
 
+    def record_proposal(self, depth: int, seconds: float) -> None:
+        """The proposer took `seconds` to draft windows of at most `depth` tokens."""
+        if depth > 0:
+            self.depth_cost = (1 - DEPTH_WEIGHT) * self.depth_cost + DEPTH_WEIGHT * seconds / depth
+
     def limits(self, request_ids: Sequence[str], base_tokens: int, k: int) -> dict[str, int]:
         """The most drafts (up to `k`) each request may get in a step of `base_tokens` tokens besides
         the drafts; requests in back-off get none."""
         drafting = [rid for rid in request_ids if self.backoff.may_draft(rid)]
         acceptance = {rid: self.backoff.acceptance(rid) for rid in drafting}
-        limits = plan_drafts(acceptance, k, self.cost.fit(), base_tokens)
+        limits = plan_drafts(acceptance, k, self.cost.fit(), base_tokens, self.depth_cost)
         for rid, n in limits.items():
             idle = 0 if n else self._idle.get(rid, 0) + 1
             if idle >= PROBE_EVERY and k:

@@ -2,9 +2,10 @@
 
 A forward of T tokens costs about a + b * T seconds: on one request `a` (reading the weights)
 dominates and drafts are nearly free; in a large batch the step is compute-bound and every draft
-token costs nearly as much as an output token. `plan_drafts` hands out draft positions across the
-batch, best chance first, while each one adds more expected output tokens than its share of the
-step's cost, so speculation backs off for the whole batch when it stops paying.
+token costs nearly as much as an output token. A draft model adds its own forwards, one per draft
+position. `plan_drafts` hands out draft positions across the batch, best chance first, while each one
+adds more expected output tokens than its share of the step's cost, so speculation backs off for the
+whole batch when it stops paying.
 """
 
 from __future__ import annotations
@@ -54,29 +55,36 @@ class StepCostModel:
 
 
 def plan_drafts(
-    acceptance: Mapping[str, float], k: int, fit: tuple[float, float] | None, base_tokens: int
+    acceptance: Mapping[str, float],
+    k: int,
+    fit: tuple[float, float] | None,
+    base_tokens: int,
+    depth_cost: float = 0.0,
 ) -> dict[str, int]:
     """Draft positions per request id for a step of `base_tokens` tokens besides the drafts, in which
     each request of `acceptance` (its per-token acceptance) outputs at least one token.
 
-    Draft j of a request is accepted with chance acceptance ** j. Positions are added best chance first
-    while one adds more expected tokens than the step's tokens per second lose to its cost:
-    chance * (a + b * T) > b * E, with T and E the step's tokens and expected outputs so far. Without a
-    fit yet, every request drafts k (the steps that follow make one)."""
+    Draft j of a request is accepted with chance acceptance ** j. The step costs a + b * T for its T
+    tokens, plus `depth_cost` seconds per draft position of the deepest window (a draft model runs one
+    batched forward per position; prompt lookup costs next to nothing). Positions are taken best chance
+    first while one adds more expected tokens than its cost takes away: chance * C > E * (b + depth),
+    with C and E the step's cost and expected outputs so far and `depth` the depth cost if it deepens the
+    step. Without a fit yet, every request drafts k (the steps that follow make one)."""
     if fit is None:
         return dict.fromkeys(acceptance, k)
     a, b = fit
-    tokens, expected = float(base_tokens), float(len(acceptance))
+    tokens, expected, depth = float(base_tokens), float(len(acceptance)), 0
     planned = dict.fromkeys(acceptance, 0)
     heap = [(-p, rid, 1) for rid, p in acceptance.items() if k > 0 and p > 0]
     heapq.heapify(heap)
     while heap:
         negative, rid, j = heapq.heappop(heap)
         chance = -negative
-        if chance * (a + b * tokens) <= b * expected:
-            break  # every later position has a smaller chance and faces a higher bar
+        extra = b + (depth_cost if j > depth else 0.0)
+        if chance * (a + b * tokens + depth_cost * depth) <= expected * extra:
+            continue  # this request drafts no deeper; a shallower position of another may still pay
         planned[rid] = j
-        tokens, expected = tokens + 1, expected + chance
+        tokens, expected, depth = tokens + 1, expected + chance, max(depth, j)
         if j < k:
             heapq.heappush(heap, (-chance * acceptance[rid], rid, j + 1))
     return planned

@@ -36,11 +36,13 @@ def test_steps_of_one_size_tell_nothing_but_a_fit_outlives_them() -> None:
     assert model.fit() == pytest.approx((0.02, 0.004))
 
 
-def expected_rate(plan: dict[str, int], acceptance: dict[str, float], a: float, b: float, base: int) -> float:
+def expected_rate(
+    plan: dict[str, int], acceptance: dict[str, float], a: float, b: float, base: int, depth_cost: float = 0.0
+) -> float:
     """Expected output tokens per second of a step under `plan` (draft j kept with chance p ** j)."""
     tokens = base + sum(plan.values())
     outputs = sum(1 + sum(acceptance[r] ** j for j in range(1, n + 1)) for r, n in plan.items())
-    return outputs / (a + b * tokens)
+    return outputs / (a + b * tokens + depth_cost * max(plan.values(), default=0))
 
 
 def test_without_a_fit_every_request_drafts_k() -> None:
@@ -120,3 +122,32 @@ def test_a_request_planned_no_drafts_probes_with_one_now_and_then() -> None:
     plans = [control.limits(batch, 8, 4) for _ in range(2 * PROBE_EVERY)]
     drafted = [p for p in plans if any(p.values())]
     assert len(drafted) == 2 and all(set(p.values()) == {1} for p in drafted)
+
+
+def test_a_draft_model_as_slow_as_the_target_is_not_worth_running_and_a_small_one_is() -> None:
+    fit = (0.015, 0.003)
+    assert plan_drafts({"r": 1.0}, 4, fit, 1, depth_cost=0.017) == {"r": 0}  # the target drafting itself
+    assert plan_drafts({"r": 0.9}, 4, fit, 1, depth_cost=0.0017) == {"r": 4}  # a tenth of its size
+
+
+def test_with_a_depth_cost_the_plan_is_as_good_as_the_best_of_all_plans() -> None:
+    acceptance = {"good": 0.9, "fair": 0.7, "poor": 0.3}
+    fit, base, depth_cost = (0.02, 0.003), 3, 0.004
+    plan = plan_drafts(acceptance, 5, fit, base, depth_cost)
+    best = expected_rate(plan, acceptance, *fit, base, depth_cost)
+    for depths in itertools.product(range(6), repeat=3):
+        other = dict(zip(acceptance, depths, strict=True))
+        assert best >= expected_rate(other, acceptance, *fit, base, depth_cost) - 1e-9
+
+
+def test_the_controller_learns_what_a_draft_position_costs() -> None:
+    control = DraftController()
+    for t in range(1, 13):
+        control.record_step(t, 0.015 + 0.003 * t)
+    assert control.limits(["r"], 1, 4) == {"r": 4}
+    for _ in range(30):
+        control.record_proposal(4, 0.068)  # 17 ms a position: as slow as the target
+    assert control.depth_cost == pytest.approx(0.017, rel=1e-2)
+    assert control.limits(["r"], 1, 4) == {"r": 0}
+    control.record_proposal(0, 5.0)  # nothing drafted: says nothing of the cost
+    assert control.depth_cost == pytest.approx(0.017, rel=1e-2)
