@@ -3,7 +3,8 @@
 One controller serves every proposer (n-gram, draft model): the runner tells it each verified window
 and each decode step's time, and asks it for the next step's limits before the proposer drafts. A
 request planned no drafts for `PROBE_EVERY` steps in a row may draft one, so a workload that turns
-predictable (or a batch that shrinks) is noticed even where the estimates said drafting would not pay.
+predictable (or a batch that shrinks) is noticed even where the estimates said drafting would not pay;
+not where even a sure draft could not pay (a draft model as slow as the target).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from metalserve.spec_decode.backoff import BackOff
-from metalserve.spec_decode.cost import StepCostModel, plan_drafts
+from metalserve.spec_decode.cost import StepCostModel, drafts_can_pay, plan_drafts
 
 PROBE_EVERY = 32
 DEPTH_WEIGHT = 0.2  # weight of the newest proposal in the average cost of one draft position
@@ -41,10 +42,12 @@ class DraftController:
         the drafts; requests in back-off get none."""
         drafting = [rid for rid in request_ids if self.backoff.may_draft(rid)]
         acceptance = {rid: self.backoff.acceptance(rid) for rid in drafting}
-        limits = plan_drafts(acceptance, k, self.cost.fit(), base_tokens, self.depth_cost)
+        fit = self.cost.fit()
+        limits = plan_drafts(acceptance, k, fit, base_tokens, self.depth_cost)
+        probe = k > 0 and drafts_can_pay(fit, base_tokens, len(request_ids), self.depth_cost)
         for rid, n in limits.items():
             idle = 0 if n else self._idle.get(rid, 0) + 1
-            if idle >= PROBE_EVERY and k:
+            if idle >= PROBE_EVERY and probe:
                 limits[rid], idle = 1, 0
             self._idle[rid] = idle
         return limits

@@ -88,3 +88,12 @@ def plan_drafts(
         if j < k:
             heapq.heappush(heap, (-chance * acceptance[rid], rid, j + 1))
     return planned
+
+
+def drafts_can_pay(fit: tuple[float, float] | None, base_tokens: int, num_requests: int, depth_cost: float) -> bool:
+    """Whether even a sure draft would pay: one more token must cost less than the step's cost per
+    output token (a + b * T) / R. A proposer slower than that per position never pays here."""
+    if fit is None or num_requests < 1:
+        return True
+    a, b = fit
+    return b + depth_cost < (a + b * base_tokens) / num_requests
