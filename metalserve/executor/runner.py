@@ -216,13 +216,14 @@ class ModelRunner:
     def _propose(
         self, sampling: list[CachedRequestState], step: StepInputs, seconds: float, drafts: dict[str, list[int]]
     ) -> dict[str, list[int]]:
-        """The next drafts, as many as pay in a step like this one without its drafts."""
+        """The next drafts, as many as pay in a decode step of these requests. (Measured against a step
+        with a prefill chunk in it, every draft would look cheap beside the chunk's cost.)"""
         assert self.proposer is not None
         num_tokens = int(step.token_ids.size)
         without = num_tokens - sum(len(d) for d in drafts.values())
         if without == len(sampling) == len(step.request_ids):  # decode and draft tokens only
             self.drafting.record_step(num_tokens, seconds)
-        limits = self.drafting.limits([s.request_id for s in sampling], without, self.proposer.k)
+        limits = self.drafting.limits([s.request_id for s in sampling], len(sampling), self.proposer.k)
         started = time.perf_counter()
         proposed = self.proposer.propose(sampling, limits)
         self.drafting.record_proposal(max(map(len, proposed.values()), default=0), time.perf_counter() - started)
