@@ -34,6 +34,11 @@ class StepCostModel:
         self._fit: tuple[float, float] | None = None
         self._new = 0  # samples since the last fit
 
+    @property
+    def samples(self) -> list[tuple[int, float]]:
+        """The recent (tokens, seconds) the fit uses, oldest first."""
+        return list(self._samples)
+
     def record(self, num_tokens: int, seconds: float) -> None:
         self._samples.append((num_tokens, seconds))
         self._new += 1

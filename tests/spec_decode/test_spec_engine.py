@@ -252,3 +252,10 @@ def test_a_sliding_window_model_speculates_with_the_same_text_under_preemption()
     assert stats.num_preemptions > 0
     assert 0 < stats.spec_num_accepted_tokens < stats.spec_num_draft_tokens
     assert stats.num_free_blocks == stats.num_total_blocks
+
+
+def test_only_decode_steps_feed_the_step_cost_fit() -> None:
+    core = tiny_core(NGRAM, max_num_seqs=4)  # 4 x (1 + 4 drafts) = 20 tokens at most in a decode step
+    drive(core, mixed_greedy(12))  # prompts up to 90 tokens: 64-token prefill chunks beside decodes
+    samples = core.runner.drafting.cost.samples
+    assert samples and max(tokens for tokens, _ in samples) <= 4 * (1 + NGRAM.num_speculative_tokens)
