@@ -2,12 +2,13 @@
 
 The longest tail n-gram (prompt_lookup_max down to prompt_lookup_min tokens) that also occurs earlier
 in prompt + output wins; its most recent earlier occurrence with k tokens after it is the most local
-guess (an edit copies the span it is working through). Pure NumPy: one pass over the request's tokens,
+guess (an edit copies the span it is working through). One scan of the request's tokens at C speed,
 then a few candidates.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -15,22 +16,28 @@ import numpy as np
 
 def propose_ngram(tokens: Sequence[int] | np.ndarray, k: int, min_n: int, max_n: int) -> list[int]:
     """Up to `k` draft tokens continuing `tokens`; [] when no tail n-gram recurs."""
-    seq = np.asarray(tokens, dtype=np.int64)
-    total = seq.shape[0]
+    seq = tokens if isinstance(tokens, list) else list(np.asarray(tokens).tolist())
+    total = len(seq)
     if k < 1 or total < min_n + 1:
         return []
-    # Every earlier n-gram equal to the tail ends where the last token recurs: one pass finds those ends
-    # (before the last token), and only they are checked against the longer tails.
-    ends = np.flatnonzero(seq[: total - 1] == seq[total - 1])
-    for n in range(min(max_n, total - 1), min_n - 1, -1):
-        candidates = ends[ends >= n - 1]
-        match = np.ones(candidates.shape[0], dtype=bool)
-        for back in range(1, n):
-            match &= seq[candidates - back] == seq[total - 1 - back]
-        hits = candidates[match] - (n - 1)  # where each occurrence starts
-        if hits.size:
+    # Every earlier n-gram equal to the tail ends where the last token recurs: `list.index` finds those
+    # ends (before the last token) at C speed, and the few there are are matched backwards.
+    ends: list[int] = []
+    with contextlib.suppress(ValueError):
+        while True:
+            ends.append(seq.index(seq[-1], ends[-1] + 1 if ends else 0, total - 1))
+    longest = min(max_n, total - 1)
+    lengths = []
+    for end in ends:
+        n = 1
+        while n < longest and n <= end and seq[end - n] == seq[total - 1 - n]:
+            n += 1
+        lengths.append(n)
+    for n in range(longest, min_n - 1, -1):
+        hits = [end - n + 1 for end, length in zip(ends, lengths, strict=True) if length >= n]
+        if hits:
             # The latest occurrence with k tokens after it, else the earliest (the longest run after it).
-            full = hits[hits + n + k <= total]
-            start = int(full[-1] if full.size else hits[0]) + n
-            return seq[start : start + k].tolist()
+            full = [h for h in hits if h + n + k <= total]
+            start = (full[-1] if full else hits[0]) + n
+            return list(seq[start : start + k])
     return []
