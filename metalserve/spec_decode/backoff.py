@@ -22,7 +22,7 @@ RESTART_ACCEPTANCE = 0.5
 
 @dataclass
 class _Track:
-    acceptance: float = 1.0  # optimistic: the first windows decide
+    acceptance: float  # starts from all requests' average (BackOff.prior)
     cooldown: int = FIRST_COOLDOWN
     paused_for: int = 0
 

@@ -16,7 +16,7 @@ import numpy as np
 
 def propose_ngram(tokens: Sequence[int] | np.ndarray, k: int, min_n: int, max_n: int) -> list[int]:
     """Up to `k` draft tokens continuing `tokens`; [] when no tail n-gram recurs."""
-    seq = tokens if isinstance(tokens, list) else list(np.asarray(tokens).tolist())
+    seq = tokens if isinstance(tokens, list) else np.asarray(tokens).tolist()
     total = len(seq)
     if k < 1 or total < min_n + 1:
         return []
