@@ -20,6 +20,9 @@ ATTENTION_BACKEND_NAMES: tuple[str, ...] = ("auto", "metal", "cpu", "mlx", "refe
 CPU_MAX_NUM_BATCHED_TOKENS = 512
 
 
+DEFAULT_KV_DISK_SIZE = 16 * 1024**3
+
+
 class ConfigError(ValueError):
     """A configuration that cannot work; the message names the flag to change."""
 
@@ -47,6 +50,8 @@ class EngineConfig:
     pipeline_layer_partition: tuple[int, ...] | None = None  # layers per rank; None: balanced by bytes
     pipeline_step_timeout: float = 120.0  # seconds without a step's result before the server gives up
     speculative_config: SpeculativeConfig | None = None  # --speculative-config; None: no speculation
+    kv_disk_dir: str | None = None  # --kv-disk-dir: a directory of KV blocks (docs/disk-tier.md); None: off
+    kv_disk_size: int | None = None  # --kv-disk-size: bytes the directory may hold; None: DEFAULT_KV_DISK_SIZE
 
     def __post_init__(self) -> None:
         self.validate()
@@ -81,3 +86,22 @@ class EngineConfig:
             raise ConfigError("--speculative-config does not work with --pipeline-parallel-size > 1 yet")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ConfigError("--scheduling-policy must be 'fcfs' or 'priority'")
+        self._validate_kv_disk()
+
+    def _validate_kv_disk(self) -> None:
+        if self.kv_disk_size is not None and self.kv_disk_dir is None:
+            raise ConfigError("--kv-disk-size needs --kv-disk-dir (the disk tier is off without a directory)")
+        if self.kv_disk_dir is None:
+            return
+        if not self.kv_disk_dir.strip():
+            raise ConfigError("--kv-disk-dir must name a directory")
+        if self.kv_disk_size is not None and self.kv_disk_size < 1:
+            raise ConfigError("--kv-disk-size must be a positive number of bytes")
+        if not self.enable_prefix_caching:
+            raise ConfigError("--kv-disk-dir needs prefix caching (its blocks are found by the prefix hash chain)")
+        if self.pipeline_parallel_size > 1:
+            raise ConfigError("--kv-disk-dir does not work with --pipeline-parallel-size > 1 yet")
+
+    @property
+    def kv_disk_bytes(self) -> int:
+        return DEFAULT_KV_DISK_SIZE if self.kv_disk_size is None else self.kv_disk_size

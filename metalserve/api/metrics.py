@@ -8,9 +8,11 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from metalserve.api.kv_disk_metrics import KVDiskMetrics, disk_log_suffix
 from metalserve.api.spec_metrics import SpecDecodeMetrics, spec_log_suffix
 from metalserve.engine.async_engine import IterationStats
 from metalserve.engine.protocol import SchedulerStatsLike
+from metalserve.kvcache.connector.base import ConnectorStats
 
 logger = logging.getLogger("metalserve.stats")
 
@@ -110,6 +112,7 @@ class Metrics:
         self._model = model_name
         self._last_cumulative = (0, 0, 0)
         self.spec = SpecDecodeMetrics(r, labels)
+        self.kv_disk = KVDiskMetrics(r, labels)
         self.log_state = StatLogState()
 
     def on_step(self, scheduler_stats: SchedulerStatsLike, iteration: IterationStats) -> None:
@@ -136,6 +139,7 @@ class Metrics:
             self._e2e.labels(m).observe(latency)
             self._success.labels(m, reason).inc()
         self.spec.observe(m, s)
+        self.kv_disk.observe(m, s.connector)
         self.log_state.record(scheduler_stats, iteration)
 
 
@@ -149,6 +153,7 @@ class StatLogState:
         self._since = time.monotonic()
         self._stats: SchedulerStatsLike | None = None
         self._last_spec = (0, 0, 0)  # cumulative draft counters at the previous line
+        self._last_disk: ConnectorStats | None = None  # the disk tier's counters at the previous line
 
     def record(self, stats: SchedulerStatsLike, iteration: IterationStats) -> None:
         with self._lock:
@@ -176,8 +181,13 @@ class StatLogState:
             f"Avg generation throughput: {gen / elapsed:.1f} tokens/s, "
             f"Running: {running} reqs, Waiting: {waiting} reqs, "
             f"GPU KV cache usage: {usage:.1f}%, Prefix cache hit rate: {hit_rate:.1f}%"
-            f"{self._spec_suffix(stats)}"
+            f"{self._spec_suffix(stats)}{self._disk_suffix(stats)}"
         )
+
+    def _disk_suffix(self, stats: SchedulerStatsLike | None) -> str:
+        now = stats.connector if stats is not None else None
+        last, self._last_disk = self._last_disk, now or self._last_disk
+        return disk_log_suffix(now, last)
 
     def _spec_suffix(self, stats: SchedulerStatsLike | None) -> str:
         """The draft acceptance since the previous line (nothing while speculation never ran)."""

@@ -77,6 +77,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--log-stats-interval", type=float, default=s.log_stats_interval, help="seconds; 0: off")
     parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--kv-disk-dir", default=None, help="a directory of KV blocks that outlives restarts (off)")
+    parser.add_argument("--kv-disk-size", type=int, default=None, help="bytes the KV directory may hold (16 GiB)")
     _add_pipeline_args(parser, d)
     parser.add_argument(
         "--speculative-config", default=None,
@@ -158,6 +160,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerSett
         chat_template=_chat_template(args.chat_template),
         tool_call_parser=args.tool_call_parser,
         seed=args.seed,
+        kv_disk_dir=args.kv_disk_dir,
+        kv_disk_size=args.kv_disk_size,
         pipeline_parallel_size=args.pipeline_parallel_size,
         pipeline_layer_partition=_partition(args.pipeline_layer_partition),
         pipeline_step_timeout=args.pipeline_step_timeout,

@@ -10,6 +10,7 @@ from typing import Any
 import mlx.core as mx
 
 from metalserve.config import ConfigError, EngineConfig
+from metalserve.engine.kv_disk import attach_disk_tier
 from metalserve.engine.kv_groups import build_scheduler, layer_groups, state_group
 from metalserve.engine.kv_plan import kv_block_bytes, plan_kv_pool
 from metalserve.engine.memory import format_bytes
@@ -97,6 +98,7 @@ class EngineCore:
             state_group=states or 1,
             proposer=build_proposer(speculation, config, loaded, platform, plan.initial_blocks, draft),
         )
+        attach_disk_tier(config, loaded, groups, scheduler, runner)
         mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * plan.num_blocks * spec.bytes_per_block))
         return cls(scheduler, runner, max_model_len, platform)
 
@@ -116,8 +118,8 @@ class EngineCore:
     def step(self) -> list[EngineCoreOutput]:
         self._ensure_stream()
         scheduler_output = self.scheduler.schedule()
-        if scheduler_output.is_empty and self.scheduler.num_waiting_for_grammar:
-            time.sleep(GRAMMAR_POLL_S)  # only compiling grammars wait: give their thread the CPU
+        if scheduler_output.is_empty and (self.scheduler.num_waiting_for_grammar or self.scheduler.num_waiting_for_kv):
+            time.sleep(GRAMMAR_POLL_S)  # only compiling grammars or loading blocks wait: give their threads the CPU
         runner_output = self.runner.execute_model(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
 
@@ -132,6 +134,11 @@ class EngineCore:
 
     def make_stats(self) -> SchedulerStats:
         return self.scheduler.make_stats()
+
+    def close(self) -> None:
+        """Finish the KV connector's queued saves and stop its threads."""
+        if self.runner.connector is not None:
+            self.runner.connector.close()
 
 
 def draft_for(

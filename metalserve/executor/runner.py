@@ -11,6 +11,7 @@ import mlx.core as mx
 
 from metalserve.executor.attention.base import AttentionBackend, LayerCacheSpec
 from metalserve.executor.attention.mlx import MlxAttention
+from metalserve.executor.connector.base import KVConnectorWorker
 from metalserve.executor.context import ForwardContext, GroupStep, forward_context
 from metalserve.executor.group_tables import GroupTables, group_step
 from metalserve.executor.input_batch import CachedRequestState
@@ -119,6 +120,7 @@ class ModelRunner:
         self.num_tables = len(self.layout.groups) - 1 + (self.states is not None)
         self.proposer = proposer
         self.drafting = DraftController()  # how many drafts pay (spec_decode/controller.py)
+        self.connector: KVConnectorWorker | None = None  # a KV connector's worker half (the disk tier)
 
     def grow_kv(self, num_blocks: int) -> None:
         """Extend every pool tensor to `num_blocks` blocks, keeping what the old blocks hold."""
@@ -186,8 +188,12 @@ class ModelRunner:
         if so.num_kv_blocks > self.spec.num_blocks:
             self.grow_kv(so.num_kv_blocks)
         self._update_states(so)
+        connector = self.connector
+        if connector is not None:
+            connector.start_load_kv(so.kv_connector_metadata, self.kv)
         if so.total_num_scheduled_tokens == 0:
-            return ModelRunnerOutput(sampled_token_ids={})
+            finished = connector.get_finished() if connector is not None else None
+            return ModelRunnerOutput(sampled_token_ids={}, kv_connector_output=finished)
         drafts = so.scheduled_spec_decode_tokens
         step = pack_step(self.requests, so.num_scheduled_tokens, self.spec.block_size, drafts)
         started = time.perf_counter()
@@ -197,6 +203,8 @@ class ModelRunner:
         windows = self._sample(logits, sampling, drafts)
         # Evaluate the pools with the logits so the scatters run now and release the old buffers.
         mx.eval(self._kv_arrays())
+        if connector is not None:  # the step's full blocks are computed now: copy them out
+            connector.save_kv(so.kv_connector_metadata, self.kv)
         sampled: dict[str, list[int]] = {rid: [] for rid in step.request_ids}
         logprobs: dict[str, list[TokenLogprob]] = {}
         for rid in step.request_ids:
@@ -212,7 +220,9 @@ class ModelRunner:
                 state.num_computed_tokens -= num_rejected(num_drafted, len(window.token_ids))
                 self.drafting.record_window(rid, num_drafted, len(window.token_ids) - 1)
         spec = self._propose(sampling, step, time.perf_counter() - started, drafts) if self.proposer else {}
-        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, spec_token_ids=spec)
+        finished = connector.get_finished() if connector is not None else None
+        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, spec_token_ids=spec,
+                                 kv_connector_output=finished)  # fmt: skip
 
     def _propose(
         self, sampling: list[CachedRequestState], step: StepInputs, seconds: float, drafts: dict[str, list[int]]

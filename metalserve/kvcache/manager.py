@@ -167,6 +167,10 @@ class KVCacheManager:
                 self.pool.cache_block(blocks[i], hashes[i])
         self._num_cached_blocks[request.request_id] = num_full
 
+    def chain_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
+        """The hash chain of the request's first `num_blocks` full blocks (the KV connector's keys)."""
+        return self._block_hashes(request, num_blocks)[:num_blocks]
+
     def _block_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
         """Extend the request's hash chain to cover its first `num_blocks` full blocks."""
         hashes = request.block_hashes

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from metalserve.kvcache.connector.base import ConnectorMetadata, ConnectorOutput
 from metalserve.outputs import TokenLogprob
 from metalserve.request import StructuredState
 from metalserve.sampling_params import SamplingParams
@@ -48,6 +49,8 @@ class SchedulerOutput:
     # Speculative decoding: the draft tokens scheduled after a request's last token (counted in
     # num_scheduled_tokens); the runner verifies them in this step's forward.
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # A KV connector's loads and saves for this step (kvcache/connector/); None: nothing to move.
+    kv_connector_metadata: ConnectorMetadata | None = None
 
     @property
     def is_empty(self) -> bool:
@@ -62,3 +65,4 @@ class ModelRunnerOutput:
     sampled_token_ids: dict[str, list[int]]
     logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    kv_connector_output: ConnectorOutput | None = None  # a KV connector's finished transfers
