@@ -154,7 +154,8 @@ class DiskStore:
         for _, key, size in sorted(found):
             self._index[key] = size
             self.usage_bytes += size
-        self._evict_over_capacity()
+        for victim in self._evict_over_capacity():  # a smaller --kv-disk-size than last time
+            self._unlink(self.path(victim))
 
     def path(self, key: str) -> Path:
         return self.directory / f"{key}{SUFFIX}"
