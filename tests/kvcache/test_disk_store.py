@@ -131,3 +131,20 @@ def test_decode_checks_the_key_it_was_written_for() -> None:
     assert np.array_equal(decode_block(data, KEYS[0])["kv.1"], block(0)["kv.1"])
     with pytest.raises(store_module.CorruptBlock, match="another key"):
         decode_block(data, KEYS[1])
+
+
+def test_a_block_queued_for_writing_is_found_and_read_from_memory(tmp_path: Path) -> None:
+    """Write-through: a block the RAM cache evicts before its file is written is still a hit."""
+    store = DiskStore(tmp_path, 1 << 20)
+    store.mark_pending(KEYS[0])
+    assert not store.contains(KEYS[0]) and store.has_or_pending(KEYS[0])  # offered, no pages yet
+    store.stage(KEYS[0], block(0))
+    assert store.contains(KEYS[0]) and not list(tmp_path.iterdir())
+    got = store.read(KEYS[0])
+    assert got is not None and np.array_equal(got["kv.0"], block(0)["kv.0"])
+    store.write(KEYS[0], block(0))
+    assert store.contains(KEYS[0]) and not store.has_or_pending(KEYS[1])
+    store.mark_pending(KEYS[1])
+    store.stage(KEYS[1], block(1))
+    store.drop_pending(KEYS[1])  # the writer fell behind and gave it up
+    assert not store.contains(KEYS[1]) and not store.has_or_pending(KEYS[1])

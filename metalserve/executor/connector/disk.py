@@ -108,6 +108,7 @@ class DiskConnectorWorker(KVConnectorWorker):
                                            "saved", self._pending_bytes >> 20)  # fmt: skip
                 continue
             block["dtype"] = tag
+            self.store.stage(transfer.key, block)
             self._writes.put((transfer.key, block, {"block_size": str(self.block_size)}))
 
     def _write_loop(self) -> None:

@@ -107,7 +107,9 @@ class DiskStore:
         self.capacity_bytes = capacity_bytes
         self._lock = threading.Lock()
         self._index: OrderedDict[str, int] = OrderedDict()  # least recently used first
-        self._pending: set[str] = set()  # queued for writing
+        # Offered for writing: None until the worker hands over the pages, then the pages themselves until
+        # the file is written, so a block is found (and read from memory) from the step that computed it.
+        self._pending: dict[str, dict[str, np.ndarray] | None] = {}
         self.usage_bytes = 0
         self.bytes_loaded = 0
         self.bytes_saved = 0
@@ -161,7 +163,8 @@ class DiskStore:
         return self.directory / f"{key}{SUFFIX}"
 
     def contains(self, key: str) -> bool:
-        return key in self._index
+        """On disk, or on its way there with its pages in memory."""
+        return key in self._index or self._pending.get(key) is not None
 
     def has_or_pending(self, key: str) -> bool:
         with self._lock:
@@ -169,12 +172,17 @@ class DiskStore:
 
     def mark_pending(self, key: str) -> None:
         with self._lock:
-            self._pending.add(key)
+            self._pending.setdefault(key, None)
+
+    def stage(self, key: str, tensors: dict[str, np.ndarray]) -> None:
+        """The pages of a block queued for writing (readers take them from here until it is written)."""
+        with self._lock:
+            self._pending[key] = tensors
 
     def drop_pending(self, key: str) -> None:
         """A queued write that was given up (the writer fell behind): the block may be offered again."""
         with self._lock:
-            self._pending.discard(key)
+            self._pending.pop(key, None)
 
     def keys(self) -> list[str]:
         """Least recently used first."""
@@ -193,7 +201,7 @@ class DiskStore:
             return self._write(key, encode_block(key, tensors, metadata))
         finally:
             with self._lock:
-                self._pending.discard(key)
+                self._pending.pop(key, None)
 
     def _write(self, key: str, data: bytes) -> bool:
         if not self.writable:
@@ -242,6 +250,10 @@ class DiskStore:
     def read(self, key: str) -> dict[str, np.ndarray] | None:
         """The block's tensors, or None (a miss): a missing, truncated or corrupt file is logged and removed."""
         started = time.perf_counter()
+        with self._lock:
+            staged = self._pending.get(key)
+        if staged is not None:
+            return dict(staged)
         path = self.path(key)
         try:
             data = path.read_bytes()
