@@ -30,6 +30,7 @@ def _generate_args(sub: argparse._SubParsersAction) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     from metalserve.config import ConfigError, EngineConfig
+    from metalserve.executor.models.families import check_supported
     from metalserve.generate import encode_chat, generate
     from metalserve.loader import ModelLoadError, load_model
     from metalserve.sampling_params import SamplingParams
@@ -44,7 +45,7 @@ def run_generate(args: argparse.Namespace) -> int:
             ignore_eos=args.ignore_eos,
         )  # fmt: skip
         config = EngineConfig(model=args.model, weights=args.weights, max_model_len=args.max_model_len)
-        loaded = load_model(args.model, weights=args.weights)
+        loaded = load_model(args.model, weights=args.weights, check_model_type=check_supported)
         prompts = [loaded.tokenizer.encode(p) for p in args.prompt] + [encode_chat(loaded, m) for m in args.chat]
         results = generate(loaded, prompts, params, config)
     except (ConfigError, ModelLoadError, ValueError) as e:

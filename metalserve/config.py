@@ -12,6 +12,7 @@ from typing import Literal
 
 from metalserve.distributed.partition import parse_partition
 from metalserve.flags import flag
+from metalserve.platform import CPU_MAX_NUM_BATCHED_TOKENS, MAX_NUM_BATCHED_TOKENS
 from metalserve.spec_decode.config import SpeculativeConfig
 
 SchedulingPolicy = Literal["fcfs", "priority"]
@@ -21,10 +22,6 @@ AttentionBackendName = Literal["auto", "metal", "cpu", "mlx", "reference"]
 ATTENTION_BACKEND_NAMES: tuple[str, ...] = ("auto", "metal", "cpu", "mlx", "reference")
 
 
-# `metalserve serve`'s token budget where MLX runs on the CPU: steps of up to 512 tokens run on the host
-# (executor/host/forward.py), and smaller steps let new prompts start sooner. At concurrency 8
-# (bench/compare_peers.py) mean TTFT was 4.4 s at 512 against 7.6 s at 2048, at the same output tok/s.
-CPU_MAX_NUM_BATCHED_TOKENS = 512
 
 
 class ConfigError(ValueError):
@@ -57,8 +54,9 @@ class EngineConfig:
     block_size: int = flag(16, "tokens per KV cache block", choices=(8, 16, 32))
     max_num_seqs: int = flag(64, "most requests in one batch")
     max_num_batched_tokens: int = flag(
-        2048,
-        f"token budget per step (default: {CPU_MAX_NUM_BATCHED_TOKENS} where MLX runs on the CPU, else 2048)",
+        MAX_NUM_BATCHED_TOKENS,
+        f"token budget per step (default: {CPU_MAX_NUM_BATCHED_TOKENS} where MLX runs on the CPU, "
+        f"else {MAX_NUM_BATCHED_TOKENS})",
         when_absent=default_token_budget,
     )
     long_prefill_token_threshold: int = flag(0, "the most tokens one prefill chunk may take; 0: no limit")

@@ -16,6 +16,7 @@ from metalserve.engine.memory import format_bytes
 from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.models.adapter import PagedModel
+from metalserve.executor.models.families import check_supported
 from metalserve.executor.runner import KVCacheSpec, ModelRunner
 from metalserve.executor.sampler import Sampler
 from metalserve.kvcache.specs import LayerGroupSpec, RecurrentState
@@ -56,6 +57,7 @@ class EngineCore:
             weights=config.weights,
             dequantize_max_bytes=config.dequantize_max_bytes,
             chat_template=config.chat_template,
+            check_model_type=check_supported,
         )
         return cls.from_loaded(config, loaded), loaded
 
@@ -67,7 +69,8 @@ class EngineCore:
         model = PagedModel.from_loaded(loaded, platform)
         head_dims = {shape[1] for shape in model.kv_layout.tensors}
         latent = model.kv_layout.value_dim is not None
-        attention = select_attention(config.attention_backend, loaded.dtype, platform, head_dims, latent_kv=latent)
+        dtype = model.family.activation_dtype(loaded.model)
+        attention = select_attention(config.attention_backend, dtype, platform, head_dims, latent_kv=latent)
         logger.info("platform: %s", platform.describe())
         logger.info("attention: %s", attention.description)
         logger.info("on the host: %s", model.host_description())
@@ -143,7 +146,8 @@ def draft_for(
     if spec is None or spec.method != "draft_model":
         return spec, None
     if draft is None:
-        draft = load_model(spec.model, weights=config.weights, dequantize_max_bytes=config.dequantize_max_bytes)
+        draft = load_model(spec.model, weights=config.weights, dequantize_max_bytes=config.dequantize_max_bytes,
+                           check_model_type=check_supported)  # fmt: skip
     return spec, draft
 
 
