@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -33,21 +34,35 @@ FAMILIES = {
 }
 MATRIX = (*ARCHS, *HYBRID_TYPES, *MLA_TYPES)
 VOCAB = 256  # prompts draw ids below every tiny model's vocabulary
+# transformers validates config.json when it loads the tokenizer; mlx-lm does not read these fields.
+HF_FIELDS: dict[str, dict[str, Any]] = {
+    "exaone4": {"layer_types": ["sliding_attention"] * 3 + ["full_attention"]},  # as EXAONE 4.0 ships it
+    "granitemoehybrid": {"mamba_expand": 1},  # mamba heads x head dim = expand x hidden
+}
 
 
 def write_model_dir(path: Path, arch: str) -> Path:
     """config.json + model.safetensors + tokenizer files for `arch` (a key of MATRIX)."""
+    _write(path, arch)
+    config = json.loads((path / "config.json").read_text())
+    # A null the tiny config did not ask for is a default left unresolved: leave it to each reader.
+    config = {k: v for k, v in config.items() if v is not None or k in ARCHS.get(arch, {})}
+    config |= HF_FIELDS.get(arch, {})
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def _write(path: Path, arch: str) -> None:
     if arch in HYBRID_TYPES:
         model = tiny_hybrid(arch)
         path.mkdir(parents=True, exist_ok=True)
         mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
         (path / "config.json").write_text(json.dumps({"model_type": arch, **_BASE, **CONFIGS[arch]}))
         save_hf_tokenizer(path)
-        return path
-    if arch in MLA_TYPES:
+    elif arch in MLA_TYPES:
         write_mla_dir(path, arch)
-        return path
-    return write_tiny_dir(path, arch, layers=4)
+    else:
+        write_tiny_dir(path, arch, layers=4)
 
 
 def mlx_lm_model(path: Path) -> nn.Module:
