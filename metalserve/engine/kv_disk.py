@@ -47,7 +47,7 @@ def attach_disk_tier(
     layout = runner.layout
     fingerprint = model_fingerprint(
         loaded.model, loaded.model_type,
-        {"tensors": layout.tensors, "value_dim": layout.value_dim, "dtype": str(loaded.dtype)},
+        {"tensors": layout.tensors, "value_dim": layout.value_dim, "dtype": str(runner.spec.dtype)},
     )  # fmt: skip
     store = DiskStore(config.kv_disk_dir, config.kv_disk_bytes)
     namespace = StoreNamespace(fingerprint, 0, STORAGE_DTYPE, config.block_size)
