@@ -2,7 +2,7 @@
 
     python tools/tile_choices.py [--out tile_choices.json]
 
-The sizes depend on shapes only (metalserve/kernels/tiled.py), so they are the same on every machine;
+The sizes depend on shapes only (metalserve/kernels/metal/tiled.py), so they are the same on every machine;
 the Mac CI job uploads them next to the device's description and the kernels' recorded outputs, so a
 failure on a GPU can be read against the threadgroup sizes it launched.
 """
@@ -20,8 +20,8 @@ sys.path.insert(0, str(ROOT))
 
 import mlx.core as mx  # noqa: E402
 
-from metalserve.kernels.paged import HEAD_DIMS  # noqa: E402
-from metalserve.kernels.tiled import THREADGROUP_MEMORY, threadgroup_bytes, tiling  # noqa: E402
+from metalserve.kernels.metal.paged import HEAD_DIMS  # noqa: E402
+from metalserve.kernels.metal.tiled import THREADGROUP_MEMORY, threadgroup_bytes, tiling  # noqa: E402
 
 GROUPS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 64, 128)  # query heads per KV head
 

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from metalserve.kernels.paged import HEAD_DIMS
-from metalserve.kernels.tiled import THREADGROUP_MEMORY, max_rows, tiling
+from metalserve.kernels.metal.paged import HEAD_DIMS
+from metalserve.kernels.metal.tiled import THREADGROUP_MEMORY, max_rows, tiling
 from tools.tile_choices import GROUPS, report
 
 ROOT = Path(__file__).resolve().parents[2]
