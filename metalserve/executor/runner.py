@@ -15,7 +15,8 @@ from metalserve.executor.context import ForwardContext, GroupStep, forward_conte
 from metalserve.executor.group_tables import GroupTables, group_step
 from metalserve.executor.input_batch import CachedRequestState
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.executor.models.kv_layout import KVLayout, loaded_kv_layout
+from metalserve.executor.models.families import family_of, kv_shape
+from metalserve.executor.models.kv_layout import KVLayout
 from metalserve.executor.state_cache import RecurrentStates
 from metalserve.executor.step_inputs import StepInputs, pack_step
 from metalserve.outputs import TokenLogprob
@@ -65,8 +66,8 @@ class KVCacheSpec:
     def for_model(
         cls, loaded: LoadedModel, block_size: int, num_blocks: int, state_bytes_per_block: int = 0
     ) -> KVCacheSpec:
-        layout = loaded_kv_layout(loaded.model, loaded.model_type)
-        return cls(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, block_size, num_blocks,
+        layout, shape = family_of(loaded).kv_layout(loaded.model), kv_shape(loaded)
+        return cls(shape.num_layers, shape.num_kv_heads, shape.head_dim, shape.dtype, block_size, num_blocks,
                    layout.tensors, state_bytes_per_block, layout.value_dim)  # fmt: skip
 
 
