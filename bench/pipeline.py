@@ -39,11 +39,12 @@ from metalserve.distributed.wire import (
     send_message,
     split_payload,
 )
+from metalserve.executor.attention.base import dtype_name
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.context import forward_context
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.compute import MlxCompute
-from metalserve.executor.runner import KVCacheSpec
+from metalserve.kvcache.specs import KVCacheSpec
 from metalserve.loader import load_model
 from metalserve.platform import current_platform
 
@@ -66,7 +67,8 @@ def build_stage(args: argparse.Namespace, rank: int) -> tuple[Stage, PagedModel,
     keep_layers(loaded.model, slices[rank], first=rank == 0)
     model = PagedModel(loaded.model, loaded.model_type, MlxCompute())
     blocks = max(args.batches) * -(-args.context // BLOCK) + 1
-    spec = KVCacheSpec(len(slices[rank]), loaded.num_kv_heads, loaded.head_dim, loaded.dtype, BLOCK, blocks)
+    spec = KVCacheSpec.uniform(len(slices[rank]), loaded.num_kv_heads, loaded.head_dim, dtype_name(loaded.dtype),
+                               loaded.dtype.size, BLOCK, blocks)  # fmt: skip
     backend = select_attention("auto", loaded.dtype, current_platform())
     return Stage(model, spec, backend), model, slices[rank], param_bytes(loaded.model)
 
@@ -132,7 +134,7 @@ def main() -> int:
     group = init_group(2)
     stage, model, layers, weights = build_stage(args, group.rank())
     if group.rank() == 1:
-        times = rank1_loop(stage, group, stage.spec.dtype)
+        times = rank1_loop(stage, group, getattr(mx, stage.spec.page.dtype))
         mx.eval(mx.distributed.send(mx.array(times, dtype=mx.float32), 0, group=group))
         return 0
     rows = measure(args, stage, model, group)

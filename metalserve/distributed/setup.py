@@ -23,11 +23,11 @@ from metalserve.engine.memory import (
     pool_block_cap,
     total_memory_bytes,
 )
-from metalserve.executor.attention.base import AttentionBackend
+from metalserve.executor.attention.base import AttentionBackend, dtype_name
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.compute import MlxCompute
-from metalserve.kvcache.sizing import kv_bytes_per_block
+from metalserve.kvcache.specs import KVCacheSpec
 from metalserve.loader import LoadedModel, load_model
 from metalserve.loader.weights_mode import fp32_bytes, should_dequantize
 from metalserve.platform import current_platform
@@ -103,8 +103,9 @@ def _blocks_fit(
     config: EngineConfig, loaded: LoadedModel, layers: range, rank: int, max_num_seqs: int
 ) -> tuple[int, int]:
     """(KV blocks this rank can hold for its layers, bytes per block here)."""
-    per_block = kv_bytes_per_block(len(layers), loaded.num_kv_heads, loaded.head_dim, loaded.dtype.size,
-                                   config.block_size)  # fmt: skip
+    dtype = dtype_name(loaded.dtype)
+    per_block = KVCacheSpec.uniform(len(layers), loaded.num_kv_heads, loaded.head_dim, dtype, loaded.dtype.size,
+                                    config.block_size).bytes_per_block  # fmt: skip
     if config.kv_cache_memory is not None:
         return config.kv_cache_memory // per_block, per_block
     held = int(mx.get_active_memory())

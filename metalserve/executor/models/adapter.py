@@ -11,11 +11,12 @@ import numpy as np
 from metalserve.executor.models.attention_traits import all_traits
 from metalserve.executor.models.compute import MlxCompute, ModelCompute
 from metalserve.executor.models.hybrid import install_hybrid
-from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES
+from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES, mixers_of
 from metalserve.executor.models.kv_layout import hybrid_kv_layout, mla_kv_layout, model_kv_layout
 from metalserve.executor.models.mla import PagedMLA, is_mla_attention
 from metalserve.executor.models.paged_attention import PagedAttention
 from metalserve.executor.state_cache import StateLayout
+from metalserve.kvcache.specs import KVCacheSpec, PageDtype, RecurrentState
 
 if TYPE_CHECKING:
     from metalserve.loader import LoadedModel
@@ -45,6 +46,7 @@ class PagedModel:
             raise ValueError(f"model type {model_type!r} is not supported (supported: {SUPPORTED_MODEL_TYPES})")
         self.model = model
         self.state_layout: StateLayout | None = None  # the recurrent layers' states, for hybrid models
+        self.state_groups: tuple[RecurrentState, ...] = ()  # their layer group (kvcache/specs.py)
         if model_type in HYBRID_MODEL_TYPES:
             self._install_hybrid(model, model_type)
         else:
@@ -86,6 +88,8 @@ class PagedModel:
         self.tied = parts.lm_head is None
         self.kv_layout = hybrid_kv_layout(model, model_type)
         self.state_layout = parts.state_layout
+        layers = tuple(m.layer_idx for m in mixers_of(model, model_type) if m.kind == "state")
+        self.state_groups = (RecurrentState(layers=layers, state_bytes=parts.state_layout.slot_bytes),)
         self.logits_scaling = parts.logits_divisor if parts.logits_divisor != 1.0 else None
         self.final_softcap = self.logit_scale = None
 
@@ -95,6 +99,11 @@ class PagedModel:
         from metalserve.executor.host import choose_compute
 
         return cls(loaded.model, loaded.model_type, choose_compute(platform, loaded.codes, loaded.model_type))
+
+    def get_kv_cache_spec(self, page: PageDtype, block_size: int, num_blocks: int = 0) -> KVCacheSpec:
+        """The cache spec of every layer group (vLLM's get_kv_cache_spec): attention pages stored as
+        `page` says, recurrent states as they are."""
+        return self.kv_layout.kv_cache_spec(page, block_size, self.state_groups, num_blocks)
 
     def host_bytes(self) -> int:
         """Bytes of weights held outside MLX (the stored codes), which MLX's memory counters do not see."""
