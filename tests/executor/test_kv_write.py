@@ -9,9 +9,9 @@ import pytest
 from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.cpu import CpuAttention
 from metalserve.executor.attention.mlx import MlxAttention
+from metalserve.executor.attention.reference import write_kv
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import ModelRunner
-from metalserve.kernels.reference import write_kv
 from metalserve.kvcache.specs import KVCacheSpec
 from metalserve.sampling_params import SamplingParams
 from metalserve.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
