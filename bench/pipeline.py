@@ -39,12 +39,11 @@ from metalserve.distributed.wire import (
     send_message,
     split_payload,
 )
-from metalserve.executor.attention.base import dtype_name
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.context import forward_context
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.compute import MlxCompute
-from metalserve.kvcache.specs import KVCacheSpec
+from metalserve.executor.models.families import kv_cache_spec, kv_shape
 from metalserve.loader import load_model
 from metalserve.platform import current_platform
 
@@ -67,9 +66,8 @@ def build_stage(args: argparse.Namespace, rank: int) -> tuple[Stage, PagedModel,
     keep_layers(loaded.model, slices[rank], first=rank == 0)
     model = PagedModel(loaded.model, loaded.model_type, MlxCompute())
     blocks = max(args.batches) * -(-args.context // BLOCK) + 1
-    spec = KVCacheSpec.uniform(len(slices[rank]), loaded.num_kv_heads, loaded.head_dim, dtype_name(loaded.dtype),
-                               loaded.dtype.size, BLOCK, blocks)  # fmt: skip
-    backend = select_attention("auto", loaded.dtype, current_platform())
+    spec = kv_cache_spec(loaded, BLOCK, num_blocks=blocks)  # the slice's layers
+    backend = select_attention("auto", kv_shape(loaded).dtype, current_platform())
     return Stage(model, spec, backend), model, slices[rank], param_bytes(loaded.model)
 
 

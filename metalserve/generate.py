@@ -12,7 +12,7 @@ import mlx.core as mx
 
 from metalserve.config import EngineConfig
 from metalserve.engine.core import EngineCore, resolve_max_model_len
-from metalserve.executor.models.kv_layout import kv_cache_spec
+from metalserve.executor.models.families import kv_cache_spec
 from metalserve.kvcache.sizing import blocks_for_request
 from metalserve.loader import LoadedModel
 from metalserve.request import Request

@@ -15,12 +15,12 @@ from metalserve.distributed.core import PipelineEngineCore
 from metalserve.distributed.handshake import StartupError
 from metalserve.distributed.launch import init_group, launched_externally, spawn_local_ranks
 from metalserve.distributed.rank0 import PipelineRunner
-from metalserve.distributed.setup import RankSetup, setup_rank, sliced_loaded
+from metalserve.distributed.setup import RankSetup, setup_rank
 from metalserve.distributed.watchdog import Watchdog
 from metalserve.distributed.worker import run_worker
 from metalserve.engine.core import BUFFER_CACHE_FRACTION
 from metalserve.engine.kv_groups import build_scheduler
-from metalserve.executor.models.kv_layout import kv_cache_spec
+from metalserve.executor.models.families import kv_cache_spec
 from metalserve.executor.sampler import Sampler
 from metalserve.loader import LoadedModel, ModelLoadError
 
@@ -68,7 +68,7 @@ def run_rank_in_group(config: EngineConfig, group: mx.distributed.Group) -> int:
 
 def build_core(config: EngineConfig, setup: RankSetup, group: mx.distributed.Group) -> PipelineEngineCore:
     loaded = setup.loaded
-    spec = kv_cache_spec(sliced_loaded(setup), config.block_size, num_blocks=setup.initial_blocks)
+    spec = kv_cache_spec(setup.loaded, config.block_size, num_blocks=setup.initial_blocks)
     runner = PipelineRunner(setup.model, spec, group, eos_token_ids=loaded.eos_token_ids,
                             sampler=Sampler(config.seed), backend=setup.backend)  # fmt: skip
     mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * setup.num_blocks * spec.bytes_per_block))

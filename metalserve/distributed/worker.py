@@ -84,11 +84,10 @@ class Worker:
 
 
 def run_worker(setup: RankSetup, group: mx.distributed.Group, block_size: int) -> None:
-    from metalserve.distributed.setup import sliced_loaded
-    from metalserve.executor.models.kv_layout import kv_cache_spec
+    from metalserve.executor.models.families import kv_cache_spec, kv_shape
 
-    spec = kv_cache_spec(sliced_loaded(setup), block_size, num_blocks=setup.initial_blocks)
-    worker = Worker(Stage(setup.model, spec, setup.backend), group, setup.loaded.dtype)
+    spec = kv_cache_spec(setup.loaded, block_size, num_blocks=setup.initial_blocks)
+    worker = Worker(Stage(setup.model, spec, setup.backend), group, kv_shape(setup.loaded).dtype)
     logger.info("pipeline rank %d ready: layers %d-%d", setup.rank, setup.layers.start, setup.layers.stop - 1)
     try:
         worker.serve()

@@ -13,13 +13,13 @@ from metalserve.config import ConfigError, EngineConfig
 from metalserve.engine.kv_groups import build_scheduler, state_group
 from metalserve.engine.kv_plan import plan_kv_pool
 from metalserve.engine.memory import format_bytes
-from metalserve.executor.attention.base import AttentionBackend, dtype_name
+from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.executor.models.kv_layout import kv_cache_spec
+from metalserve.executor.models.families import check_supported, kv_cache_spec
 from metalserve.executor.runner import ModelRunner
 from metalserve.executor.sampler import Sampler
-from metalserve.kvcache.specs import KVCacheSpec, LayerGroupSpec, PageDtype, RecurrentState
+from metalserve.kvcache.specs import KVCacheSpec, LayerGroupSpec, RecurrentState
 from metalserve.loader import LoadedModel, load_model
 from metalserve.outputs import EngineCoreOutput
 from metalserve.platform import Platform, current_platform
@@ -57,6 +57,7 @@ class EngineCore:
             weights=config.weights,
             dequantize_max_bytes=config.dequantize_max_bytes,
             chat_template=config.chat_template,
+            check_model_type=check_supported,
         )
         return cls.from_loaded(config, loaded), loaded
 
@@ -66,10 +67,11 @@ class EngineCore:
         platform = current_platform()
         max_model_len = resolve_max_model_len(config, loaded.max_model_len)
         model = PagedModel.from_loaded(loaded, platform)
-        spec = model.get_kv_cache_spec(model_page(loaded), config.block_size)
+        spec = model.get_kv_cache_spec(model.family.page(loaded.model), config.block_size)
         head_dims = {t.head_dim for t in spec.tensors}
         latent = model.kv_layout.value_dim is not None
-        attention = select_attention(config.attention_backend, loaded.dtype, platform, head_dims, latent_kv=latent)
+        dtype = model.family.activation_dtype(loaded.model)
+        attention = select_attention(config.attention_backend, dtype, platform, head_dims, latent_kv=latent)
         logger.info("platform: %s", platform.describe())
         logger.info("attention: %s", attention.description)
         logger.info("on the host: %s", model.host_description())
@@ -144,7 +146,8 @@ def draft_for(
     if spec is None or spec.method != "draft_model":
         return spec, None
     if draft is None:
-        draft = load_model(spec.model, weights=config.weights, dequantize_max_bytes=config.dequantize_max_bytes)
+        draft = load_model(spec.model, weights=config.weights, dequantize_max_bytes=config.dequantize_max_bytes,
+                           check_model_type=check_supported)  # fmt: skip
     return spec, draft
 
 
@@ -194,11 +197,6 @@ def resolve_max_model_len(config: EngineConfig, model_len: int) -> int:
             f"--max-model-len {config.max_model_len} is longer than the model's context ({model_len} tokens)"
         )
     return config.max_model_len
-
-
-def model_page(loaded: LoadedModel) -> PageDtype:
-    """The KV page dtype the engine keeps for `loaded`: the model's own dtype."""
-    return PageDtype(dtype_name(loaded.dtype), loaded.dtype.size)
 
 
 def measure_step_peak(

@@ -104,7 +104,6 @@ def build_draft_proposer(
     from metalserve.config import ConfigError
     from metalserve.executor.attention.select import select_attention
     from metalserve.executor.models.adapter import PagedModel
-    from metalserve.executor.models.kv_layout import kv_cache_spec
 
     vocab = int(draft.model.args.vocab_size)
     if vocab != target_vocab:
@@ -115,6 +114,7 @@ def build_draft_proposer(
     model = PagedModel.from_loaded(draft, platform)
     if len(model.kv_layout.groups) != 1 or model.state_layout is not None:
         raise ConfigError("--speculative-config: the draft model must be all full attention (one KV layer group)")
-    spec = kv_cache_spec(draft, block_size, num_blocks=num_blocks)
-    backend = select_attention(attention, draft.dtype, platform, {t.head_dim for t in spec.tensors})
+    spec = model.get_kv_cache_spec(model.family.page(draft.model), block_size, num_blocks)
+    dtype = model.family.activation_dtype(draft.model)
+    backend = select_attention(attention, dtype, platform, {t.head_dim for t in spec.tensors})
     return DraftModelProposer(model, spec, backend, k)

@@ -59,7 +59,7 @@ def reference_tokens(spec: dict[str, Any]) -> dict[str, list[int]]:
     from metalserve.executor.attention.mlx import MlxAttention
     from metalserve.executor.models.adapter import PagedModel
     from metalserve.executor.models.compute import MlxCompute
-    from metalserve.executor.models.kv_layout import kv_cache_spec
+    from metalserve.executor.models.families import kv_cache_spec
     from metalserve.executor.runner import ModelRunner
     from metalserve.executor.sampler import Sampler
     from metalserve.loader import load_model

@@ -8,7 +8,7 @@ import pytest
 
 from metalserve.config import EngineConfig
 from metalserve.engine import kv_groups
-from metalserve.executor.models.kv_layout import kv_cache_spec
+from metalserve.executor.models.families import kv_cache_spec, kv_shape
 from metalserve.kvcache.specs import FullAttention, KVCacheSpec, RecurrentState
 from tests.engine.test_core import tiny_loaded
 
@@ -16,12 +16,13 @@ from tests.engine.test_core import tiny_loaded
 def test_todays_models_are_one_full_attention_group(caplog: pytest.LogCaptureFixture) -> None:
     loaded = tiny_loaded()
     spec = kv_cache_spec(loaded, 8)
-    kv = {"num_kv_heads": loaded.num_kv_heads, "head_dim": loaded.head_dim}
-    assert spec.groups == (FullAttention(layers=tuple(range(loaded.num_layers)), **kv),)
+    shape = kv_shape(loaded)
+    kv = {"num_kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim}
+    assert spec.groups == (FullAttention(layers=tuple(range(shape.num_layers)), **kv),)
     with caplog.at_level(logging.INFO, logger="metalserve.engine"):
         s = kv_groups.build_scheduler(EngineConfig(block_size=8), spec, 64, 256, None)
     assert s.kv.specs == list(spec.groups) and s.kv.enable_caching
-    assert f"FullAttention x{loaded.num_layers}" in caplog.text
+    assert f"FullAttention x{shape.num_layers}" in caplog.text
 
 
 def test_a_state_without_snapshots_logs_that_prefix_caching_is_off(caplog: pytest.LogCaptureFixture) -> None:

@@ -15,7 +15,7 @@ import pytest
 from metalserve.executor.attention import reference
 from metalserve.executor.attention.metal import KernelAttention
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.executor.models.kv_layout import kv_cache_spec
+from metalserve.executor.models.families import kv_cache_spec
 from metalserve.executor.runner import ModelRunner
 from metalserve.executor.sampler import Sampler
 from metalserve.kernels.metal.launch import KernelLaunch

@@ -8,7 +8,7 @@ import numpy as np
 
 from metalserve.config import EngineConfig
 from metalserve.engine.core import EngineCore
-from metalserve.executor.models.kv_layout import kv_cache_spec
+from metalserve.executor.models.families import kv_cache_spec
 from metalserve.loader import LoadedModel
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams

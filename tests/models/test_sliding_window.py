@@ -10,7 +10,8 @@ from prometheus_client import generate_latest
 
 from metalserve.api.metrics import Metrics
 from metalserve.engine.request_output import IterationStats
-from metalserve.executor.models.kv_layout import kv_cache_spec, model_kv_layout
+from metalserve.executor.models.families import kv_cache_spec
+from metalserve.executor.models.kv_layout import model_kv_layout
 from metalserve.kvcache.specs import FullAttention, SlidingWindow
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams

@@ -225,7 +225,7 @@ class OracleProposer:
 def test_a_sliding_window_model_speculates_with_the_same_text_under_preemption() -> None:
     # Rejected drafts roll num_computed_tokens back to no less than it was when the step was scheduled,
     # and a window group frees only blocks behind that point: nothing a rollback needs is ever freed.
-    from metalserve.executor.models.kv_layout import kv_cache_spec
+    from metalserve.executor.models.families import kv_cache_spec
     from tests.models import golden
     from tests.models.archs import build
 

@@ -13,7 +13,6 @@ Layers that read another layer's K/V (gemma4's shared KV) own no tensor: they us
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import mlx.nn as nn
 
@@ -21,16 +20,12 @@ from metalserve.executor.models.attention_traits import AttentionTraits, all_tra
 from metalserve.kvcache.specs import (
     AttentionSpec,
     FullAttention,
-    KVCacheDtype,
     KVCacheSpec,
     MLALatent,
     PageDtype,
     RecurrentState,
     SlidingWindow,
 )
-
-if TYPE_CHECKING:
-    from metalserve.loader import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -154,37 +149,3 @@ def mla_kv_layout(model: nn.Module) -> KVLayout | None:
         layer_tensor=tuple(range(n)),
         layer_group=(0,) * n,
     )
-
-
-def loaded_kv_layout(model: nn.Module, model_type: str) -> KVLayout:
-    """The layout of a loaded mlx-lm model of `model_type` (hybrids keep K/V for attention layers only)."""
-    from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES
-
-    if model_type in HYBRID_MODEL_TYPES:
-        return hybrid_kv_layout(model, model_type)
-    return mla_kv_layout(model) or model_kv_layout(model)
-
-
-def state_groups(loaded: LoadedModel) -> tuple[RecurrentState, ...]:
-    """A hybrid's recurrent layers, in one group; a boundary state (conv + recurrent arrays) is the
-    whole state, so it can be snapshotted for the prefix cache. Its slot bytes come from the state
-    layout (executor/state_cache.py)."""
-    from metalserve.executor.models.hybrid import state_layout_of
-    from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES, mixers_of
-
-    if loaded.model_type not in HYBRID_MODEL_TYPES:
-        return ()
-    layers = tuple(m.layer_idx for m in mixers_of(loaded.model, loaded.model_type) if m.kind == "state")
-    state_bytes = state_layout_of(loaded.model, loaded.model_type).slot_bytes
-    return (RecurrentState(layers=layers, snapshots=True, state_bytes=state_bytes),)
-
-
-def kv_cache_spec(
-    loaded: LoadedModel, block_size: int, storage: KVCacheDtype = "auto", num_blocks: int = 0
-) -> KVCacheSpec:
-    """The loaded model's cache spec (PagedModel.get_kv_cache_spec answers the same for an installed model)."""
-    from metalserve.executor.attention.base import dtype_name
-
-    page = PageDtype(dtype_name(loaded.dtype), loaded.dtype.size, storage)
-    layout = loaded_kv_layout(loaded.model, loaded.model_type)
-    return layout.kv_cache_spec(page, block_size, state_groups(loaded), num_blocks)
