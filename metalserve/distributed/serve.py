@@ -59,7 +59,7 @@ def start_pipeline(config: EngineConfig) -> tuple[PipelineEngineCore, LoadedMode
 def run_rank_in_group(config: EngineConfig, group: mx.distributed.Group) -> int:
     try:
         setup = setup_rank(config, group)
-        run_worker(setup, group, config.block_size)
+        run_worker(setup, group, config.block_size, config.kv_cache_dtype)
     except (StartupError, ModelLoadError, ValueError, RuntimeError) as exc:  # RuntimeError: a peer went away
         logger.error("pipeline rank %d: %s", group.rank(), exc)
         return 1
@@ -68,7 +68,7 @@ def run_rank_in_group(config: EngineConfig, group: mx.distributed.Group) -> int:
 
 def build_core(config: EngineConfig, setup: RankSetup, group: mx.distributed.Group) -> PipelineEngineCore:
     loaded = setup.loaded
-    spec = kv_cache_spec(setup.loaded, config.block_size, num_blocks=setup.initial_blocks)
+    spec = kv_cache_spec(setup.loaded, config.block_size, config.kv_cache_dtype, setup.initial_blocks)
     runner = PipelineRunner(setup.model, spec, group, eos_token_ids=loaded.eos_token_ids,
                             sampler=Sampler(config.seed), backend=setup.backend)  # fmt: skip
     mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * setup.num_blocks * spec.bytes_per_block))

@@ -105,7 +105,7 @@ def _blocks_fit(
 ) -> tuple[int, int]:
     """(KV blocks this rank can hold for its layers, bytes per block here)."""
     shape = kv_shape(loaded)
-    per_block = kv_cache_spec(loaded, config.block_size).bytes_per_block  # this rank's layers only
+    per_block = kv_cache_spec(loaded, config.block_size, config.kv_cache_dtype).bytes_per_block  # this rank's layers
     if config.kv_cache_memory is not None:
         return config.kv_cache_memory // per_block, per_block
     held = int(mx.get_active_memory())
@@ -126,7 +126,8 @@ def setup_rank(config: EngineConfig, group: mx.distributed.Group) -> RankSetup:
     try:
         loaded, model, layers, fp = _load_slice(config, rank, size)
         max_model_len = resolve_max_model_len(config, loaded.max_model_len)
-        backend = select_attention(config.attention_backend, kv_shape(loaded).dtype, current_platform())
+        backend = select_attention(config.attention_backend, kv_shape(loaded).dtype, current_platform(),
+                                   kv_storage=config.kv_cache_dtype)  # fmt: skip
         fits, per_block = _blocks_fit(config, loaded, layers, rank, config.max_num_seqs)
         weight_mib = param_bytes(model.model) >> 20
         report = RankReport(True, fp, fits, layers, weight_mib, per_block, "", config.block_size)

@@ -67,11 +67,19 @@ class EngineCore:
         platform = current_platform()
         max_model_len = resolve_max_model_len(config, loaded.max_model_len)
         model = PagedModel.from_loaded(loaded, platform)
-        spec = model.get_kv_cache_spec(model.family.page(loaded.model), config.block_size)
+        storage = config.kv_cache_dtype
+        try:
+            spec = model.get_kv_cache_spec(model.family.page(loaded.model, storage), config.block_size)
+        except ValueError as exc:  # a page format this model's shape cannot take (q4 groups)
+            raise ConfigError(f"--kv-cache-dtype {storage}: {exc}") from exc
         head_dims = {t.head_dim for t in spec.tensors}
         latent = model.kv_layout.value_dim is not None
         dtype = model.family.activation_dtype(loaded.model)
-        attention = select_attention(config.attention_backend, dtype, platform, head_dims, latent_kv=latent)
+        attention = select_attention(config.attention_backend, dtype, platform, head_dims, latent_kv=latent,
+                                     kv_storage=spec.page.storage)  # fmt: skip
+        note = spec.kept_dtype_note(storage)
+        if note:
+            logger.info("%s", note)
         logger.info("platform: %s", platform.describe())
         logger.info("attention: %s", attention.description)
         logger.info("on the host: %s", model.host_description())
@@ -87,7 +95,7 @@ class EngineCore:
             if isinstance(g, RecurrentState):
                 logger.info("recurrent state: %d layers, %s per request, a slot in every KV block (counted in "
                             "its size)", len(g.layers), format_bytes(g.state_bytes))  # fmt: skip
-        draft_bytes = kv_cache_spec(draft, config.block_size).bytes_per_block if draft is not None else 0
+        draft_bytes = kv_cache_spec(draft, config.block_size, storage).bytes_per_block if draft is not None else 0
         plan = plan_kv_pool(config, spec, max_model_len, peak, held, draft_bytes)
         spec = spec.with_blocks(plan.initial_blocks)
         scheduler = build_scheduler(config, spec, plan.num_blocks, max_model_len, plan.initial_blocks)
@@ -170,7 +178,8 @@ def build_proposer(
     vocab = int(loaded.model.args.vocab_size)
     attention = config.attention_backend
     return build_draft_proposer(
-        draft, vocab, platform, attention, config.block_size, num_blocks, spec.num_speculative_tokens
+        draft, vocab, platform, attention, config.block_size, num_blocks, spec.num_speculative_tokens,
+        config.kv_cache_dtype,
     )
 
 
