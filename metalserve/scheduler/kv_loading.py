@@ -8,7 +8,7 @@ reports its loads finished, the request goes back to the head of the waiting que
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from metalserve.kvcache.connector.base import ConnectorMetadata, ConnectorOutput, KVConnectorScheduler
 from metalserve.kvcache.manager import ComputedBlocks, KVCacheManager
@@ -25,10 +25,14 @@ class KVLoads:
         self.loading: dict[str, Request] = {}  # parked until their loads finish
         self.loaded: set[str] = set()  # back in the waiting queue, holding their loaded blocks
         self._orphans: dict[str, Request] = {}  # finished while loading: freed once the loads end
+        self._released: set[str] = set()  # gave their loaded blocks back: admitted without the connector
 
     def start_loading(self, request: Request, hit: ComputedBlocks) -> bool:
         """Ask the connector for tokens past the RAM hit; if it has some, allocate their blocks and park
         the request (True). False: nothing external (or no room): admit as usual."""
+        if request.request_id in self._released:
+            self._released.discard(request.request_id)
+            return False
         external = self.connector.get_num_new_matched_tokens(request, hit.num_tokens)
         if external <= 0:
             return False
@@ -36,7 +40,7 @@ class KVLoads:
         if new_ids is None:
             self.connector.update_state_after_alloc(request, [], 0)
             return False
-        fresh = new_ids[len(hit.blocks) :]
+        fresh = new_ids[0][len(hit.blocks[0]) :]  # one full-attention group (Scheduler.set_connector)
         self.connector.update_state_after_alloc(request, fresh, external)
         request.num_computed_tokens = hit.num_tokens
         if request.num_cached_tokens is None:
@@ -62,11 +66,23 @@ class KVLoads:
             requeue(request)
         self.connector.update_connector_output(output)
 
+    def release_loaded(self, waiting: Iterable[Request]) -> None:
+        """Admission is stuck: loaded requests that wait holding blocks could block each other for good.
+        Give their blocks back (the pages stay in the RAM prefix cache, published by `free`) and let them
+        be admitted like any request, from a RAM hit, without asking the connector again."""
+        for request in list(waiting):
+            if request.request_id in self.loaded:
+                self.loaded.discard(request.request_id)
+                self.kv.free(request)
+                request.num_computed_tokens = 0
+                self._released.add(request.request_id)
+
     def finished_while_loading(self, request: Request) -> bool:
         """A request that finishes (aborted) while loading keeps its blocks until the loads end: the
         worker may still write into them. True when it was loading (do not free its blocks now)."""
         self.connector.request_finished(request)
         self.loaded.discard(request.request_id)
+        self._released.discard(request.request_id)
         if self.loading.pop(request.request_id, None) is None:
             return False
         self._orphans[request.request_id] = request
@@ -81,4 +97,4 @@ class KVLoads:
         return len(self.loading) + len(self._orphans)
 
     def metadata(self, scheduled: dict[str, int], requests: dict[str, Request]) -> ConnectorMetadata:
-        return self.connector.build_connector_meta(scheduled, requests, self.kv.get_block_ids)
+        return self.connector.build_connector_meta(scheduled, requests, lambda rid: self.kv.get_block_ids(rid)[0])

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -170,11 +171,17 @@ def test_a_disk_that_cannot_take_blocks_costs_a_log_line_not_the_engine(
     assert not list(tmp_path.glob("*" + SUFFIX))
 
 
-def test_models_the_disk_tier_cannot_serve_yet_are_refused_at_start_up(tmp_path: Path) -> None:
+def test_models_and_pages_the_disk_tier_cannot_serve_yet_are_refused_at_start_up(tmp_path: Path) -> None:
     core = make_core(tmp_path)
     config = EngineConfig(block_size=BLOCK, kv_disk_dir=str(tmp_path))
+    spec = core.runner.spec
+    windowed = replace(spec, groups=(*spec.groups, SlidingWindow(16, num_kv_heads=2, head_dim=16)))
     with pytest.raises(ConfigError, match="--kv-disk-dir: the disk tier serves models of one full-attention"):
-        attach_disk_tier(config, tiny_loaded(), [FullAttention(), SlidingWindow(16)], core.scheduler, core.runner)
+        attach_disk_tier(config, tiny_loaded(), windowed, core.scheduler, core.runner)
+    int8 = replace(spec, tensors=tuple(t.with_storage("int8") for t in spec.tensors))
+    with pytest.raises(ConfigError, match="not --kv-cache-dtype int8 yet"):
+        attach_disk_tier(config, tiny_loaded(), int8, core.scheduler, core.runner)
+    assert isinstance(spec.groups[0], FullAttention) and spec.page.key == "float32"
     core.close()
 
 

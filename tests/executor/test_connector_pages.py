@@ -8,10 +8,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from metalserve.executor.attention.base import LayerCacheSpec
+from metalserve.executor.attention.base import LayerCacheSpec, dtype_name
 from metalserve.executor.attention.metal import KernelAttention, LayerKV
 from metalserve.executor.attention.mlx import MlxAttention, PortableKV
 from metalserve.executor.connector.pages import expected_shapes, read_blocks, supported, write_blocks
+from metalserve.kvcache.specs import MLALatent, PageDtype
 from metalserve.platform import current_platform
 
 BS = 8
@@ -20,7 +21,13 @@ BS = 8
 def pools(kind: str, dtype: mx.Dtype, seed: int, value_dim: int | None = None) -> list[Any]:
     """Two pool tensors of 6 blocks filled with distinct random values."""
     mx.random.seed(seed)
-    spec = LayerCacheSpec(2 if value_dim is None else 1, 16, dtype, BS, 6, value_dim=value_dim)
+    if value_dim is None:
+        spec = LayerCacheSpec.dense(2, 16, dtype, BS, 6)
+    else:
+        latent = MLALatent(
+            num_kv_heads=1, head_dim=16, value_dim=value_dim, page=PageDtype(dtype_name(dtype), dtype.size)
+        )
+        spec = LayerCacheSpec(latent, BS, 6)
     out: list[Any] = []
     for _ in range(2):
         if kind == "kernel":

@@ -56,12 +56,12 @@ def test_a_disk_hit_after_ram_eviction_loads_into_fresh_blocks_with_exact_ids() 
     s, index = make_scheduler()
     s.add_request(request("a", PROMPT_A))
     out = step(s, index)
-    assert out.scheduled_new_reqs[0].block_ids == [1, 2, 3, 4]
+    assert out.scheduled_new_reqs[0].block_ids == ([1, 2, 3, 4],)
     meta = out.kv_connector_metadata
     assert meta is not None and [t.block_id for t in meta.saves] == [1, 2, 3]  # the computed full blocks
     assert not s.requests  # one token: finished, blocks freed (cached in RAM)
     s.add_request(request("b", PROMPT_B))
-    assert step(s, index).scheduled_new_reqs[0].block_ids == [5, 6, 7, 8, 9, 4, 3, 2]  # evicts A's 2 and 3
+    assert step(s, index).scheduled_new_reqs[0].block_ids == ([5, 6, 7, 8, 9, 4, 3, 2],)  # evicts A's 2 and 3
     run_to_end(s, index)
 
     s.add_request(request("a2", PROMPT_A))
@@ -78,7 +78,7 @@ def test_a_disk_hit_after_ram_eviction_loads_into_fresh_blocks_with_exact_ids() 
     assert out.scheduled_new_reqs == []  # the report arrives with this step's results
     out = step(s, index)
     new = out.scheduled_new_reqs[0]
-    assert (new.request_id, new.block_ids, new.num_computed_tokens) == ("a2", [1, 2, 3, 9], 24)
+    assert (new.request_id, new.block_ids, new.num_computed_tokens) == ("a2", ([1, 2, 3, 9],), 24)
     assert out.num_scheduled_tokens["a2"] == 1  # prefill starts after the last loaded block
     run_to_end(s, index)
     stats = s.make_stats().connector
@@ -101,7 +101,7 @@ def test_a_failed_block_and_what_follows_it_are_recomputed() -> None:
     out = step(s, index)
     new = out.scheduled_new_reqs[0]
     assert new.num_computed_tokens == 8 and out.num_scheduled_tokens["a2"] == 17
-    assert len(new.block_ids) == 4  # the blocks of the failed loads are reused for the recompute
+    assert len(new.block_ids[0]) == 4  # the blocks of the failed loads are reused for the recompute
     run_to_end(s, index)
     assert s.kv.num_free_blocks == s.kv.pool.num_usable_blocks
 
@@ -117,7 +117,7 @@ def test_an_abort_while_loading_frees_the_blocks_only_after_the_loads_end() -> N
     s.add_request(request("a2", PROMPT_A))
     step(s, index)
     held = s.kv.get_block_ids("a2")
-    assert len(held) == 3
+    assert len(held[0]) == 3
     s.abort_requests(["a2"])
     step(s, index)
     assert "a2" not in s.requests and s.kv.get_block_ids("a2") == held  # the worker may still write them
