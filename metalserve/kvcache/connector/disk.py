@@ -50,6 +50,7 @@ class DiskConnectorScheduler(KVConnectorScheduler):
         self._chain_hashes = chain_hashes
         self._loads: dict[str, list[BlockTransfer]] = {}  # allocated, not yet sent to the worker
         self._load_keys: dict[str, list[str]] = {}  # matched keys of a request being admitted
+        self._queried: set[str] = set()  # requests counted in `queries` (a retried admission counts once)
         self.queries = 0
         self.hits = 0
 
@@ -69,7 +70,9 @@ class DiskConnectorScheduler(KVConnectorScheduler):
             if not self.store.contains(key):
                 break
             keys.append(key)
-        self.queries += request.num_tokens - num_computed_tokens
+        if request.request_id not in self._queried:
+            self._queried.add(request.request_id)
+            self.queries += request.num_tokens - num_computed_tokens
         self._load_keys[request.request_id] = keys
         return len(keys) * bs
 
@@ -112,6 +115,7 @@ class DiskConnectorScheduler(KVConnectorScheduler):
 
     def request_finished(self, request: Request) -> None:
         self._load_keys.pop(request.request_id, None)
+        self._queried.discard(request.request_id)
 
     def stats(self) -> ConnectorStats:
         s = self.store
