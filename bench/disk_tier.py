@@ -4,12 +4,12 @@ Arm "restart": an agent-like conversation (a long system prompt and 5 turns, the
 turn) on a server with --kv-disk-dir; the server is stopped and started again on the same directory; a
 sixth turn is timed (TTFT) against the same turn on a fresh server without the disk tier.
 
-Arm "pressure": a KV pool too small for two conversations, alternating between them (X1 Y1 X2 Y2 X3 Y3),
-with and without the disk tier: the TTFT of a returning conversation (turns 2 and 3).
+Arm "pressure": a KV pool too small for two conversations, alternating between them (X1 Y1 X2 Y2),
+with and without the disk tier: the TTFT of a returning conversation (its second turn on).
 
 Greedy decoding throughout: every arm must produce the same texts (checked; a mismatch is reported).
 
-    python bench/disk_tier.py                      # the default model, ~3,000-token system prompt
+    python bench/disk_tier.py                      # the default model, ~3,700-token system prompt
     python bench/disk_tier.py --system-chars 4000  # a quicker, smaller run
 """
 
@@ -155,9 +155,9 @@ def alternate(base: str, rounds: int, chars: int, out: int) -> list[tuple[str, i
 def arm_pressure(args: argparse.Namespace, work: Path, log: Path) -> dict[str, Any]:
     small = ["--kv-cache-memory", str(args.pressure_kv_bytes), "--max-model-len", str(args.pressure_max_model_len)]
     with server([*small, "--kv-disk-dir", str(work / "pressure")], log) as base:
-        disk = alternate(base, args.rounds, args.system_chars, args.output_tokens)
+        disk = alternate(base, args.rounds, args.pressure_system_chars, args.output_tokens)
     with server(small, log) as base:
-        ram = alternate(base, args.rounds, args.system_chars, args.output_tokens)
+        ram = alternate(base, args.rounds, args.pressure_system_chars, args.output_tokens)
     returning_disk = [r[2] for r in disk if r[1] > 1]
     returning_ram = [r[2] for r in ram if r[1] > 1]
     return {
@@ -174,11 +174,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--system-chars", type=int, default=12000, help="system prompt characters (~3,000 tokens)")
     parser.add_argument("--output-tokens", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=3, help="turns per conversation in the pressure arm")
+    parser.add_argument("--rounds", type=int, default=2, help="turns per conversation in the pressure arm")
     # The default model keeps fp32 K/V: 30 layers x 2 x 3 heads x 64 x 4 B = 46,080 B per token. 200 MB hold
     # about 4,300 tokens: one conversation of the pressure arm, not two.
     parser.add_argument("--pressure-kv-bytes", type=int, default=200_000_000)
     parser.add_argument("--pressure-max-model-len", type=int, default=4096)
+    # ~2,500 tokens: a conversation of a few turns stays within --pressure-max-model-len.
+    parser.add_argument("--pressure-system-chars", type=int, default=8000)
     parser.add_argument("--arms", default="restart,pressure")
     parser.add_argument("--json", default=None, help="write the results here too")
     args = parser.parse_args()
