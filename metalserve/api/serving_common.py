@@ -16,6 +16,7 @@ from metalserve.api.errors import OpenAIError, internal_error
 from metalserve.api.protocol import _SamplingRequest
 from metalserve.api.serving_context import ServingContext
 from metalserve.engine.async_engine import ClientTooSlowError, EngineDeadError, RequestOutput
+from metalserve.engine.errors import GrammarFailedError
 from metalserve.outputs import TokenLogprob
 from metalserve.sampling_params import SamplingParams
 
@@ -169,6 +170,8 @@ def engine_error(exc: Exception) -> OpenAIError:
         return OpenAIError(str(exc), 503)
     if isinstance(exc, ClientTooSlowError):
         return OpenAIError(str(exc), 408)
+    if isinstance(exc, GrammarFailedError):
+        return OpenAIError(str(exc), 500)
     if isinstance(exc, ValueError):  # the core refused the request itself (its messages are ours)
         return OpenAIError(str(exc), 400)
     return internal_error(exc)
