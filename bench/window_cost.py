@@ -20,9 +20,9 @@ from affine_linear import median_ms  # this folder's: the same timing as the cod
 
 from metalserve.executor.host.compute import HostCompute
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.kernels.cpu import CpuStepPlan
-from metalserve.kernels.cpu_affine_linear import affine_linear
-from metalserve.kernels.cpu_decoder import decoder_layers
+from metalserve.kernels.cpu.affine_linear import affine_linear
+from metalserve.kernels.cpu.decoder import decoder_layers
+from metalserve.kernels.cpu.paged import CpuStepPlan
 from metalserve.loader import load_model
 from metalserve.platform import current_platform
 

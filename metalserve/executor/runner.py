@@ -22,6 +22,7 @@ from metalserve.outputs import TokenLogprob
 from metalserve.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from metalserve.spec_decode.controller import DraftController
 from metalserve.spec_decode.proposer import Proposer
+from metalserve.spec_decode.rollback import num_rejected
 from metalserve.spec_decode.verify import Window, verify_windows
 
 if TYPE_CHECKING:
@@ -208,7 +209,7 @@ class ModelRunner:
                 logprobs[rid] = window.logprobs
             num_drafted = len(drafts.get(rid, ()))
             if num_drafted:  # the rejected drafts' KV is stale: the next step overwrites it
-                state.num_computed_tokens -= num_drafted + 1 - len(window.token_ids)
+                state.num_computed_tokens -= num_rejected(num_drafted, len(window.token_ids))
                 self.drafting.record_window(rid, num_drafted, len(window.token_ids) - 1)
         spec = self._propose(sampling, step, time.perf_counter() - started, drafts) if self.proposer else {}
         return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, spec_token_ids=spec)

@@ -10,7 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES, attention_shape
-from metalserve.kernels.affine_codes import AffineCodes
+from metalserve.kernels.cpu.affine_codes import AffineCodes
 from metalserve.loader.build import build_model
 from metalserve.loader.directory import load_directory
 from metalserve.loader.embedded import default_model_path

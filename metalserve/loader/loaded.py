@@ -10,7 +10,7 @@ if TYPE_CHECKING:  # keep `import metalserve.loader` free of MLX (the BLAS must 
     import mlx.nn as nn
     from transformers import PreTrainedTokenizerBase
 
-    from metalserve.kernels.affine_codes import AffineCodes
+    from metalserve.kernels.cpu.affine_codes import AffineCodes
 
 @dataclass
 class LoadedModel:

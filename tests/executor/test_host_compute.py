@@ -10,7 +10,7 @@ import pytest
 from metalserve.executor.host.compute import HostCompute
 from metalserve.executor.host.mlp import HostSwiGLUMLP
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.kernels.cpu_swiglu import swiglu
+from metalserve.kernels.cpu.swiglu import swiglu
 from tests.executor.tiny_models import tiny_model
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from metalserve.executor.models.compute import MlxCompute, ModelCompute
-from metalserve.kernels.affine_codes import AffineCodes
+from metalserve.kernels.cpu.affine_codes import AffineCodes
 from metalserve.platform import Platform
 
 # The dense llama-family models whose blocks the host twins reproduce; every other family runs mlx-lm's

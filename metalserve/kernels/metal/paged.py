@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from metalserve.kernels.launch import KernelLaunch, metal_source
-from metalserve.kernels.tiled import tiled_launch, tiling
+from metalserve.kernels.metal.launch import KernelLaunch, metal_source
+from metalserve.kernels.metal.tiled import tiled_launch, tiling
 
 HEAD_DIMS = (64, 80, 96, 128, 256)
 BLOCK_SIZES = (8, 16, 32)
