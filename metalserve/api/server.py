@@ -75,6 +75,22 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "--responses-store-size", type=int, default=s.responses_store_size,
         help="responses kept in memory (LRU) for GET /v1/responses/{id} and previous_response_id; 0: none",
     )  # fmt: skip
+    parser.add_argument(
+        "--responses-store-bytes", type=int, default=s.responses_store_bytes,
+        help="most bytes (JSON) the stored responses hold together; the oldest go first",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-grammar-bytes", type=int, default=s.max_grammar_bytes,
+        help="largest structured-output spec (JSON schema, regex, choices, grammar); 400 above it",
+    )  # fmt: skip
+    parser.add_argument(
+        "--grammar-compile-timeout", type=float, default=s.grammar_compile_timeout,
+        help="seconds a grammar may take to compile; its request gets a 400 past it",
+    )  # fmt: skip
+    parser.add_argument(
+        "--grammar-cache-bytes", type=int, default=s.grammar_cache_bytes,
+        help="compiled grammars kept for reuse (LRU, counted by grammar text bytes)",
+    )  # fmt: skip
     parser.add_argument("--log-stats-interval", type=float, default=s.log_stats_interval, help="seconds; 0: off")
     parser.add_argument("--seed", type=int, default=d.seed)
     _add_pipeline_args(parser, d)
@@ -106,6 +122,10 @@ def _add_http_args(parser: argparse.ArgumentParser, s: ServerSettings) -> None:
     parser.add_argument(
         "--graceful-shutdown-timeout", type=float, default=s.graceful_shutdown_timeout,
         help="seconds running requests get to finish after SIGTERM/SIGINT; then they end with an error",
+    )  # fmt: skip
+    parser.add_argument(
+        "--request-body-timeout", type=float, default=s.request_body_timeout,
+        help="seconds a request body may take to arrive after its headers (408 past it)",
     )  # fmt: skip
     parser.add_argument(
         "--max-request-body-bytes", type=int, default=None,
@@ -174,6 +194,11 @@ def config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerSett
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
         responses_store_size=args.responses_store_size,
+        responses_store_bytes=args.responses_store_bytes,
+        max_grammar_bytes=args.max_grammar_bytes,
+        grammar_compile_timeout=args.grammar_compile_timeout,
+        grammar_cache_bytes=args.grammar_cache_bytes,
+        request_body_timeout=args.request_body_timeout,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         graceful_shutdown_timeout=args.graceful_shutdown_timeout,
         max_request_body_bytes=args.max_request_body_bytes,

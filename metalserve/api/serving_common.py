@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import Request as HTTPRequest
+from starlette.requests import ClientDisconnect
 
 from metalserve.api.errors import OpenAIError, internal_error
 from metalserve.api.protocol import _SamplingRequest
@@ -188,12 +190,18 @@ async def cancel_on_disconnect(raw: HTTPRequest, work: Callable[[], Awaitable[T]
                 return
 
     watcher = asyncio.ensure_future(watch())
+    client_gone = False
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        client_gone = task not in done
     finally:
         if not task.done():
             task.cancel()
         watcher.cancel()
+    if client_gone:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise ClientDisconnect()  # answered quietly (errors.py): there is nobody to send an answer to
     return await task
 
 

@@ -19,6 +19,11 @@ class ServerSettings:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     responses_store_size: int = 1000  # responses kept for GET /v1/responses/{id} and previous_response_id
+    responses_store_bytes: int = 64 * 1024 * 1024  # and the most bytes (their JSON) they may hold together
+    max_grammar_bytes: int = 256 * 1024  # largest structured-output spec (schema, regex, choices, grammar)
+    grammar_compile_timeout: float = 10.0  # seconds a grammar may take to compile before its request's 400
+    grammar_cache_bytes: int = 64 * 1024 * 1024  # compiled grammars kept (LRU), by their grammar text
+    request_body_timeout: float = 30.0  # seconds a request body may take to arrive (408 past it)
     enable_auto_tool_choice: bool = False  # tool_choice "auto" (given or implied by tools) needs it
     # SIGTERM/SIGINT: running requests get this long to finish; what is left then ends with an error.
     graceful_shutdown_timeout: float = 30.0
@@ -35,6 +40,12 @@ class ServerSettings:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         if self.responses_store_size < 0:
             raise ValueError("--responses-store-size must be >= 0")
+        if self.responses_store_bytes < 0:
+            raise ValueError("--responses-store-bytes must be >= 0")
+        if self.max_grammar_bytes < 1 or self.grammar_cache_bytes < 0:
+            raise ValueError("--max-grammar-bytes must be >= 1 and --grammar-cache-bytes >= 0")
+        if self.grammar_compile_timeout <= 0 or self.request_body_timeout <= 0:
+            raise ValueError("--grammar-compile-timeout and --request-body-timeout must be > 0")
         if self.log_stats_interval < 0:
             raise ValueError("--log-stats-interval must be >= 0")
         if self.graceful_shutdown_timeout < 0:
