@@ -110,6 +110,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     _add_middleware(app, settings, engine.max_model_len)
     app.state.metrics = metrics
     app.state.engine = engine
+    app.state.responses_store = store
 
     def alive() -> None:
         if engine.dead_error is not None:

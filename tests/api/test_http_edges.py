@@ -32,7 +32,7 @@ def _raw(served: Served, data: bytes) -> socket.socket:
 def test_a_body_shorter_than_its_content_length_times_out(keyed: Served) -> None:
     head = (
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekrit\r\n"
-        b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"model\": "
+        b'Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"model": '
     )
     sock = _raw(keyed, head)
     start = time.monotonic()
