@@ -21,6 +21,7 @@ from metalserve.api.anthropic.protocol import CountTokensRequest, MessagesReques
 from metalserve.api.anthropic.serving import MessagesServing
 from metalserve.api.body_limit import BodyLimitMiddleware
 from metalserve.api.errors import ErrorShapes, OpenAIError, install_error_handlers
+from metalserve.api.memory import memory_report
 from metalserve.api.metrics import Metrics
 from metalserve.api.protocol import (
     ChatCompletionRequest,
@@ -178,6 +179,10 @@ def _add_info_routes(app: FastAPI, ctx: ServingContext, metrics: Metrics) -> Non
     @app.get("/metrics")
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/debug/memory")
+    async def memory() -> dict[str, int]:
+        return memory_report(app.state.engine, app.state.responses_store)
 
 
 def _add_token_routes(app: FastAPI, ctx: ServingContext, chat: ChatServing) -> None:

@@ -48,6 +48,12 @@ class EngineCore:
         self.max_model_len = max_model_len
         self.platform = current_platform() if platform is None else platform
         self._stream_thread = threading.get_ident()
+        self.weight_bytes = 0  # measured at load (MLX's active memory then, plus host-side codes)
+        self.kv_bytes_per_block = 0
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes by component: the weights (fixed at load) and the KV pool as grown so far."""
+        return {"weights": self.weight_bytes, "kv_pool": len(self.scheduler.kv.pool.blocks) * self.kv_bytes_per_block}
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> tuple[EngineCore, LoadedModel]:
@@ -65,6 +71,7 @@ class EngineCore:
         platform = current_platform()
         max_model_len = resolve_max_model_len(config, loaded.max_model_len)
         model = PagedModel.from_loaded(loaded, platform)
+        weight_bytes = int(mx.get_active_memory()) + model.host_bytes()  # before any KV is allocated
         head_dims = {shape[1] for shape in model.kv_layout.tensors}
         latent = model.kv_layout.value_dim is not None
         attention = select_attention(config.attention_backend, loaded.dtype, platform, head_dims, latent_kv=latent)
@@ -98,7 +105,9 @@ class EngineCore:
             proposer=build_proposer(speculation, config, loaded, platform, plan.initial_blocks, draft),
         )
         mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * plan.num_blocks * spec.bytes_per_block))
-        return cls(scheduler, runner, max_model_len, platform)
+        core = cls(scheduler, runner, max_model_len, platform)
+        core.weight_bytes, core.kv_bytes_per_block = weight_bytes, spec.bytes_per_block
+        return core
 
     def add_request(self, request: Request) -> None:
         if request.num_prompt_tokens > self.max_model_len:
