@@ -135,6 +135,7 @@ async def run(url: str, duration: float, phases: int, concurrency: int, seed: in
             print(_row(*rows[-1]), flush=True)
         await asyncio.sleep(5)  # idle: aborted requests are gone, caches stay
         rows.append(("idle", await memory(client)))
+        print(_row(*rows[-1]), flush=True)
         counts: dict[str, int] = {}
         for traffic in workers:
             for key, value in traffic.counts.items():

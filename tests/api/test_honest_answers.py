@@ -188,3 +188,19 @@ def test_memory_is_reported_by_component(server: Served) -> None:
     assert report["responses_store"] == server.app.state.responses_store.num_bytes
     assert report["grammar_cache"] == server.engine.grammar.cache_bytes
     assert report["rss"] > 0 and report["rss"] >= sum(v for k, v in report.items() if k != "rss")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_responses_call_cut_short_is_an_incomplete_function_call(server: Served, stream: bool) -> None:
+    body = {"input": 'say:{"city": "Paris", "days": 3}', "max_output_tokens": 6, "stream": stream,
+            "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}],
+            "tool_choice": {"type": "function", "name": "get_weather"}}  # fmt: skip
+    response = post(server, "responses", body)
+    if stream:
+        events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")]
+        final = next(e["response"] for e in events if e["type"] == "response.incomplete")
+    else:
+        final = response.json()
+    assert final["status"] == "incomplete"
+    (item,) = final["output"]
+    assert item["type"] == "function_call" and item["name"] == "get_weather" and item["status"] == "incomplete"
