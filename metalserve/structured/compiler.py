@@ -26,7 +26,7 @@ import numpy as np
 from llguidance.hf import from_tokenizer
 
 from metalserve.structured.params import StructuredOutputsParams
-from metalserve.structured.state import GrammarState
+from metalserve.structured.state import CompiledGrammar, GrammarState
 
 if TYPE_CHECKING:  # the options type exists only in llguidance's stubs
     from llguidance._lib import JsonCompileOptions
@@ -56,14 +56,6 @@ class GrammarLimits(NamedTuple):
         return llguidance.LLParserLimits(
             max_grammar_size=self.max_grammar_symbols, max_lexer_states=self.max_lexer_states, verbose_errors=False
         )
-
-
-class CompiledGrammar(NamedTuple):
-    """A prototype matcher (never advanced; requests take deep copies) and its tokenizer's vocabulary size."""
-
-    matcher: llguidance.LLMatcher
-    vocab_size: int
-    num_bytes: int = 0  # the grammar text's size, charged to the cache
 
 
 def _probe(matcher: llguidance.LLMatcher, tokenizer: llguidance.LLTokenizer, kind: str) -> None:

@@ -8,12 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 import llguidance
 
-if TYPE_CHECKING:
-    from metalserve.structured.compiler import CompiledGrammar
+
+class CompiledGrammar(NamedTuple):
+    """A prototype matcher (never advanced; requests take deep copies) and its tokenizer's vocabulary size."""
+
+    matcher: llguidance.LLMatcher
+    vocab_size: int
+    num_bytes: int = 0  # the grammar text's size, charged to the compile cache
+
 
 
 class GrammarState:

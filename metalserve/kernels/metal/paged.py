@@ -8,72 +8,26 @@ exactly the same launches.
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import mlx.core as mx
 
+from metalserve.kernels.metal.args import HEAD_DIMS, PagedArgs
+from metalserve.kernels.metal.guard import Executor, LaunchRefused
 from metalserve.kernels.metal.launch import KernelLaunch, metal_source
-from metalserve.kernels.metal.tiled import tiled_launch, tiling
+from metalserve.kernels.metal.tiled import tile_ladder, tiled_launch, tiling
 
-HEAD_DIMS = (64, 80, 96, 128, 256)
-BLOCK_SIZES = (8, 16, 32)
-DTYPES = (mx.float16, mx.bfloat16, mx.float32)
+__all__ = ["HEAD_DIMS", "KERNELS", "PagedArgs", "attention_launch", "choose_kernel", "num_partitions",
+           "run_paged_attention"]  # fmt: skip
+
 SIMDGROUPS = 4  # per threadgroup: keys are dealt round-robin to them
 DEFAULT_PARTITION = 256  # keys per threadgroup when the KV range is split
 SPLIT_BELOW_GROUPS = 256  # split only when the unsplit grid would have fewer threadgroups than this
 
 KERNELS = ("auto", "tiled", "decode")
 
-Executor = Callable[[KernelLaunch], list[mx.array]]
-
-
-@dataclass(frozen=True)
-class PagedArgs:
-    """The contract's arguments, checked once."""
-
-    q: mx.array
-    k_pool: mx.array
-    v_pool: mx.array
-    block_tables: mx.array
-    cu_seqlens_q: mx.array
-    seq_lens: mx.array
-    block_size: int
-    scale: float
-    sliding_window: int | None
-    softcap: float | None
-    sinks: mx.array | None
-
-    def __post_init__(self) -> None:
-        _validate(self)
-
-
-def _validate(a: PagedArgs) -> None:
-    if a.q.ndim != 3 or a.k_pool.ndim != 3 or a.k_pool.shape != a.v_pool.shape:
-        raise ValueError("q must be [total_q, Hq, D] and k_pool, v_pool the same [num_slots, Hkv, D]")
-    hq, d = a.q.shape[1], a.q.shape[2]
-    hkv = a.k_pool.shape[1]
-    if d != a.k_pool.shape[2] or d not in HEAD_DIMS:
-        raise ValueError(f"head dim must match between q and the pools and be one of {HEAD_DIMS}, got {d}")
-    if hq % hkv != 0:
-        raise ValueError(f"query heads ({hq}) must be a multiple of KV heads ({hkv})")
-    if a.block_size not in BLOCK_SIZES:
-        raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {a.block_size}")
-    if a.k_pool.dtype not in DTYPES or a.v_pool.dtype != a.k_pool.dtype:
-        raise ValueError(
-            f"the pools must share one dtype of {DTYPES}, got {a.k_pool.dtype}, {a.v_pool.dtype}"
-        )
-    if a.block_tables.ndim != 2 or a.cu_seqlens_q.shape != (a.seq_lens.shape[0] + 1,):
-        raise ValueError("block_tables must be [num_reqs, max_blocks] and cu_seqlens_q [num_reqs + 1]")
-    if a.block_tables.shape[0] != a.seq_lens.shape[0]:
-        raise ValueError("block_tables needs one row per request")
-    if a.sliding_window is not None and a.sliding_window < 1:
-        raise ValueError(f"sliding_window must be >= 1, got {a.sliding_window}")
-    if a.softcap is not None and not a.softcap > 0:
-        raise ValueError(f"softcap must be > 0, got {a.softcap}")
-    if a.sinks is not None and a.sinks.shape != (hq,):
-        raise ValueError(f"sinks must be [Hq] = [{hq}], got {a.sinks.shape}")
+logger = logging.getLogger("metalserve.kernels")
 
 
 def num_partitions(a: PagedArgs, partition_size: int | None) -> int:
@@ -161,17 +115,32 @@ def choose_kernel(a: PagedArgs, kernel: str, partition_size: int | None) -> str:
 def run_paged_attention(
     a: PagedArgs, execute: Executor, partition_size: int | None = None, kernel: str = "auto"
 ) -> mx.array:
-    """Attention for the packed batch through `execute`; returns `[total_q, Hq, D]` in q's dtype."""
+    """Attention for the packed batch through `execute`; returns `[total_q, Hq, D]` in q's dtype.
+
+    An executor that raises `LaunchRefused` (guard.py) for the tiled kernel gets the next smaller tile;
+    when every tile (or the decode kernel) is refused, `LaunchRefused` reaches the caller."""
     if a.q.shape[0] == 0:
         return mx.zeros(a.q.shape, a.q.dtype)
     if choose_kernel(a, kernel, partition_size) == "tiled":
-        t = tiling(a.q.shape[1] // a.k_pool.shape[1], a.q.shape[2])
-        assert t is not None
-        (out,) = execute(tiled_launch(a, t))
-        return out.astype(a.q.dtype)
+        return _run_tiled(a, execute).astype(a.q.dtype)
     partitions = num_partitions(a, partition_size)
     size = partition_size or DEFAULT_PARTITION
     out, part_ml = execute(attention_launch(a, partitions, size))
     if partitions > 1:
         (out,) = execute(merge_launch(a, out, part_ml))
     return out.astype(a.q.dtype)
+
+
+def _run_tiled(a: PagedArgs, execute: Executor) -> mx.array:
+    """The tile ladder (tiled.py): the first tile the device accepts; one warning when a refusal was new."""
+    refusals: list[LaunchRefused] = []
+    for t in tile_ladder(a.q.shape[1] // a.k_pool.shape[1], a.q.shape[2]):
+        try:
+            (out,) = execute(tiled_launch(a, t))
+        except LaunchRefused as refused:
+            refusals.append(refused)
+            continue
+        if any(r.first for r in refusals):
+            logger.warning("%s; %d-thread tiles run instead", "; ".join(map(str, refusals)), t.threads)
+        return out
+    raise LaunchRefused("; ".join(map(str, refusals)), first=any(r.first for r in refusals))
