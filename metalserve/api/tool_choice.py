@@ -94,18 +94,6 @@ def parse_forced_output(text: str, tool_choice: Any) -> list[ParsedToolCall]:
     return calls
 
 
-def forced_message(text: str, finish_reason: str | None, tool_choice: Any) -> tuple[dict[str, Any], str | None]:
-    """The assistant message of a forced output: its tool calls (content None), finish_reason "tool_calls"."""
-    calls = parse_forced_output(text, tool_choice)
-    if not calls:  # cut short (max_tokens): the partial text is all there is
-        return {"role": "assistant", "content": text}, finish_reason
-    tool_calls = [
-        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
-    ]
-    reason = "tool_calls" if finish_reason == "stop" else finish_reason
-    return {"role": "assistant", "content": None, "tool_calls": tool_calls}, reason
-
-
 class ForcedToolStreamer(StreamingToolParser):
     """Streams a forced output as tool-call deltas.
 

@@ -15,7 +15,7 @@ logger = logging.getLogger("metalserve.engine")
 
 def layer_groups(loaded: LoadedModel) -> list[LayerGroupSpec]:
     """The groups of the model's layers, one kind of cache each, group 0 full attention where the
-    model has such layers (a model of one kind: one group of all layers, as before groups existed);
+    model has such layers (a model of one kind: one group of all layers);
     a hybrid's recurrent-state layers come last, in a group of their own."""
     return _attention_groups(loaded) + _state_groups(loaded)
 

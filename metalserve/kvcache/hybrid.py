@@ -137,7 +137,8 @@ def make_kv_manager(
     enable_caching: bool = True,
     initial_blocks: int | None = None,
 ) -> KVCacheManager:
-    """The plain manager for one full-attention group (today's models), the hybrid one otherwise."""
+    """The plain manager for one full-attention group (most models: less to track per step), the
+    hybrid one otherwise."""
     if specs is None or (len(specs) == 1 and isinstance(specs[0], FullAttention)):
         return KVCacheManager(num_blocks, block_size, enable_caching, initial_blocks)
     return HybridKVCacheManager(specs, num_blocks, block_size, enable_caching, initial_blocks)
