@@ -94,6 +94,9 @@ def test_a_flag_value_that_cannot_work_is_a_clear_error(capsys: pytest.CaptureFi
     with pytest.raises(SystemExit):
         main(["serve", "--weights", "fp8"])  # not one of the Literal's values
     assert "invalid choice: 'fp8'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["serve", "--attention-backend", "reference"])  # the MLX-ops backend's old name: no alias
+    assert "invalid choice: 'reference' (choose from" in capsys.readouterr().err
 
 
 def test_help_lists_every_flag_with_its_default(capsys: pytest.CaptureFixture[str]) -> None:

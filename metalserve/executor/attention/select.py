@@ -28,9 +28,6 @@ def select_attention(
     attention layer's), else the CPU backend for float32 KV, else MLX ops. Every backend honours sliding
     windows, sinks and the logit soft-cap; only the Metal kernel is limited, to its head dims and to
     separate K and V (`latent_kv`: the model keeps MLA's latent pages, LayerCacheSpec.value_dim)."""
-    if name == "reference":
-        logger.warning("--attention-backend reference is deprecated: it is now called 'mlx'")
-        name = "mlx"
     if name not in ATTENTION_BACKEND_NAMES:
         raise ConfigError(f"--attention-backend must be one of {', '.join(ATTENTION_BACKEND_NAMES)}, got {name!r}")
     if name == "mlx":
