@@ -26,7 +26,10 @@ SERVE_OPTIONS = {
     "--pipeline-step-timeout", "--speculative-config", "--host", "--port", "--api-key", "--log-stats-interval",
     "--tool-call-parser", "--reasoning-parser", "--responses-store-size", "--enable-auto-tool-choice",
     "--graceful-shutdown-timeout", "--max-request-body-bytes", "--allowed-origins", "--allow-credentials",
-    "--allowed-methods", "--allowed-headers",
+    "--allowed-methods", "--allowed-headers", "--kv-cache-dtype",
+    # Issue 28's bounds: grammar size, compile time and cache; the Responses store's bytes; body arrival.
+    "--max-grammar-bytes", "--grammar-compile-timeout", "--grammar-cache-bytes", "--responses-store-bytes",
+    "--request-body-timeout",
 }  # fmt: skip
 
 
@@ -61,6 +64,8 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         "--responses-store-size", "3", "--enable-auto-tool-choice", "--graceful-shutdown-timeout", "4",
         "--max-request-body-bytes", "2048", "--allowed-origins", '["http://a.example"]', "--allow-credentials",
         "--allowed-methods", '["GET", "POST"]', "--allowed-headers", '["x-h"]',
+        "--responses-store-bytes", "4096", "--max-grammar-bytes", "5000", "--grammar-compile-timeout", "2.5",
+        "--grammar-cache-bytes", "65536", "--request-body-timeout", "7.5",
     ]  # fmt: skip
     # A new flag gets a value here too: every flag is parsed onto its field by this test.
     given = {a.dest for a in _parser()._actions if {*a.option_strings} & set(argv)} | {"model"}
@@ -79,6 +84,8 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         tool_call_parser="hermes", reasoning_parser="qwen3", responses_store_size=3, enable_auto_tool_choice=True,
         graceful_shutdown_timeout=4.0, max_request_body_bytes=2048, allowed_origins=("http://a.example",),
         allow_credentials=True, allowed_methods=("GET", "POST"), allowed_headers=("x-h",),
+        responses_store_bytes=4096, max_grammar_bytes=5000, grammar_compile_timeout=2.5, grammar_cache_bytes=65536,
+        request_body_timeout=7.5,
     )  # fmt: skip
     # Pipeline flags cannot combine with speculation, so they get a command line of their own.
     config, _ = config_from_args(_parser().parse_args(["-pp", "2", "--pipeline-layer-partition", "10,20"]))
