@@ -32,6 +32,10 @@ class LoadedModel:
     # The stored codes of dequantized layers by module path, kept on MLX's CPU backend for the host path
     # (the executor drops them for a family that does not take it).
     codes: dict[str, AffineCodes] = field(default_factory=dict)
+    # A vision-language model: the whole mlx-vlm model (`model` is its language model) and the processor
+    # that turns images into pixels and placeholder tokens (metalserve/multimodal/processor.py); else None.
+    vision: nn.Module | None = None
+    image_processor: Any = None
 
     def describe(self) -> str:
         """One line for the start-up log: which model, which weights path, which BLAS."""

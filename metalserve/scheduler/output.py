@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from metalserve.multimodal.inputs import MultiModalInput
 from metalserve.outputs import TokenLogprob
 from metalserve.request import StructuredState
 from metalserve.sampling_params import SamplingParams
@@ -24,6 +25,7 @@ class NewRequestData:
     structured: StructuredState | None = None  # the request's grammar (the sampler masks with it)
     # The tables of layer groups 1.. (a model with sliding-window or recurrent-state layers); () else.
     group_block_ids: tuple[list[int], ...] = ()
+    mm_inputs: list[MultiModalInput] = field(default_factory=list)  # the prompt's images (placeholders, pixels)
 
 
 @dataclass
@@ -48,6 +50,11 @@ class SchedulerOutput:
     # Speculative decoding: the draft tokens scheduled after a request's last token (counted in
     # num_scheduled_tokens); the runner verifies them in this step's forward.
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # Images whose vision-tower output this step needs and the encoder cache lacks: request -> indices
+    # into its mm_inputs (the runner encodes them before the forward).
+    scheduled_encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
+    # Encoder outputs evicted from the encoder cache since the last step: the runner drops their arrays.
+    free_encoder_mm_hashes: list[bytes] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
