@@ -43,7 +43,10 @@ def loaded_vlm(vlm: nn.Module, model_type: str) -> LoadedModel:
     return loaded
 
 
-def vl_engine(vlm: nn.Module, model_type: str, *, budget: int = 2048, **overrides: Any) -> EngineCore:
+def vl_engine(model_type: str, *, budget: int = 2048, **overrides: Any) -> EngineCore:
+    """The real engine over a fresh copy of `build(model_type)` (the engine swaps its attention layers, so
+    the reference keeps a model of its own with the same weights)."""
+    vlm = build(model_type)
     return engine(vlm.language_model, model_type, budget=budget, loaded=loaded_vlm(vlm, model_type), **overrides)
 
 
