@@ -26,7 +26,8 @@ SERVE_OPTIONS = {
     "--pipeline-step-timeout", "--speculative-config", "--host", "--port", "--api-key", "--log-stats-interval",
     "--tool-call-parser", "--reasoning-parser", "--responses-store-size", "--enable-auto-tool-choice",
     "--graceful-shutdown-timeout", "--max-request-body-bytes", "--allowed-origins", "--allow-credentials",
-    "--allowed-methods", "--allowed-headers",
+    "--allowed-methods", "--allowed-headers", "--max-num-encoder-input-tokens", "--encoder-cache-size",
+    "--max-images-per-request", "--max-image-pixels", "--max-image-bytes-per-request", "--kv-cache-dtype",
 }  # fmt: skip
 
 
@@ -58,6 +59,8 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         "--responses-store-size", "3", "--enable-auto-tool-choice", "--graceful-shutdown-timeout", "4",
         "--max-request-body-bytes", "2048", "--allowed-origins", '["http://a.example"]', "--allow-credentials",
         "--allowed-methods", '["GET", "POST"]', "--allowed-headers", '["x-h"]',
+        "--max-num-encoder-input-tokens", "999", "--encoder-cache-size", "2000", "--max-images-per-request", "2",
+        "--max-image-pixels", "1000", "--max-image-bytes-per-request", "5000",
     ]  # fmt: skip
     config, settings = config_from_args(_parser().parse_args(argv))
     assert config == EngineConfig(
@@ -66,12 +69,14 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         scheduling_policy="priority", gpu_memory_utilization=0.75, kv_cache_memory=123456, weights="quantized",
         attention_backend="mlx", chat_template="{{ messages[0].content }}", tool_call_parser="hermes", seed=9,
         pipeline_step_timeout=5.5, speculative_config=SpeculativeConfig("ngram", 3, 1, 5),
+        max_num_encoder_input_tokens=999, encoder_cache_size=2000,
     )  # fmt: skip
     assert settings == ServerSettings(
         host="0.0.0.0", port=9001, api_key="k", served_model_name="served", log_stats_interval=2.5,
         tool_call_parser="hermes", reasoning_parser="qwen3", responses_store_size=3, enable_auto_tool_choice=True,
         graceful_shutdown_timeout=4.0, max_request_body_bytes=2048, allowed_origins=("http://a.example",),
         allow_credentials=True, allowed_methods=("GET", "POST"), allowed_headers=("x-h",),
+        max_images_per_request=2, max_image_pixels=1000, max_image_bytes_per_request=5000,
     )  # fmt: skip
     # Pipeline flags cannot combine with speculation, so they get a command line of their own.
     config, _ = config_from_args(_parser().parse_args(["-pp", "2", "--pipeline-layer-partition", "10,20"]))

@@ -17,21 +17,14 @@ from dataclasses import dataclass
 
 from PIL import Image
 
+from metalserve.multimodal.limits import ImageLimits
+
 FORMATS = ("PNG", "JPEG", "GIF", "WEBP")
 MEDIA_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 
 
 class ImageError(ValueError):
     """An image the server cannot take; the message is for the client."""
-
-
-@dataclass(frozen=True)
-class ImageLimits:
-    """Per request: how many images, how many pixels each, how many decoded bytes in all."""
-
-    max_images: int = 8
-    max_pixels: int = 16_777_216  # 4096 x 4096
-    max_bytes: int = 20 * 1024 * 1024
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from metalserve.kvcache.manager import BlockIds
 from metalserve.request import Request
 from metalserve.scheduler.output import CachedRequestData, NewRequestData
 
@@ -25,9 +26,7 @@ class StepBuilder:
     encoder_budget: int = 0  # placeholder tokens the vision tower may still encode this step
     encoder_inputs: dict[str, list[int]] = field(default_factory=dict)  # request -> its images encoded now
 
-    def add_new(
-        self, request: Request, n: int, block_ids: list[int], group_block_ids: tuple[list[int], ...] = ()
-    ) -> None:
+    def add_new(self, request: Request, n: int, block_ids: BlockIds) -> None:
         self.num_tokens[request.request_id] = n
         self.new_reqs.append(
             NewRequestData(
@@ -38,7 +37,6 @@ class StepBuilder:
                 block_ids=block_ids,
                 num_computed_tokens=request.num_computed_tokens,
                 structured=request.structured,
-                group_block_ids=group_block_ids,
                 mm_inputs=request.mm_inputs,
             )
         )
