@@ -16,6 +16,7 @@ from metalserve.api.errors import OpenAIError, internal_error
 from metalserve.api.protocol import _SamplingRequest
 from metalserve.api.serving_context import ServingContext
 from metalserve.engine.async_engine import ClientTooSlowError, EngineDeadError, RequestOutput
+from metalserve.multimodal.inputs import MultiModalInput
 from metalserve.outputs import TokenLogprob
 from metalserve.sampling_params import SamplingParams
 
@@ -114,8 +115,10 @@ def start_generations(
     params: SamplingParams,
     n: int,
     req: _SamplingRequest,
+    mm_inputs: list[MultiModalInput] | None = None,
 ) -> list[AsyncIterator[RequestOutput]]:
-    """One engine request per (prompt, sample); the samples of a prompt share it, so its prefix is cached."""
+    """One engine request per (prompt, sample); the samples of a prompt share it, so its prefix is cached.
+    `mm_inputs`: the images of a single prompt (chat)."""
     streams = []
     for p, prompt in enumerate(prompts):
         for i in range(n):
@@ -126,6 +129,7 @@ def start_generations(
                     f"{base_id}-{p}-{i}",
                     priority=req.priority,
                     cache_salt=req.cache_salt,
+                    mm_inputs=mm_inputs,
                 )
             )
     return streams

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -22,6 +22,16 @@ from metalserve.multimodal.inputs import MultiModalInput
 # Qwen2-VL's preprocessor_config.json keys the processor takes (the rest are HF bookkeeping).
 _QWEN_KEYS = ("patch_size", "temporal_patch_size", "merge_size", "min_pixels", "max_pixels", "image_mean",
               "image_std")  # fmt: skip
+
+
+class ImageProcessor(Protocol):
+    """What the API asks of a vision-language model's processor (in the tokenizer thread)."""
+
+    image_token_id: int
+
+    def process(
+        self, prompt: Sequence[int], images: Sequence[DecodedImage]
+    ) -> tuple[list[int], list[MultiModalInput]]: ...
 
 
 class QwenVLImageProcessor:
