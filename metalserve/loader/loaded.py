@@ -51,3 +51,6 @@ class RawModel:
     tokenizer: PreTrainedTokenizerBase
     chat_template: str | None
     stored_as: str  # e.g. "Q4_1" or "4-bit affine (group 64)" or "bfloat16"
+    # A vision-language model comes built by mlx-vlm (weights already in it) with its image processor.
+    prebuilt: nn.Module | None = None
+    image_processor: Any = None

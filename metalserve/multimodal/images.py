@@ -76,7 +76,11 @@ def open_image(data: bytes, limits: ImageLimits) -> DecodedImage:
             rgb = image.convert("RGB")
     except ImageError:
         raise
-    except (Image.UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning):
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):  # Pillow's own check, on open
+        raise ImageError(
+            f"the image has more pixels than the limit of {limits.max_pixels} (--max-image-pixels)"
+        ) from None
+    except Image.UnidentifiedImageError:
         raise ImageError("could not process image: not a PNG, JPEG, GIF or WebP image Pillow can read") from None
     except (OSError, ValueError, SyntaxError, EOFError) as exc:
         raise ImageError(f"could not process image: the file is corrupt or truncated ({exc})") from None

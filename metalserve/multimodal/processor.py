@@ -84,3 +84,11 @@ class QwenVLImageProcessor:
             previous = slot + 1
         tokens += prompt[previous:]
         return tokens, inputs
+
+
+def image_processor_for(config: dict[str, Any], directory: Path | None = None) -> ImageProcessor:
+    """The image processor of a vision-language model's config; ImageError for a family without one."""
+    model_type = config.get("model_type")
+    if model_type in ("qwen2_vl", "qwen2_5_vl"):
+        return QwenVLImageProcessor.from_config(config, directory)
+    raise ImageError(f"images are not supported for model type {model_type!r} (supported: qwen2_vl, qwen2_5_vl)")

@@ -50,7 +50,7 @@ def vl_tokenizer() -> PreTrainedTokenizerFast:
 def config(model_type: str = "qwen2_vl") -> dict[str, Any]:
     if model_type == "qwen2_vl":
         vision = {"model_type": "qwen2_vl", "depth": 2, "embed_dim": 32, "hidden_size": 64, "num_heads": 2,
-                  "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "mlp_ratio": 2.0}  # fmt: skip
+                  "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "mlp_ratio": 2}  # fmt: skip
     else:
         vision = {"model_type": "qwen2_5_vl", "depth": 2, "hidden_size": 32, "intermediate_size": 64,
                   "out_hidden_size": 64, "num_heads": 2, "patch_size": 14, "spatial_merge_size": 2,
@@ -62,6 +62,7 @@ def config(model_type: str = "qwen2_vl") -> dict[str, Any]:
         "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
         "image_token_id": IMAGE_PAD, "video_token_id": VIDEO_PAD, "vision_start_token_id": VISION_START,
         "vision_end_token_id": VISION_END, "vision_token_id": VISION_START, "eos_token_id": [IM_END],
+        "bos_token_id": ENDOFTEXT,
         "vision_config": vision,
     }  # fmt: skip
 
