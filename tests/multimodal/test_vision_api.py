@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import io
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -111,7 +110,8 @@ def test_anthropic_image_and_tool_result_with_an_image(served: Served) -> None:
 def test_responses_input_image(oai: openai.OpenAI) -> None:
     content: Any = [{"type": "input_image", "image_url": data_url(png(14))}, {"type": "input_text", "text": "Hi"}]
     response = oai.responses.create(model=MODEL, input=[{"role": "user", "content": content}], max_output_tokens=4)
-    assert response.status in ("completed", "incomplete") and response.usage is not None and response.usage.input_tokens > 6
+    assert response.status in ("completed", "incomplete")  # max_output_tokens may cut it
+    assert response.usage is not None and response.usage.input_tokens > 6
 
 
 def _png_of(width: int, height: int) -> bytes:
