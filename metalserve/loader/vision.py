@@ -51,12 +51,4 @@ def load_vision_directory(path: Path) -> RawModel:
     tokenizer = _load_tokenizer(path)
     template = getattr(tokenizer, "chat_template", None)
     stored = _stored_as(config, dict(tree_flatten(model.parameters())))
-    return RawModel(
-        config,
-        {},
-        tokenizer,
-        template,
-        stored,
-        prebuilt=model,
-        image_processor=processor,  # type: ignore[arg-type]
-    )
+    return RawModel(config, {}, tokenizer, template, stored, prebuilt=model, image_processor=processor)  # type: ignore[arg-type]
