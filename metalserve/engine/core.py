@@ -54,6 +54,12 @@ class EngineCore:
         self.platform = current_platform() if platform is None else platform
         # MLX arrays belong to the thread that made them (engine_thread.py): steps run where the core was built.
         self.owner_thread = threading.get_ident()
+        self.weight_bytes = 0  # measured at load (MLX's active memory then, plus host-side codes)
+        self.kv_bytes_per_block = 0
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes by component: the weights (fixed at load) and the KV pool as grown so far."""
+        return {"weights": self.weight_bytes, "kv_pool": len(self.scheduler.kv.pool.blocks) * self.kv_bytes_per_block}
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> tuple[EngineCore, LoadedModel]:
@@ -72,6 +78,7 @@ class EngineCore:
         platform = current_platform()
         max_model_len = resolve_max_model_len(config, loaded.max_model_len)
         model = PagedModel.from_loaded(loaded, platform)
+        weight_bytes = int(mx.get_active_memory()) + model.host_bytes()  # before any KV is allocated
         storage = config.kv_cache_dtype
         try:
             spec = model.get_kv_cache_spec(model.family.page(loaded.model, storage), config.block_size)
@@ -115,7 +122,9 @@ class EngineCore:
             **vision_parts(loaded, model, dtype),
         )
         mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * plan.num_blocks * spec.bytes_per_block))
-        return cls(scheduler, runner, max_model_len, platform)
+        core = cls(scheduler, runner, max_model_len, platform)
+        core.weight_bytes, core.kv_bytes_per_block = weight_bytes, spec.bytes_per_block
+        return core
 
     def add_request(self, request: Request) -> None:
         if request.mm_inputs and self.runner.encoder_outputs is None:
