@@ -92,6 +92,6 @@ def save(model: nn.Module, model_type: str, directory: Path) -> Path:
     vl_tokenizer().save_pretrained(str(directory))
     (directory / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     pre = {"patch_size": 14, "merge_size": 2, "temporal_patch_size": 2, "min_pixels": 56 * 56,
-           "max_pixels": 28 * 28 * 64, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}  # fmt: skip
+           "max_pixels": 14 * 14 * 4 * 1280, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}  # fmt: skip
     (directory / "preprocessor_config.json").write_text(json.dumps(pre))
     return directory

@@ -9,6 +9,7 @@ language model scatters over its token embeddings.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -40,6 +41,7 @@ class EncoderOutputs:
         self._encode = encode
         self.outputs: dict[bytes, mx.array] = {}
         self.num_encoded = 0  # images run through the tower (a test's count of "encoded once")
+        self.encode_seconds = 0.0  # the tower's time over those images (bench/vision.py reads it)
 
     def free(self, mm_hashes: Sequence[bytes]) -> None:
         for mm_hash in mm_hashes:
@@ -49,10 +51,12 @@ class EncoderOutputs:
         """The image's output, encoding it now if the cache lacks it."""
         out = self.outputs.get(mm.mm_hash)
         if out is None:
+            started = time.perf_counter()
             out = self._encode(mm)
             if out.shape[0] != mm.length:
                 raise ValueError(f"the vision tower gave {out.shape[0]} embeddings for {mm.length} placeholders")
             mx.eval(out)
+            self.encode_seconds += time.perf_counter() - started
             self.outputs[mm.mm_hash] = out
             self.num_encoded += 1
         return out
