@@ -68,10 +68,11 @@ def engine(
     """The real engine over `model` (its own `model_type` by default), pool sized by --kv-cache-memory.
     `loaded`: what the loader would hand over, when more than the model (a vision model's tower);
     `overrides`: more EngineConfig fields."""
-    config = EngineConfig(
-        kv_cache_memory=1 << 24, block_size=16, max_num_batched_tokens=budget, max_num_seqs=8,
-        attention_backend=backend, enable_prefix_caching=True, **overrides,  # type: ignore[arg-type]
-    )  # fmt: skip
+    fields: dict[str, Any] = {
+        "kv_cache_memory": 1 << 24, "block_size": 16, "max_num_batched_tokens": budget, "max_num_seqs": 8,
+        "attention_backend": backend, "enable_prefix_caching": True,
+    }  # fmt: skip
+    config = EngineConfig(**{**fields, **overrides})
     return EngineCore.from_loaded(config, loaded or loaded_of(model, model_type or model.model_type))
 
 

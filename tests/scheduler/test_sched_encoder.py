@@ -87,3 +87,19 @@ def test_prefix_hashes_of_blocks_holding_an_image_include_its_content_hash() -> 
     assert hits == {"b": 8, "c": 32}
     blocks = {new.request_id: new.block_ids[0] for new in so.scheduled_new_reqs}  # the one group's table
     assert blocks == {"b": [1, 6, 7, 8, 9], "c": [1, 2, 3, 4, 10]}  # b shares the text block only
+
+
+def test_cache_salt_still_separates_requests_with_the_same_image() -> None:
+    s = make_scheduler(max_num_batched_tokens=64, block_size=8)
+    first = with_images("a", 33, image("x", 10, 12), max_tokens=1)
+    first.cache_salt = "tenant-1"
+    s.add_request(first)
+    run(s, 2)
+    other_tenant = with_images("b", 33, image("x", 10, 12), max_tokens=1)
+    other_tenant.cache_salt = "tenant-2"
+    same_tenant = with_images("c", 33, image("x", 10, 12), max_tokens=1)
+    same_tenant.cache_salt = "tenant-1"
+    s.add_request(other_tenant)
+    s.add_request(same_tenant)
+    so, _ = step(s)
+    assert {new.request_id: new.num_computed_tokens for new in so.scheduled_new_reqs} == {"b": 0, "c": 32}

@@ -20,6 +20,8 @@ class PagedMRoPEAttention(PagedAttention):
 
     def _project(self, x: mx.array, positions: mx.array) -> tuple[mx.array, mx.array | None, mx.array | None]:
         t, hq, hkv = x.shape[1], self.n_heads, self.n_kv_heads
+        if positions.ndim == 1:  # text positions (the memory plan's warm-up step): the same in all three rows
+            positions = mx.broadcast_to(positions[None], (3, t))
         q, k, v = self._linear(x)
         assert k is not None and v is not None
         q = q.reshape(1, t, hq, -1).transpose(0, 2, 1, 3)
