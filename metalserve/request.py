@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from metalserve.kvcache.hashing import BlockHash
+from metalserve.multimodal.inputs import MultiModalInput, mm_hashes_in_block
 from metalserve.sampling_params import SamplingParams
 
 
@@ -19,6 +20,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = enum.auto()  # EOS or a stop token id
     FINISHED_LENGTH = enum.auto()  # max_tokens or the context limit
     FINISHED_ABORTED = enum.auto()
+    FINISHED_ERROR = enum.auto()  # the output broke its grammar (never reported as "stop")
 
     @property
     def finished(self) -> bool:
@@ -29,11 +31,17 @@ class RequestStatus(enum.Enum):
         return _FINISH_REASONS.get(self)
 
 
-_FINISHED = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
+_FINISHED = {
+    RequestStatus.FINISHED_STOPPED,
+    RequestStatus.FINISHED_LENGTH,
+    RequestStatus.FINISHED_ABORTED,
+    RequestStatus.FINISHED_ERROR,
+}
 _FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 
@@ -77,6 +85,8 @@ class Request:
     structured: StructuredState | None = field(default=None, repr=False)
     # Speculative decoding: drafts the runner proposed after the last step, to verify in the next one.
     spec_token_ids: list[int] = field(default_factory=list, repr=False)
+    # Images, in prompt order: their placeholder tokens are prompt tokens (multimodal/inputs.py).
+    mm_inputs: list[MultiModalInput] = field(default_factory=list, repr=False)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -102,6 +112,11 @@ class Request:
         if start >= n_prompt:
             return self.output_token_ids[start - n_prompt : end - n_prompt]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - n_prompt]
+
+    def mm_hashes_between(self, start: int, end: int) -> tuple[bytes, ...]:
+        """The content hashes of the images with placeholder tokens in `[start, end)` (the prefix cache's
+        extra keys for a block there)."""
+        return mm_hashes_in_block(self.mm_inputs, start, end) if self.mm_inputs else ()
 
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from metalserve.flags import flag
+from metalserve.multimodal.limits import ImageLimits
 
 MIN_DEFAULT_BODY_BYTES = 16 * 1024 * 1024
 
@@ -59,6 +60,20 @@ class ServerSettings:
     responses_store_size: int = flag(
         1000, "responses kept in memory (LRU) for GET /v1/responses/{id} and previous_response_id; 0: none"
     )
+    responses_store_bytes: int = flag(
+        64 * 1024 * 1024, "most bytes (JSON, conversation included) the stored responses hold together; "
+        "the oldest go first"
+    )
+    max_grammar_bytes: int = flag(
+        256 * 1024, "largest structured-output spec (JSON schema, regex, choices, grammar); 400 above it"
+    )
+    grammar_compile_timeout: float = flag(10.0, "seconds a grammar may take to compile; its request gets a 400 past it")
+    grammar_cache_bytes: int = flag(
+        64 * 1024 * 1024, "compiled grammars kept for reuse (LRU, counted by grammar text bytes)"
+    )
+    request_body_timeout: float = flag(
+        30.0, "seconds a request body may take to arrive after its headers (408 past it, connection closed)"
+    )
     enable_auto_tool_choice: bool = flag(
         False, "vLLM's flag: serve tool_choice 'auto' (given, or implied by tools) through --tool-call-parser, "
         "which it needs; without it such requests get a 400. Forced calls (required, named) need neither"
@@ -69,6 +84,12 @@ class ServerSettings:
     engine_shutdown_timeout: float = 10.0  # how long shutdown waits for the engine's last step
     max_request_body_bytes: int | None = flag(
         None, "largest request body (413 above it; default: 64 bytes per context token, at least 16 MiB)"
+    )
+    # Images in (vision-language models; metalserve/multimodal/images.py): 400 above these, per request.
+    max_images_per_request: int = flag(8, "most images one request may hold")
+    max_image_pixels: int = flag(16_777_216, "most pixels one image may have (width x height; checked before decoding)")
+    max_image_bytes_per_request: int = flag(
+        20 * 1024 * 1024, "most bytes a request's images may take, decoded from base64"
     )
     # CORS, as vLLM's flags and defaults.
     allowed_origins: tuple[str, ...] = flag(("*",), "CORS, JSON list", parse=_json_strings("--allowed-origins"))
@@ -83,12 +104,25 @@ class ServerSettings:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         if self.responses_store_size < 0:
             raise ValueError("--responses-store-size must be >= 0")
+        if self.responses_store_bytes < 0:
+            raise ValueError("--responses-store-bytes must be >= 0")
+        if self.max_grammar_bytes < 1 or self.grammar_cache_bytes < 0:
+            raise ValueError("--max-grammar-bytes must be >= 1 and --grammar-cache-bytes >= 0")
+        if self.grammar_compile_timeout <= 0 or self.request_body_timeout <= 0:
+            raise ValueError("--grammar-compile-timeout and --request-body-timeout must be > 0")
         if self.log_stats_interval < 0:
             raise ValueError("--log-stats-interval must be >= 0")
         if self.graceful_shutdown_timeout < 0:
             raise ValueError("--graceful-shutdown-timeout must be >= 0")
+        if min(self.max_images_per_request, self.max_image_pixels, self.max_image_bytes_per_request) < 1:
+            raise ValueError(
+                "--max-images-per-request, --max-image-pixels and --max-image-bytes-per-request must be >= 1"
+            )
         if self.max_request_body_bytes is not None and self.max_request_body_bytes < 1024:
             raise ValueError("--max-request-body-bytes must be at least 1024")
+
+    def image_limits(self) -> ImageLimits:
+        return ImageLimits(self.max_images_per_request, self.max_image_pixels, self.max_image_bytes_per_request)
 
     def body_limit(self, max_model_len: int) -> int:
         """The request body limit: the flag, else room for a full context of text as JSON (escapes and

@@ -14,20 +14,24 @@ import queue
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from metalserve.engine.commands import Abort, Add, Command, Crash, FailAll, Stop
 from metalserve.engine.detokenizer import IncrementalDetokenizer
 from metalserve.engine.engine_thread import EngineThread
-from metalserve.engine.errors import ClientTooSlowError, EngineDeadError, EngineDrainingError
+from metalserve.engine.errors import ClientTooSlowError, EngineDeadError, EngineDrainingError, GrammarFailedError
 from metalserve.engine.protocol import EngineCoreProtocol
 from metalserve.engine.request_output import EngineObserver, IterationStats, RequestOutput
 from metalserve.engine.request_state import RequestState, hand_over, make_output
+from metalserve.multimodal.inputs import MultiModalInput
 from metalserve.outputs import EngineCoreOutput
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
-from metalserve.structured.compiler import GrammarCompiler
+from metalserve.structured.compiler import GrammarCompiler, GrammarError, GrammarLimits
 from metalserve.structured.params import StructuredOutputsParams
+
+if TYPE_CHECKING:
+    from metalserve.multimodal.processor import ImageProcessor
 
 __all__ = [
     "AsyncEngine", "ClientTooSlowError", "EngineDeadError", "EngineDrainingError", "EngineObserver",
@@ -53,15 +57,18 @@ class AsyncEngine:
         chat_template: str | None = None,
         observer: EngineObserver | None = None,
         thread: EngineThread | None = None,
+        image_processor: ImageProcessor | None = None,
     ) -> None:
         """`thread`: the thread that built `core` (EngineThread.call), where its steps run; None: a new
-        one (for a core that holds no MLX arrays, or whose every array is already evaluated)."""
+        one (for a core that holds no MLX arrays, or whose every array is already evaluated);
+        `image_processor`: a vision-language model's (multimodal/processor.py), None for a text model."""
         self.core = core
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.chat_template = chat_template
+        self.image_processor = image_processor
         self.observer = observer
         self.dead_error: BaseException | None = None
         self.on_dead: Callable[[], None] | None = None  # called on the worker thread once the core failed
@@ -73,6 +80,7 @@ class AsyncEngine:
         self._owns_thread = thread is None
         self._loop: Future[None] | None = None  # the step loop's run on the engine thread
         self._grammar: GrammarCompiler | None = None
+        self.grammar_limits = GrammarLimits()  # set by the server before the first grammar compiles
 
     @property
     def is_running(self) -> bool:
@@ -127,11 +135,13 @@ class AsyncEngine:
         *,
         priority: int = 0,
         cache_salt: str | None = None,
+        mm_inputs: list[MultiModalInput] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Submit one request and yield its deltas; closing the iterator early aborts the request.
+        `mm_inputs`: its images (placeholders in the prompt; a vision-language model's).
 
         Deltas that queued up while the reader was busy come merged into one."""
-        state = self._submit(prompt_token_ids, sampling_params, request_id, priority, cache_salt)
+        state = self._submit(prompt_token_ids, sampling_params, request_id, priority, cache_salt, mm_inputs or [])
         finished = False
         pending: RequestOutput | BaseException | None = None
         try:
@@ -157,7 +167,13 @@ class AsyncEngine:
                 self._commands.put(Abort([request_id]))
 
     def _submit(
-        self, prompt: list[int], params: SamplingParams, request_id: str, priority: int, cache_salt: str | None
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        request_id: str,
+        priority: int,
+        cache_salt: str | None,
+        mm_inputs: list[MultiModalInput],
     ) -> RequestState:
         if self.dead_error is not None:
             raise EngineDeadError(DEAD_MESSAGE)
@@ -173,6 +189,7 @@ class AsyncEngine:
             eos_token_ids=self.eos_token_ids,
             priority=priority,
             cache_salt=cache_salt,
+            mm_inputs=list(mm_inputs),
         )
         if params.structured_outputs is not None:
             request.structured = self.grammar.make_state(params.structured_outputs)
@@ -191,12 +208,21 @@ class AsyncEngine:
     def grammar(self) -> GrammarCompiler:
         """The grammar compile cache for this tokenizer (made on first use)."""
         if self._grammar is None:
-            self._grammar = GrammarCompiler(self.tokenizer)
+            self._grammar = GrammarCompiler(self.tokenizer, limits=self.grammar_limits)
         return self._grammar
 
     async def check_structured(self, params: StructuredOutputsParams) -> None:
-        """Compile the spec (off the event loop and the engine thread); GrammarError when it is invalid."""
-        await asyncio.wrap_future(self.grammar.submit(params))
+        """Compile the spec (off the event loop and the engine thread); GrammarError when it is invalid
+        or takes longer than the limit to compile (it is then dropped from the cache when it ends)."""
+        future = self.grammar.submit(params)
+        timeout = self.grammar.limits.compile_timeout_s
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)
+        except TimeoutError:
+            self.grammar.forget(params)
+            raise GrammarError(
+                params.kind, f"the grammar did not compile within {timeout:g} s (--grammar-compile-timeout)"
+            ) from None
 
     async def abort(self, request_id: str) -> None:
         """Abort a request (a client went away); its blocks are freed before the next step."""
@@ -268,6 +294,8 @@ class AsyncEngine:
             result: RequestOutput | BaseException
             try:
                 result = make_output(out, state, now, iteration)
+                if out.finish_reason == "error":
+                    result = GrammarFailedError(f"the output could not follow its grammar: {out.stop_reason}")
             except Exception as exc:  # a broken request must not take the engine down
                 logger.exception("output processing failed for %s", out.request_id)
                 result = exc
