@@ -31,8 +31,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     d = EngineConfig()
     s = ServerSettings()
     parser.add_argument(
-        "model", nargs="?", default=None, help="GGUF file, model directory or hub id (default: embedded)"
-    )
+        "model", nargs="*", default=[],
+        help="GGUF file, model directory or hub id (default: embedded); several: served together, loaded on "
+        "first use (docs/multi-model.md)",
+    )  # fmt: skip
     parser.add_argument("--host", default=s.host, help="address to bind (0.0.0.0 for every interface)")
     parser.add_argument("--port", type=int, default=s.port)
     parser.add_argument(
@@ -84,6 +86,30 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         '"prompt_lookup_min": 2, "prompt_lookup_max": 4}',
     )  # fmt: skip
     _add_http_args(parser, s)
+    _add_multi_model_args(parser, s)
+
+
+def _add_multi_model_args(parser: argparse.ArgumentParser, s: ServerSettings) -> None:
+    parser.add_argument(
+        "--models", dest="models_file", default=None,
+        help="a YAML or JSON list of models, each with its path, names/aliases, engine options and `pinned`",
+    )  # fmt: skip
+    parser.add_argument(
+        "--pin", action="append", default=[], help="a served model to load at start-up and never unload (repeatable)"
+    )
+    parser.add_argument(
+        "--model-idle-timeout", type=float, default=s.model_idle_timeout,
+        help="seconds an unused model stays loaded (several models); 0: until memory is needed",
+    )  # fmt: skip
+    parser.add_argument(
+        "--model-load-timeout", type=float, default=s.model_load_timeout,
+        help="seconds a request waits for its model to load before a 503",
+    )  # fmt: skip
+    parser.add_argument(
+        "--memory-budget", type=int, default=None,
+        help="bytes for all models' weights and KV pools (several models; default: --gpu-memory-utilization "
+        "of the machine's memory, less what other programs use)",
+    )  # fmt: skip
 
 
 def _add_pipeline_args(parser: argparse.ArgumentParser, d: EngineConfig) -> None:
@@ -139,8 +165,9 @@ def config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerSett
     """Map parsed flags onto the two frozen configs (both validate themselves)."""
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         raise ValueError(f"--enable-auto-tool-choice needs --tool-call-parser ({', '.join(sorted(TOOL_PARSERS))})")
+    models = list(args.model)
     config = EngineConfig(
-        model=args.model,
+        model=models[0] if len(models) == 1 else None,
         served_model_name=args.served_model_name,
         max_model_len=args.max_model_len,
         block_size=args.block_size,
@@ -181,7 +208,20 @@ def config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerSett
         allow_credentials=args.allow_credentials,
         allowed_methods=_string_list(args.allowed_methods, "--allowed-methods"),
         allowed_headers=_string_list(args.allowed_headers, "--allowed-headers"),
+        models=tuple(models) if len(models) > 1 or args.models_file else (),
+        models_file=args.models_file,
+        pinned_models=tuple(args.pin),
+        model_idle_timeout=args.model_idle_timeout,
+        model_load_timeout=args.model_load_timeout,
+        memory_budget=args.memory_budget,
     )
+    if settings.multi_model and (args.served_model_name or args.pipeline_parallel_size > 1):
+        raise ValueError(
+            "several models: give names and aliases per model in --models (not --served-model-name); "
+            "--pipeline-parallel-size serves one model"
+        )
+    if args.pin and not settings.multi_model:
+        raise ValueError("--pin is for several models (with --models or more than one model argument)")
     if args.tool_call_parser and not args.enable_auto_tool_choice:
         logger.warning(
             "--tool-call-parser %s without --enable-auto-tool-choice: tool_choice 'auto' (and tools without a "
@@ -213,6 +253,11 @@ def default_model_name(config: EngineConfig, source: str) -> str:
 
 def run_server(config: EngineConfig, settings: ServerSettings) -> None:
     """Load the model, start the engine and serve until SIGINT/SIGTERM."""
+    if settings.multi_model:
+        from metalserve.api.multi_server import build_registry
+
+        serve_app(build_app(build_registry(config, settings), settings), settings)
+        return
     from metalserve.engine.core import EngineCore  # heavy (MLX); only the real server needs it
 
     watchdog = None

@@ -119,15 +119,13 @@ def start_generations(
     streams = []
     for p, prompt in enumerate(prompts):
         for i in range(n):
-            streams.append(
-                ctx.engine.generate(
-                    prompt,
-                    with_seed(params, i),
-                    f"{base_id}-{p}-{i}",
-                    priority=req.priority,
-                    cache_salt=req.cache_salt,
-                )
+            request_id = f"{base_id}-{p}-{i}"
+            stream = ctx.engine.generate(
+                prompt, with_seed(params, i), request_id, priority=req.priority, cache_salt=req.cache_salt
             )
+            if ctx.recorder is not None:
+                stream = ctx.recorder.recorded(stream, ctx.served_model_name, request_id)
+            streams.append(stream)
     return streams
 
 

@@ -29,6 +29,17 @@ class ServerSettings:
     allow_credentials: bool = False
     allowed_methods: tuple[str, ...] = ("*",)
     allowed_headers: tuple[str, ...] = ("*",)
+    # Several models (metalserve/engine/registry.py); one model given alone is served as it always was.
+    models: tuple[str, ...] = ()  # the model arguments, when there are several
+    models_file: str | None = None  # --models: a YAML or JSON list of models with their own options
+    pinned_models: tuple[str, ...] = ()  # --pin: loaded at start-up and never unloaded
+    model_idle_timeout: float = 300.0  # seconds a model may sit idle before it is unloaded; 0: never
+    model_load_timeout: float = 600.0  # seconds a request waits for its model to load before a 503
+    memory_budget: int | None = None  # bytes for every model's weights and KV pool; None: see docs
+
+    @property
+    def multi_model(self) -> bool:
+        return bool(self.models or self.models_file)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -39,6 +50,10 @@ class ServerSettings:
             raise ValueError("--log-stats-interval must be >= 0")
         if self.graceful_shutdown_timeout < 0:
             raise ValueError("--graceful-shutdown-timeout must be >= 0")
+        if self.model_idle_timeout < 0 or self.model_load_timeout <= 0:
+            raise ValueError("--model-idle-timeout must be >= 0 and --model-load-timeout > 0 (seconds)")
+        if self.memory_budget is not None and self.memory_budget <= 0:
+            raise ValueError("--memory-budget must be a positive number of bytes")
         if self.max_request_body_bytes is not None and self.max_request_body_bytes < 1024:
             raise ValueError("--max-request-body-bytes must be at least 1024")
 

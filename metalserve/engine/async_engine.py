@@ -82,6 +82,15 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="metalserve-engine-core", daemon=True)
         self._thread.start()
 
+    def run_here(self, ready: Callable[[], None]) -> None:
+        """Run the worker loop on the calling thread (a model's engine thread, which built the core), until
+        stopped; `ready` is called once requests can be submitted."""
+        if self._thread is not None:
+            raise RuntimeError("the engine's worker thread is already running")
+        self._thread = threading.current_thread()
+        ready()
+        self._run()
+
     def begin_drain(self) -> None:
         """Refuse new requests from now on; running ones go on (graceful shutdown)."""
         self.draining = True
@@ -224,6 +233,8 @@ class AsyncEngine:
                 ids = [rid for rid in command.request_ids if self._states.pop(rid, None) is not None]
                 if ids:
                     self.core.abort_requests(ids)
+                    if self.observer is not None:  # the gauges must not show aborted requests running
+                        self.observer.on_step(self.core.make_stats(), IterationStats())
             else:
                 if self._states:
                     self.core.abort_requests(list(self._states))

@@ -48,6 +48,7 @@ class EngineCore:
         self.max_model_len = max_model_len
         self.platform = current_platform() if platform is None else platform
         self._stream_thread = threading.get_ident()
+        self.kv_pool_bytes = 0  # the pool at its largest (set by from_loaded), for the models' memory budget
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> tuple[EngineCore, LoadedModel]:
@@ -98,7 +99,9 @@ class EngineCore:
             proposer=build_proposer(speculation, config, loaded, platform, plan.initial_blocks, draft),
         )
         mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * plan.num_blocks * spec.bytes_per_block))
-        return cls(scheduler, runner, max_model_len, platform)
+        core = cls(scheduler, runner, max_model_len, platform)
+        core.kv_pool_bytes = plan.num_blocks * spec.bytes_per_block
+        return core
 
     def add_request(self, request: Request) -> None:
         if request.num_prompt_tokens > self.max_model_len:

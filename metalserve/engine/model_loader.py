@@ -1,0 +1,84 @@
+"""The real loader of a served model (it runs on the model's own engine thread), and the size a model is
+expected to take before its first load."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+from typing import Any
+
+from metalserve.engine.async_engine import AsyncEngine
+from metalserve.engine.model_spec import ModelSpec
+from metalserve.engine.model_thread import LoadedEngine
+from metalserve.engine.protocol import SchedulerStatsLike
+from metalserve.outputs import EngineCoreOutput
+from metalserve.request import Request
+
+
+class UnloadedCore:
+    """What an engine holds after its model was unloaded: nothing to step, every call refused."""
+
+    def _gone(self) -> RuntimeError:
+        return RuntimeError("this model was unloaded")
+
+    def add_request(self, request: Request) -> None:
+        raise self._gone()
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        pass
+
+    def finish_requests(self, request_ids: list[str]) -> None:
+        pass
+
+    def step(self) -> list[EngineCoreOutput]:
+        raise self._gone()
+
+    def has_unfinished_requests(self) -> bool:
+        return False
+
+    def make_stats(self) -> SchedulerStatsLike:
+        raise self._gone()
+
+
+def load_engine(spec: ModelSpec) -> LoadedEngine:
+    """Load the model and build its engine core on the calling thread (the model's engine thread)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from metalserve.engine.core import EngineCore, host_code_bytes
+
+    core, loaded = EngineCore.from_config(spec.config)
+    engine = AsyncEngine(
+        core,
+        loaded.tokenizer,
+        model_name=spec.name,
+        max_model_len=core.max_model_len,
+        eos_token_ids=loaded.eos_token_ids,
+        chat_template=loaded.chat_template,
+    )
+    parameters: Any = tree_flatten(loaded.model.parameters())  # [(path, array)]
+    weights = sum(int(array.nbytes) for _, array in parameters) + host_code_bytes(loaded)
+    kv_bytes = core.kv_pool_bytes
+    del core, loaded
+
+    def release() -> None:
+        engine.core = UnloadedCore()  # the last reference to the core, its pool and the model
+        gc.collect()
+        mx.clear_cache()
+
+    return LoadedEngine(engine, weights, kv_bytes, release)
+
+
+def estimate_bytes(spec: ModelSpec) -> int:
+    """Before the first load: the weight files' size plus the KV pool given. A low guess is corrected after
+    the load, when the measured size must fit too (the registry unloads idle models or gives up)."""
+    from metalserve.loader.embedded import default_model_path
+
+    kv = spec.config.kv_cache_memory or 0
+    model = spec.config.model
+    path = default_model_path() if model is None else Path(model)
+    if path.is_file():
+        return path.stat().st_size + kv
+    if path.is_dir():
+        return sum(f.stat().st_size for f in path.glob("*.safetensors")) + kv
+    return kv  # a hub id: its size is known once downloaded
