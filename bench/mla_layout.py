@@ -29,8 +29,8 @@ import numpy as np
 from metalserve.executor.attention.base import AttentionBackend, AttentionCall, LayerCacheSpec
 from metalserve.executor.attention.cpu import CpuAttention
 from metalserve.executor.attention.mlx import MlxAttention
+from metalserve.executor.attention.reference import AttentionOptions
 from metalserve.executor.step_inputs import StepInputs
-from metalserve.kernels.reference import AttentionOptions
 
 HEADS, RANK, ROPE, NOPE, V, BLOCK = 16, 512, 64, 128, 128, 16
 

@@ -43,6 +43,7 @@ from metalserve.executor.attention.select import select_attention
 from metalserve.executor.context import forward_context
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.compute import MlxCompute
+from metalserve.executor.models.families import kv_shape
 from metalserve.executor.runner import KVCacheSpec
 from metalserve.loader import load_model
 from metalserve.platform import current_platform
@@ -66,8 +67,9 @@ def build_stage(args: argparse.Namespace, rank: int) -> tuple[Stage, PagedModel,
     keep_layers(loaded.model, slices[rank], first=rank == 0)
     model = PagedModel(loaded.model, loaded.model_type, MlxCompute())
     blocks = max(args.batches) * -(-args.context // BLOCK) + 1
-    spec = KVCacheSpec(len(slices[rank]), loaded.num_kv_heads, loaded.head_dim, loaded.dtype, BLOCK, blocks)
-    backend = select_attention("auto", loaded.dtype, current_platform())
+    shape = kv_shape(loaded)
+    spec = KVCacheSpec(len(slices[rank]), shape.num_kv_heads, shape.head_dim, shape.dtype, BLOCK, blocks)
+    backend = select_attention("auto", shape.dtype, current_platform())
     return Stage(model, spec, backend), model, slices[rank], param_bytes(loaded.model)
 
 

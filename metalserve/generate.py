@@ -14,8 +14,8 @@ from metalserve.config import EngineConfig
 from metalserve.engine.core import EngineCore, resolve_max_model_len
 from metalserve.engine.kv_groups import layer_groups
 from metalserve.engine.kv_plan import kv_block_bytes
+from metalserve.executor.models.families import family_of
 from metalserve.executor.models.hybrid import state_layout_of
-from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES
 from metalserve.kvcache.sizing import blocks_for_request
 from metalserve.loader import LoadedModel
 from metalserve.request import Request
@@ -39,7 +39,7 @@ def encode_chat(loaded: LoadedModel, user_message: str) -> list[int]:
 
 def hybrid_state_bytes(loaded: LoadedModel) -> int:
     """The recurrent-state bytes each block id owns (0 for models without recurrent layers)."""
-    if loaded.model_type not in HYBRID_MODEL_TYPES:
+    if not family_of(loaded).hybrid:
         return 0
     return state_layout_of(loaded.model, loaded.model_type).bytes_per_block
 

@@ -24,15 +24,17 @@ def default_memory_budget(config: EngineConfig) -> int:
 
 
 def model_specs(config: EngineConfig, settings: ServerSettings) -> list[ModelSpec]:
-    """The model arguments, then the models file's entries, with --pin applied."""
-    entries: list[Any] = list(settings.models)
-    if settings.models_file:
-        entries += read_models_file(settings.models_file)
+    """The model arguments, then the models file's entries, with --pinned-models applied."""
+    entries: list[Any] = ([config.model] if config.model is not None else []) + list(settings.more_models)
+    if settings.models:
+        entries += read_models_file(settings.models)
     specs = build_specs(entries, config)
     names = {n for spec in specs for n in spec.names}
     unknown = [p for p in settings.pinned_models if p not in names]
     if unknown:
-        raise ConfigError(f"--pin {', '.join(unknown)}: no such served model ({', '.join(sorted(names))})")
+        raise ConfigError(f"--pinned-models {', '.join(unknown)}: no such served model ({', '.join(sorted(names))})")
+    if config.pipeline_parallel_size > 1:
+        raise ConfigError("--pipeline-parallel-size serves one model, not several")
     pins = set(settings.pinned_models)
     return [dataclasses.replace(s, pinned=True) if pins & set(s.names) else s for s in specs]
 

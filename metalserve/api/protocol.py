@@ -124,6 +124,7 @@ class _SamplingRequest(BaseModel):
     cache_salt: str | None = Field(default=None, min_length=1)
     priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
     structured_outputs: StructuredOutputsRequest | None = None
+    return_tokens_as_token_ids: bool = False  # vLLM's: logprobs name tokens "token_id:N"
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> _SamplingRequest:

@@ -15,7 +15,7 @@ from metalserve.distributed.core import PipelineEngineCore
 from metalserve.distributed.handshake import StartupError
 from metalserve.distributed.launch import init_group, launched_externally, spawn_local_ranks
 from metalserve.distributed.rank0 import PipelineRunner
-from metalserve.distributed.setup import RankSetup, setup_rank, sliced_loaded
+from metalserve.distributed.setup import RankSetup, setup_rank
 from metalserve.distributed.watchdog import Watchdog
 from metalserve.distributed.worker import run_worker
 from metalserve.engine.core import BUFFER_CACHE_FRACTION
@@ -68,7 +68,7 @@ def run_rank_in_group(config: EngineConfig, group: mx.distributed.Group) -> int:
 
 def build_core(config: EngineConfig, setup: RankSetup, group: mx.distributed.Group) -> PipelineEngineCore:
     loaded = setup.loaded
-    spec = KVCacheSpec.for_model(sliced_loaded(setup), config.block_size, setup.initial_blocks)
+    spec = KVCacheSpec.for_model(setup.loaded, config.block_size, setup.initial_blocks)
     runner = PipelineRunner(setup.model, spec, group, eos_token_ids=loaded.eos_token_ids,
                             sampler=Sampler(config.seed), backend=setup.backend)  # fmt: skip
     mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * setup.num_blocks * spec.bytes_per_block))

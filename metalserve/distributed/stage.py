@@ -38,8 +38,8 @@ def non_layer_bytes(model: nn.Module) -> int:
 def keep_layers(model: nn.Module, layers: range, first: bool) -> None:
     """Drop every layer outside `layers` (and, off rank 0, the embedding, norm and head) so they free.
 
-    Off rank 0 the embedding becomes a 1x1 one of the same dtype: the loader reads the activations'
-    dtype from it."""
+    Off rank 0 the embedding becomes a 1x1 one of the same dtype: the model's family reads the
+    activations' dtype from it."""
     backbone = model.model
     backbone.layers = [backbone.layers[i] for i in layers]
     if not first:

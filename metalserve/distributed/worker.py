@@ -84,11 +84,11 @@ class Worker:
 
 
 def run_worker(setup: RankSetup, group: mx.distributed.Group, block_size: int) -> None:
-    from metalserve.distributed.setup import sliced_loaded
+    from metalserve.executor.models.families import kv_shape
     from metalserve.executor.runner import KVCacheSpec
 
-    spec = KVCacheSpec.for_model(sliced_loaded(setup), block_size, setup.initial_blocks)
-    worker = Worker(Stage(setup.model, spec, setup.backend), group, setup.loaded.dtype)
+    spec = KVCacheSpec.for_model(setup.loaded, block_size, setup.initial_blocks)
+    worker = Worker(Stage(setup.model, spec, setup.backend), group, kv_shape(setup.loaded).dtype)
     logger.info("pipeline rank %d ready: layers %d-%d", setup.rank, setup.layers.start, setup.layers.stop - 1)
     try:
         worker.serve()

@@ -16,6 +16,7 @@ from metalserve.engine.memory import format_bytes
 from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.models.adapter import PagedModel
+from metalserve.executor.models.families import check_supported
 from metalserve.executor.runner import KVCacheSpec, ModelRunner
 from metalserve.executor.sampler import Sampler
 from metalserve.kvcache.specs import LayerGroupSpec, RecurrentState
@@ -37,6 +38,10 @@ BUFFER_CACHE_FRACTION = 0.1
 GRAMMAR_POLL_S = 0.002
 
 
+class WrongThreadError(RuntimeError):
+    """A core stepped on another thread than the one that built it."""
+
+
 class EngineCore:
     """Owns the scheduler (with its KV manager) and the model runner."""
 
@@ -47,7 +52,8 @@ class EngineCore:
         self.runner = runner
         self.max_model_len = max_model_len
         self.platform = current_platform() if platform is None else platform
-        self._stream_thread = threading.get_ident()
+        # MLX arrays belong to the thread that made them (engine_thread.py): steps run where the core was built.
+        self.owner_thread = threading.get_ident()
         self.kv_pool_bytes = 0  # the pool at its largest (set by from_loaded), for the models' memory budget
 
     @classmethod
@@ -57,6 +63,7 @@ class EngineCore:
             weights=config.weights,
             dequantize_max_bytes=config.dequantize_max_bytes,
             chat_template=config.chat_template,
+            check_model_type=check_supported,
         )
         return cls.from_loaded(config, loaded), loaded
 
@@ -68,7 +75,8 @@ class EngineCore:
         model = PagedModel.from_loaded(loaded, platform)
         head_dims = {shape[1] for shape in model.kv_layout.tensors}
         latent = model.kv_layout.value_dim is not None
-        attention = select_attention(config.attention_backend, loaded.dtype, platform, head_dims, latent_kv=latent)
+        dtype = model.family.activation_dtype(loaded.model)
+        attention = select_attention(config.attention_backend, dtype, platform, head_dims, latent_kv=latent)
         logger.info("platform: %s", platform.describe())
         logger.info("attention: %s", attention.description)
         logger.info("on the host: %s", model.host_description())
@@ -117,18 +125,21 @@ class EngineCore:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_STOPPED)
 
     def step(self) -> list[EngineCoreOutput]:
-        self._ensure_stream()
+        self.check_thread()
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty and self.scheduler.num_waiting_for_grammar:
             time.sleep(GRAMMAR_POLL_S)  # only compiling grammars wait: give their thread the CPU
         runner_output = self.runner.execute_model(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
 
-    def _ensure_stream(self) -> None:
-        """MLX streams belong to a thread: the first step on a new thread (the async engine's) makes one."""
-        if threading.get_ident() != self._stream_thread:
-            mx.set_default_stream(mx.new_stream(self.platform.device))
-            self._stream_thread = threading.get_ident()
+    def check_thread(self) -> None:
+        """Refuse a step on another thread than the one that built the core: the model's lazy arrays
+        (RoPE tables, pools) were made on that thread's stream and cannot be evaluated here."""
+        if threading.get_ident() != self.owner_thread:
+            raise WrongThreadError(
+                f"the engine core was built on thread {self.owner_thread} and stepped on "
+                f"{threading.get_ident()}; build it on the thread that runs its steps (EngineThread.call)"
+            )
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -146,7 +157,8 @@ def draft_for(
     if spec is None or spec.method != "draft_model":
         return spec, None
     if draft is None:
-        draft = load_model(spec.model, weights=config.weights, dequantize_max_bytes=config.dequantize_max_bytes)
+        draft = load_model(spec.model, weights=config.weights, dequantize_max_bytes=config.dequantize_max_bytes,
+                           check_model_type=check_supported)  # fmt: skip
     return spec, draft
 
 

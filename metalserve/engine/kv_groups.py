@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from metalserve.config import EngineConfig
-from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES, mixers_of
+from metalserve.executor.models.families import family_of
 from metalserve.kvcache.specs import LayerGroupSpec, RecurrentState, prefix_caching_problem
 from metalserve.loader import LoadedModel
 from metalserve.scheduler.scheduler import Scheduler
@@ -22,18 +22,14 @@ def layer_groups(loaded: LoadedModel) -> list[LayerGroupSpec]:
 
 def _attention_groups(loaded: LoadedModel) -> list[LayerGroupSpec]:
     """Full attention and sliding windows, in groups of equal size (executor/models/kv_layout.py)."""
-    from metalserve.executor.models.kv_layout import loaded_kv_layout
-
-    return list(loaded_kv_layout(loaded.model, loaded.model_type).groups)
+    return list(family_of(loaded).kv_layout(loaded.model).groups)
 
 
 def _state_groups(loaded: LoadedModel) -> list[LayerGroupSpec]:
     """A hybrid's recurrent layers, in one group; a boundary state (conv + recurrent arrays) is the
     whole state, so it can be snapshotted for the prefix cache."""
-    if loaded.model_type not in HYBRID_MODEL_TYPES:
-        return []
-    mixers = mixers_of(loaded.model, loaded.model_type)
-    return [RecurrentState(layers=tuple(m.layer_idx for m in mixers if m.kind == "state"), snapshots=True)]
+    layers = family_of(loaded).state_layers(loaded.model)
+    return [RecurrentState(layers=layers, snapshots=True)] if layers else []
 
 
 def state_group(groups: list[LayerGroupSpec]) -> int:

@@ -15,6 +15,7 @@ from metalserve.engine.memory import (
     pool_block_cap,
     total_memory_bytes,
 )
+from metalserve.executor.models.families import family_of, kv_shape
 from metalserve.kvcache.sizing import blocks_for_request, num_blocks_for_budget
 from metalserve.loader import LoadedModel
 
@@ -42,8 +43,9 @@ def plan_kv_pool(
         )
         budget = limit - peak
         why = f"{why} - {format_bytes(peak)} weights and a warm-up step"
+    shape = kv_shape(loaded)
     fits = num_blocks_for_budget(
-        budget, loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype.size,
+        budget, shape.num_layers, shape.num_kv_heads, shape.head_dim, shape.dtype.size,
         config.block_size, max_model_len, per_block=per_block, blocks_per_request=per_request,
     )  # fmt: skip
     cap = pool_block_cap(config.max_num_seqs, max_model_len, config.block_size, per_request)
@@ -62,6 +64,5 @@ def plan_kv_pool(
 
 def kv_block_bytes(loaded: LoadedModel, block_size: int) -> int:
     """What one block id costs: K/V of one group's layers, in every pool tensor (models/kv_layout.py)."""
-    from metalserve.executor.models.kv_layout import loaded_kv_layout
-
-    return loaded_kv_layout(loaded.model, loaded.model_type).bytes_per_block(loaded.dtype.size, block_size)
+    family = family_of(loaded)
+    return family.kv_layout(loaded.model).bytes_per_block(family.activation_dtype(loaded.model).size, block_size)

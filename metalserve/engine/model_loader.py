@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from metalserve.engine.async_engine import AsyncEngine
+from metalserve.engine.engine_thread import EngineThread
 from metalserve.engine.model_spec import ModelSpec
 from metalserve.engine.model_thread import LoadedEngine
 from metalserve.engine.protocol import SchedulerStatsLike
@@ -40,8 +41,8 @@ class UnloadedCore:
         raise self._gone()
 
 
-def load_engine(spec: ModelSpec) -> LoadedEngine:
-    """Load the model and build its engine core on the calling thread (the model's engine thread)."""
+def load_engine(spec: ModelSpec, thread: EngineThread) -> LoadedEngine:
+    """Load the model and build its engine core on `thread`, the model's engine thread (the caller)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
@@ -55,6 +56,7 @@ def load_engine(spec: ModelSpec) -> LoadedEngine:
         max_model_len=core.max_model_len,
         eos_token_ids=loaded.eos_token_ids,
         chat_template=loaded.chat_template,
+        thread=thread,
     )
     parameters: Any = tree_flatten(loaded.model.parameters())  # [(path, array)]
     weights = sum(int(array.nbytes) for _, array in parameters) + host_code_bytes(loaded)
@@ -66,7 +68,7 @@ def load_engine(spec: ModelSpec) -> LoadedEngine:
         gc.collect()
         mx.clear_cache()
 
-    return LoadedEngine(engine, weights, kv_bytes, release)
+    return LoadedEngine(engine, weights, kv_bytes, release, thread)
 
 
 def estimate_bytes(spec: ModelSpec) -> int:

@@ -18,6 +18,7 @@ from enum import Enum
 from typing import Any, Generic, TypeVar
 
 from metalserve.engine.async_engine import AsyncEngine
+from metalserve.engine.engine_thread import EngineThread
 from metalserve.engine.memory import format_bytes
 from metalserve.engine.model_spec import ModelSpec
 from metalserve.engine.model_thread import EngineLoader, LoadedEngine, start_engine_thread
@@ -120,7 +121,7 @@ class ModelRegistry(Generic[S]):
     def of_engine(cls, spec: ModelSpec, engine: AsyncEngine, serving: S) -> ModelRegistry[S]:
         """One model, loaded already and never unloaded: the server as it was before several models."""
 
-        def no_loader(_: ModelSpec) -> LoadedEngine:
+        def no_loader(_: ModelSpec, __: EngineThread) -> LoadedEngine:
             raise RuntimeError("a single-model server does not load models on demand")
 
         registry: ModelRegistry[S] = cls([spec], no_loader, memory_budget=None)
@@ -213,6 +214,7 @@ class ModelRegistry(Generic[S]):
     def _install(self, slot: ModelSlot[S], loaded: LoadedEngine) -> None:
         engine = loaded.engine
         engine.on_dead = self.on_dead
+        engine.start()  # its step loop, on the thread that loaded it
         slot.loaded, slot.footprint, slot.max_model_len = loaded, loaded.footprint, engine.max_model_len
         if self.make_serving is None:
             raise RuntimeError("the registry has no frontend to build serving classes")
@@ -271,7 +273,10 @@ class ModelRegistry(Generic[S]):
             return
         slot.state = ModelState.UNLOADING
         await loaded.engine.shutdown(30.0)
-        await asyncio.to_thread(loaded.closed.wait, 30.0)
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(loaded.close()), 30.0)
+        except asyncio.TimeoutError:
+            logger.error("model %s: its thread did not let go of the model within 30 s", slot.spec.name)
         close = getattr(slot.serving, "close", None)
         if close is not None:
             close()
@@ -324,6 +329,7 @@ class ModelRegistry(Generic[S]):
         for slot in self.slots:
             if slot.loaded is not None:
                 await slot.loaded.engine.shutdown(timeout)
+                slot.loaded.close()
 
     def engines(self) -> Iterator[AsyncEngine]:
         for slot in self.slots:

@@ -15,13 +15,15 @@ from metalserve.executor.context import ForwardContext, GroupStep, forward_conte
 from metalserve.executor.group_tables import GroupTables, group_step
 from metalserve.executor.input_batch import CachedRequestState
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.executor.models.kv_layout import KVLayout, loaded_kv_layout
+from metalserve.executor.models.families import family_of, kv_shape
+from metalserve.executor.models.kv_layout import KVLayout
 from metalserve.executor.state_cache import RecurrentStates
 from metalserve.executor.step_inputs import StepInputs, pack_step
 from metalserve.outputs import TokenLogprob
 from metalserve.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from metalserve.spec_decode.controller import DraftController
 from metalserve.spec_decode.proposer import Proposer
+from metalserve.spec_decode.rollback import num_rejected
 from metalserve.spec_decode.verify import Window, verify_windows
 
 if TYPE_CHECKING:
@@ -64,8 +66,8 @@ class KVCacheSpec:
     def for_model(
         cls, loaded: LoadedModel, block_size: int, num_blocks: int, state_bytes_per_block: int = 0
     ) -> KVCacheSpec:
-        layout = loaded_kv_layout(loaded.model, loaded.model_type)
-        return cls(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, block_size, num_blocks,
+        layout, shape = family_of(loaded).kv_layout(loaded.model), kv_shape(loaded)
+        return cls(shape.num_layers, shape.num_kv_heads, shape.head_dim, shape.dtype, block_size, num_blocks,
                    layout.tensors, state_bytes_per_block, layout.value_dim)  # fmt: skip
 
 
@@ -208,7 +210,7 @@ class ModelRunner:
                 logprobs[rid] = window.logprobs
             num_drafted = len(drafts.get(rid, ()))
             if num_drafted:  # the rejected drafts' KV is stale: the next step overwrites it
-                state.num_computed_tokens -= num_drafted + 1 - len(window.token_ids)
+                state.num_computed_tokens -= num_rejected(num_drafted, len(window.token_ids))
                 self.drafting.record_window(rid, num_drafted, len(window.token_ids) - 1)
         spec = self._propose(sampling, step, time.perf_counter() - started, drafts) if self.proposer else {}
         return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, spec_token_ids=spec)

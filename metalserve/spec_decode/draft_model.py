@@ -115,6 +115,7 @@ def build_draft_proposer(
     model = PagedModel.from_loaded(draft, platform)
     if len(model.kv_layout.groups) != 1 or model.state_layout is not None:
         raise ConfigError("--speculative-config: the draft model must be all full attention (one KV layer group)")
-    backend = select_attention(attention, draft.dtype, platform, {shape[1] for shape in model.kv_layout.tensors})
+    dtype = model.family.activation_dtype(draft.model)
+    backend = select_attention(attention, dtype, platform, {shape[1] for shape in model.kv_layout.tensors})
     spec = KVCacheSpec.for_model(draft, block_size, num_blocks)
     return DraftModelProposer(model, spec, backend, k)

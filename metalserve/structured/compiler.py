@@ -11,13 +11,13 @@ import json
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 from llguidance.hf import from_tokenizer
 
 from metalserve.structured.params import StructuredOutputsParams
-from metalserve.structured.state import GrammarState
+from metalserve.structured.state import CompiledGrammar, GrammarState
 
 if TYPE_CHECKING:  # the options type exists only in llguidance's stubs
     from llguidance._lib import JsonCompileOptions
@@ -29,13 +29,6 @@ JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separato
                                                "key_separator": ": "}  # fmt: skip
 _FIELD_NAMES = {"json": "JSON schema", "json_object": "JSON object", "regex": "regex", "choice": "choice",
                 "grammar": "grammar", "structural_tag": "structural tag"}  # fmt: skip
-
-
-class CompiledGrammar(NamedTuple):
-    """A prototype matcher (never advanced; requests take deep copies) and its tokenizer's vocabulary size."""
-
-    matcher: llguidance.LLMatcher
-    vocab_size: int
 
 
 class GrammarError(ValueError):

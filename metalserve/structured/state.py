@@ -8,12 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 import llguidance
 
-if TYPE_CHECKING:
-    from metalserve.structured.compiler import CompiledGrammar
+
+class CompiledGrammar(NamedTuple):
+    """A prototype matcher (never advanced; requests take deep copies) and its tokenizer's vocabulary size."""
+
+    matcher: llguidance.LLMatcher
+    vocab_size: int
+
 
 
 class GrammarState:

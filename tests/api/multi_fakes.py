@@ -16,6 +16,7 @@ from metalserve.api.app import build_app
 from metalserve.api.settings import ServerSettings
 from metalserve.config import EngineConfig
 from metalserve.engine.async_engine import AsyncEngine
+from metalserve.engine.engine_thread import EngineThread
 from metalserve.engine.model_spec import ModelSpec
 from metalserve.engine.model_thread import LoadedEngine
 from metalserve.engine.registry import ModelRegistry
@@ -41,7 +42,7 @@ class FakeModels:
     release_threads: dict[str, int] = field(default_factory=dict)
     cores: dict[str, FakeCore] = field(default_factory=dict)
 
-    def load(self, model: ModelSpec) -> LoadedEngine:
+    def load(self, model: ModelSpec, thread: EngineThread) -> LoadedEngine:
         name = model.name
         self.loads[name] += 1
         gate = self.gates.get(name)
@@ -51,12 +52,14 @@ class FakeModels:
         core = FakeCore(tok, f"I am {name}.", step_delay=self.step_delay)
         self.cores[name] = core
         self.load_threads[name] = threading.get_ident()
-        engine = AsyncEngine(core, tok, model_name=name, max_model_len=core.max_model_len, eos_token_ids={2})
+        engine = AsyncEngine(
+            core, tok, model_name=name, max_model_len=core.max_model_len, eos_token_ids={2}, thread=thread
+        )
 
         def release() -> None:
             self.release_threads[name] = threading.get_ident()
 
-        return LoadedEngine(engine, weight_bytes=self.footprints[name], release=release)
+        return LoadedEngine(engine, weight_bytes=self.footprints[name], release=release, thread=thread)
 
 
 def make_registry(

@@ -8,6 +8,7 @@ import pytest
 
 from metalserve.config import EngineConfig
 from metalserve.engine import kv_groups
+from metalserve.executor.models.families import kv_shape
 from metalserve.kvcache.hybrid import HybridKVCacheManager
 from metalserve.kvcache.manager import KVCacheManager
 from metalserve.kvcache.specs import FullAttention, RecurrentState
@@ -16,11 +17,11 @@ from tests.engine.test_core import tiny_loaded
 
 def test_todays_models_are_one_full_attention_group(caplog: pytest.LogCaptureFixture) -> None:
     loaded = tiny_loaded()
-    assert kv_groups.layer_groups(loaded) == [FullAttention(layers=tuple(range(loaded.num_layers)))]
+    assert kv_groups.layer_groups(loaded) == [FullAttention(layers=tuple(range(kv_shape(loaded).num_layers)))]
     with caplog.at_level(logging.INFO, logger="metalserve.engine"):
         s = kv_groups.build_scheduler(EngineConfig(block_size=8), loaded, 64, 256, None)
     assert type(s.kv) is KVCacheManager and s.kv.enable_caching
-    assert f"FullAttention x{loaded.num_layers}" in caplog.text
+    assert f"FullAttention x{kv_shape(loaded).num_layers}" in caplog.text
 
 
 def test_a_state_without_snapshots_logs_that_prefix_caching_is_off(

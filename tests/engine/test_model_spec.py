@@ -67,20 +67,26 @@ def test_bad_entries_are_refused_with_the_entry_named(entries: list[object], mes
 def test_several_model_arguments_and_pins_from_the_command_line(tmp_path: Path) -> None:
     gguf = tmp_path / "tiny.gguf"
     gguf.write_bytes(b"")
-    args = build_parser().parse_args(["serve", str(gguf), "hub/model", "--pin", "tiny", "--model-idle-timeout", "5"])
-    config, settings = config_from_args(args)
-    assert config.model is None and settings.multi_model and settings.model_idle_timeout == 5
+    argv = ["serve", str(gguf), "hub/model", "--pinned-models", "tiny", "--model-idle-timeout", "5"]
+    config, settings = config_from_args(build_parser().parse_args(argv))
+    assert config.model == str(gguf) and settings.more_models == ("hub/model",)
+    assert settings.multi_model and settings.model_idle_timeout == 5
     first, second = model_specs(config, settings)
     assert first.names == (str(gguf), "tiny") and first.pinned and second.names == ("hub/model",)
+    assert first.config.model == str(gguf) and second.config.model == "hub/model"
     shared = with_kv_share(second, budget=8000, num_models=2)
     assert shared.config.kv_cache_memory == 2000  # half the budget, shared equally by the pools
-    args = build_parser().parse_args(["serve", "a", "b", "--pin", "c"])
-    with pytest.raises(ConfigError, match="--pin c: no such served model"):
+    args = build_parser().parse_args(["serve", "a", "b", "--pinned-models", "c"])
+    with pytest.raises(ConfigError, match="--pinned-models c: no such served model"):
         model_specs(*config_from_args(args))
+    with pytest.raises(ValueError, match="not --served-model-name"):
+        config_from_args(build_parser().parse_args(["serve", "a", "b", "--served-model-name", "x"]))
 
 
 def test_one_model_argument_serves_as_before() -> None:
     config, settings = config_from_args(build_parser().parse_args(["serve", "some.gguf"]))
-    assert config.model == "some.gguf" and not settings.multi_model
+    assert config.model == "some.gguf" and not settings.multi_model and settings.more_models == ()
     config, settings = config_from_args(build_parser().parse_args(["serve"]))
     assert config.model is None and not settings.multi_model
+    with pytest.raises(ValueError, match="--pinned-models is for several models"):
+        config_from_args(build_parser().parse_args(["serve", "--pinned-models", "x"]))

@@ -8,13 +8,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from metalserve.executor.attention import reference
 from metalserve.executor.attention.base import AttentionBackend, AttentionCall, LayerCacheSpec
 from metalserve.executor.attention.cpu import CpuAttention
 from metalserve.executor.attention.metal import KernelAttention
 from metalserve.executor.attention.mlx import MlxAttention
+from metalserve.executor.attention.reference import AttentionOptions
 from metalserve.executor.step_inputs import StepInputs
-from metalserve.kernels import reference
-from metalserve.kernels.reference import AttentionOptions
 
 BACKENDS = [MlxAttention(), CpuAttention(), KernelAttention(reference.paged_attention, "contract", "the contract")]
 IDS = ["mlx", "cpu", "kernel-contract"]

@@ -9,9 +9,9 @@ import pytest
 from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.cpu import CpuAttention
 from metalserve.executor.attention.mlx import MlxAttention
+from metalserve.executor.attention.reference import write_kv
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import KVCacheSpec, ModelRunner
-from metalserve.kernels.reference import write_kv
 from metalserve.sampling_params import SamplingParams
 from metalserve.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
 from tests.executor.tiny_models import greedy_sampler, tiny_model

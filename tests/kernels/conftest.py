@@ -5,11 +5,11 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from metalserve.kernels.emulator.build import build_all
-from metalserve.kernels.emulator.signature import generate
-from metalserve.kernels.launch import KernelLaunch
-from metalserve.kernels.paged import PagedArgs, run_paged_attention
+from metalserve.kernels.metal.launch import KernelLaunch
+from metalserve.kernels.metal.paged import PagedArgs, run_paged_attention
 from tests.kernels.cases import CASES, Case, make_inputs
+from tools.msl_emulator.build import build_all
+from tools.msl_emulator.signature import generate
 
 
 def launches_of(case_list: tuple[Case, ...] = CASES,

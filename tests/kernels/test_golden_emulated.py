@@ -12,18 +12,18 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from metalserve.executor.attention import reference
 from metalserve.executor.attention.metal import KernelAttention
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import KVCacheSpec, ModelRunner
 from metalserve.executor.sampler import Sampler
-from metalserve.kernels import emulated, reference
-from metalserve.kernels.emulated import emulated_paged_attention
-from metalserve.kernels.emulator import emulate
-from metalserve.kernels.launch import KernelLaunch
+from metalserve.kernels.metal.launch import KernelLaunch
 from metalserve.loader import load_model
 from metalserve.platform import current_platform
 from metalserve.sampling_params import SamplingParams
 from tests.executor.simple_driver import run_to_completion
+from tools.msl_emulator import emulate, emulated
+from tools.msl_emulator.emulated import emulated_paged_attention
 
 pytestmark = pytest.mark.slow
 LENGTHS = [9, 30, 3, 17]

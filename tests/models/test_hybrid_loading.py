@@ -14,9 +14,8 @@ from mlx.utils import tree_flatten
 from metalserve.config import EngineConfig
 from metalserve.engine.core import EngineCore
 from metalserve.engine.kv_groups import layer_groups, state_group
-from metalserve.executor.models.adapter import SUPPORTED_MODEL_TYPES
+from metalserve.executor.models.families import SUPPORTED_MODEL_TYPES, kv_shape, model_family
 from metalserve.executor.models.hybrid import state_layout_of
-from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES
 from metalserve.generate import generate_config
 from metalserve.kvcache.specs import FullAttention, RecurrentState
 from metalserve.loader import load_model
@@ -37,8 +36,7 @@ GROUPS = {
 
 
 def test_every_hybrid_type_is_accepted_by_the_adapter_and_the_loader() -> None:
-    assert set(HYBRID_MODEL_TYPES) == set(HYBRID_TYPES)
-    assert set(HYBRID_MODEL_TYPES) <= set(SUPPORTED_MODEL_TYPES)
+    assert {t for t in SUPPORTED_MODEL_TYPES if model_family(t).hybrid} == set(HYBRID_TYPES)
 
 
 @pytest.mark.parametrize("model_type", HYBRID_TYPES)
@@ -66,7 +64,8 @@ def test_the_pool_counts_every_block_s_state_slot(caplog: pytest.LogCaptureFixtu
     assert "recurrent state: 2 layers, 1.0 KiB per request" in caplog.text
     assert "KV cache layer groups: FullAttention x2, RecurrentState x2" in caplog.text
     spec = core.runner.spec
-    kv = 2 * loaded.num_layers * loaded.num_kv_heads * loaded.head_dim * 4 * spec.block_size
+    layers, heads, head_dim = kv_shape(loaded)[:3]
+    kv = 2 * layers * heads * head_dim * 4 * spec.block_size
     assert spec.bytes_per_block == kv + 2 * (2 * 64 * 4)
     assert core.runner.states is not None and core.runner.states.pool.num_blocks == spec.num_blocks
 
@@ -79,10 +78,10 @@ def test_a_model_directory_loads_and_serves_mlx_lm_s_tokens(tmp_path: Path, mode
     save_hf_tokenizer(tmp_path)
     loaded = load_model(str(tmp_path), weights="dequantize")
     attention, _ = GROUPS[model_type]
-    assert (loaded.model_type, loaded.num_layers, loaded.num_kv_heads, loaded.dtype) == (
+    shape = kv_shape(loaded)
+    assert (loaded.model_type, shape.num_layers, shape.num_kv_heads, shape.dtype) == (
         model_type, len(attention), 2, mx.float32
     )  # fmt: skip
-    assert not loaded.codes  # the host path does not run hybrids: no stored codes are kept for it
     assert not any(isinstance(m, nn.QuantizedLinear) for _, m in loaded.model.named_modules())
     (prompt,) = prompts_of([30], seed=7)
     (got,) = serve(engine(loaded), [prompt], 8)

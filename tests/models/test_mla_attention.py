@@ -11,14 +11,15 @@ import pytest
 from mlx_lm.models.rope_utils import initialize_rope
 
 from metalserve.config import ConfigError
+from metalserve.executor.attention import reference
 from metalserve.executor.attention.base import AttentionBackend, AttentionCall, LayerCacheSpec
 from metalserve.executor.attention.cpu import CpuAttention
 from metalserve.executor.attention.metal import KernelAttention
 from metalserve.executor.attention.mlx import MlxAttention
+from metalserve.executor.attention.reference import AttentionOptions
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.step_inputs import StepInputs
-from metalserve.kernels import cpu_attention, reference
-from metalserve.kernels.reference import AttentionOptions
+from metalserve.kernels.cpu import attention as cpu_attention
 from metalserve.platform import Platform
 from tests.models.mla_golden import TINY_MLA
 

@@ -7,6 +7,7 @@ import pytest
 from metalserve.config import EngineConfig
 from metalserve.engine.kv_groups import layer_groups
 from metalserve.engine.kv_plan import plan_kv_pool
+from metalserve.executor.models.families import kv_shape
 from metalserve.executor.models.mla import PagedMLA
 from metalserve.executor.runner import KVCacheSpec
 from metalserve.generate import generate_config
@@ -61,7 +62,7 @@ def test_the_other_mla_families_match_mlx_lm(model_type: str, overrides: dict[st
 def test_the_kv_cache_counts_the_latent_alone() -> None:
     """One token of one layer keeps kv_lora + rope values (40), not 2 x heads x head dims (4 x (24 + 16))."""
     loaded = loaded_of(tiny_mla(), "deepseek_v3")
-    assert (loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.value_dim) == (3, 1, 40, 32)
+    assert kv_shape(loaded)[:4] == (3, 1, 40, 32)
     spec = KVCacheSpec.for_model(loaded, block_size=16, num_blocks=8)
     assert spec.bytes_per_block == 3 * 40 * 4 * 16 and spec.layer_spec().value_dim == 32
     config = EngineConfig(kv_cache_memory=100 * spec.bytes_per_block, block_size=16, max_num_seqs=1000)

@@ -12,8 +12,8 @@ from typing import Generic, NamedTuple, Protocol, TypeVar
 
 import mlx.core as mx
 
+from metalserve.executor.attention.reference import AttentionOptions
 from metalserve.executor.step_inputs import StepInputs
-from metalserve.kernels.reference import AttentionOptions
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The kernel backend (`--attention-backend metal`): the contract's slot-major pools `[num_slots, Hkv, D]`
-(metalserve/kernels/reference.py) attended by a function with the contract's signature: the Metal
+(metalserve/executor/attention/reference.py) attended by a function with the contract's signature: the Metal
 kernel, or in tests its CPU emulation or the MLX reference."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from metalserve.executor.attention.base import AttentionBackend, AttentionCall, LayerCacheSpec
+from metalserve.executor.attention.reference import write_kv
 from metalserve.executor.step_inputs import StepInputs
-from metalserve.kernels.reference import write_kv
 
-# A function with the contract of metalserve.kernels.reference.paged_attention.
+# A function with the contract of metalserve.executor.attention.reference.paged_attention.
 KernelFn = Callable[..., mx.array]
 
 
@@ -78,7 +78,7 @@ class KernelAttention(AttentionBackend[LayerKV, KernelStep]):
 
 
 def metal_attention() -> KernelAttention:
-    """The Metal kernel (kernels/metal.py); only where the Platform has Metal."""
-    from metalserve.kernels.metal import metal_paged_attention
+    """The Metal kernel (kernels/metal/gpu.py); only where the Platform has Metal."""
+    from metalserve.kernels.metal.gpu import metal_paged_attention
 
     return KernelAttention(metal_paged_attention)

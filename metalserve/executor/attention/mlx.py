@@ -1,5 +1,5 @@
 """The MLX-ops backend (`--attention-backend mlx`): the pool `[2, Hkv, num_slots, D]`, attended with
-MLX's fused attention per decode bucket and prefill chunk (metalserve/kernels/reference.py). It runs
+MLX's fused attention per decode bucket and prefill chunk (metalserve/executor/attention/reference.py). It runs
 wherever MLX runs, in any dtype."""
 
 from __future__ import annotations
@@ -9,8 +9,13 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from metalserve.executor.attention.base import AttentionBackend, AttentionCall, LayerCacheSpec
+from metalserve.executor.attention.reference import (
+    AttentionPlan,
+    build_plan,
+    paged_attention_planned,
+    write_kv_portable,
+)
 from metalserve.executor.step_inputs import StepInputs
-from metalserve.kernels.reference import AttentionPlan, build_plan, paged_attention_planned, write_kv_portable
 
 
 @dataclass
@@ -31,7 +36,7 @@ def zeros_pool(spec: LayerCacheSpec) -> mx.array:
 
 class MlxAttention(AttentionBackend[PortableKV, AttentionPlan]):
     name = "mlx"
-    description = "MLX ops (metalserve/kernels/reference.py)"
+    description = "MLX ops (metalserve/executor/attention/reference.py)"
 
     def allocate(self, spec: LayerCacheSpec) -> PortableKV:
         pool = zeros_pool(spec)

@@ -71,7 +71,7 @@ def cpu_backend_problem(dtype: mx.Dtype, platform: Platform) -> str | None:
 
 
 def metal_kernel_problem(head_dims: Collection[int]) -> str | None:
-    from metalserve.kernels.paged import HEAD_DIMS
+    from metalserve.kernels.metal.paged import HEAD_DIMS
 
     unsupported = sorted(set(head_dims) - set(HEAD_DIMS))
     if unsupported:

@@ -134,11 +134,3 @@ def mla_kv_layout(model: nn.Module) -> KVLayout | None:
         value_dim=value_dim,
     )
 
-
-def loaded_kv_layout(model: nn.Module, model_type: str) -> KVLayout:
-    """The layout of a loaded mlx-lm model of `model_type` (hybrids keep K/V for attention layers only)."""
-    from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES
-
-    if model_type in HYBRID_MODEL_TYPES:
-        return hybrid_kv_layout(model, model_type)
-    return mla_kv_layout(model) or model_kv_layout(model)

@@ -1,4 +1,5 @@
-"""The `mx.fast.metal_kernel` wrappers; `metal_paged_attention` honours the contract in reference.py's
+"""The `mx.fast.metal_kernel` wrappers; `metal_paged_attention` honours the contract in
+metalserve/executor/attention/reference.py's
 docstring. Which attention runs is chosen once, in metalserve/executor/attention/select.py, from the
 Platform: this module probes no device."""
 
@@ -8,8 +9,8 @@ from functools import cache
 
 import mlx.core as mx
 
-from metalserve.kernels.launch import KernelLaunch
-from metalserve.kernels.paged import PagedArgs, run_paged_attention
+from metalserve.kernels.metal.launch import KernelLaunch
+from metalserve.kernels.metal.paged import PagedArgs, run_paged_attention
 
 
 @cache

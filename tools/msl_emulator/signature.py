@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from metalserve.kernels.launch import KernelLaunch, TemplateValue, as_array
+from metalserve.kernels.metal.launch import KernelLaunch, TemplateValue, as_array
 
 MAX_CONSTANT_ARRAY_SIZE = 8
 

@@ -15,7 +15,7 @@ KERNEL_DIR = Path(__file__).resolve().parent
 
 @cache
 def metal_source(name: str) -> str:
-    """The body of `kernels/<name>.metal`, exactly as handed to `mx.fast.metal_kernel`."""
+    """The body of `kernels/metal/<name>.metal`, exactly as handed to `mx.fast.metal_kernel`."""
     return (KERNEL_DIR / f"{name}.metal").read_text()
 
 

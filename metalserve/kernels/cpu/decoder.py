@@ -15,16 +15,19 @@ from typing import TYPE_CHECKING, Any
 import numba
 import numpy as np
 
-from metalserve.kernels import cpu_affine_linear, cpu_attention, cpu_layer_ops, cpu_swiglu
-from metalserve.kernels.cpu_affine_linear import _affine_linear_kernel
-from metalserve.kernels.cpu_attention import _attention_kernel
-from metalserve.kernels.cpu_layer_ops import _rms_norm_kernel, _rope_kernel
-from metalserve.kernels.cpu_swiglu import _swiglu_kernel
-from metalserve.kernels.numba_lock import launch_lock
+from metalserve.kernels.cpu import affine_linear as cpu_affine_linear
+from metalserve.kernels.cpu import attention as cpu_attention
+from metalserve.kernels.cpu import layer_ops as cpu_layer_ops
+from metalserve.kernels.cpu import swiglu as cpu_swiglu
+from metalserve.kernels.cpu.affine_linear import _affine_linear_kernel
+from metalserve.kernels.cpu.attention import _attention_kernel
+from metalserve.kernels.cpu.layer_ops import _rms_norm_kernel, _rope_kernel
+from metalserve.kernels.cpu.numba_lock import launch_lock
+from metalserve.kernels.cpu.swiglu import _swiglu_kernel
 
 if TYPE_CHECKING:
-    from metalserve.kernels.cpu import CpuStepPlan
-    from metalserve.kernels.decoder_weights import DecoderShape, DecoderWeights
+    from metalserve.kernels.cpu.decoder_weights import DecoderShape, DecoderWeights
+    from metalserve.kernels.cpu.paged import CpuStepPlan
 
 
 def kernel_sources_digest() -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from metalserve.kernels.emulator import emulate
-from metalserve.kernels.paged import PagedArgs, run_paged_attention
+from metalserve.kernels.metal.paged import PagedArgs, run_paged_attention
+from tools.msl_emulator import emulate
 
 
 def emulated_paged_attention(

@@ -2,7 +2,7 @@
 
 Each layer evaluates its q, k and v, writes k and v into the pool through a NumPy view of the pool's
 own MLX buffer (MLX documents that such a view shares memory) and attends every query row, decode or
-prefill, with `cpu_attention.attend_rows`. MLX itself never reads the pool on this path.
+prefill, with `attention.attend_rows`. MLX itself never reads the pool on this path.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from typing import NamedTuple
 import mlx.core as mx
 import numpy as np
 
-from metalserve.kernels import cpu_attention
-from metalserve.kernels.reference import AttentionOptions
+from metalserve.executor.attention.reference import AttentionOptions
+from metalserve.kernels.cpu import attention as cpu_attention
 
 
 class CpuStepPlan(NamedTuple):
     """The host arrays of one step: where each token's K/V goes, and each query row's request and position.
-    A NamedTuple, so the one-call host decoder (cpu_decoder.py) takes it as it is."""
+    A NamedTuple, so the one-call host decoder (decoder.py) takes it as it is."""
 
     slot_mapping: np.ndarray  # [T]
     block_tables: np.ndarray  # [R, width] int32

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from metalserve.kernels.affine_codes import AffineCodes
-from metalserve.kernels.numba_lock import launch_lock
+from metalserve.kernels.cpu.affine_codes import AffineCodes
+from metalserve.kernels.cpu.numba_lock import launch_lock
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True, boundscheck=False)

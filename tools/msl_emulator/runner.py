@@ -14,9 +14,9 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from metalserve.kernels.emulator.build import COUNT_NAMES, COUNT_SLOTS, build, entry_symbol
-from metalserve.kernels.emulator.signature import GeneratedKernel, generate
-from metalserve.kernels.launch import KernelLaunch, as_array
+from metalserve.kernels.metal.launch import KernelLaunch, as_array
+from tools.msl_emulator.build import COUNT_NAMES, COUNT_SLOTS, build, entry_symbol
+from tools.msl_emulator.signature import GeneratedKernel, generate
 
 STACK_BYTES = 256 * 1024
 

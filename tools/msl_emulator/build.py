@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 
-from metalserve.kernels.emulator.signature import GeneratedKernel, Param
+from tools.msl_emulator.signature import GeneratedKernel, Param
 
 EMULATOR_DIR = Path(__file__).resolve().parent
 # -O1: a third faster to build than -O2, and emulated kernels run in milliseconds either way.

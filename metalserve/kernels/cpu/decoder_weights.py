@@ -1,4 +1,4 @@
-"""The arrays the one-call host decoder (kernels/cpu_decoder.py) reads, as NamedTuples numba can take.
+"""The arrays the one-call host decoder (kernels/cpu/decoder.py) reads, as NamedTuples numba can take.
 
 Kept apart from the kernel so the executor can build them without importing numba (absent on macOS).
 """

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from metalserve.kernels.tiled import tiling
+from metalserve.kernels.metal.tiled import tiling
 
 
 @dataclass(frozen=True)

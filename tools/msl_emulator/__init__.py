@@ -1,7 +1,7 @@
 """A CPU emulator for metalserve's Metal kernels: the exact MSL that MLX compiles, built with g++."""
 
-from metalserve.kernels.emulator.build import EmulatorBuildError, cache_dir
-from metalserve.kernels.emulator.runner import (
+from tools.msl_emulator.build import EmulatorBuildError, cache_dir
+from tools.msl_emulator.runner import (
     EmulatorError,
     LaunchCounts,
     emulate,
