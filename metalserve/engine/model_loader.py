@@ -3,7 +3,10 @@ expected to take before its first load."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import gc
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +70,18 @@ def load_engine(spec: ModelSpec, thread: EngineThread) -> LoadedEngine:
         engine.core = UnloadedCore()  # the last reference to the core, its pool and the model
         gc.collect()
         mx.clear_cache()
+        return_freed_memory()
 
     return LoadedEngine(engine, weights, kv_bytes, release, thread)
+
+
+def return_freed_memory() -> None:
+    """Linux: hand the freed heap back to the OS. glibc keeps freed blocks for reuse, so after an unload the
+    server's resident memory stayed ~700 MiB above its start for the default model (malloc_trim: ~100)."""
+    if sys.platform != "linux":
+        return
+    with contextlib.suppress(OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def estimate_bytes(spec: ModelSpec) -> int:
