@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import struct
 import sys
 from pathlib import Path
 from typing import Any
@@ -85,15 +86,33 @@ def return_freed_memory() -> None:
 
 
 def estimate_bytes(spec: ModelSpec) -> int:
-    """Before the first load: the weight files' size plus the KV pool given. A low guess is corrected after
-    the load, when the measured size must fit too (the registry unloads idle models or gives up)."""
+    """Before the first load: the weights (a GGUF that will be dequantized counts its tensors' elements as
+    fp32, plus the stored codes the CPU path keeps; other files as stored) and the KV pool given. After the
+    load the measured size replaces it; one that does not fit then is undone (the registry's 503)."""
     from metalserve.loader.embedded import default_model_path
 
     kv = spec.config.kv_cache_memory or 0
     model = spec.config.model
     path = default_model_path() if model is None else Path(model)
     if path.is_file():
-        return path.stat().st_size + kv
+        return gguf_weight_bytes(path, spec) + kv
     if path.is_dir():
         return sum(f.stat().st_size for f in path.glob("*.safetensors")) + kv
     return kv  # a hub id: its size is known once downloaded
+
+
+def gguf_weight_bytes(path: Path, spec: ModelSpec) -> int:
+    from metalserve.loader.gguf_header import GGUFFormatError, read_header
+    from metalserve.loader.weights_mode import should_dequantize
+    from metalserve.platform import current_platform
+
+    stored = path.stat().st_size
+    try:
+        fp32 = 4 * read_header(path).num_elements
+    except (GGUFFormatError, OSError, struct.error):
+        return stored  # the load will say what is wrong with it
+    platform = current_platform()
+    config = spec.config
+    if should_dequantize(config.weights, fp32, config.dequantize_max_bytes, platform.metal):
+        return fp32 + (stored if platform.on_cpu else 0)
+    return stored
