@@ -2,31 +2,22 @@
 
 from __future__ import annotations
 
-import shutil
 import time
 
 import pytest
 
 from metalserve.api.settings import ServerSettings
 from tests.api.conftest import live, make_served
+from tests.browser.chrome import DRIVER, options, require_browser
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-DRIVER = shutil.which("chromedriver")
-if CHROMIUM is None or DRIVER is None:
-    pytest.skip("no headless Chromium here: `make browser` installs Debian's chromium and chromium-driver",
-                allow_module_level=True)  # fmt: skip
+require_browser()
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the test extras")
-from selenium.webdriver.chrome.options import Options  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
 
 def test_page_asks_for_the_key_and_keeps_it_in_the_tab() -> None:
-    options = Options()
-    options.binary_location = str(CHROMIUM)
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(str(DRIVER)), options=options)
+    driver = webdriver.Chrome(service=Service(str(DRIVER)), options=options())
     try:
         with live(make_served(ServerSettings(api_key="sekret", log_stats_interval=0))) as served:
             driver.get(served.url + "/")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,16 +14,12 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.browser.chrome import DRIVER, options, require_browser
 from tests.e2e.server import RunningServer, running_server
 from tests.loader.tiny_models import write_mlx_dir
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-DRIVER = shutil.which("chromedriver")
-if CHROMIUM is None or DRIVER is None:
-    pytest.skip("no headless Chromium here: `make browser` installs Debian's chromium and chromium-driver",
-                allow_module_level=True)  # fmt: skip
+require_browser()
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the test extras")
-from selenium.webdriver.chrome.options import Options  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
@@ -55,11 +50,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[WebDriver]:
-    options = Options()
-    options.binary_location = str(CHROMIUM)
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1360,860"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(str(DRIVER)), options=options)
+    driver = webdriver.Chrome(service=Service(str(DRIVER)), options=options("--window-size=1360,860"))
     try:
         yield driver
     finally:
