@@ -26,8 +26,12 @@ SERVE_OPTIONS = {
     "--pipeline-step-timeout", "--speculative-config", "--host", "--port", "--api-key", "--log-stats-interval",
     "--tool-call-parser", "--reasoning-parser", "--responses-store-size", "--enable-auto-tool-choice",
     "--graceful-shutdown-timeout", "--max-request-body-bytes", "--allowed-origins", "--allow-credentials",
-    "--allowed-methods", "--allowed-headers", "--models", "--pinned-models", "--model-idle-timeout",
-    "--model-load-timeout", "--memory-budget",
+    "--allowed-methods", "--allowed-headers", "--kv-cache-dtype",
+    # Issue 28's bounds: grammar size, compile time and cache; the Responses store's bytes; body arrival.
+    "--max-grammar-bytes", "--grammar-compile-timeout", "--grammar-cache-bytes", "--responses-store-bytes",
+    "--request-body-timeout",
+    # Several models (docs/multi-model.md).
+    "--models", "--pinned-models", "--model-idle-timeout", "--model-load-timeout", "--memory-budget",
 }  # fmt: skip
 
 

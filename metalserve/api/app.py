@@ -21,6 +21,7 @@ from metalserve.api.anthropic.errors import anthropic_error_body
 from metalserve.api.anthropic.protocol import CountTokensRequest, MessagesRequest
 from metalserve.api.body_limit import BodyLimitMiddleware
 from metalserve.api.errors import ErrorShapes, OpenAIError, install_error_handlers
+from metalserve.api.memory import memory_report
 from metalserve.api.metrics import MetricSeries
 from metalserve.api.model_serving import ModelServing, ServingOptions, make_model_serving, serve_with
 from metalserve.api.protocol import (
@@ -41,6 +42,7 @@ from metalserve.config import EngineConfig
 from metalserve.engine.async_engine import DEAD_MESSAGE, AsyncEngine
 from metalserve.engine.model_spec import ModelSpec
 from metalserve.engine.registry import ModelRegistry
+from metalserve.structured.compiler import GrammarLimits
 
 _stats_logger = logging.getLogger("metalserve.stats")
 
@@ -60,7 +62,6 @@ class ApiKeyMiddleware:
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
-        self.bearer = f"Bearer {api_key}".encode()
         self.key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -71,7 +72,9 @@ class ApiKeyMiddleware:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        bearer_ok = hmac.compare_digest(headers.get(b"authorization", b""), self.bearer)
+        # The scheme name is case-insensitive (RFC 9110 11.1): "bearer KEY" is as good as "Bearer KEY".
+        scheme, _, credentials = headers.get(b"authorization", b"").strip().partition(b" ")
+        bearer_ok = scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), self.key)
         if bearer_ok or hmac.compare_digest(headers.get(b"x-api-key", b""), self.key):
             await self.app(scope, receive, send)
             return
@@ -82,13 +85,14 @@ class ApiKeyMiddleware:
 
 def build_app(engine: AsyncEngine | ModelRegistry[ModelServing], settings: ServerSettings) -> FastAPI:
     """Wire one AsyncEngine (real or fake core inside), or a registry of several models, to the routes."""
-    store = ResponseStore(settings.responses_store_size)
+    store = ResponseStore(settings.responses_store_size, settings.responses_store_bytes)
     series, recorder = MetricSeries(), RequestRecorder()
     if isinstance(engine, AsyncEngine):
         name = settings.served_model_name or engine.model_name
         options = ServingOptions(
             (name,), settings.tool_call_parser, settings.reasoning_parser, settings.enable_auto_tool_choice
         )
+        engine.grammar_limits = grammar_limits(settings)
         serving = make_model_serving(engine, options, store, series, recorder)
         registry: ModelRegistry[ModelServing] = ModelRegistry.of_engine(
             ModelSpec((name,), EngineConfig()), engine, serving
@@ -120,6 +124,7 @@ def build_app(engine: AsyncEngine | ModelRegistry[ModelServing], settings: Serve
     app.state.series = series
     app.state.registry = registry
     app.state.engine = registry  # what GracefulServer drains: every loaded model
+    app.state.responses_store = store
 
     def alive() -> None:
         if registry.dead_error is not None:
@@ -159,14 +164,28 @@ def _serving_for(
         spec.reasoning_parser or settings.reasoning_parser,
         spec.enable_auto_tool_choice or settings.enable_auto_tool_choice,
     )
+    engine.grammar_limits = grammar_limits(settings)
     serving = make_model_serving(engine, options, store, series, recorder)
     series.loaded.labels(spec.name).set(1)
     return serving
 
 
+def grammar_limits(settings: ServerSettings) -> GrammarLimits:
+    return GrammarLimits(
+        max_spec_bytes=settings.max_grammar_bytes,
+        compile_timeout_s=settings.grammar_compile_timeout,
+        cache_bytes=settings.grammar_cache_bytes,
+    )
+
+
 def _add_middleware(app: FastAPI, settings: ServerSettings, max_model_len: int) -> None:
     # Middleware added last runs first: CORS, then the key, then the body limit.
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.body_limit(max_model_len), shapes=ERROR_SHAPES)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_body_bytes=settings.body_limit(max_model_len),
+        shapes=ERROR_SHAPES,
+        body_timeout=settings.request_body_timeout,
+    )
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     app.add_middleware(
@@ -207,6 +226,10 @@ def _add_info_routes(app: FastAPI, registry: ModelRegistry[ModelServing], series
             if slot.footprint is not None and slot.engine is not None:
                 series.memory.labels(slot.spec.name).set(slot.footprint)
         return Response(generate_latest(series.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/debug/memory")
+    async def memory() -> dict[str, int]:
+        return memory_report(list(registry.engines()), app.state.responses_store)
 
 
 def _add_token_routes(app: FastAPI, registry: ModelRegistry[ModelServing]) -> None:

@@ -3,9 +3,6 @@ and the JSON it polls, GET /v1/server/status (under /v1, so --api-key guards it 
 
 from __future__ import annotations
 
-import os
-import resource
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,6 +12,7 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 import metalserve
+from metalserve.api.memory import process_rss
 from metalserve.api.request_log import RequestRecorder
 from metalserve.engine.registry import ModelRegistry, ModelSlot
 
@@ -23,16 +21,6 @@ if TYPE_CHECKING:
 
 WEB_DIR = Path(__file__).parent / "web"
 STATUS_PATH = "/v1/server/status"
-
-
-def process_rss_bytes() -> int:
-    """This process's resident memory now (Linux), else its peak (macOS reports no current figure here)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
 def model_status(slot: ModelSlot[ModelServing], info: dict[str, Any]) -> dict[str, Any]:
@@ -63,7 +51,7 @@ def server_status(registry: ModelRegistry[ModelServing], recorder: RequestRecord
         "memory": {
             "budget_bytes": registry.memory_budget,
             "models_bytes": registry.used_bytes(),
-            "process_rss_bytes": process_rss_bytes(),
+            "process_rss_bytes": process_rss(),
         },
         "models": [model_status(slot, info) for slot, info in zip(registry.slots, infos, strict=True)],
         "requests_total": recorder.total,

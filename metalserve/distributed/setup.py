@@ -27,8 +27,7 @@ from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.compute import MlxCompute
-from metalserve.executor.models.families import check_supported, kv_shape
-from metalserve.kvcache.sizing import kv_bytes_per_block
+from metalserve.executor.models.families import check_supported, kv_cache_spec, kv_shape
 from metalserve.loader import LoadedModel, load_model
 from metalserve.loader.weights_mode import fp32_bytes, should_dequantize
 from metalserve.platform import current_platform
@@ -106,8 +105,7 @@ def _blocks_fit(
 ) -> tuple[int, int]:
     """(KV blocks this rank can hold for its layers, bytes per block here)."""
     shape = kv_shape(loaded)
-    per_block = kv_bytes_per_block(len(layers), shape.num_kv_heads, shape.head_dim, shape.dtype.size,
-                                   config.block_size)  # fmt: skip
+    per_block = kv_cache_spec(loaded, config.block_size, config.kv_cache_dtype).bytes_per_block  # this rank's layers
     if config.kv_cache_memory is not None:
         return config.kv_cache_memory // per_block, per_block
     held = int(mx.get_active_memory())
@@ -128,7 +126,8 @@ def setup_rank(config: EngineConfig, group: mx.distributed.Group) -> RankSetup:
     try:
         loaded, model, layers, fp = _load_slice(config, rank, size)
         max_model_len = resolve_max_model_len(config, loaded.max_model_len)
-        backend = select_attention(config.attention_backend, kv_shape(loaded).dtype, current_platform())
+        backend = select_attention(config.attention_backend, kv_shape(loaded).dtype, current_platform(),
+                                   kv_storage=config.kv_cache_dtype)  # fmt: skip
         fits, per_block = _blocks_fit(config, loaded, layers, rank, config.max_num_seqs)
         weight_mib = param_bytes(model.model) >> 20
         report = RankReport(True, fp, fits, layers, weight_mib, per_block, "", config.block_size)

@@ -9,7 +9,6 @@ import gc
 import struct
 import sys
 from pathlib import Path
-from typing import Any
 
 from metalserve.engine.async_engine import AsyncEngine
 from metalserve.engine.engine_thread import EngineThread
@@ -48,9 +47,8 @@ class UnloadedCore:
 def load_engine(spec: ModelSpec, thread: EngineThread) -> LoadedEngine:
     """Load the model and build its engine core on `thread`, the model's engine thread (the caller)."""
     import mlx.core as mx
-    from mlx.utils import tree_flatten
 
-    from metalserve.engine.core import EngineCore, host_code_bytes
+    from metalserve.engine.core import EngineCore
 
     core, loaded = EngineCore.from_config(spec.config)
     engine = AsyncEngine(
@@ -62,9 +60,7 @@ def load_engine(spec: ModelSpec, thread: EngineThread) -> LoadedEngine:
         chat_template=loaded.chat_template,
         thread=thread,
     )
-    parameters: Any = tree_flatten(loaded.model.parameters())  # [(path, array)]
-    weights = sum(int(array.nbytes) for _, array in parameters) + host_code_bytes(loaded)
-    kv_bytes = core.kv_pool_bytes
+    weights, kv_bytes = core.weight_bytes, core.kv_pool_bytes
     del core, loaded
 
     def release() -> None:

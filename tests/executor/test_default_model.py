@@ -11,8 +11,8 @@ import pytest
 
 from metalserve.executor.host.compute import HostCompute
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.executor.models.families import kv_shape
-from metalserve.executor.runner import KVCacheSpec, ModelRunner
+from metalserve.executor.models.families import kv_cache_spec, kv_shape
+from metalserve.executor.runner import ModelRunner
 from metalserve.executor.sampler import Sampler
 from metalserve.loader import LoadedModel, load_model
 from metalserve.platform import current_platform
@@ -39,7 +39,7 @@ def golden() -> tuple[LoadedModel, PagedModel, list[list[int]], list[list[int]]]
 
 
 def runner_for(loaded: LoadedModel, model: PagedModel) -> ModelRunner:
-    spec = KVCacheSpec.for_model(loaded, 16, 128)
+    spec = kv_cache_spec(loaded, 16, num_blocks=128)
     return ModelRunner(model, spec, sampler=Sampler(0))  # MLX ops attend; the projections read the codes
 
 

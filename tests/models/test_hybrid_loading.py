@@ -13,8 +13,8 @@ from mlx.utils import tree_flatten
 
 from metalserve.config import EngineConfig
 from metalserve.engine.core import EngineCore
-from metalserve.engine.kv_groups import layer_groups, state_group
-from metalserve.executor.models.families import SUPPORTED_MODEL_TYPES, kv_shape, model_family
+from metalserve.engine.kv_groups import state_group
+from metalserve.executor.models.families import SUPPORTED_MODEL_TYPES, kv_cache_spec, kv_shape, model_family
 from metalserve.executor.models.hybrid import state_layout_of
 from metalserve.generate import generate_config
 from metalserve.kvcache.specs import FullAttention, RecurrentState
@@ -42,8 +42,12 @@ def test_every_hybrid_type_is_accepted_by_the_adapter_and_the_loader() -> None:
 @pytest.mark.parametrize("model_type", HYBRID_TYPES)
 def test_layer_groups_are_attention_then_recurrent_state(model_type: str) -> None:
     attention, state = GROUPS[model_type]
-    groups = layer_groups(tiny_hybrid_loaded(model_type))
-    assert groups == [FullAttention(layers=attention), RecurrentState(layers=state, snapshots=True)]
+    loaded = tiny_hybrid_loaded(model_type)
+    groups = kv_cache_spec(loaded, 16).groups
+    assert [type(g) for g in groups] == [FullAttention, RecurrentState]
+    assert (groups[0].layers, groups[1].layers) == (attention, state)
+    assert groups[1] == RecurrentState(layers=state, snapshots=True, state_bytes=groups[1].state_bytes)
+    assert groups[1].state_bytes == state_layout_of(loaded.model, model_type).slot_bytes > 0
     assert state_group(groups) == 1
 
 
@@ -52,7 +56,7 @@ def test_the_state_layout_is_mlx_lm_s_own_cache_arrays() -> None:
     layout = state_layout_of(tiny_hybrid("qwen3_next"), "qwen3_next")
     conv, recurrent = layout.layers[0]
     assert (conv.shape, recurrent.shape, recurrent.dtype) == ((3, 128), (4, 16, 16), mx.float32)
-    assert layout.bytes_per_block == 2 * (3 * 128 * 4 + 4 * 16 * 16 * 4)
+    assert layout.slot_bytes == 2 * (3 * 128 * 4 + 4 * 16 * 16 * 4)
     # lfm2: the short conv keeps only its last L_cache-1 = 2 inputs.
     assert state_layout_of(tiny_hybrid("lfm2"), "lfm2").layers[0][0].shape == (2, 64)
 

@@ -15,6 +15,7 @@ from metalserve.executor.models.hybrid import install_hybrid
 from metalserve.executor.models.mla import PagedMLA, is_mla_attention
 from metalserve.executor.models.paged_attention import PagedAttention
 from metalserve.executor.state_cache import StateLayout
+from metalserve.kvcache.specs import KVCacheSpec, PageDtype, RecurrentState
 
 if TYPE_CHECKING:
     from metalserve.loader import LoadedModel
@@ -48,6 +49,7 @@ class PagedModel:
         self.family = model_family(model_type)  # UnsupportedModelType (a ValueError) for other types
         self.model = model
         self.state_layout: StateLayout | None = None  # the recurrent layers' states, for hybrid models
+        self.state_groups: tuple[RecurrentState, ...] = ()  # their layer group (kvcache/specs.py)
         if self.family.hybrid:
             self._install_hybrid(model, model_type)
         else:
@@ -87,6 +89,8 @@ class PagedModel:
         self.tied = parts.lm_head is None
         self.kv_layout = self.family.kv_layout(model)
         self.state_layout = parts.state_layout
+        layers = self.family.state_layers(model)
+        self.state_groups = (RecurrentState(layers=layers, state_bytes=parts.state_layout.slot_bytes),)
         self.logits_scaling = parts.logits_divisor if parts.logits_divisor != 1.0 else None
         self.final_softcap = self.logit_scale = None
 
@@ -99,6 +103,11 @@ class PagedModel:
         if isinstance(compute, MlxCompute):
             loaded.codes.clear()  # the loader keeps them on MLX's CPU backend; only the host path reads them
         return cls(loaded.model, loaded.model_type, compute)
+
+    def get_kv_cache_spec(self, page: PageDtype, block_size: int, num_blocks: int = 0) -> KVCacheSpec:
+        """The cache spec of every layer group (vLLM's get_kv_cache_spec): attention pages stored as
+        `page` says, recurrent states as they are."""
+        return self.kv_layout.kv_cache_spec(page, block_size, self.state_groups, num_blocks)
 
     def host_bytes(self) -> int:
         """Bytes of weights held outside MLX (the stored codes), which MLX's memory counters do not see."""

@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING, NamedTuple
 import mlx.core as mx
 import mlx.nn as nn
 
+from metalserve.executor.attention.base import dtype_name
 from metalserve.executor.models.attention_traits import all_traits
+from metalserve.executor.models.hybrid import state_layout_of
 from metalserve.executor.models.hybrid_families import FAMILIES, Family, attention_shape, embedding_of, mixers_of
 from metalserve.executor.models.kv_layout import KVLayout, hybrid_kv_layout, mla_kv_layout, model_kv_layout
 from metalserve.executor.models.mla import latent_kv_shape
-from metalserve.kvcache.specs import SlidingWindow
+from metalserve.kvcache.specs import KVCacheDtype, KVCacheSpec, PageDtype, RecurrentState, SlidingWindow
 
 if TYPE_CHECKING:
     from metalserve.loader import LoadedModel
@@ -98,6 +100,28 @@ class ModelFamily:
             return ()
         return tuple(m.layer_idx for m in mixers_of(model, self.model_type) if m.kind == "state")
 
+    def state_groups(self, model: nn.Module) -> tuple[RecurrentState, ...]:
+        """A hybrid's recurrent layers, in one group; a boundary state (conv + recurrent arrays) is the
+        whole state, so it can be snapshotted for the prefix cache. Its slot is the state's bytes."""
+        layers = self.state_layers(model)
+        if not layers:
+            return ()
+        state_bytes = state_layout_of(model, self.model_type).slot_bytes
+        return (RecurrentState(layers=layers, snapshots=True, state_bytes=state_bytes),)
+
+    def page(self, model: nn.Module, storage: KVCacheDtype = "auto") -> PageDtype:
+        """How the model's K/V pages are stored: `storage` over the activation dtype."""
+        dtype = self.activation_dtype(model)
+        return PageDtype(dtype_name(dtype), dtype.size, storage)
+
+    def kv_cache_spec(
+        self, model: nn.Module, block_size: int, storage: KVCacheDtype = "auto", num_blocks: int = 0
+    ) -> KVCacheSpec:
+        """Every layer group's cache spec (kvcache/specs.py) for a model not yet installed (PagedModel's
+        get_kv_cache_spec answers the same once it is)."""
+        page = self.page(model, storage)
+        return self.kv_layout(model).kv_cache_spec(page, block_size, self.state_groups(model), num_blocks)
+
     def kv_shape(self, model: nn.Module) -> KVShape:
         """Read off the built model, as the KV cache must match it."""
         dtype = self.activation_dtype(model)
@@ -131,6 +155,13 @@ def family_of(loaded: LoadedModel) -> ModelFamily:
 def kv_shape(loaded: LoadedModel) -> KVShape:
     """The loaded model's KV shape (see ModelFamily.kv_shape)."""
     return family_of(loaded).kv_shape(loaded.model)
+
+
+def kv_cache_spec(
+    loaded: LoadedModel, block_size: int, storage: KVCacheDtype = "auto", num_blocks: int = 0
+) -> KVCacheSpec:
+    """The loaded model's cache spec (see ModelFamily.kv_cache_spec)."""
+    return family_of(loaded).kv_cache_spec(loaded.model, block_size, storage, num_blocks)
 
 
 def check_supported(model_type: str) -> None:
