@@ -129,7 +129,8 @@ def start_generations(
     """One engine request per sample; the samples share the prompt, so its prefix is cached."""
     streams = []
     for i, rid in enumerate(engine_request_ids(response_id, n)):
-        stream = ctx.engine.generate(prompt, with_seed(params, i), rid, priority=req.priority, cache_salt=req.cache_salt)
+        sample = with_seed(params, i)
+        stream = ctx.engine.generate(prompt, sample, rid, priority=req.priority, cache_salt=req.cache_salt)
         if ctx.recorder is not None:  # the status page's recent requests
             stream = ctx.recorder.recorded(stream, ctx.served_model_name, rid)
         streams.append(stream)
