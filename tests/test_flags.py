@@ -30,6 +30,9 @@ SERVE_OPTIONS = {
     # Issue 28's bounds: grammar size, compile time and cache; the Responses store's bytes; body arrival.
     "--max-grammar-bytes", "--grammar-compile-timeout", "--grammar-cache-bytes", "--responses-store-bytes",
     "--request-body-timeout",
+    # Images in (issue 30): the encoder's budget and cache, the per-request image limits.
+    "--max-num-encoder-input-tokens", "--encoder-cache-size", "--max-images-per-request", "--max-image-pixels",
+    "--max-image-bytes-per-request",
     # Several models (docs/multi-model.md).
     "--models", "--pinned-models", "--model-idle-timeout", "--model-load-timeout", "--memory-budget",
 }  # fmt: skip
@@ -69,6 +72,8 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         "--allowed-methods", '["GET", "POST"]', "--allowed-headers", '["x-h"]',
         "--responses-store-bytes", "4096", "--max-grammar-bytes", "5000", "--grammar-compile-timeout", "2.5",
         "--grammar-cache-bytes", "65536", "--request-body-timeout", "7.5",
+        "--max-num-encoder-input-tokens", "999", "--encoder-cache-size", "2000", "--max-images-per-request", "2",
+        "--max-image-pixels", "1000", "--max-image-bytes-per-request", "5000",
     ]  # fmt: skip
     # A new flag gets a value here too: every flag is parsed onto its field by this test.
     given = {a.dest for a in _parser()._actions if {*a.option_strings} & set(argv)} | {"model"}
@@ -81,6 +86,7 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         weights="quantized",
         attention_backend="mlx", chat_template="{{ messages[0].content }}", tool_call_parser="hermes", seed=9,
         pipeline_step_timeout=5.5, speculative_config=SpeculativeConfig("ngram", 3, 1, 5),
+        max_num_encoder_input_tokens=999, encoder_cache_size=2000,
     )  # fmt: skip
     assert settings == ServerSettings(
         host="0.0.0.0", port=9001, api_key="k", served_model_name="served", log_stats_interval=2.5,
@@ -89,6 +95,7 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         allow_credentials=True, allowed_methods=("GET", "POST"), allowed_headers=("x-h",),
         responses_store_bytes=4096, max_grammar_bytes=5000, grammar_compile_timeout=2.5, grammar_cache_bytes=65536,
         request_body_timeout=7.5,
+        max_images_per_request=2, max_image_pixels=1000, max_image_bytes_per_request=5000,
     )  # fmt: skip
     # Several models cannot combine with --served-model-name: a command line of their own.
     argv = ["a.gguf", "b.gguf", "c", "--models", "m.yaml", "--pinned-models", "a.gguf, c", "--model-idle-timeout",

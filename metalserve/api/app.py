@@ -90,8 +90,9 @@ def build_app(engine: AsyncEngine | ModelRegistry[ModelServing], settings: Serve
     if isinstance(engine, AsyncEngine):
         name = settings.served_model_name or engine.model_name
         options = ServingOptions(
-            (name,), settings.tool_call_parser, settings.reasoning_parser, settings.enable_auto_tool_choice
-        )
+            (name,), settings.tool_call_parser, settings.reasoning_parser, settings.enable_auto_tool_choice,
+            settings.image_limits(),
+        )  # fmt: skip
         engine.grammar_limits = grammar_limits(settings)
         serving = make_model_serving(engine, options, store, series, recorder)
         registry: ModelRegistry[ModelServing] = ModelRegistry.of_engine(
@@ -163,6 +164,7 @@ def _serving_for(
         spec.config.tool_call_parser or settings.tool_call_parser,
         spec.reasoning_parser or settings.reasoning_parser,
         spec.enable_auto_tool_choice or settings.enable_auto_tool_choice,
+        settings.image_limits(),
     )
     engine.grammar_limits = grammar_limits(settings)
     serving = make_model_serving(engine, options, store, series, recorder)
@@ -241,7 +243,7 @@ def _add_token_routes(app: FastAPI, registry: ModelRegistry[ModelServing]) -> No
             ctx, tokenizer = m.ctx, m.ctx.engine.tokenizer
             if body.messages is not None:
                 req = ChatCompletionRequest(messages=body.messages, add_generation_prompt=body.add_generation_prompt)
-                tokens = await m.chat.render_off_loop(req)
+                tokens = (await m.chat.render_off_loop(req)).token_ids
             else:
                 text = body.prompt or ""
                 tokens = await ctx.off_loop(

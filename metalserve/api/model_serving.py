@@ -4,7 +4,7 @@ when the model is loaded; and how a response keeps its model's lease until its l
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi.responses import Response
@@ -22,6 +22,7 @@ from metalserve.api.serving_context import ServingContext
 from metalserve.api.tool_parsers import get_tool_parser
 from metalserve.engine.async_engine import AsyncEngine
 from metalserve.engine.registry import ModelRegistry, ModelRegistryError
+from metalserve.multimodal.limits import ImageLimits
 
 
 @dataclass
@@ -48,6 +49,7 @@ class ServingOptions:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     enable_auto_tool_choice: bool = False
+    image_limits: ImageLimits = field(default_factory=ImageLimits)
 
 
 def make_model_serving(
@@ -61,7 +63,7 @@ def make_model_serving(
     metrics = Metrics(name, series)
     if engine.observer is None:
         engine.observer = metrics
-    ctx = ServingContext(engine, name, aliases=options.names[1:], recorder=recorder)
+    ctx = ServingContext(engine, name, options.image_limits, aliases=options.names[1:], recorder=recorder)
     tools = get_tool_parser(options.tool_call_parser) if options.tool_call_parser else None
     reasoning = get_reasoning_parser(options.reasoning_parser) if options.reasoning_parser else None
     chat = ChatServing(ctx, tools, reasoning, auto_tools=options.enable_auto_tool_choice)

@@ -59,6 +59,7 @@ def load_engine(spec: ModelSpec, thread: EngineThread) -> LoadedEngine:
         eos_token_ids=loaded.eos_token_ids,
         chat_template=loaded.chat_template,
         thread=thread,
+        image_processor=loaded.image_processor,  # a vision-language model's; None for a text model
     )
     weights, kv_bytes = core.weight_bytes, core.kv_pool_bytes
     del core, loaded
