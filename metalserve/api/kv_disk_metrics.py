@@ -30,16 +30,21 @@ class KVDiskMetrics:
         }  # fmt: skip
         self._usage = Gauge("vllm:kv_disk_usage_bytes", "Bytes the KV disk directory holds.", labels, registry=r)
         self._capacity = Gauge("vllm:kv_disk_capacity_bytes", "--kv-disk-size.", labels, registry=r)
-        self._last = ConnectorStats()
+        self._last: dict[str, ConnectorStats] = {}  # per model: the counters at the previous step
+
+    def forget(self, model: str) -> None:
+        """A (re)loaded model's core counts from zero again."""
+        self._last.pop(model, None)
 
     def observe(self, model: str, stats: ConnectorStats | None) -> None:
         if stats is None:
             return
+        last = self._last.get(model, ConnectorStats())
         for name, counter in self._counters.items():
-            counter.labels(model).inc(max(getattr(stats, name) - getattr(self._last, name), 0))
+            counter.labels(model).inc(max(getattr(stats, name) - getattr(last, name), 0))
         self._usage.labels(model).set(stats.usage_bytes)
         self._capacity.labels(model).set(stats.capacity_bytes)
-        self._last = stats
+        self._last[model] = stats
 
 
 def disk_log_suffix(now: ConnectorStats | None, last: ConnectorStats | None) -> str:
