@@ -21,9 +21,8 @@ logger = logging.getLogger("metalserve.kv_disk")
 
 
 def disk_tier_problem(groups: Sequence[LayerGroupSpec], spec: KVCacheSpec | None = None) -> str | None:
-    """Why the disk tier cannot serve a model with these layer groups (and pages) yet, or None."""
-    if spec is not None and spec.page.quantized:
-        return f"the disk tier stores pages of the model's dtype only, not --kv-cache-dtype {spec.page.storage} yet"
+    """Why the disk tier cannot serve a model with these layer groups yet, or None. Quantized pages
+    (int8/q4) are served: their codes, scales and biases are stored, keyed by the storage dtype."""
     if len(groups) != 1 or not isinstance(groups[0], FullAttention):
         kinds = ", ".join(type(g).__name__ for g in groups)
         return (f"the disk tier serves models of one full-attention layer group for now; this model has "

@@ -31,9 +31,12 @@ BLOCK = 8
 PER_BLOCK = 2 * 2 * 2 * 16 * 4 * BLOCK  # layers * (K, V) * kv heads * head_dim * fp32 * block size
 
 
-def make_core(directory: Path | str, *, blocks: int = 64, size: int | None = None) -> EngineCore:
+def make_core(
+    directory: Path | str | None, *, blocks: int = 64, size: int | None = None, kv_dtype: str = "auto"
+) -> EngineCore:
     config = EngineConfig(kv_cache_memory=blocks * PER_BLOCK, block_size=BLOCK, max_num_batched_tokens=64,
-                          max_model_len=64, kv_disk_dir=str(directory), kv_disk_size=size)  # fmt: skip
+                          max_model_len=64, kv_disk_dir=None if directory is None else str(directory),
+                          kv_disk_size=size, kv_cache_dtype=kv_dtype)  # type: ignore[arg-type]  # fmt: skip
     return EngineCore.from_loaded(config, tiny_loaded())
 
 
@@ -171,6 +174,35 @@ def test_a_disk_that_cannot_take_blocks_costs_a_log_line_not_the_engine(
     assert not list(tmp_path.glob("*" + SUFFIX))
 
 
+def test_int8_pages_come_back_from_disk_with_their_scales(tmp_path: Path) -> None:
+    """A restart hit with int8 pages gives the tokens of a cold int8 run (the codes alone, without their
+    scales, would not). q4 needs head dims of 32+ (tests/executor/test_connector_pages.py covers its pages)."""
+    kv_dtype = "int8"
+    cold_core = make_core(None, kv_dtype=kv_dtype)
+    cold = generate(cold_core, [PROMPT], 8)
+    cold_core.close()
+    first = make_core(tmp_path, kv_dtype=kv_dtype)
+    assert generate(first, [PROMPT], 8) == cold
+    first.close()
+    files = sorted(tmp_path.glob("*" + SUFFIX))
+    assert len(files) == 5
+    tensors = decode_block(files[0].read_bytes(), files[0].name[:64])
+    assert tensors is not None
+    assert {"kv.0", "kv.0.scales"} <= set(tensors) and "kv.0.biases" not in tensors
+    assert str(tensors["kv.0.scales"].dtype) == "float16"
+    second = make_core(tmp_path, kv_dtype=kv_dtype)
+    assert generate(second, [PROMPT], 8) == cold
+    stats = second.make_stats().connector
+    assert stats is not None and stats.hits == 32 and stats.bytes_loaded > 0
+    second.close()
+    # The storage dtype is in the key: float pages never read a quantized block.
+    other = make_core(tmp_path)
+    assert generate(other, [PROMPT], 8) == expected([PROMPT], 8)
+    stats = other.make_stats().connector
+    assert stats is not None and stats.hits == 0
+    other.close()
+
+
 def test_models_and_pages_the_disk_tier_cannot_serve_yet_are_refused_at_start_up(tmp_path: Path) -> None:
     core = make_core(tmp_path)
     config = EngineConfig(block_size=BLOCK, kv_disk_dir=str(tmp_path))
@@ -178,9 +210,6 @@ def test_models_and_pages_the_disk_tier_cannot_serve_yet_are_refused_at_start_up
     windowed = replace(spec, groups=(*spec.groups, SlidingWindow(16, num_kv_heads=2, head_dim=16)))
     with pytest.raises(ConfigError, match="--kv-disk-dir: the disk tier serves models of one full-attention"):
         attach_disk_tier(config, tiny_loaded(), windowed, core.scheduler, core.runner)
-    int8 = replace(spec, tensors=tuple(t.with_storage("int8") for t in spec.tensors))
-    with pytest.raises(ConfigError, match="not --kv-cache-dtype int8 yet"):
-        attach_disk_tier(config, tiny_loaded(), int8, core.scheduler, core.runner)
     assert isinstance(spec.groups[0], FullAttention) and spec.page.key == "float32"
     core.close()
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from metalserve.executor.attention.base import LayerCacheSpec, dtype_name
+from metalserve.executor.attention.kv_quant import QuantPool
 from metalserve.executor.attention.metal import KernelAttention, LayerKV
 from metalserve.executor.attention.mlx import MlxAttention, PortableKV
 from metalserve.executor.connector.pages import expected_shapes, read_blocks, supported, write_blocks
@@ -90,3 +91,27 @@ def test_mla_latent_pages_have_one_plane() -> None:
     assert blocks[0]["kv.0"].shape == (1, 1, BS, 16)
     write_blocks(dst, [2], blocks, BS)
     assert np.array_equal(read_blocks(dst, [2], BS)[0]["kv.1"], blocks[0]["kv.1"])
+
+
+@pytest.mark.parametrize("storage", ["int8", "q4"])
+def test_quantized_pages_carry_their_scales_and_biases(storage: str) -> None:
+    """A quantized block is its codes plus their float16 scales (and q4's biases): all come back, so
+    the dequantized pages are identical; a fresh pool's scales alone would give zeros."""
+    page, bs, heads, d, slots = PageDtype(storage=storage), 4, 2, 64, 16  # type: ignore[arg-type]
+    source_pool = QuantPool.zeros(2, heads, slots, d, page, mx.float32)
+    source = PortableKV(source_pool)
+    kv = mx.random.normal((2, slots, heads, d), key=mx.random.key(3))
+    source_pool.write(kv, mx.arange(slots))
+    mx.eval(source.arrays())
+    assert supported(source)
+    blocks = read_blocks([source], [1, 3], bs)
+    want = {"kv.0", "kv.0.scales"} | ({"kv.0.biases"} if storage == "q4" else set())
+    assert set(blocks[0]) == want
+    assert {k: v.shape for k, v in blocks[0].items()} == expected_shapes([source], bs)
+    assert blocks[0]["kv.0.scales"].dtype == np.float16
+    target_pool = QuantPool.zeros(2, heads, slots, d, page, mx.float32)
+    write_blocks([PortableKV(target_pool)], [0, 2], blocks, bs)
+    got = np.array(target_pool.take(mx.array([0, 1, 2, 3, 8, 9, 10, 11])))
+    exp = np.array(source_pool.take(mx.array([4, 5, 6, 7, 12, 13, 14, 15])))
+    np.testing.assert_array_equal(got, exp)
+    assert np.abs(got).max() > 0

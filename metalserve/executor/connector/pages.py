@@ -4,6 +4,8 @@ On the host a block is one array per pool tensor, `[planes, kv_heads, block_size
 K and V, or MLA's latent alone), whatever the backend: the MLX and CPU pools `[planes, H, slots, D]`
 slice on their slot axis, the kernel pools `[slots, H, D]` (K and V apart) are transposed into it.
 bfloat16, which NumPy lacks, travels as its bits (uint16) and is named in the block's dtype tag.
+Quantized MLX pools (--kv-cache-dtype int8/q4) store their codes as `kv.N` and the float16 scales (and
+q4's biases) beside them as `kv.N.scales` / `kv.N.biases`: every one of those arrays has its slots on axis 2.
 """
 
 from __future__ import annotations
@@ -27,6 +29,21 @@ def _is_portable(cache: Any) -> bool:
     return not _is_host(cache) and isinstance(getattr(cache, "pool", None), mx.array)
 
 
+def _quant_parts(cache: Any) -> dict[str, mx.array] | None:
+    """A quantized MLX pool's arrays by suffix (codes "", scales, biases), or None for a float pool."""
+    pool = getattr(cache, "pool", None)
+    if _is_host(cache) or pool is None or isinstance(pool, mx.array):
+        return None
+    parts = {"": pool.codes, ".scales": pool.scales}
+    if pool.biases is not None:
+        parts[".biases"] = pool.biases
+    return parts
+
+
+def _is_quant(cache: Any) -> bool:
+    return _quant_parts(cache) is not None
+
+
 def _is_kernel(cache: Any) -> bool:
     return isinstance(getattr(cache, "k", None), mx.array) and isinstance(getattr(cache, "v", None), mx.array)
 
@@ -41,7 +58,7 @@ def dtype_tag(caches: Sequence[Any]) -> str:
 
 
 def supported(cache: Any) -> bool:
-    return _is_host(cache) or _is_portable(cache) or _is_kernel(cache)
+    return _is_host(cache) or _is_portable(cache) or _is_kernel(cache) or _is_quant(cache)
 
 
 def _to_host(a: mx.array) -> np.ndarray:
@@ -80,12 +97,19 @@ def read_blocks(caches: Sequence[Any], block_ids: Sequence[int], block_size: int
         return []
     slots = _slots(block_ids, block_size)
     out: list[HostBlock] = [{} for _ in range(n)]
+    idx = mx.array(slots)
     for j, cache in enumerate(caches):
-        pages = _gather(cache, slots)
-        p, h, _, d = pages.shape
-        pages = pages.reshape(p, h, n, block_size, d)
-        for b in range(n):
-            out[b][tensor_name(j)] = np.ascontiguousarray(pages[:, :, b])
+        parts = _quant_parts(cache)
+        gathered = (
+            {tensor_name(j) + suffix: np.array(mx.take(a, idx, axis=2)) for suffix, a in parts.items()}
+            if parts is not None
+            else {tensor_name(j): _gather(cache, slots)}
+        )
+        for name, pages in gathered.items():
+            p, h, _, d = pages.shape
+            pages = pages.reshape(p, h, n, block_size, d)
+            for b in range(n):
+                out[b][name] = np.ascontiguousarray(pages[:, :, b])
     return out
 
 
@@ -93,7 +117,12 @@ def expected_shapes(caches: Sequence[Any], block_size: int) -> dict[str, tuple[i
     """The host block's tensors and shapes for these pools: a stored block must match them."""
     shapes: dict[str, tuple[int, ...]] = {}
     for j, cache in enumerate(caches):
-        if _is_kernel(cache):
+        parts = _quant_parts(cache)
+        if parts is not None:
+            for suffix, a in parts.items():
+                p, h, _, d = a.shape
+                shapes[tensor_name(j) + suffix] = (p, h, block_size, d)
+        elif _is_kernel(cache):
             _, h, d = cache.k.shape
             shapes[tensor_name(j)] = (2, h, block_size, d)
         else:
@@ -109,6 +138,13 @@ def write_blocks(caches: Sequence[Any], block_ids: Sequence[int], blocks: Sequen
     slots = _slots(block_ids, block_size)
     written: list[mx.array] = []
     for j, cache in enumerate(caches):
+        parts = _quant_parts(cache)
+        if parts is not None:
+            idx = mx.array(slots)
+            for suffix, a in parts.items():
+                a[:, :, idx, :] = mx.array(np.concatenate([b[tensor_name(j) + suffix] for b in blocks], axis=2))
+                written.append(a)
+            continue
         pages = np.concatenate([b[tensor_name(j)] for b in blocks], axis=2)  # [planes, H, n*bs, D]
         if _is_host(cache):
             cache.host[:, :, slots, :] = pages  # through the view: the numba kernel reads this buffer
