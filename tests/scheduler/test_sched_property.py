@@ -411,3 +411,42 @@ def test_random_sequences_keep_invariants(
         stats = s.make_stats().connector
         event(f"disk hits: {stats is not None and stats.hits > 0}")
     event(f"pool grew: {initial is not None and s.kv.pool.num_allocated_blocks > initial}")
+
+
+# The mixed run above draws a disk hit in well under 1% of its examples (it needs a shared prompt, steps,
+# RAM pressure and the prompt again); this one draws the disk mode only, with those ops made common, so
+# about 7% of examples load blocks (all, partially or none) and the loading paths meet preemption and aborts.
+disk_configs = configs.map(lambda c: {**c, "enable_prefix_caching": True})
+disk_add_op = st.tuples(
+    st.just("add"),
+    st.integers(BS + 1, MAX_MODEL_LEN),  # at least one full block to find on disk
+    st.sampled_from([0, 0, 0, 1]),
+    st.sampled_from([None, None, "t1"]),
+    st.integers(1, 24),
+    st.integers(0, 3),
+)
+disk_step_op = st.tuples(st.just("step"), st.integers(0, 2**16))
+disk_ops = st.lists(
+    st.one_of(
+        disk_add_op,
+        disk_add_op,
+        *[disk_step_op] * 4,
+        st.tuples(st.just("pressure"), st.just(0)),
+        st.tuples(st.just("pressure"), st.just(0)),
+        st.tuples(st.just("abort"), st.integers(0, 50)),
+        st.tuples(st.just("finish"), st.integers(0, 50)),
+        st.tuples(st.just("lose"), st.integers(0, 2**16)),
+    ),
+    min_size=10,
+    max_size=80,
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg_kwargs=disk_configs, extra_blocks=st.integers(0, 4), initial=st.none() | st.integers(2, 8), ops=disk_ops)
+def test_disk_loads_keep_invariants(
+    cfg_kwargs: dict[str, Any], extra_blocks: int, initial: int | None, ops: list[tuple[Any, ...]]
+) -> None:
+    test_random_sequences_keep_invariants.hypothesis.inner_test(  # type: ignore[attr-defined]
+        cfg_kwargs=cfg_kwargs, extra_blocks=extra_blocks, initial=initial, groups="disk", ops=ops
+    )
