@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from metalserve.spec_decode.config import SpeculativeConfig
 
@@ -29,6 +30,10 @@ class EngineConfig:
     model: str | None = None  # None: the embedded default model
     served_model_name: str | None = None
     max_model_len: int | None = None  # None: the model's own context length
+    # --max-model-len above the trained context (vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN=1); warned at start-up.
+    allow_long_max_model_len: bool = False
+    # --hf-overrides: JSON merged into the model's HF-style config before it is built (e.g. rope_scaling).
+    hf_overrides: Mapping[str, Any] | None = None
     block_size: int = 16
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
@@ -60,6 +65,8 @@ class EngineConfig:
             raise ConfigError("--max-num-batched-tokens must be at least 1")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError("--max-model-len must be at least 1")
+        if self.hf_overrides is not None and not isinstance(self.hf_overrides, Mapping):
+            raise ConfigError("--hf-overrides takes a JSON object, e.g. '{\"rope_scaling\": {...}}'")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError("--gpu-memory-utilization must be in (0, 1]")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:

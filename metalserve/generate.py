@@ -50,7 +50,7 @@ def generate_config(loaded: LoadedModel, num_prompts: int, config: EngineConfig 
     config = config or EngineConfig()
     if config.kv_cache_memory is not None:
         return replace(config, max_num_seqs=max(num_prompts, 1))
-    max_model_len = resolve_max_model_len(config, loaded.max_model_len)
+    max_model_len = resolve_max_model_len(config, loaded.max_model_len, loaded.rope_scaled_len)
     per_block = kv_block_bytes(loaded, config.block_size) + hybrid_state_bytes(loaded)
     blocks = num_prompts * blocks_for_request(layer_groups(loaded), max_model_len, config.block_size) + 1
     return replace(config, kv_cache_memory=blocks * per_block, max_num_seqs=max(num_prompts, 1))

@@ -22,6 +22,7 @@ from metalserve.api.anthropic.serving import MessagesServing
 from metalserve.api.body_limit import BodyLimitMiddleware
 from metalserve.api.errors import ErrorShapes, OpenAIError, install_error_handlers
 from metalserve.api.metrics import Metrics
+from metalserve.api.models import add_model_routes
 from metalserve.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -29,13 +30,11 @@ from metalserve.api.protocol import (
     TokenizeRequest,
 )
 from metalserve.api.reasoning import get_reasoning_parser
+from metalserve.api.responses.errors import responses_error_body
 from metalserve.api.responses.protocol import ResponsesRequest
 from metalserve.api.responses.serving import ResponsesServing
 from metalserve.api.responses.store import ResponseStore
 from metalserve.api.serving_chat import ChatServing
-from metalserve.api.serving_common import (
-    now,
-)
 from metalserve.api.serving_completion import CompletionServing
 from metalserve.api.serving_context import ServingContext
 from metalserve.api.settings import ServerSettings
@@ -48,7 +47,7 @@ _OPEN_PATHS = {"/health"}
 
 
 # Error shapes by path: Anthropic's routes answer in Anthropic's format, everything else in OpenAI's.
-ERROR_SHAPES = ErrorShapes([("/v1/messages", anthropic_error_body)])
+ERROR_SHAPES = ErrorShapes([("/v1/messages", anthropic_error_body), ("/v1/responses", responses_error_body)])
 
 
 class ApiKeyMiddleware:
@@ -80,10 +79,18 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     metrics = Metrics(settings.served_model_name or engine.model_name)
     if engine.observer is None:
         engine.observer = metrics
-    ctx = ServingContext(engine, settings.served_model_name or engine.model_name)
+    ctx = ServingContext(
+        engine, settings.served_model_name or engine.model_name, default_max_tokens=settings.default_max_tokens
+    )
     parser = get_tool_parser(settings.tool_call_parser) if settings.tool_call_parser else None
     reasoning = get_reasoning_parser(settings.reasoning_parser) if settings.reasoning_parser else None
-    chat = ChatServing(ctx, parser, reasoning, auto_tools=settings.enable_auto_tool_choice)
+    chat = ChatServing(
+        ctx,
+        parser,
+        reasoning,
+        auto_tools=settings.enable_auto_tool_choice,
+        generic_tool_prompt=settings.generic_tool_prompt,
+    )
     completion = CompletionServing(ctx)
     store = ResponseStore(settings.responses_store_size)
 
@@ -122,6 +129,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
 
     _add_agent_routes(app, MessagesServing(chat), ResponsesServing(chat, store), alive)
     _add_info_routes(app, ctx, metrics)
+    add_model_routes(app, ctx)
     _add_token_routes(app, ctx, chat)
     return app
 
@@ -153,14 +161,6 @@ def _add_info_routes(app: FastAPI, ctx: ServingContext, metrics: Metrics) -> Non
     @app.get("/version")
     async def version() -> dict[str, str]:
         return {"version": metalserve.__version__}
-
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        card = {"id": ctx.served_model_name, "object": "model", "created": now(), "owned_by": "metalserve"}
-        return {
-            "object": "list",
-            "data": [{**card, "root": engine.model_name, "max_model_len": engine.max_model_len}],
-        }
 
     @app.get("/metrics")
     async def prometheus() -> Response:

@@ -40,6 +40,16 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--served-model-name", default=None, help="the model id clients send and see")
     parser.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    parser.add_argument(
+        "--allow-long-max-model-len", action="store_true",
+        help="allow --max-model-len above the model's trained context (as vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN=1); "
+        "pair it with a RoPE scaling in --hf-overrides",
+    )  # fmt: skip
+    parser.add_argument(
+        "--hf-overrides", type=_json_object, default=None,
+        help='JSON merged into the model\'s config before it is built, e.g. \'{"rope_scaling": {"rope_type": '
+        '"yarn", "factor": 4.0, "original_max_position_embeddings": 8192}}\'',
+    )  # fmt: skip
     parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="most requests in one batch")
     parser.add_argument(
         "--max-num-batched-tokens", type=int, default=None,
@@ -74,6 +84,15 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--responses-store-size", type=int, default=s.responses_store_size,
         help="responses kept in memory (LRU) for GET /v1/responses/{id} and previous_response_id; 0: none",
+    )  # fmt: skip
+    parser.add_argument(
+        "--default-max-tokens", type=int, default=s.default_max_tokens,
+        help="output cap for requests that set none (Codex sends none); 0: up to the end of the context",
+    )  # fmt: skip
+    parser.add_argument(
+        "--generic-tool-prompt", action=argparse.BooleanOptionalAction, default=s.generic_tool_prompt,
+        help="where the chat template ignores `tools`, describe them in the system message and read calls "
+        "back as <tool_call> JSON blocks (docs/agents.md)",
     )  # fmt: skip
     parser.add_argument("--log-stats-interval", type=float, default=s.log_stats_interval, help="seconds; 0: off")
     parser.add_argument("--seed", type=int, default=d.seed)
@@ -143,6 +162,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerSett
         model=args.model,
         served_model_name=args.served_model_name,
         max_model_len=args.max_model_len,
+        allow_long_max_model_len=args.allow_long_max_model_len,
+        hf_overrides=args.hf_overrides,
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=(
@@ -175,6 +196,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerSett
         reasoning_parser=args.reasoning_parser,
         responses_store_size=args.responses_store_size,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
+        default_max_tokens=args.default_max_tokens,
+        generic_tool_prompt=args.generic_tool_prompt,
         graceful_shutdown_timeout=args.graceful_shutdown_timeout,
         max_request_body_bytes=args.max_request_body_bytes,
         allowed_origins=_string_list(args.allowed_origins, "--allowed-origins"),
@@ -188,6 +211,13 @@ def config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerSett
             "tool_choice) get a 400, as in vLLM", args.tool_call_parser,
         )  # fmt: skip
     return config, settings
+
+
+def _json_object(text: str) -> dict[str, object]:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
 
 
 def _partition(text: str | None) -> tuple[int, ...] | None:

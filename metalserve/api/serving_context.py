@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from metalserve.api.errors import OpenAIError
+from metalserve.api.errors import ContextLengthError, OpenAIError
 from metalserve.engine.async_engine import AsyncEngine
 
 T = TypeVar("T")
@@ -29,6 +29,7 @@ class ServingContext:
 
     engine: AsyncEngine
     served_model_name: str
+    default_max_tokens: int = 0  # --default-max-tokens: the output cap when a request sets none; 0: none
     tokenizer_thread: ThreadPoolExecutor = field(default_factory=_tokenizer_thread)
 
     def check_model(self, model: str | None) -> None:
@@ -56,13 +57,9 @@ class ServingContext:
             return
         least = num_chars // await self.off_loop(lambda: self.max_token_bytes)
         if least >= limit:
-            raise OpenAIError(
-                f"This model's maximum context length is {limit} tokens. However, your request has at "
-                f"least {least} input tokens ({num_chars} characters). Please reduce the length of the input.",
-                400,
-                param=param,
-                code="context_length_exceeded",
-            )
+            error = ContextLengthError(least, limit, at_least=True)
+            error.param = param
+            raise error
 
 
 def check_sequence_count(num_prompts: int, n: int) -> None:

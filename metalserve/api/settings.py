@@ -20,6 +20,12 @@ class ServerSettings:
     reasoning_parser: str | None = None
     responses_store_size: int = 1000  # responses kept for GET /v1/responses/{id} and previous_response_id
     enable_auto_tool_choice: bool = False  # tool_choice "auto" (given or implied by tools) needs it
+    # The output cap for requests that set none (chat, completions with max_tokens null, Responses; a
+    # Messages request always sets one). Agents such as Codex send none; 0: up to the end of the context.
+    default_max_tokens: int = 4096
+    # Where the chat template ignores `tools`, describe them in the system message in a generic form
+    # (api/generic_tools.py) and read calls back with the generic parser; False: leave them out.
+    generic_tool_prompt: bool = True
     # SIGTERM/SIGINT: running requests get this long to finish; what is left then ends with an error.
     graceful_shutdown_timeout: float = 30.0
     engine_shutdown_timeout: float = 10.0  # how long shutdown waits for the engine's last step
@@ -35,6 +41,8 @@ class ServerSettings:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         if self.responses_store_size < 0:
             raise ValueError("--responses-store-size must be >= 0")
+        if self.default_max_tokens < 0:
+            raise ValueError("--default-max-tokens must be >= 0 (0: up to the end of the context)")
         if self.log_stats_interval < 0:
             raise ValueError("--log-stats-interval must be >= 0")
         if self.graceful_shutdown_timeout < 0:

@@ -5,7 +5,7 @@ Importing this package does not import MLX, so `metalserve/__init__.py` can load
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from metalserve.loader.errors import ModelLoadError, PromptTooLongError, check_prompt_length
@@ -27,17 +27,19 @@ def load_model(
     dequantize_max_bytes: int = 4 << 30,
     chat_template: str | None = None,
     prepare: Callable[[Any], None] | None = None,
+    hf_overrides: Mapping[str, Any] | None = None,
 ) -> LoadedModel:
     """Load `model`: None (the embedded default), a .gguf file, a model directory or a hub repo id.
 
     `weights`: "auto" (fp32 on CPU when it fits in `dequantize_max_bytes`), "dequantize" or "quantized".
     `chat_template` overrides the model's own. `prepare` gets the built mlx-lm model before its weights
-    are converted and materialised (a pipeline rank drops the layers it does not hold).
+    are converted and materialised (a pipeline rank drops the layers it does not hold). `hf_overrides`
+    edits the model's config before it is built (`--hf-overrides`, e.g. a RoPE scaling).
     Every user-facing failure is a ModelLoadError.
     """
     from metalserve.loader.load import load  # heavy (MLX, transformers): only when a model is loaded
 
     return load(
         model, weights=weights, dequantize_max_bytes=dequantize_max_bytes, chat_template=chat_template,
-        prepare=prepare,
+        prepare=prepare, hf_overrides=hf_overrides,
     )  # fmt: skip

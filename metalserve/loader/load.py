@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -19,6 +21,7 @@ from metalserve.loader.errors import ModelLoadError
 from metalserve.loader.gguf_loader import load_gguf
 from metalserve.loader.hub import download, looks_like_repo_id
 from metalserve.loader.loaded import LoadedModel, RawModel
+from metalserve.loader.overrides import apply_hf_overrides, scaled_context
 from metalserve.loader.weights_mode import (
     WEIGHTS_MODES,
     activation_dtype,
@@ -102,12 +105,17 @@ def load(
     dequantize_max_bytes: int,
     chat_template: str | None,
     prepare: Callable[[nn.Module], None] | None = None,
+    hf_overrides: Mapping[str, Any] | None = None,
 ) -> LoadedModel:
     """See metalserve.loader.load_model."""
     if weights not in WEIGHTS_MODES:
         raise ModelLoadError(f"weights must be one of {', '.join(WEIGHTS_MODES)}, got {weights!r}")
     platform = current_platform()
     raw, source = _read(model, weights, platform)
+    trained = int(raw.config.get("max_position_embeddings") or 4096)
+    if hf_overrides:
+        raw.config = apply_hf_overrides(raw.config, hf_overrides)
+        logger.info("config overrides (--hf-overrides): %s", json.dumps(dict(hf_overrides)))
     built = build_model(raw.config, raw.weights)
     if prepare is not None:
         prepare(built)  # e.g. a pipeline rank drops the layers it does not hold: lazy weights never load
@@ -126,6 +134,7 @@ def load(
         model_type=raw.config["model_type"],
         config=raw.config,
         max_model_len=int(raw.config.get("max_position_embeddings") or 4096),
+        rope_scaled_len=scaled_context(raw.config, trained) if hf_overrides else None,
         eos_token_ids=eos_token_ids(raw.tokenizer, raw.config, template),
         chat_template=template,
         source=source,

@@ -12,6 +12,7 @@ if TYPE_CHECKING:  # keep `import metalserve.loader` free of MLX (the BLAS must 
 
     from metalserve.kernels.affine_codes import AffineCodes
 
+
 @dataclass
 class LoadedModel:
     """An mlx-lm model with its tokenizer, chat template, EOS ids and the facts the KV cache needs."""
@@ -35,6 +36,8 @@ class LoadedModel:
     # MLA's latent layout: the KV "head" (num_kv_heads 1, head_dim kv_lora + rope) is K alone, V its
     # first value_dim (kv_lora) channels; None: K and V of head_dim each.
     value_dim: int | None = None
+    # The context a RoPE scaling from --hf-overrides stretches max_model_len (the trained one) to; None: none.
+    rope_scaled_len: int | None = None
 
     @property
     def kv_planes(self) -> int:

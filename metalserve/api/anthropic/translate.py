@@ -19,9 +19,8 @@ from metalserve.api.anthropic.protocol import (
     ToolUseBlock,
 )
 from metalserve.api.errors import OpenAIError
+from metalserve.api.images import image_refused
 from metalserve.api.protocol import ChatCompletionRequest
-
-NO_IMAGES = "image content blocks are not supported: this server has no vision input yet"
 
 
 def to_chat(req: CountTokensRequest, *, reasoning: bool) -> ChatCompletionRequest:
@@ -85,8 +84,7 @@ def _turns(turns: list[Message]) -> list[dict[str, Any]]:
     previous_ids: set[str] = set()
     for i, turn in enumerate(turns):
         blocks = [TextBlock(type="text", text=turn.content)] if isinstance(turn.content, str) else turn.content
-        if any(isinstance(b, ImageBlock) for b in blocks):
-            raise OpenAIError(NO_IMAGES, 400)
+        _refuse_images(blocks, f"messages.{i}.content")
         if turn.role == "system":
             if not all(isinstance(b, TextBlock) for b in blocks):
                 raise OpenAIError(f"messages.{i}: system messages hold text blocks only", 400)
@@ -98,6 +96,15 @@ def _turns(turns: list[Message]) -> list[dict[str, Any]]:
             out += _user(blocks, previous_ids, i)
             previous_ids = set()
     return out
+
+
+def _refuse_images(blocks: list[Any], path: str) -> None:
+    """The first image block, nested tool results' included, as Claude Code's recoverable error."""
+    for j, block in enumerate(blocks):
+        if isinstance(block, ImageBlock):
+            raise image_refused(f"{path}.{j}.image")
+        if isinstance(block, ToolResultBlock) and isinstance(block.content, list):
+            _refuse_images(list(block.content), f"{path}.{j}.content")
 
 
 def _assistant(blocks: list[Any]) -> tuple[dict[str, Any], set[str]]:
@@ -145,8 +152,6 @@ def _user(blocks: list[Any], tool_use_ids: set[str], index: int) -> list[dict[st
 def _result_text(block: ToolResultBlock) -> str:
     content = block.content
     if isinstance(content, list):
-        if any(isinstance(b, ImageBlock) for b in content):
-            raise OpenAIError(NO_IMAGES, 400)
         content = "\n".join(b.text for b in content if isinstance(b, TextBlock))
     # The template has no error flag, so a failed tool says so in its text.
     return f"Error: {content or ''}" if block.is_error else content or ""

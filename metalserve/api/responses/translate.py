@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from metalserve.api.errors import OpenAIError
+from metalserve.api.images import image_refused
 from metalserve.api.protocol import ChatCompletionRequest
 from metalserve.api.responses.protocol import (
     FunctionCallItem,
@@ -21,7 +22,6 @@ from metalserve.api.responses.protocol import (
 )
 
 _ITEMS: TypeAdapter[list[InputItem]] = TypeAdapter(list[InputItem])
-NO_IMAGES = "image and file inputs are not supported: this server has no vision input yet"
 
 
 def conversation(req: ResponsesRequest, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -103,7 +103,7 @@ def _messages(items: list[InputItem]) -> list[dict[str, Any]]:
             reasoning.append("".join(c.text for c in item.content or []) or "".join(s.text for s in item.summary))
         elif isinstance(item, MessageItem):
             role = "system" if item.role == "developer" else item.role
-            out.append({"role": role, "content": _text(item.content)})
+            out.append({"role": role, "content": _text(item.content, f"input.{i}.content")})
         elif isinstance(item, FunctionCallItem):
             call = {
                 "id": item.call_id,
@@ -123,18 +123,22 @@ def _messages(items: list[InputItem]) -> list[dict[str, Any]]:
                     400,
                     param=f"input.{i}.call_id",
                 )
-            out.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output)})
+            output = _text(item.output, f"input.{i}.output")
+            out.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
         if reasoning and out and out[-1]["role"] == "assistant" and not isinstance(item, ReasoningItem):
             out[-1]["reasoning_content"] = "\n".join(reasoning)
             reasoning = []
     return out
 
 
-def _text(content: str | list[TextContent | ImageContent] | list[TextContent]) -> str:
+def _text(content: str | list[TextContent | ImageContent] | list[TextContent], path: str) -> str:
     if isinstance(content, str):
         return content
-    if any(isinstance(part, ImageContent) for part in content):
-        raise OpenAIError(NO_IMAGES, 400, param="input")
+    for j, part in enumerate(content):
+        if isinstance(part, ImageContent):
+            if part.type == "input_file":
+                raise OpenAIError(f"{path}.{j}: file inputs are not supported", 400, param=f"{path}.{j}")
+            raise image_refused(f"{path}.{j}")
     return "".join(part.text for part in content if isinstance(part, TextContent))
 
 
