@@ -112,9 +112,11 @@ def load(
         raise ModelLoadError(f"weights must be one of {', '.join(WEIGHTS_MODES)}, got {weights!r}")
     platform = current_platform()
     raw, source = _read(model, weights, platform)
-    trained = int(raw.config.get("max_position_embeddings") or 4096)
+    scaled_len = None
     if hf_overrides:
+        trained = int(raw.config.get("max_position_embeddings") or 4096)
         raw.config = apply_hf_overrides(raw.config, hf_overrides)
+        scaled_len = scaled_context(raw.config, trained)  # checks the scaling before the model is built
         logger.info("config overrides (--hf-overrides): %s", json.dumps(dict(hf_overrides)))
     built = build_model(raw.config, raw.weights)
     if prepare is not None:
@@ -134,7 +136,7 @@ def load(
         model_type=raw.config["model_type"],
         config=raw.config,
         max_model_len=int(raw.config.get("max_position_embeddings") or 4096),
-        rope_scaled_len=scaled_context(raw.config, trained) if hf_overrides else None,
+        rope_scaled_len=scaled_len,
         eos_token_ids=eos_token_ids(raw.tokenizer, raw.config, template),
         chat_template=template,
         source=source,

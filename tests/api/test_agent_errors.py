@@ -168,3 +168,20 @@ def test_responses_errors_name_responses_fields(server: Served) -> None:
     assert long["param"] == "input" and long["code"] == "context_length_exceeded"
     big = httpx.post(f"{server.url}/v1/responses", json={"input": "Hi", "max_output_tokens": 1000}).json()["error"]
     assert big["param"] == "max_output_tokens" and "'max_output_tokens' is too large: 1000" in big["message"]
+
+
+def test_slow_prefill_stream_starts_and_pings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Claude Code drops a stream idle for 5 minutes: a long prefill must still send events."""
+    monkeypatch.setattr("metalserve.api.anthropic.events.HEARTBEAT_SECONDS", 0.02)
+    with live(make_served(step_delay=0.1)) as served:
+        response = _messages(served, max_tokens=3, messages=HI, stream=True)
+        names = [line[7:] for line in response.text.splitlines() if line.startswith("event: ")]
+        assert names[:3] == ["message_start", "ping", "ping"] and names[-1] == "message_stop"
+        assert names.index("content_block_start") > 2
+        claude = anthropic.Anthropic(base_url=served.url, api_key="x", max_retries=0)
+        with claude.messages.stream(model=MODEL, max_tokens=3, messages=HI) as stream:  # type: ignore[arg-type]
+            final = stream.get_final_message()
+        counted = claude.messages.count_tokens(model=MODEL, messages=HI).input_tokens  # type: ignore[arg-type]
+        # message_start could not know the cached share yet; the final usage does.
+        assert final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0) == counted
+        assert (final.usage.cache_read_input_tokens or 0) > 0
