@@ -25,7 +25,7 @@ import numpy as np
 from metalserve.executor.host.compute import HostCompute
 from metalserve.executor.host.linear import HostLinear
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.kernels.cpu_affine_linear import affine_linear
+from metalserve.kernels.cpu.affine_linear import affine_linear
 from metalserve.loader import load_model
 
 

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from metalserve.kernels.cpu_attention import attend_rows
+from metalserve.kernels.cpu.attention import attend_rows
 
 HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 16
 

@@ -5,7 +5,7 @@
 On a Mac it times, per shape: the tiled and the decode Metal kernels over the pages (and which one the
 entry point picks); `mx.fast.scaled_dot_product_attention` on a dense copy of the same KV (the copy
 made beforehand, so this is SDPA alone); and gather + SDPA. Elsewhere the Metal rows are skipped, the
-portable path (reference.py) is timed instead, and only the small shapes run unless `--shapes all`.
+portable path (executor/attention/reference.py) is timed instead, and only the small shapes run unless `--shapes all`.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import metalserve  # noqa: F401  (must come before MLX: it loads the optimized B
 import mlx.core as mx
 import numpy as np
 
-from metalserve.kernels import reference
-from metalserve.kernels.metal import metal_paged_attention
-from metalserve.kernels.paged import PagedArgs, choose_kernel
+from metalserve.executor.attention import reference
+from metalserve.kernels.metal.gpu import metal_paged_attention
+from metalserve.kernels.metal.paged import PagedArgs, choose_kernel
 
 # (label, num_reqs, q_len per request, context length); SmolLM2-like heads: 9 query, 3 KV, dim 64.
 SHAPES = (

@@ -2,7 +2,7 @@
 
     python bench/kernel_traffic.py [--heads 9,3,64] [--dtype float16] [--exact]
 
-Numbers come from the analytic model in metalserve/kernels/traffic.py, which tests/kernels/test_traffic.py
+Numbers come from the analytic model in metalserve/kernels/metal/traffic.py, which tests/kernels/test_traffic.py
 checks against the emulator's exact per-buffer byte counts; `--exact` also emulates two small shapes
 here and prints both counts (minutes on 2 cores). "minimum" is the issue's: every K/V byte a query tile
 needs, read once per tile; "floor" is every K/V byte a request needs, read once per request.
@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from metalserve.kernels.paged import PagedArgs, choose_kernel, run_paged_attention  # noqa: E402
-from metalserve.kernels.tiled import tiling  # noqa: E402
-from metalserve.kernels.traffic import Heads, kv_bytes  # noqa: E402
+from metalserve.kernels.metal.paged import PagedArgs, choose_kernel, run_paged_attention  # noqa: E402
+from metalserve.kernels.metal.tiled import tiling  # noqa: E402
+from metalserve.kernels.metal.traffic import Heads, kv_bytes  # noqa: E402
 
 Reqs = tuple[tuple[int, int], ...]
 
@@ -71,7 +71,7 @@ def report(heads: Heads) -> None:
 
 def exact(heads: Heads, dtype: mx.Dtype) -> None:
     """Emulate a 512-token prefill and a decode batch of 8 at 1K and compare with the model."""
-    from metalserve.kernels.emulator import emulate_counted
+    from tools.msl_emulator import emulate_counted
 
     rng = np.random.default_rng(0)
     for label, reqs in (("prefill 512", ((512, 512),)), ("decode b8 ctx1K", ((1, 1024),) * 8)):

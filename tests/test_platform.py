@@ -8,9 +8,7 @@ from pathlib import Path
 from metalserve.platform import Platform, current_platform
 
 PACKAGE = Path(__file__).parents[1] / "metalserve"
-# The Metal kernel's own module still picks its fallback itself (kernels/metal.py's `paged_attention`);
-# the emulator runs Metal source on the CPU by design.
-PROBE_EXCEPTIONS = {"platform.py", "kernels/metal.py"}
+PROBE_EXCEPTIONS = {"platform.py"}
 PROBE = re.compile(r"default_device\(\)|metal\.is_available\(\)|find_spec\(\"numba\"\)")
 
 
@@ -34,7 +32,7 @@ def test_no_other_module_probes_the_device() -> None:
     found = [
         name
         for name, text in _sources().items()
-        if PROBE.search(text) and name not in PROBE_EXCEPTIONS and not name.startswith("kernels/emulator/")
+        if PROBE.search(text) and name not in PROBE_EXCEPTIONS
     ]
     assert found == []
 

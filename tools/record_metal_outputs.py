@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from metalserve.kernels.metal import metal_paged_attention  # noqa: E402
+from metalserve.kernels.metal.gpu import metal_paged_attention  # noqa: E402
 from tests.kernels.cases import CASES, make_inputs  # noqa: E402
 
 DEFAULT_OUT = ROOT / "tests" / "kernels" / "data" / "metal_outputs.npz"

@@ -247,9 +247,8 @@ class ChatServing:
             message, reason = self._message(c, parsing)
             logprobs = None
             if req.logprobs:
-                logprobs = {
-                    "content": chat_logprobs(c.logprobs or [], req.top_logprobs or 0, self.token_text)
-                }
+                text = self.token_text.for_request(req.return_tokens_as_token_ids)
+                logprobs = {"content": chat_logprobs(c.logprobs or [], req.top_logprobs or 0, text)}
             out.append(
                 {
                     "index": i,
@@ -306,7 +305,8 @@ class ChatServing:
             delta["tool_calls"] = [tool_call_delta_json(c) for c in d.tool_calls]
         logprobs = None
         if req.logprobs and d.logprobs:
-            logprobs = {"content": chat_logprobs(d.logprobs, req.top_logprobs or 0, self.token_text)}
+            text = self.token_text.for_request(req.return_tokens_as_token_ids)
+            logprobs = {"content": chat_logprobs(d.logprobs, req.top_logprobs or 0, text)}
         if not delta and d.finish_reason is None and logprobs is None:
             return None
         return {

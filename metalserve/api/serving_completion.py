@@ -106,7 +106,8 @@ class CompletionServing:
             echo = self._echo(req, prompts, i)
             logprobs = None
             if req.logprobs is not None and c.logprobs is not None:
-                logprobs = completion_logprobs(c.logprobs, req.logprobs, self.token_text, len(echo))
+                text = self.token_text.for_request(req.return_tokens_as_token_ids)
+                logprobs = completion_logprobs(c.logprobs, req.logprobs, text, len(echo))
             out.append(
                 {
                     "index": i,
@@ -155,7 +156,8 @@ class CompletionServing:
     ) -> dict[str, Any]:
         logprobs = None
         if req.logprobs is not None and out.logprobs:
-            logprobs = completion_logprobs(out.logprobs, req.logprobs, self.token_text, offset)
+            as_text = self.token_text.for_request(req.return_tokens_as_token_ids)
+            logprobs = completion_logprobs(out.logprobs, req.logprobs, as_text, offset)
         return {
             "index": index,
             "text": text,

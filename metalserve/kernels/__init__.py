@@ -1,1 +1,1 @@
-"""metalserve.kernels."""
+"""metalserve.kernels: metal/ (MSL sources, launch builders, tiling, traffic model) and cpu/ (numba)."""

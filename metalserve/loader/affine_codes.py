@@ -1,4 +1,4 @@
-"""Extract the stored integer codes of an affine-quantized MLX layer (see metalserve/kernels/affine_codes.py)."""
+"""Extract the stored integer codes of an affine-quantized MLX layer (see metalserve/kernels/cpu/affine_codes.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from metalserve.kernels.affine_codes import AffineCodes
+from metalserve.kernels.cpu.affine_codes import AffineCodes
 
 __all__ = ["AffineCodes", "affine_codes", "unpack_codes"]
 

@@ -4,6 +4,8 @@ Each step spends one token budget: running requests first (in order), then waiti
 order while budget, `max_num_seqs` and KV blocks last. A prompt longer than the remaining budget
 is cut to it (chunked prefill). When a running request cannot grow, the lowest-priority /
 latest-arrived running request is preempted by recompute and put back at the head of the queue.
+After the runner's step, `update_from_output` appends the sampled tokens, checks stops, rolls back
+rejected drafts and frees what finished.
 """
 
 from __future__ import annotations
@@ -13,22 +15,23 @@ from dataclasses import replace
 
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.kvcache.block_pool import NUM_RESERVED_BLOCKS
-from metalserve.kvcache.hybrid import HybridKVCacheManager, make_kv_manager
+from metalserve.kvcache.manager import BlockIds, KVCacheManager
 from metalserve.kvcache.specs import LayerGroupSpec
 from metalserve.outputs import EngineCoreOutput
 from metalserve.request import Request, RequestStatus
 from metalserve.scheduler.grammar_wait import grammar_verdict
-from metalserve.scheduler.output import CachedRequestData, SchedulerOutput
+from metalserve.scheduler.output import CachedRequestData, ModelRunnerOutput, SchedulerOutput
 from metalserve.scheduler.queues import make_queue
 from metalserve.scheduler.stats import SchedulerStats, StatsCounter
 from metalserve.scheduler.step import StepBuilder
-from metalserve.scheduler.update import StepUpdate
+from metalserve.scheduler.stop import check_stop
+from metalserve.spec_decode.rollback import num_rejected
 from metalserve.spec_decode.stats import SpecDecodingCounter
 
 __all__ = ["Scheduler", "SchedulerStats"]
 
 
-class Scheduler(StepUpdate):
+class Scheduler:
     """Token-budget continuous batching over a paged KV cache; see the module docstring.
 
     Call `update_from_output` after every `schedule()`, also for an empty step: that is where aborted
@@ -46,7 +49,7 @@ class Scheduler(StepUpdate):
         """`initial_blocks`: start the KV pool this small and grow it on demand (None: all at once).
         `kv_groups`: the model's layer groups (None: one full-attention group)."""
         caching = config.enable_prefix_caching
-        self.kv = make_kv_manager(kv_groups, num_blocks, config.block_size, caching, initial_blocks)
+        self.kv = KVCacheManager(num_blocks, config.block_size, caching, initial_blocks, groups=kv_groups)
         needed = self.kv.blocks_for_request(max_model_len) + NUM_RESERVED_BLOCKS
         if num_blocks < needed:
             raise ConfigError(
@@ -55,8 +58,7 @@ class Scheduler(StepUpdate):
             )
         self.config = config
         self.max_model_len = max_model_len
-        self._hybrid = self.kv if isinstance(self.kv, HybridKVCacheManager) else None
-        self._align = self._hybrid is not None and self._hybrid.align_chunks
+        self._align = self.kv.align_chunks
         self.requests: dict[str, Request] = {}
         self.waiting = make_queue(config.scheduling_policy)
         self.running: list[Request] = []
@@ -141,9 +143,6 @@ class Scheduler(StepUpdate):
             spec_accepted_per_pos=tuple(spec.accepted_per_pos),
         )
 
-    def _remove_waiting(self, ids: set[str]) -> None:
-        self.waiting.remove(ids)
-
     # ---- one step --------------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
@@ -187,7 +186,7 @@ class Scheduler(StepUpdate):
                 n += k
             if computed + n <= fast_limit.get(rid, 0):
                 # The inlined allocate_slots fast path: nothing to allocate in any group.
-                cached_reqs.append(CachedRequestData(rid, [], computed))
+                cached_reqs.append(CachedRequestData(rid, kv.empty_block_ids(), computed))
             else:
                 maybe_ids = kv.allocate_slots(request, n)
                 if maybe_ids is None and k:  # no room for the drafts: decode without them first
@@ -199,8 +198,7 @@ class Scheduler(StepUpdate):
                     budget = step.budget
                     if maybe_ids is None:
                         continue  # it preempted itself; running[i] is now the next request
-                groups = tuple(self._hybrid.last_group_ids) if self._hybrid is not None else ()
-                cached_reqs.append(CachedRequestData(rid, maybe_ids, computed, groups))
+                cached_reqs.append(CachedRequestData(rid, maybe_ids, computed))
             if k:
                 step.spec_tokens[rid] = request.spec_token_ids[:k]
             num_tokens[rid] = n
@@ -218,7 +216,7 @@ class Scheduler(StepUpdate):
 
     def _preempt_until_fits(
         self, request: Request, n: int, i: int, step: StepBuilder
-    ) -> tuple[list[int] | None, int]:
+    ) -> tuple[BlockIds | None, int]:
         """Preempt victims until `request` (at running[i]) fits; returns its new block ids and new i."""
         while True:
             victim = max(self.running, key=self._victim_key)
@@ -261,8 +259,7 @@ class Scheduler(StepUpdate):
             request.status = RequestStatus.RUNNING
             if request.num_cached_tokens is None:
                 request.num_cached_tokens = hit.num_tokens
-            groups = tuple(self._hybrid.get_group_block_ids(request.request_id)) if self._hybrid else ()
-            step.add_new(request, n, self.kv.get_block_ids(request.request_id), groups)
+            step.add_new(request, n, self.kv.get_block_ids(request.request_id))
         for request in reversed(skipped):
             self.waiting.prepend(request)
         self.num_waiting_for_grammar = len(skipped)
@@ -291,3 +288,136 @@ class Scheduler(StepUpdate):
             num_kv_blocks=self.kv.pool.num_allocated_blocks,
             scheduled_spec_decode_tokens=step.spec_tokens,
         )
+
+    # ---- the step's results ----------------------------------------------------------------------
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> list[EngineCoreOutput]:
+        """Append sampled tokens, check stops, free finished requests; one output per touched request."""
+        outputs, self._pending_outputs = self._pending_outputs, []
+        sampled, requests, hints = runner_output.sampled_token_ids, self.requests, self._stop_hints
+        if scheduler_output.scheduled_spec_decode_tokens or runner_output.spec_token_ids:
+            self._update_drafts(scheduler_output, runner_output)
+        plain = not runner_output.logprobs
+        running = RequestStatus.RUNNING
+        append = outputs.append
+        any_finished = False
+        get = sampled.get
+        for request_id in scheduler_output.num_scheduled_tokens:
+            token_ids = get(request_id)
+            request = requests.get(request_id)
+            if not token_ids or request is None or request.status is not running:
+                continue
+            out_ids, n_prompt = request.output_token_ids, len(request.prompt_token_ids)
+            if plain and len(token_ids) == 1 and request.structured is None:
+                # The decode fast path: one token that cannot stop the request and no logprobs.
+                stop_ids, max_out = hints[request_id]
+                token_id = token_ids[0]
+                n_out = len(out_ids)
+                if (
+                    token_id not in stop_ids
+                    and n_out + 1 < max_out
+                    and request.num_computed_tokens >= n_prompt + n_out
+                ):
+                    out_ids.append(token_id)
+                    cached = request.num_cached_tokens or 0
+                    append(EngineCoreOutput(request_id, token_ids, None, None, None, n_prompt, cached))
+                    continue
+            output = self._append_tokens(request, token_ids, runner_output)
+            append(output)
+            if output.finish_reason is not None:
+                any_finished = True
+        if any_finished:
+            self.running = [r for r in self.running if r.status is running]
+        return outputs
+
+    def _update_drafts(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> None:
+        """Roll back the rejected drafts' positions (only accepted tokens count as computed, so only they
+        are ever hashed into the prefix cache), count the drafts, and keep the next step's drafts."""
+        running = RequestStatus.RUNNING
+        for request_id, drafts in scheduler_output.scheduled_spec_decode_tokens.items():
+            request = self.requests.get(request_id)
+            token_ids = runner_output.sampled_token_ids.get(request_id)
+            if request is None or request.status is not running or not token_ids:
+                continue
+            request.num_computed_tokens -= num_rejected(len(drafts), len(token_ids))
+            self.spec_counter.record(len(drafts), len(token_ids) - 1)
+        for request_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests.get(request_id)
+            if request is not None:
+                request.spec_token_ids = runner_output.spec_token_ids.get(request_id, [])
+
+    def _append_tokens(
+        self, request: Request, token_ids: list[int], runner_output: ModelRunnerOutput
+    ) -> EngineCoreOutput:
+        out_ids = request.output_token_ids
+        if request.num_computed_tokens < len(request.prompt_token_ids) + len(out_ids):
+            raise ValueError(
+                f"the runner sampled for {request.request_id!r} before its prompt was fully computed"
+            )
+        stop_ids, max_out = self._stop_hints[request.request_id]
+        status = None
+        num_new = 0
+        for token_id in token_ids:
+            out_ids.append(token_id)
+            num_new += 1
+            # Most tokens stop nothing: only a possible stop id or a length limit needs the full check.
+            # A completed grammar is a natural stop: it wins over a length limit hit by the same token.
+            if request.structured is not None and request.structured.accept(token_id):
+                if request.structured.error is None:
+                    status = RequestStatus.FINISHED_STOPPED
+                else:  # a token the grammar refused (or EOS where it does not accept): not an answer
+                    status = RequestStatus.FINISHED_ERROR
+                    request.stop_reason = request.structured.error
+                break
+            if token_id in stop_ids or len(out_ids) >= max_out:
+                status = check_stop(request, self.max_model_len)
+                if status is not None:
+                    break
+        logprobs = runner_output.logprobs.get(request.request_id) if runner_output.logprobs else None
+        output = EngineCoreOutput(
+            request.request_id,
+            token_ids[:num_new] if num_new < len(token_ids) else token_ids,
+            logprobs[:num_new] if logprobs is not None else None,
+            None,
+            None,
+            len(request.prompt_token_ids),
+            request.num_cached_tokens or 0,
+        )
+        if status is not None:
+            request.status = status
+            self._free_request(request)
+            output.finish_reason = status.finish_reason
+            output.stop_reason = request.stop_reason
+        return output
+
+    def _free_request(self, request: Request) -> None:
+        self.kv.free(request)
+        del self.requests[request.request_id]
+        del self._stop_hints[request.request_id]
+        self._finished_ids.add(request.request_id)
+
+    def _apply_pending_finishes(self) -> None:
+        if not self._pending_finish:
+            return
+        pending, self._pending_finish = self._pending_finish, {}
+        ids = set(pending)
+        self.running = [r for r in self.running if r.request_id not in ids]
+        self.waiting.remove(ids)
+        for request_id, status in pending.items():
+            request = self.requests.get(request_id)
+            if request is None:
+                continue
+            request.status = status
+            self._free_request(request)
+            if status is RequestStatus.FINISHED_ABORTED:
+                self._pending_outputs.append(
+                    EngineCoreOutput(
+                        request_id=request_id,
+                        new_token_ids=[],
+                        finish_reason=status.finish_reason,
+                        num_prompt_tokens=request.num_prompt_tokens,
+                        num_cached_tokens=request.num_cached_tokens or 0,
+                    )
+                )

@@ -5,5 +5,6 @@ a second model's (the one module here that runs MLX); `proposer.py` is the runne
 `controller.py` says how many drafts each request gets: `backoff.py` pauses requests whose drafts keep
 failing, `cost.py` gives the batch only the drafts that pay for their share of the step. `verify.py`
 turns a window's logits into the accepted tokens (exact for greedy and for sampling), `grammar.py`
-masks each window position of a grammar-constrained request; `stats.py` counts drafts for the metrics.
+masks each window position of a grammar-constrained request; `rollback.py` says how many window
+positions the scheduler and the runner roll back; `stats.py` counts drafts for the metrics.
 """

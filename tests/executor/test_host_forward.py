@@ -9,11 +9,11 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
+from metalserve.executor.attention.reference import AttentionOptions
 from metalserve.executor.host.compute import HostCompute
 from metalserve.executor.host.forward import HostForward
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.kernels.cpu_layer_ops import rms_norm, rope_in_place, rope_inverse_frequencies
-from metalserve.kernels.reference import AttentionOptions
+from metalserve.kernels.cpu.layer_ops import rms_norm, rope_in_place, rope_inverse_frequencies
 from metalserve.sampling_params import SamplingParams
 from tests.executor.simple_driver import run_to_completion
 from tests.executor.test_host_linear import dequantized_tiny
@@ -113,13 +113,14 @@ def test_layers_that_differ_keep_the_mlx_modules() -> None:
 def test_decoder_cache_is_keyed_on_the_kernels_it_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """numba keys its cache on a function's bytecode and closure only; each decoder function closes over a
     digest of the kernel files it calls, so an edit to one of them is a cache miss, not a stale kernel."""
-    from metalserve.kernels import cpu_attention, cpu_decoder
+    from metalserve.kernels.cpu import attention as cpu_attention
+    from metalserve.kernels.cpu import decoder as cpu_decoder
 
     digest = cpu_decoder.kernel_sources_digest()
     dispatchers = [cpu_decoder._linear, cpu_decoder._head_norm, cpu_decoder._attention, cpu_decoder._decoder_layers]
     for dispatcher in dispatchers:
         assert [cell.cell_contents for cell in dispatcher.py_func.__closure__] == [digest]
-    edited = tmp_path / "cpu_attention.py"
+    edited = tmp_path / "attention.py"
     edited.write_bytes(Path(str(cpu_attention.__file__)).read_bytes() + b"# edited\n")
     monkeypatch.setattr(cpu_attention, "__file__", str(edited))
     assert cpu_decoder.kernel_sources_digest() != digest

@@ -7,7 +7,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-import metalserve.kernels.cpu_affine_linear as affine_module
+import metalserve.kernels.cpu.affine_linear as affine_module
 from metalserve.executor.host.compute import HostCompute
 from metalserve.executor.host.linear import HostLinear, host_codes
 from metalserve.executor.models.adapter import PagedModel

@@ -7,7 +7,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from metalserve.kernels.cpu_affine_linear import affine_linear
+from metalserve.kernels.cpu.affine_linear import affine_linear
 from metalserve.loader.affine_codes import AffineCodes, affine_codes
 
 

@@ -6,8 +6,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from metalserve.kernels import cpu_attention, reference
-from metalserve.kernels.cpu import build_cpu_plan, cpu_paged_attention, host_view
+from metalserve.executor.attention import reference
+from metalserve.kernels.cpu import attention as cpu_attention
+from metalserve.kernels.cpu.paged import build_cpu_plan, cpu_paged_attention, host_view
 from tests.kernels.cases import CASES, Case, as_f64, make_inputs, reference_f64
 
 
@@ -95,7 +96,7 @@ def test_mixed_step_writes_then_attends_like_the_portable_path() -> None:
 
 
 def test_the_softmax_exp_is_as_accurate_as_float32_allows() -> None:
-    from metalserve.kernels.cpu_attention import _exp_rows
+    from metalserve.kernels.cpu.attention import _exp_rows
 
     x = -np.linspace(0.0, 100.0, 20001, dtype=np.float32)[None].repeat(2, axis=0)
     want = np.exp(x.astype(np.float64))

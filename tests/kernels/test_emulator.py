@@ -10,12 +10,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from metalserve.kernels.emulator import EmulatorError, emulate, emulate_race_checked
-from metalserve.kernels.emulator.signature import generate
-from metalserve.kernels.launch import KernelLaunch
-from metalserve.kernels.paged import PagedArgs, attention_launch
-from metalserve.kernels.tiled import tiled_launch, tiling
+from metalserve.kernels.metal.launch import KernelLaunch
+from metalserve.kernels.metal.paged import PagedArgs, attention_launch
+from metalserve.kernels.metal.tiled import tiled_launch, tiling
 from tests.kernels.cases import CASES, make_inputs
+from tools.msl_emulator import EmulatorError, emulate, emulate_race_checked
+from tools.msl_emulator.signature import generate
 
 
 def launch(source: str, inputs: tuple, n: int = 64, tg: int = 64, out_dtype: mx.Dtype = mx.float32,

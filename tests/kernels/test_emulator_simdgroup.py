@@ -6,8 +6,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from metalserve.kernels.emulator import EmulatorError, emulate, emulate_counted, emulate_race_checked
-from metalserve.kernels.launch import KernelLaunch
+from metalserve.kernels.metal.launch import KernelLaunch
+from tools.msl_emulator import EmulatorError, emulate, emulate_counted, emulate_race_checked
 
 RNG = np.random.default_rng(3)
 MMA_INPUT = RNG.standard_normal(8 * 12 + 64).astype(np.float32)

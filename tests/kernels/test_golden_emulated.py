@@ -12,18 +12,19 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from metalserve.executor.attention import reference
 from metalserve.executor.attention.metal import KernelAttention
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.executor.runner import KVCacheSpec, ModelRunner
+from metalserve.executor.models.families import kv_cache_spec
+from metalserve.executor.runner import ModelRunner
 from metalserve.executor.sampler import Sampler
-from metalserve.kernels import emulated, reference
-from metalserve.kernels.emulated import emulated_paged_attention
-from metalserve.kernels.emulator import emulate
-from metalserve.kernels.launch import KernelLaunch
+from metalserve.kernels.metal.launch import KernelLaunch
 from metalserve.loader import load_model
 from metalserve.platform import current_platform
 from metalserve.sampling_params import SamplingParams
 from tests.executor.simple_driver import run_to_completion
+from tools.msl_emulator import emulate, emulated
+from tools.msl_emulator.emulated import emulated_paged_attention
 
 pytestmark = pytest.mark.slow
 LENGTHS = [9, 30, 3, 17]
@@ -47,7 +48,7 @@ def test_emulated_kernels_give_the_portable_paths_greedy_tokens(monkeypatch: pyt
     prompts = [text[int(o) : int(o) + n] for o, n in zip(rng.integers(0, 15, len(LENGTHS)), LENGTHS,
                                                           strict=True)]
     model = PagedModel.from_loaded(loaded, current_platform())
-    spec = KVCacheSpec.for_model(loaded, 16, 32)
+    spec = kv_cache_spec(loaded, 16, num_blocks=32)
     outputs = {}
     for name, fn in (("portable", reference.paged_attention), ("emulated", emulated_paged_attention)):
         runner = ModelRunner(model, spec, sampler=Sampler(0), backend=KernelAttention(fn, name, name))

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from metalserve.kernels.emulated import emulated_paged_attention
 from tests.kernels.cases import CASES, TOLERANCE, Case, as_f64, make_inputs
+from tools.msl_emulator.emulated import emulated_paged_attention
 
 RECORDING = Path(__file__).parent / "data" / "metal_outputs.npz"
 

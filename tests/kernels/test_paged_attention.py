@@ -12,13 +12,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from metalserve.kernels import reference
-from metalserve.kernels.emulator import emulate, emulate_race_checked
-from metalserve.kernels.launch import KernelLaunch
-from metalserve.kernels.metal import metal_paged_attention
-from metalserve.kernels.paged import PagedArgs, run_paged_attention
-from metalserve.kernels.tiled import tiling
+from metalserve.executor.attention import reference
+from metalserve.kernels.metal.gpu import metal_paged_attention
+from metalserve.kernels.metal.launch import KernelLaunch
+from metalserve.kernels.metal.paged import PagedArgs, run_paged_attention
+from metalserve.kernels.metal.tiled import tiling
 from tests.kernels.cases import CASES, TOLERANCE, Case, Inputs, as_f64, make_inputs, reference_f64
+from tools.msl_emulator import emulate, emulate_race_checked
 
 
 def paged_args(case: Case, x: Inputs) -> PagedArgs:
@@ -167,7 +167,7 @@ def test_kernel_reads_in_bounds_under_asan(kernel: str) -> None:
 
 def test_auto_choice_from_shapes() -> None:
     """A batch with a prefill takes the tiled kernel, an all-decode batch the decode kernel (split-KV)."""
-    from metalserve.kernels.paged import choose_kernel
+    from metalserve.kernels.metal.paged import choose_kernel
 
     for case in CASES:
         args = paged_args(case, make_inputs(case))
@@ -179,7 +179,7 @@ def test_auto_choice_from_shapes() -> None:
 
 @pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256])
 def test_every_tiling_fits_threadgroup_memory(head_dim: int) -> None:
-    from metalserve.kernels.tiled import THREADGROUP_MEMORY, max_rows, threadgroup_bytes
+    from metalserve.kernels.metal.tiled import THREADGROUP_MEMORY, max_rows, threadgroup_bytes
 
     for group in range(1, 129):
         t = tiling(group, head_dim)

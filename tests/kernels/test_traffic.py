@@ -1,15 +1,15 @@
-"""The traffic model (kernels/traffic.py) against the emulator's exact byte counts, on small shapes."""
+"""The traffic model (kernels/metal/traffic.py) against the emulator's exact byte counts, on small shapes."""
 
 from __future__ import annotations
 
 import mlx.core as mx
 import pytest
 
-from metalserve.kernels.emulator import LaunchCounts, emulate_counted
-from metalserve.kernels.launch import KernelLaunch
-from metalserve.kernels.paged import PagedArgs, run_paged_attention
-from metalserve.kernels.traffic import Heads, kv_bytes
+from metalserve.kernels.metal.launch import KernelLaunch
+from metalserve.kernels.metal.paged import PagedArgs, run_paged_attention
+from metalserve.kernels.metal.traffic import Heads, kv_bytes
 from tests.kernels.cases import CASES, Case, make_inputs
+from tools.msl_emulator import LaunchCounts, emulate_counted
 
 # Cases of the kernel tests (their builds are shared): options, prefixes, split-KV, tile edges.
 TRAFFIC_CASES = tuple((c, k) for c in CASES for k in c.kernels

@@ -7,10 +7,10 @@ import dataclasses
 import mlx.core as mx
 import pytest
 
-from metalserve.kernels.emulator import EmulatorError, emulate
-from metalserve.kernels.paged import PagedArgs, num_partitions
+from metalserve.kernels.metal.paged import PagedArgs, num_partitions
 from tests.kernels.cases import CASES, make_inputs
 from tests.kernels.test_emulator import COPY_OK
+from tools.msl_emulator import EmulatorError, emulate
 
 
 def args(**change: object) -> PagedArgs:

@@ -56,8 +56,8 @@ def test_long_prompt_through_the_kernel_backend(arch: str, monkeypatch: pytest.M
     """The Metal backend's pools and per-group metadata, with the contract's MLX function as its kernel
     (the Metal kernel itself needs a Mac; its emulator rows are in tests/kernels)."""
     from metalserve.engine import core
+    from metalserve.executor.attention import reference
     from metalserve.executor.attention.metal import KernelAttention
-    from metalserve.kernels import reference
 
     backend = KernelAttention(reference.paged_attention, "contract", "the kernel contract in MLX ops")
     monkeypatch.setattr(core, "select_attention", lambda *args, **kwargs: backend)

@@ -11,21 +11,23 @@ import pytest
 from mlx_lm.models.rope_utils import initialize_rope
 
 from metalserve.config import ConfigError
+from metalserve.executor.attention import reference
 from metalserve.executor.attention.base import AttentionBackend, AttentionCall, LayerCacheSpec
 from metalserve.executor.attention.cpu import CpuAttention
 from metalserve.executor.attention.metal import KernelAttention
 from metalserve.executor.attention.mlx import MlxAttention
+from metalserve.executor.attention.reference import AttentionOptions
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.step_inputs import StepInputs
-from metalserve.kernels import cpu_attention, reference
-from metalserve.kernels.reference import AttentionOptions
+from metalserve.kernels.cpu import attention as cpu_attention
+from metalserve.kvcache.specs import MLALatent
 from metalserve.platform import Platform
 from tests.models.mla_golden import TINY_MLA
 
 CPU_ONLY = Platform(on_cpu=True, metal=False, numba=True, blas="test")
 MAC = Platform(on_cpu=False, metal=True, numba=True, blas="test", metal_memory=1 << 34)
 RANK, WIDTH, HEADS, BLOCK, SCALE = 32, 40, 4, 8, 0.25
-LATENT = LayerCacheSpec(1, WIDTH, mx.float32, BLOCK, num_blocks=16, value_dim=RANK)
+LATENT = LayerCacheSpec(MLALatent(num_kv_heads=1, head_dim=WIDTH, value_dim=RANK), BLOCK, num_blocks=16)
 OPTIONS = AttentionOptions(scale=SCALE, value_dim=RANK)
 
 

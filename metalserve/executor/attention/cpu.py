@@ -1,5 +1,5 @@
 """The CPU backend (`--attention-backend cpu`): the float32 pool `[2, Hkv, num_slots, D]`, written in
-place through a NumPy view of its MLX buffer and attended by the numba kernel (metalserve/kernels/cpu.py).
+place through a NumPy view of its MLX buffer and attended by the numba kernel (metalserve/kernels/cpu/paged.py).
 The backend owns those views: it makes them when it allocates a pool and again when a pool grows."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 from metalserve.executor.attention.base import AttentionBackend, AttentionCall, LayerCacheSpec
 from metalserve.executor.attention.mlx import zeros_pool
 from metalserve.executor.step_inputs import StepInputs
-from metalserve.kernels.cpu import CpuStepPlan, build_cpu_plan, cpu_paged_attention, host_view
+from metalserve.kernels.cpu.paged import CpuStepPlan, build_cpu_plan, cpu_paged_attention, host_view
 
 
 @dataclass
@@ -32,7 +32,7 @@ class HostKV:
 
 class CpuAttention(AttentionBackend[HostKV, CpuStepPlan]):
     name = "cpu"
-    description = "the numba CPU kernel (metalserve/kernels/cpu_attention.py)"
+    description = "the numba CPU kernel (metalserve/kernels/cpu/attention.py)"
 
     def allocate(self, spec: LayerCacheSpec) -> HostKV:
         if spec.dtype != mx.float32:

@@ -19,7 +19,7 @@ from metalserve.executor.host.forward import HostForward
 from metalserve.executor.host.linear import HOST_LINEAR_MAX_TOKENS, HostLinear, host_codes
 from metalserve.executor.host.mlp import HostSwiGLUMLP, is_swiglu_mlp
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.kernels.affine_codes import AffineCodes
+from metalserve.kernels.cpu.affine_codes import AffineCodes
 
 # The projections a layer's codes feed: (outer module's attribute, inner module's attribute), each with
 # the loader's module paths whose codes it fuses, in order.
@@ -84,7 +84,7 @@ class HostCompute:
         """`[S, hidden]` float32 rows -> their logits, through NumPy (from the head's codes in small steps)."""
         assert self.head is not None
         if self.head_codes is not None and rows.shape[0] <= HOST_LINEAR_MAX_TOKENS:
-            from metalserve.kernels.cpu_affine_linear import affine_linear
+            from metalserve.kernels.cpu.affine_linear import affine_linear
 
             return affine_linear(rows, self.head_codes)
         return rows @ self.head.T

@@ -2,8 +2,8 @@
 
 A decode step of the default model ran some ten MLX ops per layer between its host kernels (norms,
 residual adds, RoPE, reshapes), each costing 20-90 us of dispatch and a sync: a third of the step at
-batch 1. Here every layer runs in one numba call (`kernels/cpu_decoder.py`) over the layers' weights
-stacked once: the projections read their stored codes (`cpu_affine_linear`), attention is the CPU path's
+batch 1. Here every layer runs in one numba call (`kernels/cpu/decoder.py`) over the layers' weights
+stacked once: the projections read their stored codes (`kernels/cpu/affine_linear.py`), attention is the CPU path's
 kernel on the same pool views. It reads the same weights as the MLX modules and is checked against
 mlx-lm's generation token for token.
 
@@ -20,14 +20,14 @@ import mlx.nn as nn
 import numpy as np
 
 from metalserve.executor.attention.cpu import HostKV
+from metalserve.executor.attention.reference import AttentionOptions
 from metalserve.executor.context import ForwardContext
 from metalserve.executor.host.linear import HostLinear
 from metalserve.executor.host.mlp import HostSwiGLUMLP
 from metalserve.executor.models.paged_attention import PagedAttention
-from metalserve.kernels.affine_codes import AffineCodes
-from metalserve.kernels.cpu import CpuStepPlan
-from metalserve.kernels.decoder_weights import DecoderShape, DecoderWeights, StackedLinear
-from metalserve.kernels.reference import AttentionOptions
+from metalserve.kernels.cpu.affine_codes import AffineCodes
+from metalserve.kernels.cpu.decoder_weights import DecoderShape, DecoderWeights, StackedLinear
+from metalserve.kernels.cpu.paged import CpuStepPlan
 
 # The decoder blocks whose __call__ is `h = x + attn(norm1(x)); out = h + mlp(norm2(h))`.
 PRE_NORM_BLOCKS = {
@@ -49,7 +49,7 @@ class HostNorm:
         return HostNorm(np.asarray(norm.weight), float(norm.eps))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        from metalserve.kernels.cpu_layer_ops import rms_norm
+        from metalserve.kernels.cpu.layer_ops import rms_norm
 
         return rms_norm(x, self.weight, self.eps)
 
@@ -94,7 +94,7 @@ def _host_layer(block: nn.Module) -> HostLayer | None:
     input_norm, post_norm = norms
     if input_norm is None or post_norm is None or None in head_norms:
         return None
-    from metalserve.kernels.cpu_layer_ops import rope_inverse_frequencies
+    from metalserve.kernels.cpu.layer_ops import rope_inverse_frequencies
 
     return HostLayer(
         input_norm=input_norm, post_attention_norm=post_norm, qkv=qkv, o=o, gate_up=gate_up,
@@ -187,7 +187,7 @@ class HostForward:
 
     def __call__(self, token_ids: np.ndarray, ctx: ForwardContext) -> np.ndarray:
         """`[T]` token ids -> the final-normed hidden states `[T, hidden]` float32."""
-        from metalserve.kernels.cpu_decoder import decoder_layers
+        from metalserve.kernels.cpu.decoder import decoder_layers
 
         pools = tuple(kv.host for kv in ctx.kv)
         h = decoder_layers(self.embedding[token_ids], self.weights, self.shape, pools, ctx.metadata)

@@ -1,7 +1,7 @@
 """A dense linear layer that, for steps of a few tokens, multiplies on the host from its stored codes.
 
 For MLX's CPU backend only. Prefill-sized steps keep MLX's matmul on the fp32 weights (MKL); a step of at
-most `max_tokens` tokens runs `metalserve.kernels.cpu_affine_linear`, which reads a quarter of the bytes.
+most `max_tokens` tokens runs `metalserve.kernels.cpu.affine_linear`, which reads a quarter of the bytes.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from metalserve.kernels.affine_codes import AffineCodes
+from metalserve.kernels.cpu.affine_codes import AffineCodes
 
 # bench/affine_linear.py, over the default model's projections: the codes kernel beat MKL's fp32 matmul
 # 4x at 1 token, 3x at 8, 2x at 32, 1.5x at 64, 1.1x at 256, and tied at 512. Whole prefill steps on the
@@ -36,7 +36,7 @@ class HostLinear(nn.Module):
 
     def host(self, x: np.ndarray) -> np.ndarray:
         """`[T, in]` float32 -> `[T, out]` from the codes (plus the bias), whatever `T`."""
-        from metalserve.kernels.cpu_affine_linear import affine_linear
+        from metalserve.kernels.cpu.affine_linear import affine_linear
 
         out = affine_linear(x, self.codes)
         if "bias" in self.inner:

@@ -1,7 +1,7 @@
 """mlx-lm's gated MLP with its gate and up projections fused and its activation on the host.
 
 For MLX's CPU backend only: the projections stay MLX matmuls (one for gate and up together), the
-SwiGLU runs in `metalserve.kernels.cpu_swiglu`, whose exp is vectorised where MLX's is not.
+SwiGLU runs in `metalserve.kernels.cpu.swiglu`, whose exp is vectorised where MLX's is not.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class HostSwiGLUMLP(nn.Module):
                 inner.pop(name)
 
     def __call__(self, x: mx.array) -> mx.array:
-        from metalserve.kernels.cpu_swiglu import swiglu
+        from metalserve.kernels.cpu.swiglu import swiglu
 
         if self.gate_up_proj is None:
             return self.inner(x)

@@ -16,8 +16,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from metalserve.executor.attention.base import AttentionCall
+from metalserve.executor.attention.reference import AttentionOptions
 from metalserve.executor.context import current_context
-from metalserve.kernels.reference import AttentionOptions
 
 
 def _first_attr(module: Any, names: tuple[str, ...]) -> str | None:

@@ -17,9 +17,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from metalserve.executor.attention.base import AttentionCall
+from metalserve.executor.attention.reference import AttentionOptions
 from metalserve.executor.context import current_context
 from metalserve.executor.models.fused_linear import fuse_linears
-from metalserve.kernels.reference import AttentionOptions
 
 _MLA_PARTS = ("kv_a_proj_with_mqa", "kv_a_layernorm", "o_proj", "rope", "kv_lora_rank")
 

@@ -17,10 +17,10 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from metalserve.executor.attention.base import AttentionCall
+from metalserve.executor.attention.reference import AttentionOptions
 from metalserve.executor.context import current_context
 from metalserve.executor.models.attention_traits import AttentionTraits
 from metalserve.executor.models.fused_linear import fuse_linears
-from metalserve.kernels.reference import AttentionOptions
 
 # Flags some backbones read off the attention module to pick a layer's mask (exaone4: `is_local`).
 _FLAGS_BACKBONES_READ = ("is_local", "is_sliding", "use_sliding_window")

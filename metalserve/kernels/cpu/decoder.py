@@ -1,0 +1,144 @@
+"""Every decoder layer of a llama-family model in one numba call, for the host forward's small steps.
+
+Run layer by layer from Python, a batch-1 step of the default model made some 330 kernel calls, each
+paying Python glue, argument typing and an allocation: about a quarter of the step beside 17 ms of
+matmuls. Here the same kernels (codes matmul, RMSNorm, RoPE, paged attention, SwiGLU) are called from
+compiled code, so a step crosses from Python into numba once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numba
+import numpy as np
+
+from metalserve.kernels.cpu import affine_linear as cpu_affine_linear
+from metalserve.kernels.cpu import attention as cpu_attention
+from metalserve.kernels.cpu import layer_ops as cpu_layer_ops
+from metalserve.kernels.cpu import swiglu as cpu_swiglu
+from metalserve.kernels.cpu.affine_linear import _affine_linear_kernel
+from metalserve.kernels.cpu.attention import _attention_kernel
+from metalserve.kernels.cpu.layer_ops import _rms_norm_kernel, _rope_kernel
+from metalserve.kernels.cpu.numba_lock import launch_lock
+from metalserve.kernels.cpu.swiglu import _swiglu_kernel
+
+if TYPE_CHECKING:
+    from metalserve.kernels.cpu.decoder_weights import DecoderShape, DecoderWeights
+    from metalserve.kernels.cpu.paged import CpuStepPlan
+
+
+def kernel_sources_digest() -> str:
+    """A hash of the files whose kernels the decoder calls.
+
+    numba keys a cached function on its own bytecode and closure, not on the jitted functions it calls
+    from other files: after an edit there, a cached decoder would still run the old kernel. Each function
+    below closes over this digest, so such an edit is a cache miss instead.
+    """
+    digest = hashlib.sha256()
+    for module in (cpu_affine_linear, cpu_attention, cpu_layer_ops, cpu_swiglu):
+        digest.update(Path(str(module.__file__)).read_bytes())
+    return digest.hexdigest()
+
+
+def _jit() -> Any:
+    return numba.njit(fastmath=True, cache=True, nogil=True)
+
+
+def _compile_ops(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatchers
+    """The projection and the q/k head norm the layers call."""
+    jit = _jit()
+
+    @jit
+    def linear(x, weight, layer, chunks):  # noqa: ANN001, ANN202  (numba infers the types)
+        kernels_digest  # noqa: B018  (a closure cell: part of numba's cache key)
+        out = np.empty((x.shape[0], weight.codes.shape[1]), np.float32)
+        _affine_linear_kernel(x, weight.codes[layer], weight.scales[layer], weight.biases[layer], chunks, out)
+        bias = weight.bias[layer]
+        for t in range(out.shape[0]):
+            for c in range(out.shape[1]):
+                out[t, c] += bias[c]
+        return out
+
+    @jit
+    def head_norm(x, weight, eps):  # noqa: ANN001, ANN202
+        kernels_digest  # noqa: B018  (a closure cell: part of numba's cache key)
+        flat = x.reshape(-1, x.shape[-1])
+        out = np.empty_like(flat)
+        _rms_norm_kernel(flat, weight, eps, out)
+        return out.reshape(x.shape)
+
+    return linear, head_norm
+
+
+def _compile_layers(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatchers
+    """One layer's attention block, and every layer of the decoder."""
+    jit = _jit()
+
+    @jit
+    def attention(x, w, shape, layer, pools, plan, chunks):  # noqa: ANN001, ANN202
+        kernels_digest  # noqa: B018  (a closure cell: part of numba's cache key)
+        tokens = x.shape[0]
+        hq, hkv, d = shape.n_heads, shape.n_kv_heads, shape.head_dim
+        qkv = _linear(x, w.qkv, layer, chunks)
+        q = np.ascontiguousarray(qkv[:, : hq * d]).reshape(tokens, hq, d)
+        k = np.ascontiguousarray(qkv[:, hq * d : (hq + hkv) * d]).reshape(tokens, hkv, d)
+        v = qkv[:, (hq + hkv) * d :]
+        if shape.head_norms:
+            q = _head_norm(q, w.q_norm[layer], np.float32(shape.head_norm_eps))
+            k = _head_norm(k, w.k_norm[layer], np.float32(shape.head_norm_eps))
+        _rope_kernel(q, plan.row_pos, w.rope_inv_freq, np.float32(shape.rope_scale))
+        _rope_kernel(k, plan.row_pos, w.rope_inv_freq, np.float32(shape.rope_scale))
+        pool = pools[layer]
+        for t in range(tokens):  # this step's K and V into their slots
+            slot = plan.slot_mapping[t]
+            for h in range(hkv):
+                for c in range(d):
+                    pool[0, h, slot, c] = k[t, h, c]
+                    pool[1, h, slot, c] = v[t, h * d + c]
+        out = np.empty((tokens, hq, d), np.float32)
+        no_sinks = np.zeros(hq, np.float32)
+        _attention_kernel(
+            q, pool, plan.block_tables, plan.row_req, plan.row_pos, plan.block_size,
+            np.float32(shape.attention_scale), w.sliding_windows[layer], np.float32(shape.softcap), no_sinks,
+            False, out,
+        )  # fmt: skip
+        return _linear(out.reshape(tokens, hq * d), w.o, layer, chunks)
+
+    @jit
+    def decoder(h, w, shape, pools, plan, chunks):  # noqa: ANN001, ANN202
+        kernels_digest  # noqa: B018  (a closure cell: part of numba's cache key)
+        eps = np.float32(shape.norm_eps)
+        x = np.empty_like(h)
+        for layer in range(w.input_norm.shape[0]):
+            _rms_norm_kernel(h, w.input_norm[layer], eps, x)
+            h += _attention(x, w, shape, layer, pools, plan, chunks)
+            _rms_norm_kernel(h, w.post_attention_norm[layer], eps, x)
+            gate_up = _linear(x, w.gate_up, layer, chunks)
+            hidden = np.empty((h.shape[0], gate_up.shape[1] // 2), np.float32)
+            _swiglu_kernel(gate_up, hidden)
+            h += _linear(hidden, w.down, layer, chunks)
+        return h
+
+    return attention, decoder
+
+
+# Module globals, which the functions above call by name (a closure cell holding a dispatcher would not
+# pickle the same way twice, and so would miss the cache every time).
+_DIGEST = kernel_sources_digest()
+_linear, _head_norm = _compile_ops(_DIGEST)
+_attention, _decoder_layers = _compile_layers(_DIGEST)
+
+
+def decoder_layers(
+    h: np.ndarray, weights: DecoderWeights, shape: DecoderShape, pools: tuple[np.ndarray, ...], plan: CpuStepPlan
+) -> np.ndarray:
+    """Run every layer over `h` `[T, hidden]` float32 (updated in place and returned), writing each
+    layer's K/V into `pools[layer]` `[2, Hkv, num_slots, D]` and attending over them."""
+    if h.dtype != np.float32 or not h.flags.c_contiguous or len(pools) != weights.input_norm.shape[0]:
+        raise ValueError(f"decoder_layers takes contiguous [T, hidden] float32 and one pool per layer, got {h.shape}")
+    with launch_lock:
+        chunks = numba.get_num_threads() * 8  # several per thread even out a core that is busy elsewhere
+        return _decoder_layers(h, weights, shape, pools, plan, chunks)

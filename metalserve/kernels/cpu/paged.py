@@ -1,0 +1,65 @@
+"""The CPU attention path: the portable pool, written in place from the host, attended by a numba kernel.
+
+Each layer evaluates its q, k and v, writes k and v into the pool through a NumPy view of the pool's
+own MLX buffer (MLX documents that such a view shares memory) and attends every query row, decode or
+prefill, with `attention.attend_rows`. MLX itself never reads the pool on this path.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import mlx.core as mx
+import numpy as np
+
+from metalserve.executor.attention.reference import AttentionOptions
+from metalserve.kernels.cpu import attention as cpu_attention
+
+
+class CpuStepPlan(NamedTuple):
+    """The host arrays of one step: where each token's K/V goes, and each query row's request and position.
+    A NamedTuple, so the one-call host decoder (decoder.py) takes it as it is."""
+
+    slot_mapping: np.ndarray  # [T]
+    block_tables: np.ndarray  # [R, width] int32
+    row_req: np.ndarray  # [T] int32
+    row_pos: np.ndarray  # [T] int32
+    block_size: int
+
+
+def build_cpu_plan(
+    block_tables: np.ndarray,
+    cu_seqlens_q: np.ndarray,
+    seq_lens: np.ndarray,
+    slot_mapping: np.ndarray,
+    block_size: int,
+) -> CpuStepPlan:
+    """`block_tables`: `[R, width]`, each request's block ids padded (StepInputs.padded_block_tables)."""
+    row_req, row_pos = cpu_attention.query_rows(cu_seqlens_q, seq_lens)
+    return CpuStepPlan(np.asarray(slot_mapping), np.asarray(block_tables, np.int32), row_req, row_pos, block_size)
+
+
+def host_view(pool: mx.array) -> np.ndarray:
+    """A writable NumPy array over the pool's own buffer (no copy)."""
+    mx.eval(pool)
+    view = np.asarray(pool)
+    if not view.flags.writeable or view.dtype != np.float32:
+        writeable = view.flags.writeable
+        raise RuntimeError(f"the CPU path needs a writable float32 pool, got {view.dtype} (writeable={writeable})")
+    return view
+
+
+def cpu_paged_attention(
+    q: mx.array, k: mx.array, v: mx.array | None, view: np.ndarray, step: CpuStepPlan, opts: AttentionOptions
+) -> mx.array:
+    """Write this step's K/V and attend every query row: `[T, Hq, D]` like the portable path (`v` None:
+    MLA's latent pool, `[T, Hq, opts.value_dim]`)."""
+    mx.eval(q, k, *([] if v is None else [v]))
+    cpu_attention.write_kv(view, np.asarray(k), None if v is None else np.asarray(v), step.slot_mapping)
+    sinks = None if opts.sinks is None else np.asarray(opts.sinks.astype(mx.float32))
+    out = cpu_attention.attend_rows(
+        np.asarray(q), view, step.block_tables, step.row_req, step.row_pos, block_size=step.block_size,
+        scale=opts.scale, sliding_window=opts.sliding_window, softcap=opts.softcap, sinks=sinks,
+        value_dim=opts.value_dim,
+    )  # fmt: skip
+    return mx.array(out)

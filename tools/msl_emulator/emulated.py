@@ -1,0 +1,30 @@
+"""The contract's attention function computed by the Metal kernel's exact source on the CPU emulator."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from metalserve.kernels.metal.paged import PagedArgs, run_paged_attention
+from tools.msl_emulator import emulate
+
+
+def emulated_paged_attention(
+    q: mx.array,
+    k_pool: mx.array,
+    v_pool: mx.array,
+    block_tables: mx.array,
+    cu_seqlens_q: mx.array,
+    seq_lens: mx.array,
+    *,
+    block_size: int,
+    scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    sinks: mx.array | None = None,
+    partition_size: int | None = None,
+    kernel: str = "auto",
+) -> mx.array:
+    """Same signature as reference.paged_attention; slow (every GPU thread is a CPU fiber)."""
+    args = PagedArgs(q, k_pool, v_pool, block_tables, cu_seqlens_q, seq_lens, block_size, scale,
+                     sliding_window, softcap, sinks)
+    return run_paged_attention(args, emulate, partition_size, kernel)
