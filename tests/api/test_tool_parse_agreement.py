@@ -68,6 +68,7 @@ CALLS: dict[str, list[str]] = {
     ],
 }
 CALLS["qwen"] = CALLS["hermes"]
+CALLS["generic"] = CALLS["hermes"]  # the generic tool prompt's parser reads the Hermes block
 TEXTS = ["Hello", " ", "\n", "text before ", " text after", "a{b}c", "<", "[", "{"]
 
 
