@@ -30,6 +30,9 @@ SERVE_OPTIONS = {
     # Issue 28's bounds: grammar size, compile time and cache; the Responses store's bytes; body arrival.
     "--max-grammar-bytes", "--grammar-compile-timeout", "--grammar-cache-bytes", "--responses-store-bytes",
     "--request-body-timeout",
+    # Issue 27's: a longer context on request, the output cap for requests without one, the generic tool prompt.
+    "--hf-overrides", "--allow-long-max-model-len", "--default-max-tokens", "--generic-tool-prompt",
+    "--no-generic-tool-prompt",
 }  # fmt: skip
 
 
@@ -61,6 +64,8 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         "--responses-store-size", "3", "--enable-auto-tool-choice", "--graceful-shutdown-timeout", "4",
         "--max-request-body-bytes", "2048", "--allowed-origins", '["http://a.example"]', "--allow-credentials",
         "--allowed-methods", '["GET", "POST"]', "--allowed-headers", '["x-h"]',
+        "--hf-overrides", '{"rope_scaling": {"rope_type": "linear", "factor": 2.0}}', "--allow-long-max-model-len",
+        "--default-max-tokens", "77", "--no-generic-tool-prompt",
     ]  # fmt: skip
     config, settings = config_from_args(_parser().parse_args(argv))
     assert config == EngineConfig(
@@ -69,12 +74,14 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         scheduling_policy="priority", gpu_memory_utilization=0.75, kv_cache_memory=123456, weights="quantized",
         attention_backend="mlx", chat_template="{{ messages[0].content }}", tool_call_parser="hermes", seed=9,
         pipeline_step_timeout=5.5, speculative_config=SpeculativeConfig("ngram", 3, 1, 5),
+        hf_overrides={"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, allow_long_max_model_len=True,
     )  # fmt: skip
     assert settings == ServerSettings(
         host="0.0.0.0", port=9001, api_key="k", served_model_name="served", log_stats_interval=2.5,
         tool_call_parser="hermes", reasoning_parser="qwen3", responses_store_size=3, enable_auto_tool_choice=True,
         graceful_shutdown_timeout=4.0, max_request_body_bytes=2048, allowed_origins=("http://a.example",),
         allow_credentials=True, allowed_methods=("GET", "POST"), allowed_headers=("x-h",),
+        default_max_tokens=77, generic_tool_prompt=False,
     )  # fmt: skip
     # Pipeline flags cannot combine with speculation, so they get a command line of their own.
     config, _ = config_from_args(_parser().parse_args(["-pp", "2", "--pipeline-layer-partition", "10,20"]))
@@ -92,6 +99,8 @@ def test_a_flag_value_that_cannot_work_is_a_clear_error(capsys: pytest.CaptureFi
     assert "--allowed-origins takes a JSON list of strings" in capsys.readouterr().err
     assert main(["serve", "--allowed-methods", "not json"]) == 1
     assert "--allowed-methods takes a JSON list of strings" in capsys.readouterr().err
+    assert main(["serve", "--hf-overrides", "[1]"]) == 1
+    assert "--hf-overrides takes a JSON object" in capsys.readouterr().err
     assert main(["serve", "--pipeline-layer-partition", "1,x", "-pp", "2"]) == 1
     assert "--pipeline-layer-partition takes comma-separated layer counts" in capsys.readouterr().err
     with pytest.raises(SystemExit):
