@@ -83,7 +83,10 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     if engine.observer is None:
         engine.observer = metrics
     ctx = ServingContext(
-        engine, settings.served_model_name or engine.model_name, default_max_tokens=settings.default_max_tokens
+        engine,
+        settings.served_model_name or engine.model_name,
+        settings.image_limits(),
+        default_max_tokens=settings.default_max_tokens,
     )
     parser = get_tool_parser(settings.tool_call_parser) if settings.tool_call_parser else None
     reasoning = get_reasoning_parser(settings.reasoning_parser) if settings.reasoning_parser else None
@@ -194,7 +197,7 @@ def _add_token_routes(app: FastAPI, ctx: ServingContext, chat: ChatServing) -> N
         ctx.check_model(body.model)
         if body.messages is not None:
             req = ChatCompletionRequest(messages=body.messages, add_generation_prompt=body.add_generation_prompt)
-            tokens = await chat.render_off_loop(req)
+            tokens = (await chat.render_off_loop(req)).token_ids
         else:
             text = body.prompt or ""
             tokens = await ctx.off_loop(

@@ -109,10 +109,6 @@ def log_client_error(path: str, exc: OpenAIError) -> None:
         logger.info("%d on %s: %s%s", exc.status, path, exc.message, f" (param {exc.param})" if exc.param else "")
 
 
-def error_response(exc: OpenAIError) -> JSONResponse:
-    return JSONResponse(exc.to_dict(), status_code=exc.status, headers=retry_headers(exc.status))
-
-
 ErrorRenderer = Callable[[OpenAIError], dict[str, Any]]
 
 

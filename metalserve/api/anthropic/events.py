@@ -112,13 +112,13 @@ async def message_events(
             if item is None:
                 if not started:  # still prefilling: the cached share is told by message_delta's usage
                     started = True
-                    yield sse("message_start", {"message": message_shell(model, usage(len(gen.prompt), 0, 0))})
+                    yield sse("message_start", {"message": message_shell(gen.request_id, model, usage(len(gen.prompt), 0, 0))})
                 yield sse("ping", {})
                 continue
             delta = parser.feed(item[1])
             if not started:  # after the first output, so the usage knows the cached prompt tokens
                 started = True
-                yield sse("message_start", {"message": message_shell(model, _usage(delta, 0))})
+                yield sse("message_start", {"message": message_shell(gen.request_id, model, _usage(delta, 0))})
                 yield sse("ping", {})
             for seg in segments(delta):
                 for event in blocks.add(seg):
