@@ -112,7 +112,8 @@ async def message_events(
             if item is None:
                 if not started:  # still prefilling: the cached share is told by message_delta's usage
                     started = True
-                    yield sse("message_start", {"message": message_shell(gen.request_id, model, usage(len(gen.prompt), 0, 0))})
+                    shell = message_shell(gen.request_id, model, usage(len(gen.prompt), 0, 0))
+                    yield sse("message_start", {"message": shell})
                 yield sse("ping", {})
                 continue
             delta = parser.feed(item[1])
