@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint typecheck clean agents
+.PHONY: serve test lint typecheck clean browser agents
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ agents: $(AGENTS_DIR)/.installed
 $(AGENTS_DIR)/.installed:
 	npm install --prefix $(AGENTS_DIR) --no-audit --no-fund @anthropic-ai/claude-code @openai/codex
 	touch $(AGENTS_DIR)/.installed
+
+# The browser test's headless Chromium (tests/browser/; skipped where it is absent). Debian/Ubuntu, as root.
+browser:
+	apt-get update
+	apt-get install -y --no-install-recommends chromium chromium-driver
 
 clean:
 	rm -rf $(VENV)
