@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from metalserve.kvcache.hashing import BlockHash
+from metalserve.outputs import TokenLogprob
 from metalserve.sampling_params import SamplingParams
 
 
@@ -76,6 +77,13 @@ class Request:
     structured: StructuredState | None = field(default=None, repr=False)
     # Speculative decoding: drafts the runner proposed after the last step, to verify in the next one.
     spec_token_ids: list[int] = field(default_factory=list, repr=False)
+    # sampling_params.prompt_logprobs: the prompt tokens' logprobs so far (entry i: token i; the first
+    # None), handed out with the first output; None when not asked for, or once handed out.
+    prompt_logprobs: list[TokenLogprob | None] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.sampling_params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None]
 
     @property
     def num_prompt_tokens(self) -> int:

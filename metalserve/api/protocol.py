@@ -159,6 +159,9 @@ class CompletionRequest(_SamplingRequest):
     prompt: PromptType
     max_tokens: int | None = Field(default=16, ge=1)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    # vLLM's field: each prompt token's logprob and top-k (with `echo` and `logprobs`, the OpenAI legacy
+    # form puts them in front of the completion's logprobs instead).
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = Field(default=None, ge=1)

@@ -13,6 +13,7 @@ from metalserve.executor.attention.mlx import MlxAttention
 from metalserve.executor.context import ForwardContext, GroupStep, forward_context
 from metalserve.executor.group_tables import GroupTables, group_step
 from metalserve.executor.input_batch import CachedRequestState
+from metalserve.executor.logprobs import prompt_logprobs
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.state_cache import RecurrentStates
 from metalserve.executor.step_inputs import StepInputs, pack_step
@@ -153,7 +154,8 @@ class ModelRunner:
         with forward_context(self._context(step)):
             logits = self.model(step.token_ids, step.logits_indices)
         sampling = [self.requests[step.request_ids[i]] for i in step.sampling_rows]
-        windows = self._sample(logits, sampling, drafts)
+        prompt = prompt_logprobs(logits[step.num_sampling_logits :], step, self.requests) if step.prompt_rows else {}
+        windows = self._sample(logits[: step.num_sampling_logits] if step.prompt_rows else logits, sampling, drafts)
         # Evaluate the pools with the logits so the scatters run now and release the old buffers.
         mx.eval(self._kv_arrays())
         sampled: dict[str, list[int]] = {rid: [] for rid in step.request_ids}
@@ -171,7 +173,8 @@ class ModelRunner:
                 state.num_computed_tokens -= num_rejected(num_drafted, len(window.token_ids))
                 self.drafting.record_window(rid, num_drafted, len(window.token_ids) - 1)
         spec = self._propose(sampling, step, time.perf_counter() - started, drafts) if self.proposer else {}
-        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, spec_token_ids=spec)
+        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, spec_token_ids=spec,
+                                 prompt_logprobs=prompt)  # fmt: skip
 
     def _propose(
         self, sampling: list[CachedRequestState], step: StepInputs, seconds: float, drafts: dict[str, list[int]]
