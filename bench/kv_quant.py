@@ -6,8 +6,8 @@ TPOT and prefill time at a 4k context. Every dtype runs in this one process, one
     .venv/bin/python bench/kv_quant.py            # the full table (a few minutes on 2 cores)
     .venv/bin/python bench/kv_quant.py --quick    # fewer windows, prompts and steps
 
-Attention: `auto` takes the Platform's backend (the numba kernel on the CPU path); int8 and q4 pages are
-read by the MLX-ops backend here, so `auto` is also measured on MLX ops for a like-for-like TPOT.
+Attention: `--attention-backend auto` for every dtype (the numba kernel on the CPU path, which reads int8
+and q4 pages too); `auto` pages are also measured on MLX ops, for a second backend's TPOT.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class Row:
     prefill_s: float = math.nan
     tpot_ms: float = math.nan
     bytes_per_block: int = 0
+    backend: str = ""
 
 
 def engine(storage: str, backend: str, max_model_len: int) -> tuple[EngineCore, LoadedModel]:
@@ -114,6 +115,7 @@ def main() -> None:
         row.agreement = sum(a == b for a, b in zip(outs, agreement_ref, strict=True)) / len(outs)
         row.tokens_per_gib = tokens_per_gib(core.runner.spec)
         row.bytes_per_block = core.runner.spec.bytes_per_block
+        row.backend = core.runner.backend.name
         tensors = core.runner.spec.tensors
         if args.context:
             row.prefill_s, row.tpot_ms = long_context(core, ids, args.context, steps)
@@ -138,7 +140,7 @@ def main() -> None:
     for storage in STORAGES:
         r = rows[storage]
         ratio16 = tokens_per_gib(fp16[storage]) / tokens_per_gib(fp16["auto"])
-        backend = "numba (auto)" if storage == "auto" else "MLX ops"
+        backend = r.backend
         print(f"| {storage} | {backend} | {r.ppl:.3f} | {100 * (r.ppl / base.ppl - 1):+.2f}% | "
               f"{100 * r.agreement:.0f}% | {r.tokens_per_gib:,.0f} | {ratio16:.2f}x | {r.prefill_s:.1f} | "
               f"{r.tpot_ms:.1f} |")  # fmt: skip
