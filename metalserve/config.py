@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from metalserve.distributed.partition import parse_partition
 from metalserve.flags import flag
@@ -18,9 +18,8 @@ from metalserve.spec_decode.config import SpeculativeConfig
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 WeightsMode = Literal["auto", "dequantize", "quantized"]
-# --attention-backend: "mlx" is the MLX-ops backend; "reference", its old name, is a deprecated alias.
-AttentionBackendName = Literal["auto", "metal", "cpu", "mlx", "reference"]
-ATTENTION_BACKEND_NAMES: tuple[str, ...] = ("auto", "metal", "cpu", "mlx", "reference")
+AttentionBackendName = Literal["auto", "metal", "cpu", "mlx"]  # mlx: the MLX-ops backend
+ATTENTION_BACKEND_NAMES: tuple[str, ...] = get_args(AttentionBackendName)
 
 
 
@@ -72,8 +71,7 @@ class EngineConfig:
     weights: WeightsMode = flag("auto", "quantized weights: keep them packed, or dequantize (auto: by size)")
     dequantize_max_bytes: int = 4 * 1024**3  # "auto": dequantize to fp32 only below this size
     attention_backend: AttentionBackendName = flag(
-        "auto", "auto, metal (the Metal kernel), cpu (the numba kernel) or mlx (MLX ops; 'reference' is its "
-        "deprecated old name)"
+        "auto", "auto, metal (the Metal kernel), cpu (the numba kernel) or mlx (MLX ops)"
     )
     chat_template: str | None = flag(None, "a Jinja chat template, or a file holding one", parse=_chat_template)
     tool_call_parser: str | None = None  # the flag is ServerSettings' (api/settings.py)
@@ -128,5 +126,8 @@ class EngineConfig:
         if self.pipeline_parallel_size > 1 and self.speculative_config is not None:
             # Pipeline stages run one step's tokens and return no drafts: say so rather than not speculate.
             raise ConfigError("--speculative-config does not work with --pipeline-parallel-size > 1 yet")
+        if self.attention_backend not in ATTENTION_BACKEND_NAMES:
+            names = ", ".join(ATTENTION_BACKEND_NAMES)
+            raise ConfigError(f"--attention-backend must be one of {names}, got {self.attention_backend!r}")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ConfigError("--scheduling-policy must be 'fcfs' or 'priority'")

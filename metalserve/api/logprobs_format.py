@@ -20,6 +20,11 @@ class TokenText:
         self._tokenizer = tokenizer
         self._cache: dict[int, str] = {}
 
+    def for_request(self, as_token_ids: bool) -> TokenText | TokenIdText:
+        """vLLM's `return_tokens_as_token_ids`: "token_id:N" strings, which name every token exactly
+        (byte tokens that are not whole UTF-8 characters all decode to the same replacement character)."""
+        return TOKEN_ID_TEXT if as_token_ids else self
+
     def __call__(self, token_id: int) -> str:
         text = self._cache.get(token_id)
         if text is None:
@@ -28,7 +33,15 @@ class TokenText:
         return text
 
 
-def chat_logprobs(entries: list[TokenLogprob], top_n: int, text: TokenText) -> list[dict[str, Any]]:
+class TokenIdText:
+    def __call__(self, token_id: int) -> str:
+        return f"token_id:{token_id}"
+
+
+TOKEN_ID_TEXT = TokenIdText()
+
+
+def chat_logprobs(entries: list[TokenLogprob], top_n: int, text: TokenText | TokenIdText) -> list[dict[str, Any]]:
     """The chat API's `logprobs.content` items for these tokens."""
 
     def item(token_id: int, logprob: float) -> dict[str, Any]:
@@ -42,7 +55,7 @@ def chat_logprobs(entries: list[TokenLogprob], top_n: int, text: TokenText) -> l
 
 
 def completion_logprobs(
-    entries: list[TokenLogprob], top_n: int, text: TokenText, offset: int
+    entries: list[TokenLogprob], top_n: int, text: TokenText | TokenIdText, offset: int
 ) -> dict[str, list[Any]]:
     """The completions API's column-wise logprobs; `offset` is where this piece starts in the text."""
     tokens = [text(e.token_id) for e in entries]
@@ -75,7 +88,7 @@ def prompt_logprobs_items(entries: list[TokenLogprob | None], text: TokenText) -
 
 
 def echo_logprobs(
-    prompt: list[int], entries: list[TokenLogprob | None], top_n: int, text: TokenText
+    prompt: list[int], entries: list[TokenLogprob | None], top_n: int, text: TokenText | TokenIdText
 ) -> dict[str, list[Any]]:
     """The OpenAI legacy form of `echo` with `logprobs`: the prompt's tokens as completion logprobs columns
     from offset 0, the first token's logprob and alternatives null."""

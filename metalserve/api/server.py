@@ -19,12 +19,19 @@ from metalserve.api.settings import ServerSettings
 from metalserve.api.shutdown import GracefulServer
 from metalserve.config import EngineConfig, default_token_budget
 from metalserve.engine.async_engine import AsyncEngine
+from metalserve.engine.engine_thread import EngineThread
 from metalserve.flags import add_flags, build, flag_values
 
 logger = logging.getLogger("metalserve.server")
 
 __all__ = [
-    "ServerSettings", "add_cli_args", "config_from_args", "default_token_budget", "run_server", "serve_app"
+    "ServerSettings",
+    "add_cli_args",
+    "config_from_args",
+    "default_token_budget",
+    "run_server",
+    "serve_app",
+    "start_engine",
 ]
 
 
@@ -56,16 +63,26 @@ def default_model_name(config: EngineConfig, source: str) -> str:
 
 def run_server(config: EngineConfig, settings: ServerSettings) -> None:
     """Load the model, start the engine and serve until SIGINT/SIGTERM."""
+    engine = start_engine(config)
+    if settings.tool_call_parser is None and config.tool_call_parser:
+        settings = dataclasses.replace(settings, tool_call_parser=config.tool_call_parser)
+    serve_app(build_app(engine, settings), settings)
+
+
+def start_engine(config: EngineConfig) -> AsyncEngine:
+    """Load the model and build the core on the engine thread, the one that then runs every step: MLX
+    arrays belong to the thread that made them (engine/engine_thread.py)."""
     from metalserve.engine.core import EngineCore  # heavy (MLX); only the real server needs it
 
+    thread = EngineThread()
     watchdog = None
     core: EngineCore
     if config.pipeline_parallel_size > 1:
         from metalserve.distributed.serve import start_pipeline  # on ranks other than 0 it serves and exits
 
-        core, loaded, watchdog = start_pipeline(config)
+        core, loaded, watchdog = thread.call(start_pipeline, config)
     else:
-        core, loaded = EngineCore.from_config(config)
+        core, loaded = thread.call(EngineCore.from_config, config)
     engine = AsyncEngine(
         core,
         loaded.tokenizer,
@@ -73,12 +90,11 @@ def run_server(config: EngineConfig, settings: ServerSettings) -> None:
         max_model_len=core.max_model_len,  # resolved against the model's context by the core
         eos_token_ids=loaded.eos_token_ids,
         chat_template=loaded.chat_template,
+        thread=thread,
     )
     if watchdog is not None:
         watchdog.on_failure = lambda problem: engine.crash(RuntimeError(problem))
-    if settings.tool_call_parser is None and config.tool_call_parser:
-        settings = dataclasses.replace(settings, tool_call_parser=config.tool_call_parser)
-    serve_app(build_app(engine, settings), settings)
+    return engine
 
 
 def serve_app(app: FastAPI, settings: ServerSettings) -> None:

@@ -87,8 +87,10 @@ def tool_call_delta_json(delta: ToolCallDelta) -> dict[str, Any]:
 
 @dataclass
 class Generation:
-    """A started chat-form request: its prompt, its n engine streams and how their output is split."""
+    """A started chat-form request: its id (the response's, and its engine requests'), its prompt, its n
+    engine streams and how their output is split."""
 
+    request_id: str
     prompt: list[int]
     streams: list[AsyncIterator[RequestOutput]]
     parsing: OutputParsing
@@ -119,10 +121,11 @@ class ChatServing:
         if req.stream:
             return EventSourceResponse(self._stream(req, gen), sep="\n")
         choices = await cancel_on_disconnect(raw, lambda: collect(gen.streams))
-        return JSONResponse(self._response(req, choices, gen.parsing))
+        return JSONResponse(self._response(req, choices, gen))
 
     async def start(self, req: ChatCompletionRequest, id_prefix: str = "chatcmpl") -> Generation:
-        """Check, render and submit the request; errors before any engine work are OpenAIErrors."""
+        """Check, render and submit the request; errors before any engine work are OpenAIErrors.
+        `id_prefix`: the calling API's response id prefix (random_id)."""
         self.ctx.check_model(req.model)
         parse_tools = self._parse_tools(req)
         check_sequence_count(1, req.n)
@@ -143,8 +146,9 @@ class ChatServing:
         if parsing.reasoning is not None and parsing.reasoning.keeps_special_tokens:
             params.skip_special_tokens = False  # its markers are special tokens
         gate_on_reasoning(params, self.reasoning_parser, engine.tokenizer)
-        streams = start_generations(self.ctx, random_id(id_prefix), [prompt], params, req.n, req)
-        return Generation(prompt, streams, parsing)
+        request_id = random_id(id_prefix)
+        streams = start_generations(self.ctx, request_id, prompt, params, req.n, req)
+        return Generation(request_id, prompt, streams, parsing)
 
     def _parsing(
         self, req: ChatCompletionRequest, prompt: list[int], parse_tools: ToolParser | None
@@ -215,17 +219,14 @@ class ChatServing:
             ]
         return message, final.finish_reason
 
-    def _response(
-        self, req: ChatCompletionRequest, choices: list[ChoiceState], parsing: OutputParsing
-    ) -> dict[str, Any]:
+    def _response(self, req: ChatCompletionRequest, choices: list[ChoiceState], gen: Generation) -> dict[str, Any]:
         out = []
         for i, c in enumerate(choices):
-            message, reason = self._message(c, parsing)
+            message, reason = self._message(c, gen.parsing)
             logprobs = None
             if req.logprobs:
-                logprobs = {
-                    "content": chat_logprobs(c.logprobs or [], req.top_logprobs or 0, self.token_text)
-                }
+                text = self.token_text.for_request(req.return_tokens_as_token_ids)
+                logprobs = {"content": chat_logprobs(c.logprobs or [], req.top_logprobs or 0, text)}
             out.append(
                 {
                     "index": i,
@@ -236,7 +237,7 @@ class ChatServing:
                 }
             )
         return {
-            "id": random_id("chatcmpl"),
+            "id": gen.request_id,
             "object": "chat.completion",
             "created": now(),
             "model": self.ctx.served_model_name,
@@ -246,7 +247,7 @@ class ChatServing:
 
     async def _stream(self, req: ChatCompletionRequest, gen: Generation) -> AsyncIterator[dict[str, str]]:
         streams = gen.streams
-        head = {"id": random_id("chatcmpl"), "object": "chat.completion.chunk", "created": now()}
+        head = {"id": gen.request_id, "object": "chat.completion.chunk", "created": now()}
         head["model"] = self.ctx.served_model_name
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         tail = {"usage": None} if include_usage else {}
@@ -282,7 +283,8 @@ class ChatServing:
             delta["tool_calls"] = [tool_call_delta_json(c) for c in d.tool_calls]
         logprobs = None
         if req.logprobs and d.logprobs:
-            logprobs = {"content": chat_logprobs(d.logprobs, req.top_logprobs or 0, self.token_text)}
+            text = self.token_text.for_request(req.return_tokens_as_token_ids)
+            logprobs = {"content": chat_logprobs(d.logprobs, req.top_logprobs or 0, text)}
         if not delta and d.finish_reason is None and logprobs is None:
             return None
         return {

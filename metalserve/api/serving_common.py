@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -11,18 +12,22 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import Request as HTTPRequest
+from starlette.requests import ClientDisconnect
 
 from metalserve.api.errors import OpenAIError, internal_error
 from metalserve.api.protocol import _SamplingRequest
 from metalserve.api.serving_context import ServingContext
 from metalserve.engine.async_engine import ClientTooSlowError, EngineDeadError, RequestOutput
+from metalserve.engine.errors import GrammarFailedError
 from metalserve.outputs import TokenLogprob
 from metalserve.sampling_params import SamplingParams
 
 T = TypeVar("T")
 _DONE = object()
 def random_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+    """A response id in the API's own shape: `chatcmpl-...`, `cmpl-...`; Anthropic's `msg_...` and the
+    Responses API's `resp_...` take an underscore. It is also the engine request id (start_generations)."""
+    return f"{prefix}{'_' if prefix in ('msg', 'resp') else '-'}{uuid.uuid4().hex}"
 
 
 def now() -> int:
@@ -107,28 +112,25 @@ def with_seed(params: SamplingParams, index: int) -> SamplingParams:
     return SamplingParams(**{**params.__dict__, "seed": params.seed + index})
 
 
+def engine_request_ids(response_id: str, n: int) -> list[str]:
+    """The engine request ids of one prompt's `n` samples: the response id itself for one sample, so the
+    server's log lines and aborts name what the client saw; `<id>-<i>` for each of several."""
+    return [response_id] if n == 1 else [f"{response_id}-{i}" for i in range(n)]
+
+
 def start_generations(
     ctx: ServingContext,
-    base_id: str,
-    prompts: list[list[int]],
+    response_id: str,
+    prompt: list[int],
     params: SamplingParams,
     n: int,
     req: _SamplingRequest,
 ) -> list[AsyncIterator[RequestOutput]]:
-    """One engine request per (prompt, sample); the samples of a prompt share it, so its prefix is cached."""
-    streams = []
-    for p, prompt in enumerate(prompts):
-        for i in range(n):
-            streams.append(
-                ctx.engine.generate(
-                    prompt,
-                    with_seed(params, i),
-                    f"{base_id}-{p}-{i}",
-                    priority=req.priority,
-                    cache_salt=req.cache_salt,
-                )
-            )
-    return streams
+    """One engine request per sample; the samples share the prompt, so its prefix is cached."""
+    return [
+        ctx.engine.generate(prompt, with_seed(params, i), rid, priority=req.priority, cache_salt=req.cache_salt)
+        for i, rid in enumerate(engine_request_ids(response_id, n))
+    ]
 
 
 async def merge_streams(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
@@ -169,6 +171,8 @@ def engine_error(exc: Exception) -> OpenAIError:
         return OpenAIError(str(exc), 503)
     if isinstance(exc, ClientTooSlowError):
         return OpenAIError(str(exc), 408)
+    if isinstance(exc, GrammarFailedError):
+        return OpenAIError(str(exc), 500)
     if isinstance(exc, ValueError):  # the core refused the request itself (its messages are ours)
         return OpenAIError(str(exc), 400)
     return internal_error(exc)
@@ -185,12 +189,18 @@ async def cancel_on_disconnect(raw: HTTPRequest, work: Callable[[], Awaitable[T]
                 return
 
     watcher = asyncio.ensure_future(watch())
+    client_gone = False
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        client_gone = task not in done
     finally:
         if not task.done():
             task.cancel()
         watcher.cancel()
+    if client_gone:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise ClientDisconnect()  # answered quietly (errors.py): there is nobody to send an answer to
     return await task
 
 

@@ -61,11 +61,11 @@ class CompletionServing:
         prompts = await self.ctx.off_loop(self._tokenize, items)
         structured, source = completion_structured(req)
         await check_compiles(self.ctx, structured, source)
-        streams = self._start(req, prompts, structured)
+        response_id, streams = self._start(req, prompts, structured)
         if req.stream:
-            return EventSourceResponse(self._stream(req, prompts, streams), sep="\n")
+            return EventSourceResponse(self._stream(req, prompts, response_id, streams), sep="\n")
         choices = await cancel_on_disconnect(raw, lambda: collect(streams))
-        return JSONResponse(self._response(req, prompts, choices))
+        return JSONResponse(self._response(req, prompts, response_id, choices))
 
     @staticmethod
     def _prompt_items(prompt: Any) -> list[Any]:
@@ -86,9 +86,10 @@ class CompletionServing:
 
     def _start(
         self, req: CompletionRequest, prompts: list[list[int]], structured: StructuredOutputsParams | None
-    ) -> list[AsyncIterator[RequestOutput]]:
+    ) -> tuple[str, list[AsyncIterator[RequestOutput]]]:
+        """The response id and one engine stream per (prompt, sample)."""
         engine = self.ctx.engine
-        base_id = random_id("cmpl")
+        response_id = random_id("cmpl")
         streams: list[AsyncIterator[RequestOutput]] = []
         for p, prompt in enumerate(prompts):
             max_tokens = resolve_max_tokens(req.max_tokens, len(prompt), engine.max_model_len)
@@ -97,8 +98,10 @@ class CompletionServing:
             )
             params.structured_outputs = structured
             params.prompt_logprobs = self._prompt_top(req)
-            streams += start_generations(self.ctx, f"{base_id}-{p}", [prompt], params, req.n, req)
-        return streams
+            # One prompt's engine requests are named by the response id itself; several prompts' by `<id>-<p>`.
+            prompt_id = response_id if len(prompts) == 1 else f"{response_id}-{p}"
+            streams += start_generations(self.ctx, prompt_id, prompt, params, req.n, req)
+        return response_id, streams
 
     @staticmethod
     def _prompt_top(req: CompletionRequest) -> int | None:
@@ -121,7 +124,8 @@ class CompletionServing:
             extra["prompt_logprobs"] = prompt_logprobs_items(trimmed, self.token_text)
         echoed = None
         if req.echo and req.logprobs is not None:
-            echoed = echo_logprobs(prompt, entries, req.logprobs, self.token_text)
+            as_text = self.token_text.for_request(req.return_tokens_as_token_ids)
+            echoed = echo_logprobs(prompt, entries, req.logprobs, as_text)
         return echoed, extra
 
     def _echo(self, req: CompletionRequest, prompts: list[list[int]], index: int) -> str:
@@ -130,14 +134,15 @@ class CompletionServing:
         return str(self.ctx.engine.tokenizer.decode(prompts[index // req.n], skip_special_tokens=True))
 
     def _response(
-        self, req: CompletionRequest, prompts: list[list[int]], choices: list[ChoiceState]
+        self, req: CompletionRequest, prompts: list[list[int]], response_id: str, choices: list[ChoiceState]
     ) -> dict[str, Any]:
         out = []
         for i, c in enumerate(choices):
             echo = self._echo(req, prompts, i)
             logprobs = None
             if req.logprobs is not None and c.logprobs is not None:
-                logprobs = completion_logprobs(c.logprobs, req.logprobs, self.token_text, len(echo))
+                text = self.token_text.for_request(req.return_tokens_as_token_ids)
+                logprobs = completion_logprobs(c.logprobs, req.logprobs, text, len(echo))
             echoed, extra = self._prompt_fields(req, prompts[i // req.n], c.prompt_logprobs, i)
             if echoed is not None:
                 logprobs = join_logprobs(echoed, logprobs)
@@ -152,7 +157,7 @@ class CompletionServing:
                 }
             )
         return {
-            "id": random_id("cmpl"),
+            "id": response_id,
             "object": "text_completion",
             "created": now(),
             "model": self.ctx.served_model_name,
@@ -161,9 +166,13 @@ class CompletionServing:
         }
 
     async def _stream(
-        self, req: CompletionRequest, prompts: list[list[int]], streams: list[AsyncIterator[RequestOutput]]
+        self,
+        req: CompletionRequest,
+        prompts: list[list[int]],
+        response_id: str,
+        streams: list[AsyncIterator[RequestOutput]],
     ) -> AsyncIterator[dict[str, str]]:
-        head = {"id": random_id("cmpl"), "object": "text_completion", "created": now()}
+        head = {"id": response_id, "object": "text_completion", "created": now()}
         head["model"] = self.ctx.served_model_name
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         offsets = [0] * len(streams)
@@ -192,7 +201,8 @@ class CompletionServing:
         logprobs = None
         if req.logprobs is not None and out.logprobs:
             start = offset + len(text) - len(out.text)  # the generated text follows the echoed prompt
-            logprobs = completion_logprobs(out.logprobs, req.logprobs, self.token_text, start)
+            as_text = self.token_text.for_request(req.return_tokens_as_token_ids)
+            logprobs = completion_logprobs(out.logprobs, req.logprobs, as_text, start)
         if echoed is not None:
             logprobs = join_logprobs(echoed, logprobs)
         return {

@@ -59,6 +59,20 @@ class ServerSettings:
     responses_store_size: int = flag(
         1000, "responses kept in memory (LRU) for GET /v1/responses/{id} and previous_response_id; 0: none"
     )
+    responses_store_bytes: int = flag(
+        64 * 1024 * 1024, "most bytes (JSON, conversation included) the stored responses hold together; "
+        "the oldest go first"
+    )
+    max_grammar_bytes: int = flag(
+        256 * 1024, "largest structured-output spec (JSON schema, regex, choices, grammar); 400 above it"
+    )
+    grammar_compile_timeout: float = flag(10.0, "seconds a grammar may take to compile; its request gets a 400 past it")
+    grammar_cache_bytes: int = flag(
+        64 * 1024 * 1024, "compiled grammars kept for reuse (LRU, counted by grammar text bytes)"
+    )
+    request_body_timeout: float = flag(
+        30.0, "seconds a request body may take to arrive after its headers (408 past it, connection closed)"
+    )
     enable_auto_tool_choice: bool = flag(
         False, "vLLM's flag: serve tool_choice 'auto' (given, or implied by tools) through --tool-call-parser, "
         "which it needs; without it such requests get a 400. Forced calls (required, named) need neither"
@@ -83,6 +97,12 @@ class ServerSettings:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         if self.responses_store_size < 0:
             raise ValueError("--responses-store-size must be >= 0")
+        if self.responses_store_bytes < 0:
+            raise ValueError("--responses-store-bytes must be >= 0")
+        if self.max_grammar_bytes < 1 or self.grammar_cache_bytes < 0:
+            raise ValueError("--max-grammar-bytes must be >= 1 and --grammar-cache-bytes >= 0")
+        if self.grammar_compile_timeout <= 0 or self.request_body_timeout <= 0:
+            raise ValueError("--grammar-compile-timeout and --request-body-timeout must be > 0")
         if self.log_stats_interval < 0:
             raise ValueError("--log-stats-interval must be >= 0")
         if self.graceful_shutdown_timeout < 0:

@@ -46,7 +46,7 @@ class PipelineEngineCore(EngineCore):
     def _step(self) -> list[EngineCoreOutput]:
         """Schedule and send one step if there is room; else (or when nothing new can run) finish the
         oldest step in flight. Returns the outputs of whatever finished."""
-        self._ensure_stream()
+        self.check_thread()
         outputs: list[EngineCoreOutput] = []
         if len(self.queue) < self.depth:
             so = self.scheduler.schedule()

@@ -1,8 +1,9 @@
 """The asyncio front of the engine: requests in through a command queue, outputs back through queues.
 
-The core is synchronous and slow (a forward takes tens of milliseconds or more), so it runs in a
-worker thread that we own; the event loop only enqueues commands and awaits per-request queues, so
-HTTP stays responsive during a forward. Only the worker thread touches the core.
+The core is synchronous and slow (a forward takes tens of milliseconds or more), so it runs on the
+engine thread (engine_thread.py), the one that loaded the model and built the core; the event loop only
+enqueues commands and awaits per-request queues, so HTTP stays responsive during a forward. Only the
+engine thread touches the core.
 """
 
 from __future__ import annotations
@@ -10,21 +11,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from typing import Any
 
 from metalserve.engine.commands import Abort, Add, Command, Crash, FailAll, Stop
 from metalserve.engine.detokenizer import IncrementalDetokenizer
-from metalserve.engine.errors import ClientTooSlowError, EngineDeadError, EngineDrainingError
+from metalserve.engine.engine_thread import EngineThread
+from metalserve.engine.errors import ClientTooSlowError, EngineDeadError, EngineDrainingError, GrammarFailedError
 from metalserve.engine.protocol import EngineCoreProtocol
 from metalserve.engine.request_output import EngineObserver, IterationStats, RequestOutput
 from metalserve.engine.request_state import RequestState, hand_over, make_output
 from metalserve.outputs import EngineCoreOutput
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
-from metalserve.structured.compiler import GrammarCompiler
+from metalserve.structured.compiler import GrammarCompiler, GrammarError, GrammarLimits
 from metalserve.structured.params import StructuredOutputsParams
 
 __all__ = [
@@ -50,7 +52,10 @@ class AsyncEngine:
         eos_token_ids: frozenset[int] | set[int] | list[int],
         chat_template: str | None = None,
         observer: EngineObserver | None = None,
+        thread: EngineThread | None = None,
     ) -> None:
+        """`thread`: the thread that built `core` (EngineThread.call), where its steps run; None: a new
+        one (for a core that holds no MLX arrays, or whose every array is already evaluated)."""
         self.core = core
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -64,23 +69,27 @@ class AsyncEngine:
         self._commands: queue.Queue[Command] = queue.Queue()
         self._states: dict[str, RequestState] = {}  # worker thread only
         self._active_ids: set[str] = set()  # event loop only
-        self._thread: threading.Thread | None = None
+        self._engine_thread = thread
+        self._owns_thread = thread is None
+        self._loop: Future[None] | None = None  # the step loop's run on the engine thread
         self._grammar: GrammarCompiler | None = None
+        self.grammar_limits = GrammarLimits()  # set by the server before the first grammar compiles
 
     @property
     def is_running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and self.dead_error is None
+        return self._loop is not None and not self._loop.done() and self.dead_error is None
 
     @property
     def num_active_requests(self) -> int:
         return len(self._active_ids)
 
     def start(self) -> None:
-        """Start the worker thread (idempotent)."""
-        if self._thread is not None:
+        """Start the step loop on the engine thread (idempotent)."""
+        if self._loop is not None:
             return
-        self._thread = threading.Thread(target=self._run, name="metalserve-engine-core", daemon=True)
-        self._thread.start()
+        if self._engine_thread is None:
+            self._engine_thread = EngineThread()
+        self._loop = self._engine_thread.submit(self._run)
 
     def begin_drain(self) -> None:
         """Refuse new requests from now on; running ones go on (graceful shutdown)."""
@@ -99,12 +108,15 @@ class AsyncEngine:
         """Stop the worker after its current step; pending requests end with EngineDeadError.
 
         A step that does not end within `timeout` seconds is left behind (the thread is a daemon)."""
-        if self._thread is None:
+        if self._loop is None:
             return
         self._commands.put(Stop())
-        thread, self._thread = self._thread, None
+        loop, self._loop = self._loop, None
         try:
-            await asyncio.wait_for(asyncio.to_thread(thread.join), timeout)
+            await asyncio.wait_for(asyncio.wrap_future(loop), timeout)
+            if self._owns_thread and self._engine_thread is not None:
+                self._engine_thread.close()
+                self._engine_thread = None
         except asyncio.TimeoutError:
             logger.error("the engine's step did not end within %.0f s of shutdown; leaving it", timeout)
 
@@ -180,12 +192,21 @@ class AsyncEngine:
     def grammar(self) -> GrammarCompiler:
         """The grammar compile cache for this tokenizer (made on first use)."""
         if self._grammar is None:
-            self._grammar = GrammarCompiler(self.tokenizer)
+            self._grammar = GrammarCompiler(self.tokenizer, limits=self.grammar_limits)
         return self._grammar
 
     async def check_structured(self, params: StructuredOutputsParams) -> None:
-        """Compile the spec (off the event loop and the engine thread); GrammarError when it is invalid."""
-        await asyncio.wrap_future(self.grammar.submit(params))
+        """Compile the spec (off the event loop and the engine thread); GrammarError when it is invalid
+        or takes longer than the limit to compile (it is then dropped from the cache when it ends)."""
+        future = self.grammar.submit(params)
+        timeout = self.grammar.limits.compile_timeout_s
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)
+        except TimeoutError:
+            self.grammar.forget(params)
+            raise GrammarError(
+                params.kind, f"the grammar did not compile within {timeout:g} s (--grammar-compile-timeout)"
+            ) from None
 
     async def abort(self, request_id: str) -> None:
         """Abort a request (a client went away); its blocks are freed before the next step."""
@@ -254,6 +275,8 @@ class AsyncEngine:
             result: RequestOutput | BaseException
             try:
                 result = make_output(out, state, now, iteration)
+                if out.finish_reason == "error":
+                    result = GrammarFailedError(f"the output could not follow its grammar: {out.stop_reason}")
             except Exception as exc:  # a broken request must not take the engine down
                 logger.exception("output processing failed for %s", out.request_id)
                 result = exc

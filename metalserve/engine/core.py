@@ -38,6 +38,10 @@ BUFFER_CACHE_FRACTION = 0.1
 GRAMMAR_POLL_S = 0.002
 
 
+class WrongThreadError(RuntimeError):
+    """A core stepped on another thread than the one that built it."""
+
+
 class EngineCore:
     """Owns the scheduler (with its KV manager) and the model runner."""
 
@@ -48,7 +52,14 @@ class EngineCore:
         self.runner = runner
         self.max_model_len = max_model_len
         self.platform = current_platform() if platform is None else platform
-        self._stream_thread = threading.get_ident()
+        # MLX arrays belong to the thread that made them (engine_thread.py): steps run where the core was built.
+        self.owner_thread = threading.get_ident()
+        self.weight_bytes = 0  # measured at load (MLX's active memory then, plus host-side codes)
+        self.kv_bytes_per_block = 0
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes by component: the weights (fixed at load) and the KV pool as grown so far."""
+        return {"weights": self.weight_bytes, "kv_pool": len(self.scheduler.kv.pool.blocks) * self.kv_bytes_per_block}
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> tuple[EngineCore, LoadedModel]:
@@ -67,6 +78,7 @@ class EngineCore:
         platform = current_platform()
         max_model_len = resolve_max_model_len(config, loaded.max_model_len)
         model = PagedModel.from_loaded(loaded, platform)
+        weight_bytes = int(mx.get_active_memory()) + model.host_bytes()  # before any KV is allocated
         storage = config.kv_cache_dtype
         try:
             spec = model.get_kv_cache_spec(model.family.page(loaded.model, storage), config.block_size)
@@ -109,7 +121,9 @@ class EngineCore:
             proposer=build_proposer(speculation, config, loaded, platform, plan.initial_blocks, draft),
         )
         mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * plan.num_blocks * spec.bytes_per_block))
-        return cls(scheduler, runner, max_model_len, platform)
+        core = cls(scheduler, runner, max_model_len, platform)
+        core.weight_bytes, core.kv_bytes_per_block = weight_bytes, spec.bytes_per_block
+        return core
 
     def add_request(self, request: Request) -> None:
         if request.num_prompt_tokens > self.max_model_len:
@@ -125,18 +139,21 @@ class EngineCore:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_STOPPED)
 
     def step(self) -> list[EngineCoreOutput]:
-        self._ensure_stream()
+        self.check_thread()
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty and self.scheduler.num_waiting_for_grammar:
             time.sleep(GRAMMAR_POLL_S)  # only compiling grammars wait: give their thread the CPU
         runner_output = self.runner.execute_model(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
 
-    def _ensure_stream(self) -> None:
-        """MLX streams belong to a thread: the first step on a new thread (the async engine's) makes one."""
-        if threading.get_ident() != self._stream_thread:
-            mx.set_default_stream(mx.new_stream(self.platform.device))
-            self._stream_thread = threading.get_ident()
+    def check_thread(self) -> None:
+        """Refuse a step on another thread than the one that built the core: the model's lazy arrays
+        (RoPE tables, pools) were made on that thread's stream and cannot be evaluated here."""
+        if threading.get_ident() != self.owner_thread:
+            raise WrongThreadError(
+                f"the engine core was built on thread {self.owner_thread} and stepped on "
+                f"{threading.get_ident()}; build it on the thread that runs its steps (EngineThread.call)"
+            )
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

@@ -376,7 +376,11 @@ class Scheduler:
             # Most tokens stop nothing: only a possible stop id or a length limit needs the full check.
             # A completed grammar is a natural stop: it wins over a length limit hit by the same token.
             if request.structured is not None and request.structured.accept(token_id):
-                status = RequestStatus.FINISHED_STOPPED
+                if request.structured.error is None:
+                    status = RequestStatus.FINISHED_STOPPED
+                else:  # a token the grammar refused (or EOS where it does not accept): not an answer
+                    status = RequestStatus.FINISHED_ERROR
+                    request.stop_reason = request.structured.error
                 break
             if token_id in stop_ids or len(out_ids) >= max_out:
                 status = check_stop(request, self.max_model_len)

@@ -96,6 +96,21 @@ def test_logprobs_shapes(server: Served) -> None:
     assert all(len(t) <= 2 for t in comp["top_logprobs"])
 
 
+def test_return_tokens_as_token_ids_names_every_token_by_its_id(server: Served) -> None:
+    """vLLM's field: byte tokens that are no whole character all decode to U+FFFD, ids tell them apart."""
+    ids = _chat(server, logprobs=True, top_logprobs=2, max_tokens=4, return_tokens_as_token_ids=True).json()
+    content = ids["choices"][0]["logprobs"]["content"]
+    plain = _chat(server, logprobs=True, max_tokens=4).json()["choices"][0]["logprobs"]["content"]
+    tok = server.engine.tokenizer
+    assert [tok.decode([int(c["token"].removeprefix("token_id:"))]) for c in content] == [c["token"] for c in plain]
+    assert all(t["token"].startswith("token_id:") for c in content for t in c["top_logprobs"])
+    body = {"prompt": "The", "max_tokens": 3, "logprobs": 1, "return_tokens_as_token_ids": True, "stream": True}
+    streamed = _events(httpx.post(f"{server.url}/v1/completions", json=body, timeout=30))
+    pieces = [e["choices"][0]["logprobs"] for e in streamed if e["choices"] and e["choices"][0]["logprobs"]]
+    tokens = [t for piece in pieces for t in piece["tokens"]]
+    assert len(tokens) == 3 and all(t.startswith("token_id:") and t[9:].isdigit() for t in tokens)
+
+
 def test_cached_tokens_and_cache_salt(server: Served) -> None:
     msgs = [{"role": "user", "content": "The capital of France is Paris. " * 3}]
     _chat(server, messages=msgs, max_tokens=1)

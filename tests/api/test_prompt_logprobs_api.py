@@ -15,6 +15,7 @@ from metalserve.api.settings import ServerSettings
 from metalserve.config import EngineConfig
 from metalserve.engine.async_engine import AsyncEngine
 from metalserve.engine.core import EngineCore
+from metalserve.engine.engine_thread import EngineThread
 from tests.api.conftest import Served, live
 from tests.api.fakes import tiny_tokenizer
 from tests.models import golden
@@ -28,9 +29,10 @@ PROMPT = [17, 250, 3, 96, 311, 45, 45, 120, 7, 260, 33, 18]
 def client() -> Iterator[openai.OpenAI]:
     config = EngineConfig(kv_cache_memory=1 << 22, block_size=16, max_num_seqs=4, max_model_len=256,
                           kv_cache_dtype="int8")  # fmt: skip
-    core = EngineCore.from_loaded(config, golden.loaded_of(build("llama", vocab_size=VOCAB), "llama", 256))
-    tok = tiny_tokenizer()
-    engine = AsyncEngine(core, tok, model_name="tiny", max_model_len=256, eos_token_ids={2})
+    thread = EngineThread()  # as the server does: the core is built on the thread that steps it
+    loaded = golden.loaded_of(build("llama", vocab_size=VOCAB), "llama", 256)
+    core = thread.call(EngineCore.from_loaded, config, loaded)
+    engine = AsyncEngine(core, tiny_tokenizer(), model_name="tiny", max_model_len=256, eos_token_ids={2}, thread=thread)
     served = Served(build_app(engine, ServerSettings(log_stats_interval=0)), None, engine)  # type: ignore[arg-type]
     with live(served) as s:
         yield openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", timeout=60)

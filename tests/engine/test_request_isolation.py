@@ -13,6 +13,7 @@ from metalserve.engine import async_engine, request_state
 from metalserve.engine.async_engine import AsyncEngine, ClientTooSlowError
 from metalserve.engine.core import EngineCore
 from metalserve.engine.detokenizer import IncrementalDetokenizer
+from metalserve.engine.engine_thread import EngineThread
 from metalserve.sampling_params import SamplingParams
 from tests.api.fakes import FakeCore, tiny_tokenizer
 from tests.engine.test_core import tiny_loaded
@@ -26,8 +27,11 @@ def _real_engine() -> tuple[AsyncEngine, list[list[int]], list[list[int]]]:
     prompts = prompts_of([12, 40, 25], loaded.model.args.vocab_size, seed=5)
     expected = [mlx_lm_greedy(loaded.model, p, 12) for p in prompts]
     config = EngineConfig(kv_cache_memory=1 << 22, max_num_batched_tokens=32, block_size=8)
-    core = EngineCore.from_loaded(config, loaded)
-    engine = AsyncEngine(core, tiny_tokenizer(), model_name="tiny", max_model_len=256, eos_token_ids=set())
+    thread = EngineThread()  # as the server does: the core is built on the thread that steps it
+    core = thread.call(EngineCore.from_loaded, config, loaded)
+    engine = AsyncEngine(
+        core, tiny_tokenizer(), model_name="tiny", max_model_len=256, eos_token_ids=set(), thread=thread
+    )
     return engine, prompts, expected
 
 

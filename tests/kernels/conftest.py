@@ -36,8 +36,9 @@ def warm_emulator_cache() -> None:
     from tests.kernels.test_emulator import ASAN_LAUNCHES, LAUNCHES
     from tests.kernels.test_emulator_simdgroup import LAUNCHES as SIMDGROUP_LAUNCHES
     from tests.kernels.test_paged_attention import asan_case_launches
+    from tests.kernels.test_tile_fallback import warm_launches
 
-    pairs = [(launch, False) for launch in [*launches_of(), *LAUNCHES, *SIMDGROUP_LAUNCHES]]
+    pairs = [(launch, False) for launch in [*launches_of(), *LAUNCHES, *SIMDGROUP_LAUNCHES, *warm_launches()]]
     pairs += [(launch, True) for launch in [*ASAN_LAUNCHES, *asan_case_launches()]]
     unique = {(k.source, asan): (k, asan) for k, asan in ((generate(x), a) for x, a in pairs)}
     build_all(list(unique.values()))

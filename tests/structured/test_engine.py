@@ -16,6 +16,7 @@ import pytest
 from metalserve.config import EngineConfig
 from metalserve.engine.async_engine import AsyncEngine
 from metalserve.engine.core import EngineCore
+from metalserve.engine.engine_thread import EngineThread
 from metalserve.executor.sampler import Sampler
 from metalserve.outputs import TokenLogprob
 from metalserve.request import Request
@@ -159,8 +160,9 @@ def test_both_sampler_backends_mask(backend: str) -> None:
 
 
 def test_stop_strings_and_streaming_through_the_async_engine() -> None:
-    core = make_core()
-    engine = AsyncEngine(core, TOK, model_name="tiny", max_model_len=256, eos_token_ids=EOS)
+    thread = EngineThread()  # as the server does: the core is built on the thread that steps it
+    core = thread.call(make_core)
+    engine = AsyncEngine(core, TOK, model_name="tiny", max_model_len=256, eos_token_ids=EOS, thread=thread)
     spec = S(choice=("Hello world! The end.",))
 
     async def go() -> tuple[list[str], str | None]:

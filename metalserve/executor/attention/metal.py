@@ -4,14 +4,18 @@ kernel, or in tests its CPU emulation or the MLX reference."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import mlx.core as mx
 
 from metalserve.executor.attention.base import AttentionBackend, AttentionCall, LayerCacheSpec
-from metalserve.executor.attention.reference import write_kv
+from metalserve.executor.attention.reference import paged_attention, write_kv
 from metalserve.executor.step_inputs import StepInputs
+from metalserve.kernels.metal.guard import LaunchRefused
+
+logger = logging.getLogger("metalserve.engine")
 
 # A function with the contract of metalserve.executor.attention.reference.paged_attention.
 KernelFn = Callable[..., mx.array]
@@ -50,6 +54,7 @@ class KernelAttention(AttentionBackend[LayerKV, KernelStep]):
         self.kernel = kernel
         self.name = name
         self.description = description
+        self.warned = False  # a refused launch was reported (guard.py)
 
     def allocate(self, spec: LayerCacheSpec) -> LayerKV:
         if spec.value_dim is not None:  # select.py never picks this backend for such a model
@@ -66,15 +71,26 @@ class KernelAttention(AttentionBackend[LayerKV, KernelStep]):
                           mx.array(step.seq_lens), spec.block_size)  # fmt: skip
 
     def forward(self, call: AttentionCall[LayerKV, KernelStep]) -> mx.array:
-        cache, meta, opts = call.cache, call.meta, call.options
+        cache, meta = call.cache, call.meta
         if call.v is None:
             raise ValueError(f"the {self.name} kernel needs V of its own (MLA's latent layout is not supported)")
         cache.k, cache.v = write_kv(cache.k, cache.v, call.k, call.v, call.slot_mapping)
-        return self.kernel(
-            call.q, cache.k, cache.v, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens,
-            block_size=meta.block_size, scale=opts.scale, sliding_window=opts.sliding_window,
-            softcap=opts.softcap, sinks=opts.sinks,
-        )  # fmt: skip
+        try:
+            return _attend(self.kernel, call, cache, meta)
+        except LaunchRefused as refused:  # the device runs no launch of this shape: MLX ops, same contract
+            if refused.first and not self.warned:
+                self.warned = True
+                logger.warning("%s; MLX ops run the attention the GPU refuses (this is said once)", refused)
+            return _attend(paged_attention, call, cache, meta)
+
+
+def _attend(fn: KernelFn, call: AttentionCall[LayerKV, KernelStep], cache: LayerKV, meta: KernelStep) -> mx.array:
+    opts = call.options
+    return fn(
+        call.q, cache.k, cache.v, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens,
+        block_size=meta.block_size, scale=opts.scale, sliding_window=opts.sliding_window,
+        softcap=opts.softcap, sinks=opts.sinks,
+    )  # fmt: skip
 
 
 def metal_attention() -> KernelAttention:

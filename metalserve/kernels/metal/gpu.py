@@ -9,6 +9,7 @@ from functools import cache
 
 import mlx.core as mx
 
+from metalserve.kernels.metal.guard import LaunchGuard
 from metalserve.kernels.metal.launch import KernelLaunch
 from metalserve.kernels.metal.paged import PagedArgs, run_paged_attention
 
@@ -37,6 +38,10 @@ def run_metal(launch: KernelLaunch) -> list[mx.array]:
     return list(outputs)
 
 
+# This process's verdicts on which kernel instances the GPU runs (guard.py).
+GUARD = LaunchGuard(run_metal)
+
+
 def metal_paged_attention(
     q: mx.array,
     k_pool: mx.array,
@@ -54,7 +59,8 @@ def metal_paged_attention(
     kernel: str = "auto",
 ) -> mx.array:
     """The contract on the Metal kernels; `kernel` ("auto", "tiled", "decode") and `partition_size`
-    (the decode kernel's split-KV) force a path for tests and benches."""
+    (the decode kernel's split-KV) force a path for tests and benches. Raises guard.LaunchRefused when
+    the GPU runs none of the launches (the backend then takes the MLX-ops path)."""
     args = PagedArgs(q, k_pool, v_pool, block_tables, cu_seqlens_q, seq_lens, block_size, scale,
                      sliding_window, softcap, sinks)
-    return run_paged_attention(args, run_metal, partition_size, kernel)
+    return run_paged_attention(args, GUARD, partition_size, kernel)

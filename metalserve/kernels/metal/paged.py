@@ -8,14 +8,15 @@ exactly the same launches.
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Callable
 
 import mlx.core as mx
 
 from metalserve.kernels.metal.args import HEAD_DIMS, PagedArgs
+from metalserve.kernels.metal.guard import Executor, LaunchRefused
 from metalserve.kernels.metal.launch import KernelLaunch, metal_source
-from metalserve.kernels.metal.tiled import tiled_launch, tiling
+from metalserve.kernels.metal.tiled import tile_ladder, tiled_launch, tiling
 
 __all__ = ["HEAD_DIMS", "KERNELS", "PagedArgs", "attention_launch", "choose_kernel", "num_partitions",
            "run_paged_attention"]  # fmt: skip
@@ -26,7 +27,7 @@ SPLIT_BELOW_GROUPS = 256  # split only when the unsplit grid would have fewer th
 
 KERNELS = ("auto", "tiled", "decode")
 
-Executor = Callable[[KernelLaunch], list[mx.array]]
+logger = logging.getLogger("metalserve.kernels")
 
 
 def num_partitions(a: PagedArgs, partition_size: int | None) -> int:
@@ -114,17 +115,32 @@ def choose_kernel(a: PagedArgs, kernel: str, partition_size: int | None) -> str:
 def run_paged_attention(
     a: PagedArgs, execute: Executor, partition_size: int | None = None, kernel: str = "auto"
 ) -> mx.array:
-    """Attention for the packed batch through `execute`; returns `[total_q, Hq, D]` in q's dtype."""
+    """Attention for the packed batch through `execute`; returns `[total_q, Hq, D]` in q's dtype.
+
+    An executor that raises `LaunchRefused` (guard.py) for the tiled kernel gets the next smaller tile;
+    when every tile (or the decode kernel) is refused, `LaunchRefused` reaches the caller."""
     if a.q.shape[0] == 0:
         return mx.zeros(a.q.shape, a.q.dtype)
     if choose_kernel(a, kernel, partition_size) == "tiled":
-        t = tiling(a.q.shape[1] // a.k_pool.shape[1], a.q.shape[2])
-        assert t is not None
-        (out,) = execute(tiled_launch(a, t))
-        return out.astype(a.q.dtype)
+        return _run_tiled(a, execute).astype(a.q.dtype)
     partitions = num_partitions(a, partition_size)
     size = partition_size or DEFAULT_PARTITION
     out, part_ml = execute(attention_launch(a, partitions, size))
     if partitions > 1:
         (out,) = execute(merge_launch(a, out, part_ml))
     return out.astype(a.q.dtype)
+
+
+def _run_tiled(a: PagedArgs, execute: Executor) -> mx.array:
+    """The tile ladder (tiled.py): the first tile the device accepts; one warning when a refusal was new."""
+    refusals: list[LaunchRefused] = []
+    for t in tile_ladder(a.q.shape[1] // a.k_pool.shape[1], a.q.shape[2]):
+        try:
+            (out,) = execute(tiled_launch(a, t))
+        except LaunchRefused as refused:
+            refusals.append(refused)
+            continue
+        if any(r.first for r in refusals):
+            logger.warning("%s; %d-thread tiles run instead", "; ".join(map(str, refusals)), t.threads)
+        return out
+    raise LaunchRefused("; ".join(map(str, refusals)), first=any(r.first for r in refusals))

@@ -22,6 +22,13 @@ THREADGROUP_MEMORY = 32 * 1024
 KEY_TILES = (32, 16, 8)  # the largest that fits the threadgroup memory is used
 TARGET_TOKENS = 32  # tokens per tile when the rows allow it
 ALIGN = 16  # the emulator (and Metal) align each threadgroup array to 16 bytes
+# Apple GPUs run 512 threads per threadgroup only while each thread stays within about 104 32-bit
+# registers (Asahi's occupancy tables): the registers one threadgroup may hold.
+REGISTER_BUDGET = 512 * 104
+# The estimate below leaves the compiler's own temporaries out: plan within this share of the budget.
+BUDGET_SHARE = 0.85
+SCALAR_REGISTERS = 32  # indices, softmax state, the float4s that stage K/V (counted off the .metal)
+MAX_THREADS = 512
 
 
 @dataclass(frozen=True)
@@ -35,9 +42,25 @@ class Tiling:
         return self.rows * 4
 
 
+def registers_per_thread(head_dim: int, key_tile: int) -> int:
+    """An estimate: the query and output fragments (D/8 8x8 matrices each, two floats per lane: D/2 in
+    all), the row's scores (BK/4) and the scalars."""
+    return head_dim // 2 + key_tile // 4 + SCALAR_REGISTERS
+
+
+def max_threads(head_dim: int) -> int:
+    """The largest power-of-two threadgroup whose registers stay within the planned share of the budget,
+    counted at the largest key tile: 512 below head dim 128, 256 at 128 and at 256."""
+    registers = registers_per_thread(head_dim, KEY_TILES[0])
+    threads = MAX_THREADS
+    while threads > 32 and threads * registers > REGISTER_BUDGET * BUDGET_SHARE:
+        threads //= 2
+    return threads
+
+
 def max_rows(head_dim: int) -> int:
-    """At most 512 threads, 256 for head dim 256 (its 2 x 32 fragments per lane are many registers)."""
-    return 64 if head_dim > 128 else 128
+    """Query rows per tile: four threads per row (one simdgroup of 32 per 8 rows)."""
+    return max_threads(head_dim) // 4
 
 
 def threadgroup_bytes(head_dim: int, rows: int, key_tile: int) -> int:
@@ -46,9 +69,10 @@ def threadgroup_bytes(head_dim: int, rows: int, key_tile: int) -> int:
     return sum(-(-a // ALIGN) * ALIGN for a in arrays)
 
 
-def tiling(group: int, head_dim: int) -> Tiling | None:
-    """Tile sizes for G query heads per KV head, or None where no tile fits (G beyond the row limit)."""
-    limit = max_rows(head_dim)
+def tiling(group: int, head_dim: int, row_limit: int | None = None) -> Tiling | None:
+    """Tile sizes for G query heads per KV head, or None where no tile fits (G beyond the row limit).
+    `row_limit`: fewer rows than the head dim allows (the fallback's smaller tile)."""
+    limit = max_rows(head_dim) if row_limit is None else row_limit
     tile_q = max(1, min(limit // group, max(TARGET_TOKENS, 64 // group)))
     rows = -(-tile_q * group // 8) * 8
     if rows > limit:
@@ -57,6 +81,15 @@ def tiling(group: int, head_dim: int) -> Tiling | None:
         if threadgroup_bytes(head_dim, rows, key_tile) <= THREADGROUP_MEMORY:
             return Tiling(tile_q, rows, key_tile)
     return None
+
+
+def tile_ladder(group: int, head_dim: int) -> list[Tiling]:
+    """The tiling to launch, then the next smaller one (half the rows) for a device that refuses it."""
+    first = tiling(group, head_dim)
+    if first is None:
+        return []
+    smaller = tiling(group, head_dim, first.rows // 2) if first.rows > 8 else None
+    return [first] if smaller is None or smaller.rows >= first.rows else [first, smaller]
 
 
 def num_tiles(total_q: int, num_reqs: int, tile_q: int) -> int:
