@@ -60,6 +60,12 @@ class EngineConfig:
         when_absent=default_token_budget,
     )
     long_prefill_token_threshold: int = flag(0, "the most tokens one prefill chunk may take; 0: no limit")
+    max_num_encoder_input_tokens: int = flag(
+        16384, "image placeholder tokens the vision tower may encode in one step (vision-language models)"
+    )
+    encoder_cache_size: int = flag(
+        16384, "image placeholder tokens whose vision-tower outputs the encoder cache holds at once"
+    )
     enable_prefix_caching: bool = flag(True, "reuse the KV blocks of prompts that share a prefix")
     scheduling_policy: SchedulingPolicy = flag("fcfs", "fcfs, or priority (the request's `priority` field)")
     gpu_memory_utilization: float = flag(0.5, "fraction of the device's memory for weights and KV cache")
@@ -111,6 +117,8 @@ class EngineConfig:
             raise ConfigError(f"--kv-cache-dtype must be one of {choices}, got {self.kv_cache_dtype!r}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ConfigError("--kv-cache-memory must be a positive number of bytes")
+        if self.max_num_encoder_input_tokens < 1 or self.encoder_cache_size < 1:
+            raise ConfigError("--max-num-encoder-input-tokens and --encoder-cache-size must be at least 1")
         if self.long_prefill_token_threshold < 0:
             raise ConfigError("--long-prefill-token-threshold must be >= 0")
         if self.pipeline_parallel_size < 1:

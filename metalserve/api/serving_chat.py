@@ -13,6 +13,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from metalserve.api.deltas import ChoiceDelta, OutputParsing
 from metalserve.api.errors import OpenAIError
+from metalserve.api.images import content_chars, image_error, read_images, template_content
 from metalserve.api.logprobs_format import TokenText, chat_logprobs
 from metalserve.api.protocol import ChatCompletionRequest, ChatMessage
 from metalserve.api.reasoning import ReasoningParser, gate_on_reasoning
@@ -35,6 +36,8 @@ from metalserve.api.structured import chat_structured, check_compiles
 from metalserve.api.tool_choice import is_forced
 from metalserve.api.tool_parsers import ToolCallDelta, ToolParser
 from metalserve.engine.async_engine import RequestOutput
+from metalserve.multimodal.images import ImageError
+from metalserve.multimodal.inputs import MultiModalInput
 
 # chat_template_kwargs may not override how the template is called.
 _RESERVED_TEMPLATE_KWARGS = {"conversation", "tools", "tokenize", "chat_template", "return_dict"}
@@ -42,10 +45,7 @@ _RESERVED_TEMPLATE_KWARGS = {"conversation", "tools", "tokenize", "chat_template
 
 def message_dict(message: ChatMessage) -> dict[str, Any]:
     """A message as chat templates expect it; tool-call arguments become objects, as HF templates assume."""
-    content = message.content
-    if isinstance(content, list):
-        content = "\n".join(part.text for part in content)
-    out: dict[str, Any] = {"role": message.role, "content": content or ""}
+    out: dict[str, Any] = {"role": message.role, "content": template_content(message)}
     if message.name is not None:
         out["name"] = message.name
     if message.tool_call_id is not None:
@@ -70,19 +70,20 @@ def message_dict(message: ChatMessage) -> dict[str, Any]:
     return out
 
 
-def _content_chars(message: ChatMessage) -> int:
-    content = message.content
-    if isinstance(content, list):
-        return sum(len(part.text) for part in content)
-    return len(content or "")
-
-
 def tool_call_delta_json(delta: ToolCallDelta) -> dict[str, Any]:
     """The first delta of a call carries id, type and name (the OpenAI SDK merges on that)."""
     if delta.id is not None:
         function = {"name": delta.name, "arguments": delta.arguments}
         return {"index": delta.index, "id": delta.id, "type": "function", "function": function}
     return {"index": delta.index, "function": {"arguments": delta.arguments}}
+
+
+@dataclass
+class Prompt:
+    """A rendered prompt: its token ids (image placeholders expanded) and its images, in prompt order."""
+
+    token_ids: list[int]
+    images: list[MultiModalInput]
 
 
 @dataclass
@@ -129,7 +130,8 @@ class ChatServing:
         self.ctx.check_model(req.model)
         parse_tools = self._parse_tools(req)
         check_sequence_count(1, req.n)
-        prompt = await self.render_off_loop(req)
+        rendered = await self.render_off_loop(req)
+        prompt = rendered.token_ids
         engine = self.ctx.engine
         max_tokens = resolve_max_tokens(
             req.max_completion_tokens or req.max_tokens, len(prompt), engine.max_model_len
@@ -147,7 +149,7 @@ class ChatServing:
             params.skip_special_tokens = False  # its markers are special tokens
         gate_on_reasoning(params, self.reasoning_parser, engine.tokenizer)
         request_id = random_id(id_prefix)
-        streams = start_generations(self.ctx, request_id, prompt, params, req.n, req)
+        streams = start_generations(self.ctx, request_id, prompt, params, req.n, req, mm_inputs=rendered.images)
         return Generation(request_id, prompt, streams, parsing)
 
     def _parsing(
@@ -177,13 +179,27 @@ class ChatServing:
             )
         return self.tool_parser.for_request(req.tools) if req.tools else None
 
-    async def render_off_loop(self, req: ChatCompletionRequest) -> list[int]:
-        """`render` in the tokenizer thread, after refusing a conversation too long to fit by its length."""
-        await self.ctx.check_prompt_chars(sum(_content_chars(m) for m in req.messages), "messages")
-        return await self.ctx.off_loop(self.render, req)
+    async def render_off_loop(self, req: ChatCompletionRequest) -> Prompt:
+        """`render_prompt` in the tokenizer thread, after refusing a conversation too long to fit by its length."""
+        await self.ctx.check_prompt_chars(sum(content_chars(m) for m in req.messages), "messages")
+        return await self.ctx.off_loop(self.render_prompt, req)
+
+    def render_prompt(self, req: ChatCompletionRequest) -> Prompt:
+        """The prompt's token ids with each image's placeholder tokens, and the images for the engine."""
+        processor = self.ctx.engine.image_processor
+        images = read_images(req.messages, self.ctx.image_limits, processor is not None)
+        tokens = self.render(req)
+        if processor is None or not images:
+            return Prompt(tokens, [])
+        try:
+            tokens, inputs = processor.process(tokens, images)
+        except ImageError as exc:
+            raise image_error(str(exc), "messages") from None
+        return Prompt(tokens, inputs)
 
     def render(self, req: ChatCompletionRequest) -> list[int]:
-        """The prompt's token ids: the conversation (and tools) through the chat template."""
+        """The prompt's token ids: the conversation (and tools) through the chat template (an image is the
+        one image token the template writes for it; `render_prompt` expands it)."""
         tokenizer = self.ctx.engine.tokenizer
         template = self.ctx.engine.chat_template or getattr(tokenizer, "chat_template", None)
         if not template:

@@ -19,6 +19,7 @@ from metalserve.api.protocol import _SamplingRequest
 from metalserve.api.serving_context import ServingContext
 from metalserve.engine.async_engine import ClientTooSlowError, EngineDeadError, RequestOutput
 from metalserve.engine.errors import GrammarFailedError
+from metalserve.multimodal.inputs import MultiModalInput
 from metalserve.outputs import TokenLogprob
 from metalserve.sampling_params import SamplingParams
 
@@ -125,12 +126,20 @@ def start_generations(
     params: SamplingParams,
     n: int,
     req: _SamplingRequest,
+    mm_inputs: list[MultiModalInput] | None = None,
 ) -> list[AsyncIterator[RequestOutput]]:
-    """One engine request per sample; the samples share the prompt, so its prefix is cached."""
-    return [
-        ctx.engine.generate(prompt, with_seed(params, i), rid, priority=req.priority, cache_salt=req.cache_salt)
-        for i, rid in enumerate(engine_request_ids(response_id, n))
-    ]
+    """One engine request per sample; the samples share the prompt, so its prefix is cached.
+    `mm_inputs`: the prompt's images (chat)."""
+    streams = []
+    for i, rid in enumerate(engine_request_ids(response_id, n)):
+        sample = with_seed(params, i)
+        stream = ctx.engine.generate(
+            prompt, sample, rid, priority=req.priority, cache_salt=req.cache_salt, mm_inputs=mm_inputs
+        )
+        if ctx.recorder is not None:  # the status page's recent requests
+            stream = ctx.recorder.recorded(stream, ctx.served_model_name, rid)
+        streams.append(stream)
+    return streams
 
 
 async def merge_streams(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:

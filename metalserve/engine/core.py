@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.engine.kv_groups import build_scheduler, state_group
@@ -54,7 +55,8 @@ class EngineCore:
         self.platform = current_platform() if platform is None else platform
         # MLX arrays belong to the thread that made them (engine_thread.py): steps run where the core was built.
         self.owner_thread = threading.get_ident()
-        self.weight_bytes = 0  # measured at load (MLX's active memory then, plus host-side codes)
+        self.kv_pool_bytes = 0  # the pool at its largest (set by from_loaded), for the models' memory budget
+        self.weight_bytes = 0  # measured at load: the model's parameters plus host-side codes
         self.kv_bytes_per_block = 0
 
     def memory_report(self) -> dict[str, int]:
@@ -78,7 +80,8 @@ class EngineCore:
         platform = current_platform()
         max_model_len = resolve_max_model_len(config, loaded.max_model_len)
         model = PagedModel.from_loaded(loaded, platform)
-        weight_bytes = int(mx.get_active_memory()) + model.host_bytes()  # before any KV is allocated
+        # This model's own parameters (MLX's active memory would count every model a server has loaded).
+        weight_bytes = parameter_bytes(loaded.model) + model.host_bytes()
         storage = config.kv_cache_dtype
         try:
             spec = model.get_kv_cache_spec(model.family.page(loaded.model, storage), config.block_size)
@@ -119,13 +122,17 @@ class EngineCore:
             backend=attention,
             state_group=states or 1,
             proposer=build_proposer(speculation, config, loaded, platform, plan.initial_blocks, draft),
+            **vision_parts(loaded, model, dtype),
         )
         mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * plan.num_blocks * spec.bytes_per_block))
         core = cls(scheduler, runner, max_model_len, platform)
         core.weight_bytes, core.kv_bytes_per_block = weight_bytes, spec.bytes_per_block
+        core.kv_pool_bytes = plan.num_blocks * spec.bytes_per_block
         return core
 
     def add_request(self, request: Request) -> None:
+        if request.mm_inputs and self.runner.encoder_outputs is None:
+            raise ValueError("this model takes no images")
         if request.num_prompt_tokens > self.max_model_len:
             raise ValueError(
                 f"the prompt has {request.num_prompt_tokens} tokens, more than max_model_len={self.max_model_len}"
@@ -176,6 +183,12 @@ def draft_for(
     return spec, draft
 
 
+def parameter_bytes(model: Any) -> int:
+    """Bytes of an MLX module's parameters."""
+    leaves: Any = tree_flatten(model.parameters())  # [(path, array)]
+    return sum(int(array.nbytes) for _, array in leaves)
+
+
 def host_code_bytes(loaded: LoadedModel) -> int:
     """Bytes of the stored codes the loader kept for the CPU path (outside MLX's memory counters)."""
     return sum(c.codes.nbytes + c.scales.nbytes + c.biases.nbytes for c in loaded.codes.values())
@@ -213,6 +226,17 @@ def speculation_for(config: EngineConfig, groups: list[LayerGroupSpec]) -> Specu
     how = f"n-grams of {spec.prompt_lookup_min}..{spec.prompt_lookup_max}" if spec.method == "ngram" else spec.model
     logger.info("speculative decoding: %s, %d tokens per step (%s)", spec.method, spec.num_speculative_tokens, how)
     return spec
+
+
+def vision_parts(loaded: LoadedModel, model: PagedModel, dtype: mx.Dtype) -> dict[str, Any]:
+    """The runner's vision tower and M-RoPE merge size for a vision-language model; {} for a text model."""
+    if loaded.vision is None or not model.family.vision:
+        return {}
+    from metalserve.executor.encoders.vision import VisionTower
+
+    merge = loaded.vision.config.vision_config.spatial_merge_size if model.family.mrope else None
+    logger.info("vision: %s's tower on the engine thread; images in", loaded.model_type)
+    return {"encoder": VisionTower(loaded.vision, dtype), "mrope_merge_size": merge}
 
 
 def resolve_max_model_len(config: EngineConfig, model_len: int) -> int:
