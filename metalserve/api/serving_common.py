@@ -221,6 +221,7 @@ class ChoiceState:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     def add(self, out: RequestOutput) -> None:
         self.text += out.text
@@ -230,6 +231,8 @@ class ChoiceState:
         self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
         if out.logprobs:
             self.logprobs = (self.logprobs or []) + out.logprobs
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
 
 
 async def collect(streams: list[AsyncIterator[RequestOutput]]) -> list[ChoiceState]:

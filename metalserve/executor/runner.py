@@ -16,6 +16,7 @@ from metalserve.executor.context import ForwardContext, GroupStep, forward_conte
 from metalserve.executor.encoders.cache import EncoderOutputs, RequestSpan, StepImages
 from metalserve.executor.group_tables import GroupTables, group_step
 from metalserve.executor.input_batch import CachedRequestState
+from metalserve.executor.logprobs import prompt_logprobs
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.state_cache import RecurrentStates
 from metalserve.executor.step_inputs import StepInputs, pack_step
@@ -203,7 +204,8 @@ class ModelRunner:
         with forward_context(self._context(step)):
             logits = self.model(step.token_ids, step.logits_indices)
         sampling = [self.requests[step.request_ids[i]] for i in step.sampling_rows]
-        windows = self._sample(logits, sampling, drafts)
+        prompt = prompt_logprobs(logits[step.num_sampling_logits :], step, self.requests) if step.prompt_rows else {}
+        windows = self._sample(logits[: step.num_sampling_logits] if step.prompt_rows else logits, sampling, drafts)
         # Evaluate the pools with the logits so the scatters run now and release the old buffers.
         mx.eval(self._kv_arrays())
         if connector is not None:  # the step's full blocks are computed now: copy them out
@@ -225,7 +227,7 @@ class ModelRunner:
         spec = self._propose(sampling, step, time.perf_counter() - started, drafts) if self.proposer else {}
         finished = connector.get_finished() if connector is not None else None
         return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, spec_token_ids=spec,
-                                 kv_connector_output=finished)  # fmt: skip
+                                 kv_connector_output=finished, prompt_logprobs=prompt)  # fmt: skip
 
     def _propose(
         self, sampling: list[CachedRequestState], step: StepInputs, seconds: float, drafts: dict[str, list[int]]

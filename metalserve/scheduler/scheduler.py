@@ -369,6 +369,8 @@ class Scheduler:
         sampled, requests, hints = runner_output.sampled_token_ids, self.requests, self._stop_hints
         if scheduler_output.scheduled_spec_decode_tokens or runner_output.spec_token_ids:
             self._update_drafts(scheduler_output, runner_output)
+        if runner_output.prompt_logprobs:
+            self._add_prompt_logprobs(runner_output)
         plain = not runner_output.logprobs
         running = RequestStatus.RUNNING
         append = outputs.append
@@ -382,7 +384,7 @@ class Scheduler:
             if not token_ids or request is None or request.status is not running:
                 continue
             out_ids, n_prompt = request.output_token_ids, len(request.prompt_token_ids)
-            if plain and len(token_ids) == 1 and request.structured is None:
+            if plain and len(token_ids) == 1 and request.structured is None and request.prompt_logprobs is None:
                 # The decode fast path: one token that cannot stop the request and no logprobs.
                 stop_ids, max_out = hints[request_id]
                 token_id = token_ids[0]
@@ -403,6 +405,15 @@ class Scheduler:
         if any_finished:
             self.running = [r for r in self.running if r.status is running]
         return outputs
+
+    def _add_prompt_logprobs(self, runner_output: ModelRunnerOutput) -> None:
+        """Extend each request's prompt logprobs (a recomputed chunk after preemption adds nothing new)."""
+        for request_id, (first, entries) in runner_output.prompt_logprobs.items():
+            request = self.requests.get(request_id)
+            if request is None or request.prompt_logprobs is None:
+                continue
+            have = request.prompt_logprobs
+            have += entries[len(have) - first :] if len(have) >= first else []
 
     def _release_encoded(self, scheduler_output: SchedulerOutput) -> None:
         """Images whose placeholder tokens this step computed in full need their encoder output no more."""
@@ -464,6 +475,8 @@ class Scheduler:
             len(request.prompt_token_ids),
             request.num_cached_tokens or 0,
         )
+        if request.prompt_logprobs is not None:  # the first output: the prompt is computed whole by now
+            output.prompt_logprobs, request.prompt_logprobs = request.prompt_logprobs, None
         if status is not None:
             request.status = status
             self._free_request(request)
