@@ -47,6 +47,8 @@ class EngineConfig:
     pipeline_layer_partition: tuple[int, ...] | None = None  # layers per rank; None: balanced by bytes
     pipeline_step_timeout: float = 120.0  # seconds without a step's result before the server gives up
     speculative_config: SpeculativeConfig | None = None  # --speculative-config; None: no speculation
+    # Schedule and prepare step k+1 while step k computes (vLLM's --async-scheduling; engine/core.py).
+    async_scheduling: bool = True
 
     def __post_init__(self) -> None:
         self.validate()

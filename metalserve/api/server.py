@@ -78,6 +78,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--log-stats-interval", type=float, default=s.log_stats_interval, help="seconds; 0: off")
     parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument(
+        "--async-scheduling", action=argparse.BooleanOptionalAction, default=d.async_scheduling,
+        help="schedule and prepare the next step while this one computes (off by itself, with a start-up "
+        "line, for speculative decoding and pipeline stages)",
+    )  # fmt: skip
     _add_pipeline_args(parser, d)
     parser.add_argument(
         "--speculative-config", default=None,
@@ -165,6 +170,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerSett
         speculative_config=(
             SpeculativeConfig.from_json(args.speculative_config) if args.speculative_config else None
         ),
+        async_scheduling=args.async_scheduling,
     )
     settings = ServerSettings(
         host=args.host,

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import mlx.core as mx
+import numpy as np
 
 from metalserve.executor.attention.base import AttentionBackend, LayerCacheSpec
 from metalserve.executor.attention.mlx import MlxAttention
@@ -70,6 +72,17 @@ class KVCacheSpec:
                    layout.tensors, state_bytes_per_block, layout.value_dim)  # fmt: skip
 
 
+@dataclass(frozen=True)
+class InFlightStep:
+    """A launched step: its forward runs (or has run) while the engine thread does other work."""
+
+    so: SchedulerOutput
+    step: StepInputs | None  # None: nothing was scheduled
+    started: float  # when the forward began (perf_counter), for the draft controller
+    logits: mx.array | None  # the MLX forward's logits (lazy, being evaluated)
+    host: Future[np.ndarray] | None  # the host forward's logits, from the forward thread
+
+
 class SamplerFn(Protocol):
     def __call__(self, logits: mx.array, requests: Sequence[CachedRequestState]) -> SamplerResult: ...
 
@@ -95,10 +108,13 @@ class ModelRunner:
         backend: AttentionBackend[Any, Any] = MLX_OPS,
         state_group: int = 1,
         proposer: Proposer | None = None,
+        async_eval: bool = False,
     ) -> None:
         """`backend`: how attention runs (executor/attention/), chosen by the engine from the Platform;
         `state_group`: the KV manager's recurrent-state group (hybrid models); `proposer`: drafts for
-        speculative decoding (spec_decode/), None: off."""
+        speculative decoding (spec_decode/), None: off; `async_eval`: overlapped steps run through
+        `mx.async_eval` (the engine sets it on Metal only: on MLX's CPU backend, mlx 0.32.4, evaluating
+        quantized matmuls asynchronously and then sampling from them died with SIGFPE)."""
         self.model = model
         self.spec = spec
         self.eos_token_ids = eos_token_ids
@@ -119,6 +135,8 @@ class ModelRunner:
         self.num_tables = len(self.layout.groups) - 1 + (self.states is not None)
         self.proposer = proposer
         self.drafting = DraftController()  # how many drafts pay (spec_decode/controller.py)
+        self._forward_pool: ThreadPoolExecutor | None = None
+        self.async_eval = async_eval
 
     def grow_kv(self, num_blocks: int) -> None:
         """Extend every pool tensor to `num_blocks` blocks, keeping what the old blocks hold."""
@@ -183,16 +201,44 @@ class ModelRunner:
         return ForwardContext(mx.array(step.positions), self.backend, self.kv, groups, states)
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        """One step, start to end."""
+        return self.finish(self.launch(so, overlap=False))
+
+    def launch(self, so: SchedulerOutput, overlap: bool = True) -> InFlightStep:
+        """Apply the step's diffs, pack it and start its forward; `finish` waits for it and samples.
+
+        `overlap`: let the forward run while this thread goes on (async scheduling): `mx.async_eval` on
+        Metal, or, where the whole decoder runs in numba (which releases the GIL), on the forward thread;
+        elsewhere the graph is built here and evaluated in `finish`. Sampling waits for `finish`, so it
+        sees every token and grammar step that came before."""
         if so.num_kv_blocks > self.spec.num_blocks:
             self.grow_kv(so.num_kv_blocks)
         self._update_states(so)
         if so.total_num_scheduled_tokens == 0:
-            return ModelRunnerOutput(sampled_token_ids={})
+            return InFlightStep(so, None, 0.0, None, None)
         drafts = so.scheduled_spec_decode_tokens
         step = pack_step(self.requests, so.num_scheduled_tokens, self.spec.block_size, drafts)
         started = time.perf_counter()
+        host: Future[np.ndarray] | None = None
+        logits: mx.array | None = None
         with forward_context(self._context(step)):
-            logits = self.model(step.token_ids, step.logits_indices)
+            job = self.model.host_job(step.token_ids, step.logits_indices) if overlap else None
+            if job is None:
+                logits = self.model(step.token_ids, step.logits_indices)
+        if job is not None:
+            host = self._forward_thread().submit(job)
+        elif overlap and self.async_eval:
+            mx.async_eval(logits, *self._kv_arrays())
+        return InFlightStep(so, step, started, logits, host)
+
+    def finish(self, flight: InFlightStep) -> ModelRunnerOutput:
+        """Wait for the step's logits, sample, and advance each request's state."""
+        so, step = flight.so, flight.step
+        if step is None:
+            return ModelRunnerOutput(sampled_token_ids={})
+        logits = mx.array(flight.host.result()) if flight.host is not None else flight.logits
+        assert logits is not None
+        drafts = so.scheduled_spec_decode_tokens
         sampling = [self.requests[step.request_ids[i]] for i in step.sampling_rows]
         windows = self._sample(logits, sampling, drafts)
         # Evaluate the pools with the logits so the scatters run now and release the old buffers.
@@ -211,8 +257,17 @@ class ModelRunner:
             if num_drafted:  # the rejected drafts' KV is stale: the next step overwrites it
                 state.num_computed_tokens -= num_rejected(num_drafted, len(window.token_ids))
                 self.drafting.record_window(rid, num_drafted, len(window.token_ids) - 1)
-        spec = self._propose(sampling, step, time.perf_counter() - started, drafts) if self.proposer else {}
+        spec: dict[str, list[int]] = {}
+        if self.proposer:
+            spec = self._propose(sampling, step, time.perf_counter() - flight.started, drafts)
         return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, spec_token_ids=spec)
+
+    def _forward_thread(self) -> ThreadPoolExecutor:
+        """The thread a host (numba) forward runs on while the engine thread prepares the next step; it
+        touches NumPy only: the logits become an MLX array back on the engine thread."""
+        if self._forward_pool is None:
+            self._forward_pool = ThreadPoolExecutor(1, thread_name_prefix="metalserve-forward")
+        return self._forward_pool
 
     def _propose(
         self, sampling: list[CachedRequestState], step: StepInputs, seconds: float, drafts: dict[str, list[int]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
@@ -117,6 +118,11 @@ class PagedModel:
         if self.final_softcap:
             logits = mx.tanh(logits / self.final_softcap) * self.final_softcap
         return logits
+
+    def host_job(self, token_ids: np.ndarray, logits_indices: np.ndarray) -> Callable[[], np.ndarray] | None:
+        """The step's whole forward as a NumPy-only call (the host decoder), to run on another thread;
+        None where any of it runs in MLX. Call it inside the step's forward context."""
+        return self.compute.host_job(self, np.asarray(token_ids), np.asarray(logits_indices))
 
     def __call__(self, token_ids: np.ndarray, logits_indices: np.ndarray) -> mx.array:
         """Forward the packed tokens `[T]`; project only the rows `logits_indices` to the vocabulary."""

@@ -6,6 +6,7 @@ itself never asks which device it runs on.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import mlx.core as mx
@@ -21,6 +22,11 @@ class ModelCompute(Protocol):
 
     def forward(self, model: PagedModel, token_ids: np.ndarray, logits_indices: np.ndarray) -> mx.array:
         """Packed token ids `[T]` -> the logits `[S, vocab]` of the rows `logits_indices`."""
+
+    def host_job(
+        self, model: PagedModel, token_ids: np.ndarray, logits_indices: np.ndarray
+    ) -> Callable[[], np.ndarray] | None:
+        """The forward as a call that touches NumPy only (None: part of it runs in MLX)."""
 
     def description(self) -> str:
         """What runs on the host instead of MLX, for the start-up log."""
@@ -38,6 +44,11 @@ class MlxCompute:
     def forward(self, model: PagedModel, token_ids: np.ndarray, logits_indices: np.ndarray) -> mx.array:
         hidden = model.mlx_hidden_states(mx.array(token_ids))
         return model.mlx_logits(hidden[mx.array(logits_indices)])
+
+    def host_job(
+        self, model: PagedModel, token_ids: np.ndarray, logits_indices: np.ndarray
+    ) -> Callable[[], np.ndarray] | None:
+        return None
 
     def description(self) -> str:
         return "nothing (all in MLX)"
