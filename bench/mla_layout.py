@@ -31,6 +31,7 @@ from metalserve.executor.attention.cpu import CpuAttention
 from metalserve.executor.attention.mlx import MlxAttention
 from metalserve.executor.attention.reference import AttentionOptions
 from metalserve.executor.step_inputs import StepInputs
+from metalserve.kvcache.specs import MLALatent
 
 HEADS, RANK, ROPE, NOPE, V, BLOCK = 16, 512, 64, 128, 128, 16
 
@@ -59,7 +60,8 @@ def timed(fn: Callable[[], mx.array], iters: int) -> float:
 
 def latent_step(backend: AttentionBackend, batch: int, context: int) -> Callable[[], mx.array]:  # type: ignore[type-arg]
     step = decode_step(batch, context)
-    spec = LayerCacheSpec(1, RANK + ROPE, mx.float32, BLOCK, batch * -(-context // BLOCK) + 1, value_dim=RANK)
+    latent = MLALatent(num_kv_heads=1, head_dim=RANK + ROPE, value_dim=RANK)
+    spec = LayerCacheSpec(latent, BLOCK, batch * -(-context // BLOCK) + 1)
     cache, meta = backend.allocate(spec), backend.build_metadata(step, spec)
     embed_q = mx.random.normal((HEADS, RANK, NOPE)) * 0.05
     unembed = mx.random.normal((HEADS, V, RANK)) * 0.05
@@ -79,7 +81,7 @@ def latent_step(backend: AttentionBackend, batch: int, context: int) -> Callable
 def expanded_step(backend: AttentionBackend, batch: int, context: int) -> Callable[[], mx.array]:  # type: ignore[type-arg]
     step = decode_step(batch, context)
     width = NOPE + ROPE
-    spec = LayerCacheSpec(HEADS, width, mx.float32, BLOCK, batch * -(-context // BLOCK) + 1)
+    spec = LayerCacheSpec.dense(HEADS, width, mx.float32, BLOCK, batch * -(-context // BLOCK) + 1)
     cache, meta = backend.allocate(spec), backend.build_metadata(step, spec)
     q, k, v = (mx.random.normal((batch, HEADS, width)) for _ in range(3))
     opts, slots = AttentionOptions(scale=width**-0.5), mx.array(step.slot_mapping)

@@ -43,7 +43,7 @@ from metalserve.executor.attention.select import select_attention
 from metalserve.executor.context import forward_context
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.compute import MlxCompute
-from metalserve.executor.runner import KVCacheSpec
+from metalserve.executor.models.families import kv_cache_spec, kv_shape
 from metalserve.loader import load_model
 from metalserve.platform import current_platform
 
@@ -66,8 +66,8 @@ def build_stage(args: argparse.Namespace, rank: int) -> tuple[Stage, PagedModel,
     keep_layers(loaded.model, slices[rank], first=rank == 0)
     model = PagedModel(loaded.model, loaded.model_type, MlxCompute())
     blocks = max(args.batches) * -(-args.context // BLOCK) + 1
-    spec = KVCacheSpec(len(slices[rank]), loaded.num_kv_heads, loaded.head_dim, loaded.dtype, BLOCK, blocks)
-    backend = select_attention("auto", loaded.dtype, current_platform())
+    spec = kv_cache_spec(loaded, BLOCK, num_blocks=blocks)  # the slice's layers
+    backend = select_attention("auto", kv_shape(loaded).dtype, current_platform())
     return Stage(model, spec, backend), model, slices[rank], param_bytes(loaded.model)
 
 
@@ -132,7 +132,7 @@ def main() -> int:
     group = init_group(2)
     stage, model, layers, weights = build_stage(args, group.rank())
     if group.rank() == 1:
-        times = rank1_loop(stage, group, stage.spec.dtype)
+        times = rank1_loop(stage, group, getattr(mx, stage.spec.page.dtype))
         mx.eval(mx.distributed.send(mx.array(times, dtype=mx.float32), 0, group=group))
         return 0
     rows = measure(args, stage, model, group)

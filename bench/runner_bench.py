@@ -86,7 +86,7 @@ def ours_prefill(loaded: LoadedModel, model: PagedModel, n: int, repeats: int, c
 
     def run() -> None:
         rid = f"p{next(counter)}"
-        new = NewRequestData(rid, prompt, n, params, list(range(-(-n // 16))), 0)
+        new = NewRequestData(rid, prompt, n, params, (list(range(-(-n // 16))),), 0)
         runner.execute_model(SchedulerOutput([new], [], {rid: n}, n))
         runner.execute_model(SchedulerOutput([], [], {}, 0, finished_req_ids={rid}))
 
@@ -104,14 +104,14 @@ def ours_decode_step(
     params = SamplingParams(temperature=0, max_tokens=1 << 20, ignore_eos=True)
     news = [
         NewRequestData(f"r{i}", rng.integers(0, 1000, size=context).tolist(), context, params,
-                       list(range(i * per_req, (i + 1) * per_req)), 0)
+                       (list(range(i * per_req, (i + 1) * per_req)),), 0)
         for i in range(batch)
     ]  # fmt: skip
     runner.execute_model(SchedulerOutput(news, [], {n.request_id: context for n in news}, batch * context))
     computed = {n.request_id: context for n in news}
 
     def step() -> None:
-        cached = [CachedRequestData(rid, [], computed[rid]) for rid in computed]
+        cached = [CachedRequestData(rid, ([],), computed[rid]) for rid in computed]
         runner.execute_model(SchedulerOutput([], cached, dict.fromkeys(computed, 1), batch))
         for rid in computed:
             computed[rid] += 1

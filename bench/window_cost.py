@@ -20,6 +20,7 @@ from affine_linear import median_ms  # this folder's: the same timing as the cod
 
 from metalserve.executor.host.compute import HostCompute
 from metalserve.executor.models.adapter import PagedModel
+from metalserve.executor.models.families import kv_shape
 from metalserve.kernels.cpu.affine_linear import affine_linear
 from metalserve.kernels.cpu.decoder import decoder_layers
 from metalserve.kernels.cpu.paged import CpuStepPlan
@@ -60,8 +61,9 @@ def main() -> None:
         raise SystemExit("the host forward does not apply here (MLX's CPU backend with the default model only)")
     blocks = args.context // BLOCK + 2
     rng = np.random.default_rng(0)
-    pools = tuple(rng.random((2, loaded.num_kv_heads, blocks * BLOCK, loaded.head_dim), dtype=np.float32)
-                  for _ in range(loaded.num_layers))  # fmt: skip
+    kv = kv_shape(loaded)
+    pools = tuple(rng.random((2, kv.num_kv_heads, blocks * BLOCK, kv.head_dim), dtype=np.float32)
+                  for _ in range(kv.num_layers))  # fmt: skip
     print(f"context {args.context}\n\n| requests x tokens | decoder ms | head ms | step ms |\n|---|---|---|---|")
     for shape in args.shapes:
         decoder, head = step_ms(compute, pools, args.context, shape, args.repeats)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import typing
 
 from metalserve import __version__
+from metalserve.config import WeightsMode
 
 
 def _generate_args(sub: argparse._SubParsersAction) -> None:
@@ -23,11 +25,12 @@ def _generate_args(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop-token-id", type=int, action="append", default=[], help="stop at this id (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--max-model-len", type=int, default=None, help="the context limit (default: the model's)")
-    p.add_argument("--weights", choices=["auto", "dequantize", "quantized"], default="auto")
+    p.add_argument("--weights", choices=typing.get_args(WeightsMode), default="auto")
 
 
 def run_generate(args: argparse.Namespace) -> int:
     from metalserve.config import ConfigError, EngineConfig
+    from metalserve.executor.models.families import check_supported
     from metalserve.generate import encode_chat, generate
     from metalserve.loader import ModelLoadError, load_model
     from metalserve.sampling_params import SamplingParams
@@ -42,7 +45,7 @@ def run_generate(args: argparse.Namespace) -> int:
             ignore_eos=args.ignore_eos,
         )  # fmt: skip
         config = EngineConfig(model=args.model, weights=args.weights, max_model_len=args.max_model_len)
-        loaded = load_model(args.model, weights=args.weights)
+        loaded = load_model(args.model, weights=args.weights, check_model_type=check_supported)
         prompts = [loaded.tokenizer.encode(p) for p in args.prompt] + [encode_chat(loaded, m) for m in args.chat]
         results = generate(loaded, prompts, params, config)
     except (ConfigError, ModelLoadError, ValueError) as e:

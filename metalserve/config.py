@@ -1,10 +1,19 @@
-"""One frozen EngineConfig and its validation; the CLI maps flags onto it."""
+"""One frozen EngineConfig and its validation; `metalserve serve`'s engine flags are its fields.
+
+To add a flag, add one field with `flag(default, help)`: metalserve/flags.py generates the argparse
+argument from it and builds the config from the parsed flags.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
+from metalserve.distributed.partition import parse_partition
+from metalserve.flags import flag
+from metalserve.kvcache.specs import KV_CACHE_DTYPES, KVCacheDtype
+from metalserve.platform import CPU_MAX_NUM_BATCHED_TOKENS, MAX_NUM_BATCHED_TOKENS
 from metalserve.spec_decode.config import SpeculativeConfig
 
 SchedulingPolicy = Literal["fcfs", "priority"]
@@ -14,41 +23,80 @@ AttentionBackendName = Literal["auto", "metal", "cpu", "mlx", "reference"]
 ATTENTION_BACKEND_NAMES: tuple[str, ...] = ("auto", "metal", "cpu", "mlx", "reference")
 
 
-# `metalserve serve`'s token budget where MLX runs on the CPU: steps of up to 512 tokens run on the host
-# (executor/host/forward.py), and smaller steps let new prompts start sooner. At concurrency 8
-# (bench/compare_peers.py) mean TTFT was 4.4 s at 512 against 7.6 s at 2048, at the same output tok/s.
-CPU_MAX_NUM_BATCHED_TOKENS = 512
 
 
 class ConfigError(ValueError):
     """A configuration that cannot work; the message names the flag to change."""
 
 
+def _chat_template(value: str) -> str:
+    """--chat-template: the template from a file, or given inline (anything with a Jinja brace in it)."""
+    if Path(value).is_file():
+        return Path(value).read_text()
+    if "{" in value:
+        return value
+    raise ValueError(f"--chat-template: no such file {value!r}")
+
+
+def default_token_budget() -> int:
+    """The step token budget when --max-num-batched-tokens is not given: the Platform's."""
+    from metalserve.platform import current_platform  # probes MLX once, on the engine's side
+
+    return current_platform().default_token_budget()
+
+
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str | None = None  # None: the embedded default model
-    served_model_name: str | None = None
-    max_model_len: int | None = None  # None: the model's own context length
-    block_size: int = 16
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    long_prefill_token_threshold: int = 0  # 0: off; else the most tokens one prefill chunk may take
-    enable_prefix_caching: bool = True
-    scheduling_policy: SchedulingPolicy = "fcfs"
-    gpu_memory_utilization: float = 0.5
-    kv_cache_memory: int | None = None  # bytes; overrides gpu_memory_utilization
-    weights: WeightsMode = "auto"
+    """The model, the scheduler's budgets, the KV cache, the weights and the attention backend."""
+
+    model: str | None = flag(None, "GGUF file, model directory or hub id (default: embedded)", positional=True)
+    served_model_name: str | None = flag(None, "the model id clients send and see")
+    max_model_len: int | None = flag(None, "context length (default: the model's)")
+    block_size: int = flag(16, "tokens per KV cache block", choices=(8, 16, 32))
+    max_num_seqs: int = flag(64, "most requests in one batch")
+    max_num_batched_tokens: int = flag(
+        MAX_NUM_BATCHED_TOKENS,
+        f"token budget per step (default: {CPU_MAX_NUM_BATCHED_TOKENS} where MLX runs on the CPU, "
+        f"else {MAX_NUM_BATCHED_TOKENS})",
+        when_absent=default_token_budget,
+    )
+    long_prefill_token_threshold: int = flag(0, "the most tokens one prefill chunk may take; 0: no limit")
+    enable_prefix_caching: bool = flag(True, "reuse the KV blocks of prompts that share a prefix")
+    scheduling_policy: SchedulingPolicy = flag("fcfs", "fcfs, or priority (the request's `priority` field)")
+    gpu_memory_utilization: float = flag(0.5, "fraction of the device's memory for weights and KV cache")
+    kv_cache_memory: int | None = flag(None, "KV cache bytes (overrides the fraction)")
+    kv_cache_dtype: KVCacheDtype = flag(
+        "auto", "how K/V pages are stored: auto (the model's dtype), int8 (a scale per token and head) or q4 "
+        "(4-bit groups with a scale and bias each); about 2x / 3.5x the tokens of fp16 in the same memory"
+    )
+    weights: WeightsMode = flag("auto", "quantized weights: keep them packed, or dequantize (auto: by size)")
     dequantize_max_bytes: int = 4 * 1024**3  # "auto": dequantize to fp32 only below this size
-    attention_backend: AttentionBackendName = "auto"
-    chat_template: str | None = None
-    tool_call_parser: str | None = None
-    seed: int = 0
-    pipeline_parallel_size: int = 1  # ranks, each holding a slice of the layers (metalserve/distributed/)
-    pipeline_layer_partition: tuple[int, ...] | None = None  # layers per rank; None: balanced by bytes
-    pipeline_step_timeout: float = 120.0  # seconds without a step's result before the server gives up
-    speculative_config: SpeculativeConfig | None = None  # --speculative-config; None: no speculation
-    # Schedule and prepare step k+1 while step k computes (vLLM's --async-scheduling; engine/core.py).
-    async_scheduling: bool = True
+    attention_backend: AttentionBackendName = flag(
+        "auto", "auto, metal (the Metal kernel), cpu (the numba kernel) or mlx (MLX ops; 'reference' is its "
+        "deprecated old name)"
+    )
+    chat_template: str | None = flag(None, "a Jinja chat template, or a file holding one", parse=_chat_template)
+    tool_call_parser: str | None = None  # the flag is ServerSettings' (api/settings.py)
+    seed: int = flag(0, "seeds the random stream that requests without a seed draw from")
+    pipeline_parallel_size: int = flag(
+        1, "split the layers over N ranks (MLX distributed); alone it starts N-1 local ranks, under "
+        "mlx.launch each host runs one rank and rank 0 serves HTTP", aliases=("-pp",)
+    )
+    pipeline_layer_partition: tuple[int, ...] | None = flag(
+        None, "layers per rank, comma-separated (e.g. 12,18); default: balanced by weight bytes",
+        parse=parse_partition,
+    )
+    pipeline_step_timeout: float = flag(
+        120.0, "seconds to wait for a step's result from the last rank before failing open requests and exiting"
+    )
+    speculative_config: SpeculativeConfig | None = flag(
+        None, 'speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, '
+        '"prompt_lookup_min": 2, "prompt_lookup_max": 4}', parse=SpeculativeConfig.from_json
+    )
+    async_scheduling: bool = flag(
+        True, "schedule and prepare the next step while this one computes (vLLM's --async-scheduling); "
+        "speculative decoding and pipeline stages turn it off with a start-up line"
+    )
 
     def __post_init__(self) -> None:
         self.validate()
@@ -64,6 +112,9 @@ class EngineConfig:
             raise ConfigError("--max-model-len must be at least 1")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError("--gpu-memory-utilization must be in (0, 1]")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            choices = ", ".join(KV_CACHE_DTYPES)
+            raise ConfigError(f"--kv-cache-dtype must be one of {choices}, got {self.kv_cache_dtype!r}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ConfigError("--kv-cache-memory must be a positive number of bytes")
         if self.long_prefill_token_threshold < 0:

@@ -12,10 +12,7 @@ import mlx.core as mx
 
 from metalserve.config import EngineConfig
 from metalserve.engine.core import EngineCore, resolve_max_model_len
-from metalserve.engine.kv_groups import layer_groups
-from metalserve.engine.kv_plan import kv_block_bytes
-from metalserve.executor.models.hybrid import state_layout_of
-from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES
+from metalserve.executor.models.families import kv_cache_spec
 from metalserve.kvcache.sizing import blocks_for_request
 from metalserve.loader import LoadedModel
 from metalserve.request import Request
@@ -37,13 +34,6 @@ def encode_chat(loaded: LoadedModel, user_message: str) -> list[int]:
     return list(loaded.tokenizer.encode(text, add_special_tokens=False))
 
 
-def hybrid_state_bytes(loaded: LoadedModel) -> int:
-    """The recurrent-state bytes each block id owns (0 for models without recurrent layers)."""
-    if loaded.model_type not in HYBRID_MODEL_TYPES:
-        return 0
-    return state_layout_of(loaded.model, loaded.model_type).bytes_per_block
-
-
 def generate_config(loaded: LoadedModel, num_prompts: int, config: EngineConfig | None = None) -> EngineConfig:
     """An engine config for a batch of prompts: room for each at the full context (the pool grows as
     used, so this costs nothing up front) and no warm-up step to size the pool from memory."""
@@ -51,9 +41,9 @@ def generate_config(loaded: LoadedModel, num_prompts: int, config: EngineConfig 
     if config.kv_cache_memory is not None:
         return replace(config, max_num_seqs=max(num_prompts, 1))
     max_model_len = resolve_max_model_len(config, loaded.max_model_len)
-    per_block = kv_block_bytes(loaded, config.block_size) + hybrid_state_bytes(loaded)
-    blocks = num_prompts * blocks_for_request(layer_groups(loaded), max_model_len, config.block_size) + 1
-    return replace(config, kv_cache_memory=blocks * per_block, max_num_seqs=max(num_prompts, 1))
+    spec = kv_cache_spec(loaded, config.block_size, config.kv_cache_dtype)
+    blocks = num_prompts * blocks_for_request(spec.groups, max_model_len, config.block_size) + 1
+    return replace(config, kv_cache_memory=blocks * spec.bytes_per_block, max_num_seqs=max(num_prompts, 1))
 
 
 def generate(

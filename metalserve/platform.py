@@ -12,10 +12,14 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
 
-from metalserve.config import CPU_MAX_NUM_BATCHED_TOKENS, EngineConfig
-
 if TYPE_CHECKING:
     import mlx.core as mx
+
+MAX_NUM_BATCHED_TOKENS = 2048  # the step token budget (EngineConfig's default) where MLX runs on a GPU
+# `metalserve serve`'s token budget where MLX runs on the CPU: steps of up to 512 tokens run on the host
+# (executor/host/forward.py), and smaller steps let new prompts start sooner. At concurrency 8
+# (bench/compare_peers.py) mean TTFT was 4.4 s at 512 against 7.6 s at 2048, at the same output tok/s.
+CPU_MAX_NUM_BATCHED_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -40,8 +44,8 @@ class Platform:
 
     def default_token_budget(self) -> int:
         """The step token budget when --max-num-batched-tokens is not given: smaller on MLX's CPU backend,
-        where steps of up to 512 tokens run on the host (see config.py)."""
-        return CPU_MAX_NUM_BATCHED_TOKENS if self.on_cpu else EngineConfig().max_num_batched_tokens
+        where steps of up to 512 tokens run on the host."""
+        return CPU_MAX_NUM_BATCHED_TOKENS if self.on_cpu else MAX_NUM_BATCHED_TOKENS
 
     def describe(self) -> str:
         device = "Metal" if self.metal and not self.on_cpu else "CPU"

@@ -18,6 +18,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = enum.auto()  # EOS or a stop token id
     FINISHED_LENGTH = enum.auto()  # max_tokens or the context limit
     FINISHED_ABORTED = enum.auto()
+    FINISHED_ERROR = enum.auto()  # the output broke its grammar (never reported as "stop")
 
     @property
     def finished(self) -> bool:
@@ -28,11 +29,17 @@ class RequestStatus(enum.Enum):
         return _FINISH_REASONS.get(self)
 
 
-_FINISHED = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
+_FINISHED = {
+    RequestStatus.FINISHED_STOPPED,
+    RequestStatus.FINISHED_LENGTH,
+    RequestStatus.FINISHED_ABORTED,
+    RequestStatus.FINISHED_ERROR,
+}
 _FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 

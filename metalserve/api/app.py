@@ -21,6 +21,7 @@ from metalserve.api.anthropic.protocol import CountTokensRequest, MessagesReques
 from metalserve.api.anthropic.serving import MessagesServing
 from metalserve.api.body_limit import BodyLimitMiddleware
 from metalserve.api.errors import ErrorShapes, OpenAIError, install_error_handlers
+from metalserve.api.memory import memory_report
 from metalserve.api.metrics import Metrics
 from metalserve.api.protocol import (
     ChatCompletionRequest,
@@ -42,6 +43,7 @@ from metalserve.api.settings import ServerSettings
 from metalserve.api.text_guard import TextCheckedRoute
 from metalserve.api.tool_parsers import get_tool_parser
 from metalserve.engine.async_engine import DEAD_MESSAGE, AsyncEngine
+from metalserve.structured.compiler import GrammarLimits
 
 # Paths a load balancer or supervisor must reach without the key.
 _OPEN_PATHS = {"/health"}
@@ -57,7 +59,6 @@ class ApiKeyMiddleware:
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
-        self.bearer = f"Bearer {api_key}".encode()
         self.key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -66,7 +67,9 @@ class ApiKeyMiddleware:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        bearer_ok = hmac.compare_digest(headers.get(b"authorization", b""), self.bearer)
+        # The scheme name is case-insensitive (RFC 9110 11.1): "bearer KEY" is as good as "Bearer KEY".
+        scheme, _, credentials = headers.get(b"authorization", b"").strip().partition(b" ")
+        bearer_ok = scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), self.key)
         if bearer_ok or hmac.compare_digest(headers.get(b"x-api-key", b""), self.key):
             await self.app(scope, receive, send)
             return
@@ -85,7 +88,12 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     reasoning = get_reasoning_parser(settings.reasoning_parser) if settings.reasoning_parser else None
     chat = ChatServing(ctx, parser, reasoning, auto_tools=settings.enable_auto_tool_choice)
     completion = CompletionServing(ctx)
-    store = ResponseStore(settings.responses_store_size)
+    store = ResponseStore(settings.responses_store_size, settings.responses_store_bytes)
+    engine.grammar_limits = GrammarLimits(
+        max_spec_bytes=settings.max_grammar_bytes,
+        compile_timeout_s=settings.grammar_compile_timeout,
+        cache_bytes=settings.grammar_cache_bytes,
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -103,6 +111,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     _add_middleware(app, settings, engine.max_model_len)
     app.state.metrics = metrics
     app.state.engine = engine
+    app.state.responses_store = store
 
     def alive() -> None:
         if engine.dead_error is not None:
@@ -128,7 +137,12 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
 
 def _add_middleware(app: FastAPI, settings: ServerSettings, max_model_len: int) -> None:
     # Middleware added last runs first: CORS, then the key, then the body limit.
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.body_limit(max_model_len), shapes=ERROR_SHAPES)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_body_bytes=settings.body_limit(max_model_len),
+        shapes=ERROR_SHAPES,
+        body_timeout=settings.request_body_timeout,
+    )
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     app.add_middleware(
@@ -165,6 +179,10 @@ def _add_info_routes(app: FastAPI, ctx: ServingContext, metrics: Metrics) -> Non
     @app.get("/metrics")
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/debug/memory")
+    async def memory() -> dict[str, int]:
+        return memory_report(app.state.engine, app.state.responses_store)
 
 
 def _add_token_routes(app: FastAPI, ctx: ServingContext, chat: ChatServing) -> None:

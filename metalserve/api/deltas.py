@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from metalserve.api.reasoning import ReasoningParser, ReasoningStreamer
-from metalserve.api.tool_choice import ForcedToolStreamer, parse_forced_output
+from metalserve.api.tool_choice import ForcedToolStreamer
 from metalserve.api.tool_parsers import ParsedToolCall, StreamingToolParser, ToolCallDelta, ToolParser
+from metalserve.api.tool_parsers.base import make_tool_call_id
 from metalserve.engine.async_engine import RequestOutput
 from metalserve.outputs import TokenLogprob
 
@@ -58,31 +59,35 @@ class OutputParsing:
 
     def streamer(self, index: int) -> ChoiceParser:
         reasoning = self.reasoning.streaming(self.prompt_tail) if self.reasoning else None
-        tools: StreamingToolParser | None = None
+        return ChoiceParser(index, reasoning, self._tool_streamer(), self.single_call)
+
+    def _tool_streamer(self) -> StreamingToolParser | None:
         if self.forced is not None:
-            tools = ForcedToolStreamer(self.forced)
-        elif self.tools is not None:
-            tools = self.tools.streaming()
-        return ChoiceParser(index, reasoning, tools, self.single_call)
+            return ForcedToolStreamer(self.forced)
+        return self.tools.streaming() if self.tools is not None else None
 
     def final(self, text: str, finish_reason: str | None) -> FinalOutput:
-        """The non-streamed split of a whole output text."""
+        """The non-streamed split of a whole output text: the tool streamer's deltas put together, so a
+        streamed and a non-streamed answer never differ in content, calls or finish reason."""
         reasoning: str | None = None
         if self.reasoning is not None:
             split = self.reasoning.split(text, self.prompt_tail)
             reasoning, text = split.reasoning, split.content
-        content: str | None = text
-        calls: list[ParsedToolCall] = []
-        if self.forced is not None:
-            calls = parse_forced_output(text, self.forced)  # [] when cut short: the text is all there is
-            content = None if calls else text
-        elif self.tools is not None:
-            extracted = self.tools.extract(text)
-            calls, content = extracted.calls, (extracted.content if extracted.calls else text)
+        tools = self._tool_streamer()
+        if tools is None:
+            return FinalOutput(reasoning, text, [], finish_reason)
+        content, calls = "", {}
+        for message in (tools.feed(text), tools.finish()):
+            content += message.content
+            for d in message.tool_calls:
+                if d.index not in calls:
+                    calls[d.index] = ParsedToolCall(d.name or "", "", d.id or make_tool_call_id())
+                calls[d.index].arguments += d.arguments
         if not calls:
             return FinalOutput(reasoning, content, [], finish_reason)
         reason = "tool_calls" if finish_reason == "stop" else finish_reason
-        return FinalOutput(reasoning, content, calls[:1] if self.single_call else calls, reason)
+        kept = [calls[0]] if self.single_call else [calls[i] for i in sorted(calls)]
+        return FinalOutput(reasoning, content or None, kept, reason)
 
 
 class ChoiceParser:

@@ -14,9 +14,10 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +26,7 @@ _TYPES = {
     401: "authentication_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
     500: "internal_server_error",
@@ -118,6 +120,12 @@ def install_error_handlers(app: FastAPI, shapes: ErrorShapes | None = None) -> N
     @app.exception_handler(json.JSONDecodeError)
     async def _json(request: Request, exc: json.JSONDecodeError) -> JSONResponse:
         return await _openai(request, OpenAIError(f"malformed JSON body: {exc}", 400))
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect) -> Response:
+        # A client that leaves is routine: a debug line, no traceback, and an answer nobody reads.
+        logger.debug("client disconnected during %s %s", request.method, request.url.path)
+        return Response(status_code=499)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:

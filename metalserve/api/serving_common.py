@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -11,11 +12,13 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import Request as HTTPRequest
+from starlette.requests import ClientDisconnect
 
 from metalserve.api.errors import OpenAIError, internal_error
 from metalserve.api.protocol import _SamplingRequest
 from metalserve.api.serving_context import ServingContext
 from metalserve.engine.async_engine import ClientTooSlowError, EngineDeadError, RequestOutput
+from metalserve.engine.errors import GrammarFailedError
 from metalserve.outputs import TokenLogprob
 from metalserve.sampling_params import SamplingParams
 
@@ -169,6 +172,8 @@ def engine_error(exc: Exception) -> OpenAIError:
         return OpenAIError(str(exc), 503)
     if isinstance(exc, ClientTooSlowError):
         return OpenAIError(str(exc), 408)
+    if isinstance(exc, GrammarFailedError):
+        return OpenAIError(str(exc), 500)
     if isinstance(exc, ValueError):  # the core refused the request itself (its messages are ours)
         return OpenAIError(str(exc), 400)
     return internal_error(exc)
@@ -185,12 +190,18 @@ async def cancel_on_disconnect(raw: HTTPRequest, work: Callable[[], Awaitable[T]
                 return
 
     watcher = asyncio.ensure_future(watch())
+    client_gone = False
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        client_gone = task not in done
     finally:
         if not task.done():
             task.cancel()
         watcher.cancel()
+    if client_gone:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise ClientDisconnect()  # answered quietly (errors.py): there is nobody to send an answer to
     return await task
 
 

@@ -1,40 +1,108 @@
-"""How the HTTP server itself is set up (the engine's settings live in EngineConfig)."""
+"""How the HTTP server itself is set up (the engine's settings live in EngineConfig).
+
+`metalserve serve`'s server flags are the fields declared with `flag(default, help)`: to add one, add a
+field (metalserve/flags.py generates the argument and fills the field from it).
+"""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from metalserve.flags import flag
 
 MIN_DEFAULT_BODY_BYTES = 16 * 1024 * 1024
 
 
+def _tool_parsers() -> list[str]:
+    from metalserve.api.tool_parsers import TOOL_PARSERS  # the parsers import the protocol models
+
+    return sorted(TOOL_PARSERS)
+
+
+def _reasoning_parsers() -> list[str]:
+    from metalserve.api.reasoning import REASONING_PARSERS
+
+    return sorted(REASONING_PARSERS)
+
+
+def _json_strings(option: str) -> Callable[[str], tuple[str, ...]]:
+    """A flag's JSON list of strings, as a tuple."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"{option} takes a JSON list of strings, e.g. '[\"*\"]'")
+        return tuple(value)
+
+    return parse
+
+
 @dataclass(frozen=True)
 class ServerSettings:
-    """Host and port, the optional API key, the public model name and the stats log period."""
+    """The HTTP server: address, API key, tool and reasoning parsers, the Responses store, shutdown, CORS."""
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None
-    served_model_name: str | None = None  # None: the engine's model name
-    log_stats_interval: float = 10.0  # seconds between throughput log lines; 0 turns them off
-    tool_call_parser: str | None = None
-    reasoning_parser: str | None = None
-    responses_store_size: int = 1000  # responses kept for GET /v1/responses/{id} and previous_response_id
-    enable_auto_tool_choice: bool = False  # tool_choice "auto" (given or implied by tools) needs it
-    # SIGTERM/SIGINT: running requests get this long to finish; what is left then ends with an error.
-    graceful_shutdown_timeout: float = 30.0
+    host: str = flag("127.0.0.1", "address to bind (0.0.0.0 for every interface)")
+    port: int = flag(8000, "port to bind")
+    api_key: str | None = flag(None, "require `Authorization: Bearer KEY` or `x-api-key: KEY` (not on /health)")
+    served_model_name: str | None = None  # the flag is EngineConfig's; None: the engine's model name
+    log_stats_interval: float = flag(10.0, "seconds between throughput log lines; 0: off")
+    tool_call_parser: str | None = flag(None, "how tool calls are read from the model's text", choices=_tool_parsers)
+    reasoning_parser: str | None = flag(
+        None, "split the model's reasoning out: reasoning_content (chat), thinking blocks, reasoning items",
+        choices=_reasoning_parsers,
+    )
+    responses_store_size: int = flag(
+        1000, "responses kept in memory (LRU) for GET /v1/responses/{id} and previous_response_id; 0: none"
+    )
+    responses_store_bytes: int = flag(
+        64 * 1024 * 1024, "most bytes (JSON, conversation included) the stored responses hold together; "
+        "the oldest go first"
+    )
+    max_grammar_bytes: int = flag(
+        256 * 1024, "largest structured-output spec (JSON schema, regex, choices, grammar); 400 above it"
+    )
+    grammar_compile_timeout: float = flag(10.0, "seconds a grammar may take to compile; its request gets a 400 past it")
+    grammar_cache_bytes: int = flag(
+        64 * 1024 * 1024, "compiled grammars kept for reuse (LRU, counted by grammar text bytes)"
+    )
+    request_body_timeout: float = flag(
+        30.0, "seconds a request body may take to arrive after its headers (408 past it, connection closed)"
+    )
+    enable_auto_tool_choice: bool = flag(
+        False, "vLLM's flag: serve tool_choice 'auto' (given, or implied by tools) through --tool-call-parser, "
+        "which it needs; without it such requests get a 400. Forced calls (required, named) need neither"
+    )
+    graceful_shutdown_timeout: float = flag(
+        30.0, "seconds running requests get to finish after SIGTERM/SIGINT; then they end with an error"
+    )
     engine_shutdown_timeout: float = 10.0  # how long shutdown waits for the engine's last step
-    max_request_body_bytes: int | None = None  # None: derived from the context length (body_limit)
+    max_request_body_bytes: int | None = flag(
+        None, "largest request body (413 above it; default: 64 bytes per context token, at least 16 MiB)"
+    )
     # CORS, as vLLM's flags and defaults.
-    allowed_origins: tuple[str, ...] = ("*",)
-    allow_credentials: bool = False
-    allowed_methods: tuple[str, ...] = ("*",)
-    allowed_headers: tuple[str, ...] = ("*",)
+    allowed_origins: tuple[str, ...] = flag(("*",), "CORS, JSON list", parse=_json_strings("--allowed-origins"))
+    allow_credentials: bool = flag(False, "CORS: allow credentials")
+    allowed_methods: tuple[str, ...] = flag(("*",), "CORS, JSON list", parse=_json_strings("--allowed-methods"))
+    allowed_headers: tuple[str, ...] = flag(("*",), "CORS, JSON list", parse=_json_strings("--allowed-headers"))
 
     def __post_init__(self) -> None:
+        if self.enable_auto_tool_choice and not self.tool_call_parser:
+            raise ValueError(f"--enable-auto-tool-choice needs --tool-call-parser ({', '.join(_tool_parsers())})")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         if self.responses_store_size < 0:
             raise ValueError("--responses-store-size must be >= 0")
+        if self.responses_store_bytes < 0:
+            raise ValueError("--responses-store-bytes must be >= 0")
+        if self.max_grammar_bytes < 1 or self.grammar_cache_bytes < 0:
+            raise ValueError("--max-grammar-bytes must be >= 1 and --grammar-cache-bytes >= 0")
+        if self.grammar_compile_timeout <= 0 or self.request_body_timeout <= 0:
+            raise ValueError("--grammar-compile-timeout and --request-body-timeout must be > 0")
         if self.log_stats_interval < 0:
             raise ValueError("--log-stats-interval must be >= 0")
         if self.graceful_shutdown_timeout < 0:

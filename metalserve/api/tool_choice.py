@@ -11,8 +11,9 @@ import json
 from typing import Any
 
 from metalserve.api.tool_parsers.base import (
+    CALL_ARGS_RE,
+    CALL_NAME_RE,
     DeltaMessage,
-    ParsedToolCall,
     StreamingToolParser,
     ToolCallDelta,
     make_tool_call_id,
@@ -76,41 +77,13 @@ def required_schema(specs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {"type": "array", "minItems": 1, "items": {"anyOf": variants}}
 
 
-def parse_forced_output(text: str, tool_choice: Any) -> list[ParsedToolCall]:
-    """The tool calls of a forced output; [] when the text is not complete JSON (cut by max_tokens)."""
-    name = forced_name(tool_choice)
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return []
-    if name is not None:
-        return [ParsedToolCall(name, json.dumps(value, ensure_ascii=False))]
-    if not isinstance(value, list):
-        return []
-    calls = []
-    for item in value:
-        if isinstance(item, dict) and isinstance(item.get("name"), str):
-            calls.append(ParsedToolCall(item["name"], json.dumps(item.get("parameters", {}), ensure_ascii=False)))
-    return calls
-
-
-def forced_message(text: str, finish_reason: str | None, tool_choice: Any) -> tuple[dict[str, Any], str | None]:
-    """The assistant message of a forced output: its tool calls (content None), finish_reason "tool_calls"."""
-    calls = parse_forced_output(text, tool_choice)
-    if not calls:  # cut short (max_tokens): the partial text is all there is
-        return {"role": "assistant", "content": text}, finish_reason
-    tool_calls = [
-        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
-    ]
-    reason = "tool_calls" if finish_reason == "stop" else finish_reason
-    return {"role": "assistant", "content": None, "tool_calls": tool_calls}, reason
-
-
 class ForcedToolStreamer(StreamingToolParser):
     """Streams a forced output as tool-call deltas.
 
     Named: the arguments are the output itself, sent as they grow. Required: each element of the
-    array is sent as one call when its object is complete (the grammar guarantees it will be).
+    array is sent as one call when its object is complete (the grammar guarantees it will be). An
+    output cut by max_tokens stays a call with the arguments written so far (the finish reason says
+    "length"), as OpenAI and Anthropic report a call cut short; the non-streamed answer is the same.
     """
 
     def __init__(self, tool_choice: Any) -> None:
@@ -128,14 +101,27 @@ class ForcedToolStreamer(StreamingToolParser):
         return DeltaMessage(tool_calls=self._complete_elements())
 
     def finish(self) -> DeltaMessage:
-        return DeltaMessage()
+        if self.name is not None:
+            return self._feed_named("") if self.num_calls else DeltaMessage(tool_calls=self._named_start(""))
+        rest = self._text[self._pos :]
+        name = CALL_NAME_RE.search(rest)
+        if name is None:
+            return DeltaMessage()
+        args = CALL_ARGS_RE.search(rest, name.end())
+        partial = rest[args.end() :].rstrip() if args else ""
+        call = ToolCallDelta(self.num_calls, make_tool_call_id(), json.loads(f'"{name.group(1)}"'), partial)
+        self.num_calls += 1
+        return DeltaMessage(tool_calls=[call])
+
+    def _named_start(self, arguments: str) -> list[ToolCallDelta]:
+        self.num_calls = 1
+        return [ToolCallDelta(0, self._id, self.name, arguments)]
 
     def _feed_named(self, delta: str) -> DeltaMessage:
         if not delta:
             return DeltaMessage()
         if self.num_calls == 0:
-            self.num_calls = 1
-            return DeltaMessage(tool_calls=[ToolCallDelta(0, self._id, self.name, delta)])
+            return DeltaMessage(tool_calls=self._named_start(delta))
         return DeltaMessage(tool_calls=[ToolCallDelta(0, arguments=delta)])
 
     def _complete_elements(self) -> list[ToolCallDelta]:

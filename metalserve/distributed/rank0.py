@@ -24,8 +24,9 @@ from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.context import forward_context
 from metalserve.executor.input_batch import CachedRequestState
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.executor.runner import KVCacheSpec, ModelRunner, SamplerFn
+from metalserve.executor.runner import ModelRunner, SamplerFn
 from metalserve.executor.step_inputs import StepInputs, pack_step
+from metalserve.kvcache.specs import KVCacheSpec
 from metalserve.outputs import TokenLogprob
 from metalserve.scheduler.output import ModelRunnerOutput, SchedulerOutput
 
@@ -102,7 +103,7 @@ class PipelineRunner(ModelRunner):
                 # A later step may already have moved it further (its next prefill chunk): never go back.
                 state.num_computed_tokens = max(state.num_computed_tokens, int(flight.step.seq_lens[i]))
         if flight.sampling and payload is not None:
-            rows = as_hidden(payload, header.num_rows, self.spec.dtype)
+            rows = as_hidden(payload, header.num_rows, getattr(mx, self.spec.page.dtype))
             logits = self.model.mlx_logits(self.model.backbone.norm(rows))
             result = self.sampler(logits, flight.sampling)
             for j, state in enumerate(flight.sampling):

@@ -15,12 +15,12 @@ from metalserve.distributed.core import PipelineEngineCore
 from metalserve.distributed.handshake import StartupError
 from metalserve.distributed.launch import init_group, launched_externally, spawn_local_ranks
 from metalserve.distributed.rank0 import PipelineRunner
-from metalserve.distributed.setup import RankSetup, setup_rank, sliced_loaded
+from metalserve.distributed.setup import RankSetup, setup_rank
 from metalserve.distributed.watchdog import Watchdog
 from metalserve.distributed.worker import run_worker
 from metalserve.engine.core import BUFFER_CACHE_FRACTION
 from metalserve.engine.kv_groups import build_scheduler
-from metalserve.executor.runner import KVCacheSpec
+from metalserve.executor.models.families import kv_cache_spec
 from metalserve.executor.sampler import Sampler
 from metalserve.loader import LoadedModel, ModelLoadError
 
@@ -59,7 +59,7 @@ def start_pipeline(config: EngineConfig) -> tuple[PipelineEngineCore, LoadedMode
 def run_rank_in_group(config: EngineConfig, group: mx.distributed.Group) -> int:
     try:
         setup = setup_rank(config, group)
-        run_worker(setup, group, config.block_size)
+        run_worker(setup, group, config.block_size, config.kv_cache_dtype)
     except (StartupError, ModelLoadError, ValueError, RuntimeError) as exc:  # RuntimeError: a peer went away
         logger.error("pipeline rank %d: %s", group.rank(), exc)
         return 1
@@ -68,11 +68,11 @@ def run_rank_in_group(config: EngineConfig, group: mx.distributed.Group) -> int:
 
 def build_core(config: EngineConfig, setup: RankSetup, group: mx.distributed.Group) -> PipelineEngineCore:
     loaded = setup.loaded
-    spec = KVCacheSpec.for_model(sliced_loaded(setup), config.block_size, setup.initial_blocks)
+    spec = kv_cache_spec(setup.loaded, config.block_size, config.kv_cache_dtype, setup.initial_blocks)
     runner = PipelineRunner(setup.model, spec, group, eos_token_ids=loaded.eos_token_ids,
                             sampler=Sampler(config.seed), backend=setup.backend)  # fmt: skip
     mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * setup.num_blocks * spec.bytes_per_block))
-    scheduler = build_scheduler(config, loaded, setup.num_blocks, setup.max_model_len, setup.initial_blocks)
+    scheduler = build_scheduler(config, spec, setup.num_blocks, setup.max_model_len, setup.initial_blocks)
     logger.info("pipeline: %d ranks, %d steps in flight; every rank runs the generic MLX path, attention %s",
                 setup.size, 2, setup.backend.description)  # fmt: skip
     if config.async_scheduling:

@@ -4,7 +4,7 @@ with the other ranks (handshake.py) before any step runs."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -27,7 +27,7 @@ from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.compute import MlxCompute
-from metalserve.kvcache.sizing import kv_bytes_per_block
+from metalserve.executor.models.families import check_supported, kv_cache_spec, kv_shape
 from metalserve.loader import LoadedModel, load_model
 from metalserve.loader.weights_mode import fp32_bytes, should_dequantize
 from metalserve.platform import current_platform
@@ -39,7 +39,7 @@ logger = logging.getLogger("metalserve.distributed")
 class RankSetup:
     rank: int
     size: int
-    loaded: LoadedModel  # num_layers is the whole model's; the model object holds only this slice
+    loaded: LoadedModel  # its model object holds only this rank's slice of the layers
     model: PagedModel
     layers: range
     backend: AttentionBackend[Any, Any]
@@ -58,12 +58,13 @@ def _load_slice(config: EngineConfig, rank: int, size: int) -> tuple[LoadedModel
         found["fingerprint"] = fingerprint(model, loaded_config(model))
         sizes, extra = _resident_sizes(model, config)
         slices = split_layers(sizes, size, extra, config.pipeline_layer_partition)
-        found["layers"], found["total"] = slices[rank], len(model.model.layers)
+        found["layers"] = slices[rank]
         keep_layers(model, slices[rank], first=rank == 0)
 
-    loaded = load_model(config.model, weights=config.weights, dequantize_max_bytes=config.dequantize_max_bytes,
-                        chat_template=config.chat_template, prepare=prepare)  # fmt: skip
-    loaded = replace(loaded, num_layers=found["total"])  # the scheduler's view: every layer of the model
+    loaded = load_model(
+        config.model, weights=config.weights, dequantize_max_bytes=config.dequantize_max_bytes,
+        chat_template=config.chat_template, prepare=prepare, check_model_type=check_supported,
+    )  # fmt: skip
     mx.clear_cache()
     # The generic MLX path on every rank: the host fast path (executor/host/) runs whole models only.
     model = PagedModel(loaded.model, loaded.model_type, MlxCompute())
@@ -103,8 +104,8 @@ def _blocks_fit(
     config: EngineConfig, loaded: LoadedModel, layers: range, rank: int, max_num_seqs: int
 ) -> tuple[int, int]:
     """(KV blocks this rank can hold for its layers, bytes per block here)."""
-    per_block = kv_bytes_per_block(len(layers), loaded.num_kv_heads, loaded.head_dim, loaded.dtype.size,
-                                   config.block_size)  # fmt: skip
+    shape = kv_shape(loaded)
+    per_block = kv_cache_spec(loaded, config.block_size, config.kv_cache_dtype).bytes_per_block  # this rank's layers
     if config.kv_cache_memory is not None:
         return config.kv_cache_memory // per_block, per_block
     held = int(mx.get_active_memory())
@@ -113,7 +114,7 @@ def _blocks_fit(
     inter = int(loaded.config.get("intermediate_size", 4 * hidden))
     # An estimate of a full step's activations (no warm-up step runs across ranks): a few hidden-sized
     # and MLP-sized rows per token, and on rank 0 the logits of every sampling row.
-    step = config.max_num_batched_tokens * loaded.dtype.size * (8 * hidden + 3 * inter)
+    step = config.max_num_batched_tokens * shape.dtype.size * (8 * hidden + 3 * inter)
     if rank == 0:
         step += max_num_seqs * int(loaded.config.get("vocab_size", 0)) * 4
     return max(0, (limit - held - step) // per_block), per_block
@@ -125,7 +126,8 @@ def setup_rank(config: EngineConfig, group: mx.distributed.Group) -> RankSetup:
     try:
         loaded, model, layers, fp = _load_slice(config, rank, size)
         max_model_len = resolve_max_model_len(config, loaded.max_model_len)
-        backend = select_attention(config.attention_backend, loaded.dtype, current_platform())
+        backend = select_attention(config.attention_backend, kv_shape(loaded).dtype, current_platform(),
+                                   kv_storage=config.kv_cache_dtype)  # fmt: skip
         fits, per_block = _blocks_fit(config, loaded, layers, rank, config.max_num_seqs)
         weight_mib = param_bytes(model.model) >> 20
         report = RankReport(True, fp, fits, layers, weight_mib, per_block, "", config.block_size)
@@ -153,7 +155,3 @@ def log_ranks(reports: list[RankReport], num_blocks: int, block_size: int) -> No
         )  # fmt: skip
     logger.info("pipeline KV pool: up to %d blocks of %d tokens on every rank", num_blocks, block_size)
 
-
-def sliced_loaded(setup: RankSetup) -> LoadedModel:
-    """The LoadedModel as this rank's pools see it: only its own layers."""
-    return replace(setup.loaded, num_layers=len(setup.layers))

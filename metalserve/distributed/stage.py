@@ -6,18 +6,17 @@ so block ids mean the same on every rank while each rank stores only its own lay
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from metalserve.executor.attention.base import AttentionBackend
+from metalserve.executor.attention.base import AttentionBackend, LayerCacheSpec
 from metalserve.executor.context import ForwardContext, GroupStep, forward_context
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.executor.runner import KVCacheSpec
 from metalserve.executor.step_inputs import StepInputs
+from metalserve.kvcache.specs import AttentionSpec, KVCacheSpec
 
 
 def param_bytes(module: nn.Module) -> int:
@@ -38,8 +37,8 @@ def non_layer_bytes(model: nn.Module) -> int:
 def keep_layers(model: nn.Module, layers: range, first: bool) -> None:
     """Drop every layer outside `layers` (and, off rank 0, the embedding, norm and head) so they free.
 
-    Off rank 0 the embedding becomes a 1x1 one of the same dtype: the loader reads the activations'
-    dtype from it."""
+    Off rank 0 the embedding becomes a 1x1 one of the same dtype: the model's family reads the
+    activations' dtype from it."""
     backbone = model.model
     backbone.layers = [backbone.layers[i] for i in layers]
     if not first:
@@ -60,22 +59,28 @@ class Stage:
         self.model = model
         self.spec = spec
         self.backend = backend
-        layer = spec.layer_spec()
-        self.kv: list[Any] = [backend.allocate(layer) for _ in range(spec.num_layers)]
+        self.kv: list[Any] = [backend.allocate(self._layer(t, spec.num_blocks)) for t in spec.tensors]
+
+    def _layer(self, attn: AttentionSpec, num_blocks: int) -> LayerCacheSpec:
+        return LayerCacheSpec(attn, self.spec.block_size, num_blocks)
 
     def ensure_blocks(self, num_blocks: int) -> None:
         """Grow every local pool to `num_blocks` (rank 0's scheduler grew its pool)."""
         if num_blocks <= self.spec.num_blocks:
             return
-        more = replace(self.spec, num_blocks=num_blocks - self.spec.num_blocks).layer_spec()
-        self.kv = [self.backend.extend(cache, more) for cache in self.kv]
-        self.spec = replace(self.spec, num_blocks=num_blocks)
+        more = num_blocks - self.spec.num_blocks
+        tensors = self.spec.tensors
+        self.kv = [self.backend.extend(cache, self._layer(t, more)) for cache, t in zip(self.kv, tensors, strict=True)]
+        self.spec = self.spec.with_blocks(num_blocks)
         mx.eval([a for layer in self.kv for a in layer.arrays()])
         mx.clear_cache()
 
     def context(self, step: StepInputs) -> ForwardContext:
         # One layer group (setup.py refuses models of several): group 0's slots and metadata.
-        group = GroupStep(mx.array(step.slot_mapping), self.backend.build_metadata(step, self.spec.layer_spec()))
+        attn = self.spec.groups[0]
+        assert isinstance(attn, AttentionSpec)
+        meta = self.backend.build_metadata(step, self._layer(attn, self.spec.num_blocks))
+        group = GroupStep(mx.array(step.slot_mapping), meta)
         return ForwardContext(mx.array(step.positions), self.backend, self.kv, [group])
 
     def forward(self, hidden: mx.array, step: StepInputs) -> mx.array:

@@ -25,6 +25,7 @@ from metalserve.distributed.wire import (
     send_message,
     split_payload,
 )
+from metalserve.kvcache.specs import KVCacheDtype
 
 logger = logging.getLogger("metalserve.distributed")
 
@@ -83,12 +84,11 @@ class Worker:
         self.times.append(StepTimes(t1 - t0, t2 - t1, t3 - t2, header.payload_bytes, reply.payload_bytes))
 
 
-def run_worker(setup: RankSetup, group: mx.distributed.Group, block_size: int) -> None:
-    from metalserve.distributed.setup import sliced_loaded
-    from metalserve.executor.runner import KVCacheSpec
+def run_worker(setup: RankSetup, group: mx.distributed.Group, block_size: int, storage: KVCacheDtype = "auto") -> None:
+    from metalserve.executor.models.families import kv_cache_spec, kv_shape
 
-    spec = KVCacheSpec.for_model(sliced_loaded(setup), block_size, setup.initial_blocks)
-    worker = Worker(Stage(setup.model, spec, setup.backend), group, setup.loaded.dtype)
+    spec = kv_cache_spec(setup.loaded, block_size, storage, setup.initial_blocks)
+    worker = Worker(Stage(setup.model, spec, setup.backend), group, kv_shape(setup.loaded).dtype)
     logger.info("pipeline rank %d ready: layers %d-%d", setup.rank, setup.layers.start, setup.layers.stop - 1)
     try:
         worker.serve()

@@ -19,14 +19,14 @@ from typing import Any
 from metalserve.engine.commands import Abort, Add, Command, Crash, FailAll, Stop
 from metalserve.engine.detokenizer import IncrementalDetokenizer
 from metalserve.engine.engine_thread import EngineThread
-from metalserve.engine.errors import ClientTooSlowError, EngineDeadError, EngineDrainingError
+from metalserve.engine.errors import ClientTooSlowError, EngineDeadError, EngineDrainingError, GrammarFailedError
 from metalserve.engine.protocol import EngineCoreProtocol
 from metalserve.engine.request_output import EngineObserver, IterationStats, RequestOutput
 from metalserve.engine.request_state import RequestState, hand_over, make_output
 from metalserve.outputs import EngineCoreOutput
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
-from metalserve.structured.compiler import GrammarCompiler
+from metalserve.structured.compiler import GrammarCompiler, GrammarError, GrammarLimits
 from metalserve.structured.params import StructuredOutputsParams
 
 __all__ = [
@@ -73,6 +73,7 @@ class AsyncEngine:
         self._owns_thread = thread is None
         self._loop: Future[None] | None = None  # the step loop's run on the engine thread
         self._grammar: GrammarCompiler | None = None
+        self.grammar_limits = GrammarLimits()  # set by the server before the first grammar compiles
 
     @property
     def is_running(self) -> bool:
@@ -191,12 +192,21 @@ class AsyncEngine:
     def grammar(self) -> GrammarCompiler:
         """The grammar compile cache for this tokenizer (made on first use)."""
         if self._grammar is None:
-            self._grammar = GrammarCompiler(self.tokenizer)
+            self._grammar = GrammarCompiler(self.tokenizer, limits=self.grammar_limits)
         return self._grammar
 
     async def check_structured(self, params: StructuredOutputsParams) -> None:
-        """Compile the spec (off the event loop and the engine thread); GrammarError when it is invalid."""
-        await asyncio.wrap_future(self.grammar.submit(params))
+        """Compile the spec (off the event loop and the engine thread); GrammarError when it is invalid
+        or takes longer than the limit to compile (it is then dropped from the cache when it ends)."""
+        future = self.grammar.submit(params)
+        timeout = self.grammar.limits.compile_timeout_s
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)
+        except TimeoutError:
+            self.grammar.forget(params)
+            raise GrammarError(
+                params.kind, f"the grammar did not compile within {timeout:g} s (--grammar-compile-timeout)"
+            ) from None
 
     async def abort(self, request_id: str) -> None:
         """Abort a request (a client went away); its blocks are freed before the next step."""
@@ -265,6 +275,8 @@ class AsyncEngine:
             result: RequestOutput | BaseException
             try:
                 result = make_output(out, state, now, iteration)
+                if out.finish_reason == "error":
+                    result = GrammarFailedError(f"the output could not follow its grammar: {out.stop_reason}")
             except Exception as exc:  # a broken request must not take the engine down
                 logger.exception("output processing failed for %s", out.request_id)
                 result = exc

@@ -10,15 +10,16 @@ from typing import Any
 import mlx.core as mx
 
 from metalserve.config import ConfigError, EngineConfig
-from metalserve.engine.kv_groups import build_scheduler, layer_groups, state_group
-from metalserve.engine.kv_plan import kv_block_bytes, plan_kv_pool
+from metalserve.engine.kv_groups import build_scheduler, state_group
+from metalserve.engine.kv_plan import plan_kv_pool
 from metalserve.engine.memory import format_bytes
 from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.executor.runner import InFlightStep, KVCacheSpec, ModelRunner
+from metalserve.executor.models.families import check_supported, kv_cache_spec
+from metalserve.executor.runner import InFlightStep, ModelRunner
 from metalserve.executor.sampler import Sampler
-from metalserve.kvcache.specs import LayerGroupSpec, RecurrentState
+from metalserve.kvcache.specs import KVCacheSpec, LayerGroupSpec, RecurrentState
 from metalserve.loader import LoadedModel, load_model
 from metalserve.outputs import EngineCoreOutput
 from metalserve.platform import Platform, current_platform
@@ -62,6 +63,12 @@ class EngineCore:
         self._in_flight: tuple[SchedulerOutput, InFlightStep] | None = None
         # MLX arrays belong to the thread that made them (engine_thread.py): steps run where the core was built.
         self.owner_thread = threading.get_ident()
+        self.weight_bytes = 0  # measured at load (MLX's active memory then, plus host-side codes)
+        self.kv_bytes_per_block = 0
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes by component: the weights (fixed at load) and the KV pool as grown so far."""
+        return {"weights": self.weight_bytes, "kv_pool": len(self.scheduler.kv.pool.blocks) * self.kv_bytes_per_block}
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> tuple[EngineCore, LoadedModel]:
@@ -70,6 +77,7 @@ class EngineCore:
             weights=config.weights,
             dequantize_max_bytes=config.dequantize_max_bytes,
             chat_template=config.chat_template,
+            check_model_type=check_supported,
         )
         return cls.from_loaded(config, loaded), loaded
 
@@ -79,29 +87,39 @@ class EngineCore:
         platform = current_platform()
         max_model_len = resolve_max_model_len(config, loaded.max_model_len)
         model = PagedModel.from_loaded(loaded, platform)
-        head_dims = {shape[1] for shape in model.kv_layout.tensors}
+        weight_bytes = int(mx.get_active_memory()) + model.host_bytes()  # before any KV is allocated
+        storage = config.kv_cache_dtype
+        try:
+            spec = model.get_kv_cache_spec(model.family.page(loaded.model, storage), config.block_size)
+        except ValueError as exc:  # a page format this model's shape cannot take (q4 groups)
+            raise ConfigError(f"--kv-cache-dtype {storage}: {exc}") from exc
+        head_dims = {t.head_dim for t in spec.tensors}
         latent = model.kv_layout.value_dim is not None
-        attention = select_attention(config.attention_backend, loaded.dtype, platform, head_dims, latent_kv=latent)
+        dtype = model.family.activation_dtype(loaded.model)
+        attention = select_attention(config.attention_backend, dtype, platform, head_dims, latent_kv=latent,
+                                     kv_storage=spec.page.storage)  # fmt: skip
+        note = spec.kept_dtype_note(storage)
+        if note:
+            logger.info("%s", note)
         logger.info("platform: %s", platform.describe())
         logger.info("attention: %s", attention.description)
         logger.info("on the host: %s", model.host_description())
         peak = held = 0
-        groups = layer_groups(loaded)
-        states = state_group(groups)
-        speculation, draft = draft_for(config, groups, draft)
+        states = state_group(spec.groups)
+        speculation, draft = draft_for(config, list(spec.groups), draft)
         if config.kv_cache_memory is None:
             # The CPU path's stored codes (the draft's too) live outside MLX's counters.
             host = model.host_bytes() + (host_code_bytes(draft) if draft is not None else 0)
             held = int(mx.get_active_memory()) + host
-            peak = measure_step_peak(model, loaded, config, attention, states) + host
-        state_bytes = model.state_layout.bytes_per_block if model.state_layout is not None else 0
-        if model.state_layout is not None:
-            logger.info("recurrent state: %d layers, %s per request, a slot in every KV block (counted in its size)",
-                        len(model.state_layout.layers), format_bytes(state_bytes))  # fmt: skip
-        draft_bytes = kv_block_bytes(draft, config.block_size) if draft is not None else 0
-        plan = plan_kv_pool(config, loaded, max_model_len, peak, held, state_bytes + draft_bytes)
-        spec = KVCacheSpec.for_model(loaded, config.block_size, plan.initial_blocks, state_bytes)
-        scheduler = build_scheduler(config, loaded, plan.num_blocks, max_model_len, plan.initial_blocks)
+            peak = measure_step_peak(model, spec, config, attention, states) + host
+        for g in spec.groups:
+            if isinstance(g, RecurrentState):
+                logger.info("recurrent state: %d layers, %s per request, a slot in every KV block (counted in "
+                            "its size)", len(g.layers), format_bytes(g.state_bytes))  # fmt: skip
+        draft_bytes = kv_cache_spec(draft, config.block_size, storage).bytes_per_block if draft is not None else 0
+        plan = plan_kv_pool(config, spec, max_model_len, peak, held, draft_bytes)
+        spec = spec.with_blocks(plan.initial_blocks)
+        scheduler = build_scheduler(config, spec, plan.num_blocks, max_model_len, plan.initial_blocks)
         runner = ModelRunner(
             model,
             spec,
@@ -113,7 +131,9 @@ class EngineCore:
             async_eval=platform.metal,
         )
         mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * plan.num_blocks * spec.bytes_per_block))
-        return cls(scheduler, runner, max_model_len, platform, async_scheduling_for(config, speculation))
+        core = cls(scheduler, runner, max_model_len, platform, async_scheduling_for(config, speculation))
+        core.weight_bytes, core.kv_bytes_per_block = weight_bytes, spec.bytes_per_block
+        return core
 
     def add_request(self, request: Request) -> None:
         if request.num_prompt_tokens > self.max_model_len:
@@ -202,7 +222,8 @@ def draft_for(
     if spec is None or spec.method != "draft_model":
         return spec, None
     if draft is None:
-        draft = load_model(spec.model, weights=config.weights, dequantize_max_bytes=config.dequantize_max_bytes)
+        draft = load_model(spec.model, weights=config.weights, dequantize_max_bytes=config.dequantize_max_bytes,
+                           check_model_type=check_supported)  # fmt: skip
     return spec, draft
 
 
@@ -225,7 +246,8 @@ def build_proposer(
     vocab = int(loaded.model.args.vocab_size)
     attention = config.attention_backend
     return build_draft_proposer(
-        draft, vocab, platform, attention, config.block_size, num_blocks, spec.num_speculative_tokens
+        draft, vocab, platform, attention, config.block_size, num_blocks, spec.num_speculative_tokens,
+        config.kv_cache_dtype,
     )
 
 
@@ -256,7 +278,7 @@ def resolve_max_model_len(config: EngineConfig, model_len: int) -> int:
 
 def measure_step_peak(
     model: PagedModel,
-    loaded: LoadedModel,
+    spec: KVCacheSpec,
     config: EngineConfig,
     attention: AttentionBackend[Any, Any],
     states: int = 0,
@@ -265,13 +287,14 @@ def measure_step_peak(
     `states`: the recurrent-state group's index (hybrid models; 0: none)."""
     n = config.max_num_batched_tokens
     blocks = -(-n // config.block_size)
-    spec = KVCacheSpec.for_model(loaded, config.block_size, blocks)
     mx.reset_peak_memory()
-    runner = ModelRunner(model, spec, sampler=Sampler(0), backend=attention, state_group=states or 1)
+    runner = ModelRunner(
+        model, spec.with_blocks(blocks), sampler=Sampler(0), backend=attention, state_group=states or 1
+    )
     params = SamplingParams(temperature=0, max_tokens=1)
     # Every group's table over the same throw-away blocks: the values written are never read back.
-    tables = tuple(list(range(blocks)) for _ in range(runner.num_tables))
-    new = NewRequestData("warmup", [0] * n, n, params, list(range(blocks)), 0, group_block_ids=tables)
+    tables = tuple(list(range(blocks)) for _ in range(runner.num_tables + 1))
+    new = NewRequestData("warmup", [0] * n, n, params, tables, 0)
     runner.execute_model(SchedulerOutput([new], [], {"warmup": n}, n))
     peak = mx.get_peak_memory()
     del runner

@@ -11,5 +11,10 @@ class EngineDrainingError(EngineDeadError):
     """The server is shutting down: running requests finish, new ones are refused."""
 
 
+class GrammarFailedError(RuntimeError):
+    """The output could not go on within its grammar (an engine limit hit mid-way); the partial output
+    broke the constraint, so the request fails instead of ending as if it had stopped."""
+
+
 class ClientTooSlowError(RuntimeError):
     """A stream's reader fell too far behind; the request was aborted to bound what it buffers."""

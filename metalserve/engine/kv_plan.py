@@ -6,7 +6,6 @@ import logging
 from typing import NamedTuple
 
 from metalserve.config import EngineConfig
-from metalserve.engine.kv_groups import layer_groups
 from metalserve.engine.memory import (
     INITIAL_POOL_BLOCKS,
     available_memory_bytes,
@@ -16,7 +15,7 @@ from metalserve.engine.memory import (
     total_memory_bytes,
 )
 from metalserve.kvcache.sizing import blocks_for_request, num_blocks_for_budget
-from metalserve.loader import LoadedModel
+from metalserve.kvcache.specs import KVCacheSpec
 
 logger = logging.getLogger("metalserve.engine")
 
@@ -27,13 +26,14 @@ class KVPoolPlan(NamedTuple):
 
 
 def plan_kv_pool(
-    config: EngineConfig, loaded: LoadedModel, max_model_len: int, peak: int, held: int, extra_block_bytes: int = 0
+    config: EngineConfig, spec: KVCacheSpec, max_model_len: int, peak: int, held: int, extra_block_bytes: int = 0
 ) -> KVPoolPlan:
-    """`peak`: weights + activations of a warm-up step (0 with --kv-cache-memory); `held`: bytes this
-    process holds already, which the OS no longer reports as available; `extra_block_bytes`: what each
-    block id costs beside the model's K/V (a hybrid model's recurrent-state slot, a draft model's K/V)."""
-    per_block = kv_block_bytes(loaded, config.block_size) + extra_block_bytes
-    per_request = blocks_for_request(layer_groups(loaded), max_model_len, config.block_size)
+    """`spec`: the model's cache spec (its page dtype and block cost); `peak`: weights + activations of a
+    warm-up step (0 with --kv-cache-memory); `held`: bytes this process holds already, which the OS no
+    longer reports as available; `extra_block_bytes`: what each block id costs beside the model's cache
+    (a draft model's K/V)."""
+    per_block = spec.bytes_per_block + extra_block_bytes
+    per_request = blocks_for_request(spec.groups, max_model_len, config.block_size)
     if config.kv_cache_memory is not None:
         budget, why = config.kv_cache_memory, "--kv-cache-memory"
     else:
@@ -42,26 +42,18 @@ def plan_kv_pool(
         )
         budget = limit - peak
         why = f"{why} - {format_bytes(peak)} weights and a warm-up step"
-    fits = num_blocks_for_budget(
-        budget, loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype.size,
-        config.block_size, max_model_len, per_block=per_block, blocks_per_request=per_request,
-    )  # fmt: skip
+    fits = num_blocks_for_budget(budget, per_block, config.block_size, max_model_len, per_request)
     cap = pool_block_cap(config.max_num_seqs, max_model_len, config.block_size, per_request)
     num_blocks = min(fits, cap)
     initial = min(num_blocks, INITIAL_POOL_BLOCKS)
     capped = f", capped at --max-num-seqs {config.max_num_seqs} x {max_model_len} tokens" if cap < fits else ""
     logger.info(
-        "KV budget %s (%s); pool up to %d blocks of %d tokens (%s, %d tokens%s), %d allocated now (%s), "
-        "growing as requests need them; max concurrency at %d tokens/request: %.1fx",
-        format_bytes(budget), why, num_blocks, config.block_size, format_bytes(per_block * num_blocks),
-        num_blocks * config.block_size, capped, initial, format_bytes(per_block * initial), max_model_len,
+        "KV budget %s (%s); KV cache dtype %s, %s per block; pool up to %d blocks of %d tokens (%s, %d tokens "
+        "fit%s), %d allocated now (%s), growing as requests need them; max concurrency at %d tokens/request: "
+        "%.1fx",
+        format_bytes(budget), why, spec.page.describe(), format_bytes(per_block), num_blocks, config.block_size,
+        format_bytes(per_block * num_blocks), num_blocks * config.block_size, capped, initial,
+        format_bytes(per_block * initial), max_model_len,
         num_blocks / per_request,  # over every layer group a request holds blocks in
     )  # fmt: skip
     return KVPoolPlan(num_blocks, initial)
-
-
-def kv_block_bytes(loaded: LoadedModel, block_size: int) -> int:
-    """What one block id costs: K/V of one group's layers, in every pool tensor (models/kv_layout.py)."""
-    from metalserve.executor.models.kv_layout import loaded_kv_layout
-
-    return loaded_kv_layout(loaded.model, loaded.model_type).bytes_per_block(loaded.dtype.size, block_size)

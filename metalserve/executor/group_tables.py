@@ -1,7 +1,7 @@
 """The block tables of layer groups 1.. per request, and a step seen through one group's tables.
 
-Group 0's table is `CachedRequestState.block_ids` (as before groups existed). The scheduler sends the
-other groups' tables whole for a new request and their appended ids for a running one; entries it
+Group 0's table is `CachedRequestState.block_ids` (what pack_step reads). The scheduler sends every
+group's table whole for a new request and the appended ids for a running one; entries it
 freed (behind a sliding window) stay here with their old ids, which the group's layers never read
 outside the window (the backends mask by it), so the runner need not hear of them.
 """

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import mlx.core as mx
 import numpy as np
@@ -17,59 +17,15 @@ from metalserve.executor.context import ForwardContext, GroupStep, forward_conte
 from metalserve.executor.group_tables import GroupTables, group_step
 from metalserve.executor.input_batch import CachedRequestState
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.executor.models.kv_layout import KVLayout, loaded_kv_layout
 from metalserve.executor.state_cache import RecurrentStates
 from metalserve.executor.step_inputs import StepInputs, pack_step
+from metalserve.kvcache.specs import AttentionSpec, KVCacheSpec
 from metalserve.outputs import TokenLogprob
 from metalserve.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from metalserve.spec_decode.controller import DraftController
 from metalserve.spec_decode.proposer import Proposer
 from metalserve.spec_decode.rollback import num_rejected
 from metalserve.spec_decode.verify import Window, verify_windows
-
-if TYPE_CHECKING:
-    from metalserve.loader import LoadedModel
-
-
-@dataclass(frozen=True)
-class KVCacheSpec:
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: mx.Dtype
-    block_size: int
-    num_blocks: int
-    # (num_kv_heads, head_dim) of each pool tensor (models/kv_layout.py); () for one per layer, all alike.
-    tensors: tuple[tuple[int, int], ...] = ()
-    state_bytes_per_block: int = 0  # hybrid models: every block id also owns a recurrent-state slot
-    value_dim: int | None = None  # MLA's latent layout: K alone, V its first value_dim channels
-
-    @property
-    def num_slots(self) -> int:
-        return self.num_blocks * self.block_size
-
-    @property
-    def bytes_per_block(self) -> int:
-        """What one block id costs: K and V (MLA: the latent alone) in every pool tensor (groups share
-        the tensors), and the recurrent-state slot a hybrid model's block id owns."""
-        tensors = self.tensors or ((self.num_kv_heads, self.head_dim),) * self.num_layers
-        planes = self.layer_spec().num_planes
-        kv = planes * sum(h * d for h, d in tensors) * self.dtype.size * self.block_size
-        return kv + self.state_bytes_per_block
-
-    def layer_spec(self, shape: tuple[int, int] | None = None, window: int | None = None) -> LayerCacheSpec:
-        """One pool tensor's cache of `shape` (num_kv_heads, head_dim); the spec's own by default."""
-        heads, dim = shape or (self.num_kv_heads, self.head_dim)
-        return LayerCacheSpec(heads, dim, self.dtype, self.block_size, self.num_blocks,
-                              sliding_window=window, value_dim=self.value_dim)  # fmt: skip
-
-    @classmethod
-    def for_model(
-        cls, loaded: LoadedModel, block_size: int, num_blocks: int, state_bytes_per_block: int = 0
-    ) -> KVCacheSpec:
-        layout = loaded_kv_layout(loaded.model, loaded.model_type)
-        return cls(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, block_size, num_blocks,
-                   layout.tensors, state_bytes_per_block, layout.value_dim)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -124,28 +80,31 @@ class ModelRunner:
 
             sampler = Sampler()
         self.sampler = sampler
-        self.layout: KVLayout = model.kv_layout
-        self.kv: list[Any] = [self.backend.allocate(spec.layer_spec(shape)) for shape in self.layout.tensors]
+        self.kv: list[Any] = [self.backend.allocate(self._layer(t)) for t in spec.tensors]
         self.requests: dict[str, CachedRequestState] = {}
-        self.group_tables: dict[str, GroupTables] = {}  # groups 1.. (group 0's is the state's block_ids)
+        # The attention groups 1.. (group 0's is the state's block_ids; the state group's, self.states').
+        self.group_tables: dict[str, GroupTables] = {}
         self.states: RecurrentStates | None = None
         if model.state_layout is not None:
             self.states = RecurrentStates(model.state_layout, state_group, spec.block_size, spec.num_blocks)
         # The tables a new request brings: the attention groups after group 0, and the state group's.
-        self.num_tables = len(self.layout.groups) - 1 + (self.states is not None)
+        self.num_attention_groups = sum(isinstance(g, AttentionSpec) for g in spec.groups)
+        self.num_tables = self.num_attention_groups - 1 + (self.states is not None)
         self.proposer = proposer
         self.drafting = DraftController()  # how many drafts pay (spec_decode/controller.py)
         self._forward_pool: ThreadPoolExecutor | None = None
         self.async_eval = async_eval
 
+    def _layer(self, attn: AttentionSpec, num_blocks: int | None = None) -> LayerCacheSpec:
+        """One pool tensor's (or group's) cache of the spec's pages, `num_blocks` blocks (default: all)."""
+        return LayerCacheSpec(attn, self.spec.block_size, self.spec.num_blocks if num_blocks is None else num_blocks)
+
     def grow_kv(self, num_blocks: int) -> None:
         """Extend every pool tensor to `num_blocks` blocks, keeping what the old blocks hold."""
-        more = replace(self.spec, num_blocks=num_blocks - self.spec.num_blocks)
-        self.kv = [
-            self.backend.extend(cache, more.layer_spec(shape))
-            for cache, shape in zip(self.kv, self.layout.tensors, strict=True)
-        ]
-        self.spec = replace(self.spec, num_blocks=num_blocks)
+        more = num_blocks - self.spec.num_blocks
+        tensors = self.spec.tensors
+        self.kv = [self.backend.extend(cache, self._layer(t, more)) for cache, t in zip(self.kv, tensors, strict=True)]
+        self.spec = self.spec.with_blocks(num_blocks)
         if self.states is not None:
             self.states.pool.grow(num_blocks)
         if self.proposer is not None:
@@ -167,24 +126,24 @@ class ModelRunner:
             if self.proposer is not None:
                 self.proposer.forget(rid)
         for new in so.scheduled_new_reqs:
-            if len(new.group_block_ids) != self.num_tables:
-                raise ValueError(f"request {new.request_id}: {len(new.group_block_ids) + 1} block tables for "
+            if len(new.block_ids) != self.num_tables + 1:
+                raise ValueError(f"request {new.request_id}: {len(new.block_ids)} block tables for "
                                  f"a model of {self.num_tables + 1} layer groups")  # fmt: skip
-            self.group_tables[new.request_id] = GroupTables(new.group_block_ids)
+            self.group_tables[new.request_id] = GroupTables(new.block_ids[1 : self.num_attention_groups])
             self.requests[new.request_id] = CachedRequestState(
                 request_id=new.request_id,
                 token_ids=list(new.token_ids),
                 num_prompt_tokens=new.num_prompt_tokens,
                 sampling_params=new.sampling_params,
-                block_ids=list(new.block_ids),
+                block_ids=list(new.block_ids[0]),
                 num_computed_tokens=new.num_computed_tokens,
                 eos_token_ids=self.eos_token_ids,
                 structured=new.structured,
             )
         for cached in so.scheduled_cached_reqs:
             state = self.requests[cached.request_id]
-            state.add_blocks(cached.new_block_ids)
-            self.group_tables[cached.request_id].add(cached.new_group_block_ids)
+            state.add_blocks(cached.new_block_ids[0])
+            self.group_tables[cached.request_id].add(cached.new_block_ids[1 : self.num_attention_groups])
             state.num_computed_tokens = cached.num_computed_tokens
 
     def _group_step(self, step: StepInputs, group: int) -> GroupStep:
@@ -192,11 +151,12 @@ class ModelRunner:
         if group:
             tables = [self.group_tables[rid].array(group - 1) for rid in step.request_ids]
             step = group_step(step, tables, self.spec.block_size)
-        spec = self.spec.layer_spec(self.layout.group_shapes[group], self.layout.window(group))
-        return GroupStep(mx.array(step.slot_mapping), self.backend.build_metadata(step, spec))
+        attn = self.spec.groups[group]
+        assert isinstance(attn, AttentionSpec)
+        return GroupStep(mx.array(step.slot_mapping), self.backend.build_metadata(step, self._layer(attn)))
 
     def _context(self, step: StepInputs) -> ForwardContext:
-        groups = [self._group_step(step, g) for g in range(len(self.layout.groups))]
+        groups = [self._group_step(step, g) for g in range(self.num_attention_groups)]
         states = self.states.plan(step) if self.states is not None else None
         return ForwardContext(mx.array(step.positions), self.backend, self.kv, groups, states)
 

@@ -2,7 +2,7 @@
 
 The state group's table entries are ids from the one shared block pool. Every block id owns one
 state slot per recurrent layer (a pool `[num_blocks, *shape]` per state array), so a block id maps to
-state memory directly and the budget counts those bytes in every block (KVCacheSpec.bytes_per_block).
+state memory directly and the budget counts those bytes in every block (kvcache/specs.RecurrentState).
 After `t` computed tokens a request's state lives in table entry `(t - 1) // block_size`.
 """
 
@@ -43,7 +43,8 @@ class StateLayout:
     cache_size: int
 
     @property
-    def bytes_per_block(self) -> int:
+    def slot_bytes(self) -> int:
+        """One request's state over every recurrent layer: what each block id's slot holds."""
         return sum(s.nbytes for layer in self.layers for s in layer)
 
 
@@ -111,15 +112,15 @@ class RecurrentStates:
         for rid in so.finished_req_ids | so.preempted_req_ids:
             self.tables.pop(rid, None)  # a preempted request comes back new, with a fresh state
         for new in so.scheduled_new_reqs:
-            self.tables[new.request_id] = list(self._ids(new.group_block_ids, new.request_id))
+            self.tables[new.request_id] = list(self._ids(new.block_ids, new.request_id))
         for cached in so.scheduled_cached_reqs:
-            if cached.new_group_block_ids:
-                self.tables[cached.request_id] += self._ids(cached.new_group_block_ids, cached.request_id)
+            self.tables[cached.request_id] += self._ids(cached.new_block_ids, cached.request_id)
 
     def _ids(self, groups: tuple[list[int], ...], rid: str) -> list[int]:
-        if len(groups) < self.group:
+        """The state group's part of a request's per-group block ids."""
+        if len(groups) <= self.group:
             raise ValueError(f"request {rid}: no table for the recurrent-state group {self.group}")
-        return groups[self.group - 1]
+        return groups[self.group]
 
     def _entry(self, rid: str, num_tokens: int) -> int:
         table, k = self.tables[rid], (num_tokens - 1) // self.block_size

@@ -1,51 +1,245 @@
-"""Per-layer cache specs: which kind of cache a group of layers keeps (vLLM's KV cache spec family).
+"""The KV cache spec family (after vLLM's kv_cache_interface): what a layer group keeps and what it costs.
+
+Every layer group of a model has one frozen spec: full attention, a sliding window, an MLA latent, or a
+recurrent state. An attention spec knows its shape (KV heads, head dim) and its page dtype: the model's
+float dtype (`auto`) or a quantized storage (`int8`, `q4`) with its scales. `KVCacheSpec` is the whole
+model: its groups, the pool tensors the groups share and the block size; its `bytes_per_block` is the
+one place where the cost of a block id is computed (the memory plan, the runner, pipeline stages, the
+draft model and `generate` all read it). No MLX here: dtypes are names plus an item size, so the KV
+manager and the scheduler stay testable anywhere, and a disk tier can key pages by `PageDtype.key`.
 
 All groups share one block pool and one block size; each keeps its own block table per request.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import ClassVar, Literal, Self, get_args
 
 from metalserve.kvcache.hashing import BlockHash
 
+KVCacheDtype = Literal["auto", "int8", "q4"]
+KV_CACHE_DTYPES: tuple[str, ...] = get_args(KVCacheDtype)
+# Scales (and q4's biases) are kept in float16 whatever the model's dtype: an int8 page of head dim 64
+# then costs 66 bytes per head and token against fp16's 128 (1.94x the tokens), a q4 one 36 (3.56x).
+SCALE_DTYPE = "float16"
+SCALE_ITEMSIZE = 2
+Q4_GROUP_SIZES = (64, 32)  # mx.quantize's default first; 32 where the head dim is no multiple of 64
+
 
 @dataclass(frozen=True)
-class FullAttention:
-    """K/V for every token: a request holds one block per `block_size` tokens (today's behaviour)."""
+class PageDtype:
+    """How one K or V vector of a token and KV head is stored.
+
+    `dtype`/`itemsize`: the model's float dtype (what `auto` stores and what attention computes in);
+    `storage`: `auto`, `int8` (symmetric, one scale per token and head) or `q4` (4-bit affine groups of
+    `group_size` channels along the head dim, a scale and a bias per group, as `mx.quantize`)."""
+
+    dtype: str = "float32"
+    itemsize: int = 4
+    storage: KVCacheDtype = "auto"
+    group_size: int = 64
+
+    def __post_init__(self) -> None:
+        if self.storage not in KV_CACHE_DTYPES:
+            raise ValueError(f"KV cache dtype must be one of {KV_CACHE_DTYPES}, got {self.storage!r}")
+        if self.itemsize < 1:
+            raise ValueError(f"itemsize must be at least 1, got {self.itemsize}")
+
+    @property
+    def quantized(self) -> bool:
+        return self.storage != "auto"
+
+    @property
+    def key(self) -> str:
+        """A name that tells pages of different storage apart (e.g. `q4g64`, `int8`, `float16`)."""
+        if self.storage == "q4":
+            return f"q4g{self.group_size}"
+        return self.storage if self.quantized else self.dtype
+
+    def group_for(self, head_dim: int) -> int:
+        """The q4 group size for vectors of `head_dim` channels."""
+        for size in (self.group_size, *Q4_GROUP_SIZES):
+            if head_dim % size == 0:
+                return size
+        raise ValueError(f"q4 KV pages need a head dim that is a multiple of 32, got {head_dim}")
+
+    def data_bytes(self, head_dim: int) -> int:
+        if self.storage == "int8":
+            return head_dim
+        if self.storage == "q4":
+            return head_dim // 2
+        return head_dim * self.itemsize
+
+    def num_scales(self, head_dim: int) -> int:
+        """Float16 numbers kept beside one vector: int8 one scale, q4 a scale and a bias per group."""
+        if self.storage == "int8":
+            return 1
+        if self.storage == "q4":
+            return 2 * (head_dim // self.group_for(head_dim))
+        return 0
+
+    def vector_bytes(self, head_dim: int) -> int:
+        """Bytes of one vector of `head_dim` channels: data plus scales."""
+        return self.data_bytes(head_dim) + self.num_scales(head_dim) * SCALE_ITEMSIZE
+
+    def describe(self) -> str:
+        if self.storage == "int8":
+            return f"int8 (a {SCALE_DTYPE} scale per token and head; {self.dtype} in attention)"
+        if self.storage == "q4":
+            return f"q4 (groups of {self.group_size}, {SCALE_DTYPE} scale and bias; {self.dtype} in attention)"
+        return f"auto ({self.dtype})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionSpec:
+    """A group of attention layers that keeps K and V pages of `num_kv_heads` x `head_dim` per token."""
 
     layers: tuple[int, ...] = ()
+    num_kv_heads: int = 1
+    head_dim: int = 1
+    page: PageDtype = PageDtype()
+
+    kind: ClassVar[str] = "full"
+    planes: ClassVar[int] = 2  # K and V
+    quantizable: ClassVar[bool] = True
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.num_kv_heads, self.head_dim
+
+    @property
+    def sliding_window(self) -> int | None:
+        return None
+
+    def page_bytes(self, block_size: int) -> int:
+        """One layer's page of `block_size` tokens: every plane, head and token, data and scales."""
+        return self.planes * block_size * self.num_kv_heads * self.page.vector_bytes(self.head_dim)
+
+    def with_storage(self, storage: KVCacheDtype) -> Self:
+        """This spec with pages stored as `storage` (unchanged where the kind cannot be quantized)."""
+        if not self.quantizable or storage == self.page.storage:
+            return self
+        page = replace(self.page, storage=storage)
+        if storage == "q4":
+            page = replace(page, group_size=page.group_for(self.head_dim))
+        return replace(self, page=page)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FullAttention(AttentionSpec):
+    """K/V for every token: a request holds one block per `block_size` tokens."""
 
 
 @dataclass(frozen=True)
-class SlidingWindow:
+class SlidingWindow(AttentionSpec):
     """K/V for the last `window` tokens (the token itself included); older blocks go back to the pool."""
 
     window: int
-    layers: tuple[int, ...] = ()
+    kind: ClassVar[str] = "window"
 
     def __post_init__(self) -> None:
         if self.window < 1:
             raise ValueError(f"a sliding window must be at least 1 token, got {self.window}")
 
+    @property
+    def sliding_window(self) -> int | None:
+        return self.window
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, kw_only=True)
+class MLALatent(FullAttention):
+    """MLA's compressed latent: one "KV head" of `head_dim` channels holding K, whose first `value_dim`
+    channels are V. Its pages keep the model's dtype: the latent is already a low-rank compression."""
+
+    value_dim: int = 0
+    kind: ClassVar[str] = "mla"
+    planes: ClassVar[int] = 1
+    quantizable: ClassVar[bool] = False
+
+
+@dataclass(frozen=True, kw_only=True)
 class RecurrentState:
     """A fixed-size state per request (conv / SSM / gated delta).
 
     The state after `t` computed tokens lives in table entry `(t - 1) // block_size`. With
     `snapshots`, a state that lands exactly on a block boundary is published to the prefix cache,
     so a hit resumes from it (vLLM's "align" mode); without, prefix caching is off for the model.
+    `state_bytes`: the state slot each block id owns over the group's layers (executor/state_cache.py).
     """
 
     layers: tuple[int, ...] = ()
     snapshots: bool = True
+    state_bytes: int = 0
+
+    kind: ClassVar[str] = "state"
+    quantizable: ClassVar[bool] = False
+
+    def page_bytes(self, block_size: int) -> int:
+        return self.state_bytes
 
 
-LayerGroupSpec = FullAttention | SlidingWindow | RecurrentState
+LayerGroupSpec = FullAttention | SlidingWindow | MLALatent | RecurrentState
 
 
-def prefix_caching_problem(specs: list[LayerGroupSpec]) -> str | None:
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """The model's whole KV cache: its layer groups, the pool tensors they share, and the pool's size.
+
+    vLLM's layout: layer j of every attention group reads and writes pool tensor j, indexed by the
+    group's own block ids, so a block id costs one page in every tensor (not one per layer), plus the
+    state slot of every recurrent group."""
+
+    groups: tuple[LayerGroupSpec, ...]
+    tensors: tuple[AttentionSpec, ...]  # pool tensor j: its shape and page dtype
+    block_size: int
+    num_blocks: int = 0
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def bytes_per_block(self) -> int:
+        """What one block id costs, over every pool tensor and state slot: the only place it is computed."""
+        pages = sum(t.page_bytes(self.block_size) for t in self.tensors)
+        return pages + sum(g.page_bytes(self.block_size) for g in self.groups if isinstance(g, RecurrentState))
+
+    @property
+    def page(self) -> PageDtype:
+        """The page dtype of the attention pages (of the first tensor: all tensors share the storage)."""
+        return self.tensors[0].page if self.tensors else PageDtype()
+
+    def with_blocks(self, num_blocks: int) -> KVCacheSpec:
+        return replace(self, num_blocks=num_blocks)
+
+    def kept_dtype_note(self, storage: KVCacheDtype) -> str | None:
+        """A start-up line naming the groups whose pages keep the model's dtype under `storage`."""
+        kept = sorted({g.kind for g in self.groups if not g.quantizable})
+        if storage == "auto" or not kept:
+            return None
+        return f"--kv-cache-dtype {storage}: {' and '.join(kept)} pages keep the model's dtype (not quantizable)"
+
+    @classmethod
+    def uniform(
+        cls,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: str,
+        itemsize: int,
+        block_size: int,
+        num_blocks: int = 0,
+        storage: KVCacheDtype = "auto",
+    ) -> KVCacheSpec:
+        """One full-attention group of `num_layers` alike layers (a plain model, or a pipeline stage's)."""
+        page = PageDtype(dtype, itemsize)
+        layer = FullAttention(num_kv_heads=num_kv_heads, head_dim=head_dim, page=page).with_storage(storage)
+        group = replace(layer, layers=tuple(range(num_layers)))
+        return cls((group,), (layer,) * num_layers, block_size, num_blocks)
+
+
+def prefix_caching_problem(specs: list[LayerGroupSpec] | tuple[LayerGroupSpec, ...]) -> str | None:
     """Why prefix caching cannot work for these groups (a line for the start-up log), or None."""
     for i, spec in enumerate(specs):
         if isinstance(spec, RecurrentState) and not spec.snapshots:

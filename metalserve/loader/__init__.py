@@ -27,17 +27,20 @@ def load_model(
     dequantize_max_bytes: int = 4 << 30,
     chat_template: str | None = None,
     prepare: Callable[[Any], None] | None = None,
+    check_model_type: Callable[[str], None] | None = None,
 ) -> LoadedModel:
     """Load `model`: None (the embedded default), a .gguf file, a model directory or a hub repo id.
 
     `weights`: "auto" (fp32 on CPU when it fits in `dequantize_max_bytes`), "dequantize" or "quantized".
     `chat_template` overrides the model's own. `prepare` gets the built mlx-lm model before its weights
     are converted and materialised (a pipeline rank drops the layers it does not hold).
-    Every user-facing failure is a ModelLoadError.
+    `check_model_type` gets the config's model_type before the model is built and raises ValueError for
+    one the caller cannot serve (the engine passes executor/models/families.py's `check_supported`: the
+    loader itself knows no model family). Every user-facing failure is a ModelLoadError.
     """
     from metalserve.loader.load import load  # heavy (MLX, transformers): only when a model is loaded
 
     return load(
         model, weights=weights, dequantize_max_bytes=dequantize_max_bytes, chat_template=chat_template,
-        prepare=prepare,
+        prepare=prepare, check_model_type=check_model_type,
     )  # fmt: skip

@@ -16,14 +16,13 @@ _MLX_LM_MODULES = {"mistral": "llama"}
 
 
 def model_classes(model_type: str) -> tuple[type[nn.Module], Any]:
-    # The one list of covered types is the adapter's (the loader reads it here, where MLX is loaded).
-    from metalserve.executor.models.adapter import SUPPORTED_MODEL_TYPES
-
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ModelLoadError(
-            f"Model type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})."
-        )
-    module = importlib.import_module(f"mlx_lm.models.{_MLX_LM_MODULES.get(model_type, model_type)}")
+    """mlx-lm's classes for `model_type` (whether metalserve serves the type is the caller's check:
+    load_model's `check_model_type`)."""
+    name = _MLX_LM_MODULES.get(model_type, model_type)
+    try:
+        module = importlib.import_module(f"mlx_lm.models.{name}")
+    except ModuleNotFoundError as exc:
+        raise ModelLoadError(f"mlx-lm has no model class for model type {model_type!r}.") from exc
     return module.Model, module.ModelArgs
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES, attention_shape
 from metalserve.kernels.cpu.affine_codes import AffineCodes
 from metalserve.loader.build import build_model
 from metalserve.loader.directory import load_directory
@@ -19,14 +18,7 @@ from metalserve.loader.errors import ModelLoadError
 from metalserve.loader.gguf_loader import load_gguf
 from metalserve.loader.hub import download, looks_like_repo_id
 from metalserve.loader.loaded import LoadedModel, RawModel
-from metalserve.loader.weights_mode import (
-    WEIGHTS_MODES,
-    activation_dtype,
-    cast_floats,
-    dequantize_model,
-    fp32_bytes,
-    should_dequantize,
-)
+from metalserve.loader.weights_mode import WEIGHTS_MODES, cast_floats, dequantize_model, fp32_bytes, should_dequantize
 from metalserve.platform import Platform, current_platform
 
 logger = logging.getLogger(__name__)
@@ -55,7 +47,7 @@ def _read(model: str | None, weights: str, platform: Platform) -> tuple[RawModel
 
 
 def _choose_weights(
-    model: nn.Module, stored_as: str, weights: str, max_bytes: int, platform: Platform, host_path: bool = True
+    model: nn.Module, stored_as: str, weights: str, max_bytes: int, platform: Platform
 ) -> tuple[str, dict[str, AffineCodes]]:
     """Dequantize to fp32 or keep the stored weights; return the description for the start-up log and
     the stored codes the dequantized layers kept (only MLX's CPU backend has host matmuls to read them)."""
@@ -64,7 +56,7 @@ def _choose_weights(
     packed = (nn.QuantizedLinear, nn.QuantizedEmbedding)
     quantized = any(isinstance(m, packed) for _, m in model.named_modules())
     if should_dequantize(weights, size, max_bytes, on_metal):
-        codes = dequantize_model(model, keep_codes=platform.on_cpu and host_path)
+        codes = dequantize_model(model, keep_codes=platform.on_cpu)
         cast_floats(model, mx.float32)
         verb = "dequantized from" if quantized else "cast from"
         return f"fp32 ({verb} {stored_as}, {size / 1e6:.0f} MB)", codes
@@ -78,23 +70,6 @@ def _choose_weights(
     return f"{kind} {stored_as}{why}", {}
 
 
-def _kv_shape(model: nn.Module, model_type: str) -> tuple[int, int, int, int | None]:
-    """(num_layers, num_kv_heads, head_dim, value_dim), read off the built model, as the KV cache must
-    match it (a hybrid's KV cache holds its attention layers only); value_dim is set for MLA's latent
-    pages only (executor/models/mla.py)."""
-    from metalserve.executor.models.attention_traits import all_traits
-    from metalserve.executor.models.mla import latent_kv_shape
-
-    if model_type in HYBRID_MODEL_TYPES:
-        return *attention_shape(model, model_type), None
-    layers = model.model.layers
-    latent = latent_kv_shape(layers[0].self_attn)
-    if latent is not None:
-        return len(layers), 1, *latent
-    first = all_traits(model)[0]  # the families spell heads and head_dim differently
-    return len(layers), first.n_kv_heads, first.head_dim, None
-
-
 def load(
     model: str | None,
     *,
@@ -102,24 +77,27 @@ def load(
     dequantize_max_bytes: int,
     chat_template: str | None,
     prepare: Callable[[nn.Module], None] | None = None,
+    check_model_type: Callable[[str], None] | None = None,
 ) -> LoadedModel:
     """See metalserve.loader.load_model."""
     if weights not in WEIGHTS_MODES:
         raise ModelLoadError(f"weights must be one of {', '.join(WEIGHTS_MODES)}, got {weights!r}")
     platform = current_platform()
     raw, source = _read(model, weights, platform)
+    if check_model_type is not None:
+        try:
+            check_model_type(raw.config["model_type"])
+        except ValueError as exc:
+            raise ModelLoadError(f"{str(exc)[:1].upper()}{str(exc)[1:]}.") from exc
     built = build_model(raw.config, raw.weights)
     if prepare is not None:
         prepare(built)  # e.g. a pipeline rank drops the layers it does not hold: lazy weights never load
     raw.weights.clear()
-    model_type = raw.config["model_type"]
-    hybrid = model_type in HYBRID_MODEL_TYPES  # hybrids run all in MLX: no host path reads the codes
-    weights_desc, codes = _choose_weights(built, raw.stored_as, weights, dequantize_max_bytes, platform, not hybrid)
+    weights_desc, codes = _choose_weights(built, raw.stored_as, weights, dequantize_max_bytes, platform)
     mx.eval(built.parameters())
     template = chat_template if chat_template is not None else raw.chat_template
     if chat_template is not None:
         raw.tokenizer.chat_template = chat_template
-    num_layers, num_kv_heads, head_dim, value_dim = _kv_shape(built, model_type)
     loaded = LoadedModel(
         model=built,
         tokenizer=raw.tokenizer,
@@ -131,12 +109,7 @@ def load(
         source=source,
         weights_desc=weights_desc,
         blas_desc=platform.blas,
-        num_layers=num_layers,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        dtype=activation_dtype(built, model_type),
         codes=codes,
-        value_dim=value_dim,
     )
     logger.info("%s", loaded.describe())
     return loaded

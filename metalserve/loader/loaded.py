@@ -14,11 +14,14 @@ if TYPE_CHECKING:  # keep `import metalserve.loader` free of MLX (the BLAS must 
 
 @dataclass
 class LoadedModel:
-    """An mlx-lm model with its tokenizer, chat template, EOS ids and the facts the KV cache needs."""
+    """An mlx-lm model with its tokenizer, chat template, EOS ids and config: what was read, nothing more.
+
+    What the model's family makes of it (its KV shape, activation dtype, layers) is the executor's
+    (executor/models/families.py)."""
 
     model: nn.Module  # an mlx-lm model: .model.embed_tokens, .model.layers[i].self_attn, ...
     tokenizer: PreTrainedTokenizerBase
-    model_type: str  # one of executor/models/adapter.py: SUPPORTED_MODEL_TYPES
+    model_type: str  # the config's; executor/models/families.py says what a type is and whether it is served
     config: dict[str, Any]  # HF-style config
     max_model_len: int
     eos_token_ids: frozenset[int]
@@ -26,20 +29,9 @@ class LoadedModel:
     source: str  # what was loaded: a path, a repo id, or "embedded default: <path>"
     weights_desc: str  # e.g. "fp32 (dequantized from Q4_1, 540 MB)"
     blas_desc: str
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: mx.Dtype  # the activations' dtype (and so the KV cache's)
-    # The stored codes of dequantized layers by module path, kept on MLX's CPU backend for the host path.
+    # The stored codes of dequantized layers by module path, kept on MLX's CPU backend for the host path
+    # (the executor drops them for a family that does not take it).
     codes: dict[str, AffineCodes] = field(default_factory=dict)
-    # MLA's latent layout: the KV "head" (num_kv_heads 1, head_dim kv_lora + rope) is K alone, V its
-    # first value_dim (kv_lora) channels; None: K and V of head_dim each.
-    value_dim: int | None = None
-
-    @property
-    def kv_planes(self) -> int:
-        """Arrays of head_dim that one token keeps per layer and KV head: K and V, or the latent alone."""
-        return 1 if self.value_dim is not None else 2
 
     def describe(self) -> str:
         """One line for the start-up log: which model, which weights path, which BLAS."""

@@ -12,7 +12,6 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
-from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES, embedding_of
 from metalserve.loader.affine_codes import AffineCodes, affine_codes
 
 WEIGHTS_MODES = ("auto", "dequantize", "quantized")
@@ -120,9 +119,3 @@ def cast_floats(model: nn.Module, dtype: mx.Dtype) -> None:
 
     model.update(tree_map(cast, model.parameters()))
 
-
-def activation_dtype(model: nn.Module, model_type: str = "llama") -> mx.Dtype:
-    """The dtype activations (and so the KV cache) take: that of the embedding's output."""
-    hybrid = model_type in HYBRID_MODEL_TYPES
-    embed = embedding_of(model, model_type) if hybrid else model.model.embed_tokens
-    return embed.scales.dtype if isinstance(embed, nn.QuantizedEmbedding) else embed.weight.dtype

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from metalserve.kvcache.manager import BlockIds
 from metalserve.outputs import TokenLogprob
 from metalserve.request import StructuredState
 from metalserve.sampling_params import SamplingParams
@@ -19,20 +20,16 @@ class NewRequestData:
     token_ids: list[int]  # the prompt, plus any output tokens already generated (a resumed request)
     num_prompt_tokens: int
     sampling_params: SamplingParams
-    block_ids: list[int]  # layer group 0's block table
+    block_ids: BlockIds  # the request's table in every layer group (kvcache/manager.py)
     num_computed_tokens: int  # tokens already in the KV cache (prefix cache hit)
     structured: StructuredState | None = None  # the request's grammar (the sampler masks with it)
-    # The tables of layer groups 1.. (a model with sliding-window or recurrent-state layers); () else.
-    group_block_ids: tuple[list[int], ...] = ()
 
 
 @dataclass
 class CachedRequestData:
     request_id: str
-    new_block_ids: list[int]  # appended to the runner's block table (layer group 0) for this request
+    new_block_ids: BlockIds  # appended to the request's table in every layer group
     num_computed_tokens: int
-    # Appended to the tables of layer groups 1..; () when nothing is (always, for one group).
-    new_group_block_ids: tuple[list[int], ...] = ()
 
 
 @dataclass

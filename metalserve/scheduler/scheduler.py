@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.kvcache.block_pool import NUM_RESERVED_BLOCKS
-from metalserve.kvcache.hybrid import HybridKVCacheManager, make_kv_manager
+from metalserve.kvcache.manager import BlockIds, KVCacheManager
 from metalserve.kvcache.specs import LayerGroupSpec
 from metalserve.outputs import EngineCoreOutput
 from metalserve.request import Request, RequestStatus
@@ -54,7 +54,7 @@ class Scheduler:
         """`initial_blocks`: start the KV pool this small and grow it on demand (None: all at once).
         `kv_groups`: the model's layer groups (None: one full-attention group)."""
         caching = config.enable_prefix_caching
-        self.kv = make_kv_manager(kv_groups, num_blocks, config.block_size, caching, initial_blocks)
+        self.kv = KVCacheManager(num_blocks, config.block_size, caching, initial_blocks, groups=kv_groups)
         needed = self.kv.blocks_for_request(max_model_len) + NUM_RESERVED_BLOCKS
         if num_blocks < needed:
             raise ConfigError(
@@ -63,8 +63,7 @@ class Scheduler:
             )
         self.config = config
         self.max_model_len = max_model_len
-        self._hybrid = self.kv if isinstance(self.kv, HybridKVCacheManager) else None
-        self._align = self._hybrid is not None and self._hybrid.align_chunks
+        self._align = self.kv.align_chunks
         self.requests: dict[str, Request] = {}
         self.waiting = make_queue(config.scheduling_policy)
         self.running: list[Request] = []
@@ -197,7 +196,7 @@ class Scheduler:
                 n += k
             if computed + n <= fast_limit.get(rid, 0):
                 # The inlined allocate_slots fast path: nothing to allocate in any group.
-                cached_reqs.append(CachedRequestData(rid, [], computed))
+                cached_reqs.append(CachedRequestData(rid, kv.empty_block_ids(), computed))
             else:
                 maybe_ids = kv.allocate_slots(request, n)
                 if maybe_ids is None and k:  # no room for the drafts: decode without them first
@@ -209,8 +208,7 @@ class Scheduler:
                     budget = step.budget
                     if maybe_ids is None:
                         continue  # it preempted itself; running[i] is now the next request
-                groups = tuple(self._hybrid.last_group_ids) if self._hybrid is not None else ()
-                cached_reqs.append(CachedRequestData(rid, maybe_ids, computed, groups))
+                cached_reqs.append(CachedRequestData(rid, maybe_ids, computed))
             if k:
                 step.spec_tokens[rid] = request.spec_token_ids[:k]
             num_tokens[rid] = n
@@ -236,7 +234,7 @@ class Scheduler:
 
     def _preempt_until_fits(
         self, request: Request, n: int, i: int, step: StepBuilder
-    ) -> tuple[list[int] | None, int]:
+    ) -> tuple[BlockIds | None, int]:
         """Preempt victims until `request` (at running[i]) fits; returns its new block ids and new i."""
         while True:
             victim = max(self.running, key=self._victim_key)
@@ -279,8 +277,7 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             if request.num_cached_tokens is None:
                 request.num_cached_tokens = hit.num_tokens
-            groups = tuple(self._hybrid.get_group_block_ids(request.request_id)) if self._hybrid else ()
-            step.add_new(request, n, self.kv.get_block_ids(request.request_id), groups)
+            step.add_new(request, n, self.kv.get_block_ids(request.request_id))
         for request in reversed(skipped):
             self.waiting.prepend(request)
         self.num_waiting_for_grammar = len(skipped)
@@ -390,7 +387,11 @@ class Scheduler:
             # Most tokens stop nothing: only a possible stop id or a length limit needs the full check.
             # A completed grammar is a natural stop: it wins over a length limit hit by the same token.
             if request.structured is not None and request.structured.accept(token_id):
-                status = RequestStatus.FINISHED_STOPPED
+                if request.structured.error is None:
+                    status = RequestStatus.FINISHED_STOPPED
+                else:  # a token the grammar refused (or EOS where it does not accept): not an answer
+                    status = RequestStatus.FINISHED_ERROR
+                    request.stop_reason = request.structured.error
                 break
             if token_id in stop_ids or len(out_ids) >= max_out:
                 status = check_stop(request, self.max_model_len)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from metalserve.kvcache.manager import BlockIds
 from metalserve.request import Request
 from metalserve.scheduler.output import CachedRequestData, NewRequestData
 
@@ -23,9 +24,7 @@ class StepBuilder:
     preempted: set[str] = field(default_factory=set)
     spec_tokens: dict[str, list[int]] = field(default_factory=dict)  # drafts scheduled after the last token
 
-    def add_new(
-        self, request: Request, n: int, block_ids: list[int], group_block_ids: tuple[list[int], ...] = ()
-    ) -> None:
+    def add_new(self, request: Request, n: int, block_ids: BlockIds) -> None:
         self.num_tokens[request.request_id] = n
         self.new_reqs.append(
             NewRequestData(
@@ -36,7 +35,6 @@ class StepBuilder:
                 block_ids=block_ids,
                 num_computed_tokens=request.num_computed_tokens,
                 structured=request.structured,
-                group_block_ids=group_block_ids,
             )
         )
         self.budget -= n

@@ -25,7 +25,7 @@ from metalserve.spec_decode.proposer import DraftedRequest
 if TYPE_CHECKING:
     from metalserve.executor.attention.base import AttentionBackend
     from metalserve.executor.models.adapter import PagedModel
-    from metalserve.executor.runner import KVCacheSpec
+    from metalserve.kvcache.specs import KVCacheDtype, KVCacheSpec
     from metalserve.loader import LoadedModel
     from metalserve.platform import Platform
 
@@ -98,13 +98,20 @@ class DraftModelProposer:
         return {step.request_ids[i]: int(t) for i, t in zip(step.sampling_rows, tokens, strict=True)}
 
 def build_draft_proposer(
-    draft: LoadedModel, target_vocab: int, platform: Platform, attention: str, block_size: int, num_blocks: int, k: int
+    draft: LoadedModel,
+    target_vocab: int,
+    platform: Platform,
+    attention: str,
+    block_size: int,
+    num_blocks: int,
+    k: int,
+    storage: KVCacheDtype = "auto",
 ) -> DraftModelProposer:
-    """The draft model on the target's platform, with pools of `num_blocks` blocks; same vocabulary only."""
+    """The draft model on the target's platform, with pools of `num_blocks` blocks stored as `storage`
+    (the target's --kv-cache-dtype); same vocabulary only."""
     from metalserve.config import ConfigError
     from metalserve.executor.attention.select import select_attention
     from metalserve.executor.models.adapter import PagedModel
-    from metalserve.executor.runner import KVCacheSpec
 
     vocab = int(draft.model.args.vocab_size)
     if vocab != target_vocab:
@@ -115,6 +122,8 @@ def build_draft_proposer(
     model = PagedModel.from_loaded(draft, platform)
     if len(model.kv_layout.groups) != 1 or model.state_layout is not None:
         raise ConfigError("--speculative-config: the draft model must be all full attention (one KV layer group)")
-    backend = select_attention(attention, draft.dtype, platform, {shape[1] for shape in model.kv_layout.tensors})
-    spec = KVCacheSpec.for_model(draft, block_size, num_blocks)
+    spec = model.get_kv_cache_spec(model.family.page(draft.model, storage), block_size, num_blocks)
+    dtype = model.family.activation_dtype(draft.model)
+    heads = {t.head_dim for t in spec.tensors}
+    backend = select_attention(attention, dtype, platform, heads, kv_storage=spec.page.storage)
     return DraftModelProposer(model, spec, backend, k)

@@ -3,24 +3,35 @@
 A compiled grammar is kept as a prototype matcher in an LRU keyed by the spec's canonical text; each
 request gets a `deep_copy` of it. The cache holds futures, so concurrent requests with one spec share
 a single compile, and a failed compile is dropped from the cache (its error is the request's 400).
+The LRU is bounded in entries and in bytes (the grammar text, as llguidance does not report its own).
+
+A grammar is checked before any request uses it: a spec over `max_spec_bytes`, a grammar over the
+parser's limits, one whose language is empty (nothing matches it) or one too complex for the lexer
+to take its first token is a GrammarError with a one-line reason; llguidance's own long messages
+(parser dumps, Rust panics with backtraces) go to the log only.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import llguidance
+import llguidance.numpy as llnp
+import numpy as np
 from llguidance.hf import from_tokenizer
 
 from metalserve.structured.params import StructuredOutputsParams
-from metalserve.structured.state import GrammarState
+from metalserve.structured.state import CompiledGrammar, GrammarState
 
 if TYPE_CHECKING:  # the options type exists only in llguidance's stubs
     from llguidance._lib import JsonCompileOptions
+
+logger = logging.getLogger("metalserve.structured")
 
 DEFAULT_CACHE_SIZE = 256
 # Fixed separators and no free whitespace: a small model left free to emit whitespace inside JSON tends
@@ -31,11 +42,49 @@ _FIELD_NAMES = {"json": "JSON schema", "json_object": "JSON object", "regex": "r
                 "grammar": "grammar", "structural_tag": "structural tag"}  # fmt: skip
 
 
-class CompiledGrammar(NamedTuple):
-    """A prototype matcher (never advanced; requests take deep copies) and its tokenizer's vocabulary size."""
+class GrammarLimits(NamedTuple):
+    """What a grammar may cost: spec text, parser symbols, lexer states, compile time, and cache room."""
 
-    matcher: llguidance.LLMatcher
-    vocab_size: int
+    max_spec_bytes: int = 256 * 1024  # the spec as sent (schema, regex, choices, grammar text)
+    max_grammar_symbols: int = 50_000  # llguidance's max_grammar_size (its default 500,000 panics first)
+    max_lexer_states: int = 100_000  # about 1-2 kB each, per llguidance
+    compile_timeout_s: float = 10.0  # the API answers a 400 past this (the compile thread finishes alone)
+    cache_size: int = DEFAULT_CACHE_SIZE
+    cache_bytes: int = 64 * 1024 * 1024
+
+    def parser_limits(self) -> llguidance.LLParserLimits:
+        return llguidance.LLParserLimits(
+            max_grammar_size=self.max_grammar_symbols, max_lexer_states=self.max_lexer_states, verbose_errors=False
+        )
+
+
+def _probe(matcher: llguidance.LLMatcher, tokenizer: llguidance.LLTokenizer, kind: str) -> None:
+    """Refuse a grammar that no text matches, or whose first token the lexer cannot take (on a copy).
+
+    llguidance finds an empty language only when it computes a mask (NoExtension), and a lexer blow-up
+    (`a{1000000}`) only when it consumes a token; before this, both ended a request early with "stop".
+    """
+    probe = matcher.deep_copy()
+    mask = llnp.allocate_token_bitmask(1, tokenizer.vocab_size)
+    llnp.fill_next_token_bitmask(probe, mask, 0)
+    if probe.is_error():
+        raise GrammarError(kind, _probe_reason(probe.get_error()))
+    bits = np.unpackbits(mask.view(np.uint8), bitorder="little")[: tokenizer.vocab_size]
+    allowed = [int(t) for t in np.flatnonzero(bits)[:2] if t != tokenizer.eos_token]
+    if not allowed:
+        if not probe.is_accepting():
+            raise GrammarError(kind, "the grammar matches no text (its language is empty)")
+        return
+    if not probe.consume_token(allowed[0]):
+        raise GrammarError(kind, _probe_reason(probe.get_error()))
+
+
+def _probe_reason(error: str) -> str:
+    if error.startswith("NoExtension"):
+        return "the grammar matches no text (its language is empty)"
+    if "lexer" in error or "too many" in error or "TooComplex" in error:
+        return f"the grammar is too complex for the grammar engine ({short_reason(error)})"
+    return short_reason(error)
 
 
 class GrammarError(ValueError):
@@ -43,7 +92,18 @@ class GrammarError(ValueError):
 
     def __init__(self, kind: str, reason: str) -> None:
         self.kind = kind
-        super().__init__(f"invalid {_FIELD_NAMES.get(kind, kind)}: {reason.strip()}")
+        super().__init__(f"invalid {_FIELD_NAMES.get(kind, kind)}: {short_reason(reason)}")
+
+
+def short_reason(message: str) -> str:
+    """llguidance's message cut to its first line, without dumps or panics (those are logged, not sent)."""
+    first = message.strip().split("\n", 1)[0].strip()
+    if first.startswith("panic") or "backtrace" in message[:200]:
+        logger.warning("llguidance failed on a grammar: %s", message[:4000])
+        return "the grammar is too large or complex for the grammar engine"
+    if len(message) > len(first):
+        logger.debug("llguidance: %s", message[:4000])
+    return first[:300] or "rejected by the grammar engine"
 
 
 def grammar_text(params: StructuredOutputsParams) -> str:
@@ -91,11 +151,21 @@ def _structural_tag_grammar(text: str) -> str:
 class GrammarCompiler:
     """Compiles specs on its own thread for one tokenizer; `submit` never blocks the caller."""
 
-    def __init__(self, tokenizer: Any, *, cache_size: int = DEFAULT_CACHE_SIZE, max_workers: int = 1) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        cache_size: int | None = None,
+        max_workers: int = 1,
+        limits: GrammarLimits | None = None,
+    ) -> None:
         self._hf_tokenizer = tokenizer
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
+        self.limits = limits or GrammarLimits()
         self._cache: OrderedDict[str, Future[CompiledGrammar]] = OrderedDict()
-        self._cache_size = cache_size
+        self._cache_size = cache_size if cache_size is not None else self.limits.cache_size
+        self._sizes: dict[str, int] = {}  # bytes charged per cached grammar
+        self.cache_bytes = 0  # their sum
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="metalserve-grammar")
         self.num_compiles = 0  # grammars actually built (cache misses), for tests and stats
@@ -110,6 +180,12 @@ class GrammarCompiler:
     def submit(self, params: StructuredOutputsParams) -> Future[CompiledGrammar]:
         """The prototype matcher of the spec, compiled in the background (or found in the cache)."""
         key = params.cache_key()
+        if len(key) > self.limits.max_spec_bytes:  # refused before any work: a done, failed future
+            failed: Future[CompiledGrammar] = Future()
+            failed.set_exception(GrammarError(params.kind, (
+                f"the spec is {len(key)} bytes; the server's limit (--max-grammar-bytes) is "
+                f"{self.limits.max_spec_bytes}")))  # fmt: skip
+            return failed
         with self._lock:
             future = self._cache.get(key)
             if future is not None:
@@ -117,32 +193,54 @@ class GrammarCompiler:
                 return future
             future = self._pool.submit(self._compile, params)
             self._cache[key] = future
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
-        future.add_done_callback(lambda f: self._drop_failed(key, f))
+            self._charge(key, len(key))
+        future.add_done_callback(lambda f: self._settle(key, f))
         return future
+
+    def _charge(self, key: str, size: int) -> None:
+        """Count `size` bytes for `key`, then evict the least recently used until both bounds hold."""
+        self.cache_bytes += size - self._sizes.get(key, 0)
+        self._sizes[key] = size
+        while len(self._cache) > 1 and (
+            len(self._cache) > self._cache_size or self.cache_bytes > self.limits.cache_bytes
+        ):
+            old, _ = self._cache.popitem(last=False)
+            self.cache_bytes -= self._sizes.pop(old, 0)
+
+    def forget(self, params: StructuredOutputsParams) -> None:
+        """Drop a spec from the cache (its compile ran past the time limit: it is not kept)."""
+        key = params.cache_key()
+        with self._lock:
+            if self._cache.pop(key, None) is not None:
+                self.cache_bytes -= self._sizes.pop(key, 0)
 
     def compile(self, params: StructuredOutputsParams) -> CompiledGrammar:
         """Blocking form of `submit` (raises GrammarError)."""
         return self.submit(params).result()
 
-    def _drop_failed(self, key: str, future: Future[CompiledGrammar]) -> None:
-        if future.exception() is not None:
-            with self._lock:
-                if self._cache.get(key) is future:
-                    del self._cache[key]
+    def _settle(self, key: str, future: Future[CompiledGrammar]) -> None:
+        """A failed compile leaves the cache; a good one is charged its grammar's bytes."""
+        with self._lock:
+            if self._cache.get(key) is not future:
+                return
+            if future.cancelled() or future.exception() is not None:
+                del self._cache[key]
+                self.cache_bytes -= self._sizes.pop(key, 0)
+            else:
+                self._charge(key, len(key) + future.result().num_bytes)
 
     def _compile(self, params: StructuredOutputsParams) -> CompiledGrammar:
         text = grammar_text(params)
         tokenizer = self.ll_tokenizer
         try:
-            matcher = llguidance.LLMatcher(tokenizer, text, log_level=0)
+            matcher = llguidance.LLMatcher(tokenizer, text, log_level=0, limits=self.limits.parser_limits())
         except Exception as exc:  # llguidance reports grammar errors on the matcher, but be sure: a 400
             raise GrammarError(params.kind, str(exc) or type(exc).__name__) from None
         self.num_compiles += 1
         if matcher.is_error():
             raise GrammarError(params.kind, matcher.get_error())
-        return CompiledGrammar(matcher, tokenizer.vocab_size)
+        _probe(matcher, tokenizer, params.kind)
+        return CompiledGrammar(matcher, tokenizer.vocab_size, len(text))
 
     def make_state(self, params: StructuredOutputsParams) -> GrammarState:
         """A new request's grammar state; it becomes ready when the compile finishes."""

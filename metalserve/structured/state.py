@@ -8,12 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 import llguidance
 
-if TYPE_CHECKING:
-    from metalserve.structured.compiler import CompiledGrammar
+
+class CompiledGrammar(NamedTuple):
+    """A prototype matcher (never advanced; requests take deep copies) and its tokenizer's vocabulary size."""
+
+    matcher: llguidance.LLMatcher
+    vocab_size: int
+    num_bytes: int = 0  # the grammar text's size, charged to the compile cache
+
 
 
 class GrammarState:
@@ -61,8 +67,10 @@ class GrammarState:
             return False
         if self.matcher is None or self.terminated:
             return self.terminated
-        if not self.matcher.consume_token(token_id):
-            self.error = self.matcher.get_error() or f"token {token_id} is not allowed by the grammar"
+        if not self.matcher.consume_token(token_id) or self.matcher.is_error():
+            # Its first line only: llguidance appends a dump of the parser state.
+            error = self.matcher.get_error().strip().split("\n", 1)[0][:300]
+            self.error = error or f"token {token_id} is not allowed by the grammar"
             self.terminated = True
         elif self.matcher.is_stopped():
             self.terminated = True

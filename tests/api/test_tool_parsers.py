@@ -8,9 +8,7 @@ import pytest
 
 from metalserve.api.tool_parsers import StreamingToolParser, ToolParser, get_tool_parser
 
-HERMES_ONE = (
-    'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-)
+HERMES_ONE = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 HERMES_TWO = (
     '<tool_call>{"name": "a", "arguments": {"x": {"y": [1, 2]}, "s": "}"}}</tool_call>\n'
     '<tool_call>{"arguments": {"z": "caf\u00e9"}, "name": "b"}</tool_call>'
@@ -74,34 +72,59 @@ def test_hermes_streamed_equals_whole(size: int) -> None:
         assert _names_args(calls) == [(c.name, json.loads(c.arguments)) for c in whole.calls]
 
 
-def test_hermes_streams_arguments_before_the_call_closes() -> None:
+def test_hermes_sends_a_call_whole_once_it_closes() -> None:
     stream = get_tool_parser("hermes").streaming()
-    first = stream.feed('<tool_call>{"name": "f", "arguments": {"city": "Par')
-    assert [d.name for d in first.tool_calls][0] == "f"
-    assert "".join(d.arguments for d in first.tool_calls) == '{"city": "Par'
-    assert stream.feed("is").tool_calls[0].arguments == "is"
+    assert stream.feed('<tool_call>{"name": "f", "arguments": {"city": "Par').tool_calls == []
+    assert stream.feed('is"}}').tool_calls == []
+    (call,) = stream.feed("</tool_call>").tool_calls
+    assert (call.name, json.loads(call.arguments)) == ("f", {"city": "Paris"})
 
 
-def test_hermes_unclosed_call_at_end_of_stream() -> None:
-    content, calls, _ = _stream(
-        get_tool_parser("hermes"), '<tool_call>{"name": "f", "arguments": {"a": 1}}', 4
-    )
-    assert content == "" and _names_args(calls) == [("f", {"a": 1})]
+ISSUE_UNTERMINATED = '<tool_call>{"name": "get_weather", "arguments": {"city": "Pa'
+ISSUE_AROUND = 'text before <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call> text after'
+
+
+@pytest.mark.parametrize("size", [1, 4, 1000])
+def test_hermes_unclosed_call_is_content_streamed_and_not(size: int) -> None:
+    parser = get_tool_parser("hermes")
+    content, calls, _ = _stream(parser, ISSUE_UNTERMINATED, size)
+    assert content == ISSUE_UNTERMINATED and calls == []
+    whole = parser.extract(ISSUE_UNTERMINATED)
+    assert whole.content == ISSUE_UNTERMINATED and whole.calls == []
+
+
+@pytest.mark.parametrize("size", [1, 3, 1000])
+def test_hermes_keeps_text_before_and_after_a_call(size: int) -> None:
+    parser = get_tool_parser("hermes")
+    whole = parser.extract(ISSUE_AROUND)
+    assert whole.content == "text before text after"
+    assert [(c.name, json.loads(c.arguments)) for c in whole.calls] == [("get_weather", {"city": "Paris"})]
+    content, calls, _ = _stream(parser, ISSUE_AROUND, size)
+    assert content == whole.content and _names_args(calls) == [("get_weather", {"city": "Paris"})]
+
+
+def test_unknown_tools_and_unencodable_arguments_stay_content() -> None:
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    parser = get_tool_parser("hermes").for_request(tools)
+    unknown = '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>'
+    assert parser.extract(unknown).calls == [] and parser.extract(unknown).content == unknown
+    surrogate = '<tool_call>{"name": "get_weather", "arguments": {"city": "\\ud800"}}</tool_call>'
+    assert parser.extract(surrogate).calls == [] and parser.extract(surrogate).content == surrogate
+    not_object = '<tool_call>{"name": "get_weather", "arguments": [1]}</tool_call>'
+    assert parser.extract(not_object).calls == []
 
 
 def test_hermes_partial_tag_is_not_leaked_as_content() -> None:
     stream = get_tool_parser("hermes").streaming()
-    assert stream.feed("Hi <tool_").content == "Hi "
-    assert stream.feed("x").content == "<tool_x"  # it was not a tag after all
+    assert stream.feed("Hi <tool_").content == "Hi"  # the space waits: it is layout if a call follows
+    assert stream.feed("x").content == " <tool_x"  # it was not a tag after all
 
 
 def test_llama3_whole_text() -> None:
     parser = get_tool_parser("llama3_json")
     got = parser.extract(LLAMA_ONE)
     assert got.content is None
-    assert [(c.name, json.loads(c.arguments)) for c in got.calls] == [
-        ("get_weather", {"city": "Paris", "unit": "c"})
-    ]
+    assert [(c.name, json.loads(c.arguments)) for c in got.calls] == [("get_weather", {"city": "Paris", "unit": "c"})]
     two = parser.extract(LLAMA_TWO)
     assert [(c.name, json.loads(c.arguments)) for c in two.calls] == [("a", {"q": 1}), ("b", {})]
 

@@ -59,7 +59,8 @@ def reference_tokens(spec: dict[str, Any]) -> dict[str, list[int]]:
     from metalserve.executor.attention.mlx import MlxAttention
     from metalserve.executor.models.adapter import PagedModel
     from metalserve.executor.models.compute import MlxCompute
-    from metalserve.executor.runner import KVCacheSpec, ModelRunner
+    from metalserve.executor.models.families import kv_cache_spec
+    from metalserve.executor.runner import ModelRunner
     from metalserve.executor.sampler import Sampler
     from metalserve.loader import load_model
 
@@ -67,9 +68,10 @@ def reference_tokens(spec: dict[str, Any]) -> dict[str, list[int]]:
     loaded = load_model(config.model)
     model = PagedModel(loaded.model, loaded.model_type, MlxCompute())
     blocks = 512
-    runner = ModelRunner(model, KVCacheSpec.for_model(loaded, config.block_size, blocks),
+    kv_spec = kv_cache_spec(loaded, config.block_size, num_blocks=blocks)
+    runner = ModelRunner(model, kv_spec,
                          eos_token_ids=loaded.eos_token_ids, sampler=Sampler(0), backend=MlxAttention())  # fmt: skip
-    scheduler = build_scheduler(config, loaded, blocks, 512, None)
+    scheduler = build_scheduler(config, kv_spec, blocks, 512, None)
     core = EngineCore(scheduler, runner, 512)
     return run_core(core, workload(spec), spec["max_tokens"], spec["stagger"])
 

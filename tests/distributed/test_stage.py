@@ -12,7 +12,7 @@ from metalserve.executor.attention.mlx import MlxAttention
 from metalserve.executor.context import forward_context
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.compute import MlxCompute
-from metalserve.executor.runner import KVCacheSpec
+from metalserve.kvcache.specs import KVCacheSpec
 from tests.executor.tiny_models import tiny_model
 
 
@@ -27,7 +27,7 @@ def _meta(positions: list[int], blocks: list[int], bs: int) -> StepMeta:
 def _stage(layers: range, first: bool, blocks: int) -> Stage:
     model = tiny_model("llama", seed=3, num_hidden_layers=4)
     keep_layers(model, layers, first)
-    spec = KVCacheSpec(len(layers), 2, 16, mx.float32, 8, blocks)
+    spec = KVCacheSpec.uniform(len(layers), 2, 16, "float32", 4, 8, blocks)
     return Stage(PagedModel(model, "llama", MlxCompute()), spec, MlxAttention())
 
 

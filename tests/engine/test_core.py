@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import mlx.core as mx
 import pytest
 
 from metalserve.config import EngineConfig
@@ -17,12 +16,9 @@ from tests.executor.tiny_models import tiny_model
 
 def tiny_loaded(seed: int = 0) -> LoadedModel:
     model = tiny_model("llama", seed=seed)
-    args = model.args
     return LoadedModel(
         model=model, tokenizer=None, model_type="llama", config={}, max_model_len=256,  # type: ignore[arg-type]
         eos_token_ids=frozenset(), chat_template=None, source="tiny", weights_desc="fp32", blas_desc="-",
-        num_layers=args.num_hidden_layers, num_kv_heads=args.num_key_value_heads,
-        head_dim=args.hidden_size // args.num_attention_heads, dtype=mx.float32,
     )  # fmt: skip
 
 

@@ -8,27 +8,27 @@ import pytest
 
 from metalserve.config import EngineConfig
 from metalserve.engine import kv_groups
-from metalserve.kvcache.hybrid import HybridKVCacheManager
-from metalserve.kvcache.manager import KVCacheManager
-from metalserve.kvcache.specs import FullAttention, RecurrentState
+from metalserve.executor.models.families import kv_cache_spec, kv_shape
+from metalserve.kvcache.specs import FullAttention, KVCacheSpec, RecurrentState
 from tests.engine.test_core import tiny_loaded
 
 
 def test_todays_models_are_one_full_attention_group(caplog: pytest.LogCaptureFixture) -> None:
     loaded = tiny_loaded()
-    assert kv_groups.layer_groups(loaded) == [FullAttention(layers=tuple(range(loaded.num_layers)))]
+    spec = kv_cache_spec(loaded, 8)
+    shape = kv_shape(loaded)
+    kv = {"num_kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim}
+    assert spec.groups == (FullAttention(layers=tuple(range(shape.num_layers)), **kv),)
     with caplog.at_level(logging.INFO, logger="metalserve.engine"):
-        s = kv_groups.build_scheduler(EngineConfig(block_size=8), loaded, 64, 256, None)
-    assert type(s.kv) is KVCacheManager and s.kv.enable_caching
-    assert f"FullAttention x{loaded.num_layers}" in caplog.text
+        s = kv_groups.build_scheduler(EngineConfig(block_size=8), spec, 64, 256, None)
+    assert s.kv.specs == list(spec.groups) and s.kv.enable_caching
+    assert f"FullAttention x{shape.num_layers}" in caplog.text
 
 
-def test_a_state_without_snapshots_logs_that_prefix_caching_is_off(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    groups = [FullAttention(layers=(0,)), RecurrentState(layers=(1,), snapshots=False)]
-    monkeypatch.setattr(kv_groups, "layer_groups", lambda loaded: groups)
+def test_a_state_without_snapshots_logs_that_prefix_caching_is_off(caplog: pytest.LogCaptureFixture) -> None:
+    groups = (FullAttention(layers=(0,)), RecurrentState(layers=(1,), snapshots=False))
+    spec = KVCacheSpec(groups, (FullAttention(),), block_size=8)
     with caplog.at_level(logging.INFO, logger="metalserve.engine"):
-        s = kv_groups.build_scheduler(EngineConfig(block_size=8), tiny_loaded(), 64, 256, None)
-    assert isinstance(s.kv, HybridKVCacheManager) and not s.kv.enable_caching
+        s = kv_groups.build_scheduler(EngineConfig(block_size=8), spec, 64, 256, None)
+    assert len(s.kv.groups) == 2 and not s.kv.enable_caching
     assert "prefix caching: layer group 1 keeps a recurrent state that cannot be snapshotted" in caplog.text

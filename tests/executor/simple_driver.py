@@ -57,10 +57,10 @@ def run_to_completion(
             s.blocks += fresh
             scheduled[s.request_id] = n
             if not s.sent:
-                new.append(NewRequestData(s.request_id, list(s.prompt), len(s.prompt), s.params, list(s.blocks), 0))
+                new.append(NewRequestData(s.request_id, list(s.prompt), len(s.prompt), s.params, (list(s.blocks),), 0))
                 s.sent = True
             else:
-                cached.append(CachedRequestData(s.request_id, fresh, s.computed))
+                cached.append(CachedRequestData(s.request_id, (fresh,), s.computed))
         finished = set()
         so = SchedulerOutput(new, cached, scheduled, sum(scheduled.values()))
         out = runner.execute_model(so)

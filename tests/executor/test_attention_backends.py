@@ -18,7 +18,7 @@ from metalserve.executor.step_inputs import StepInputs
 
 BACKENDS = [MlxAttention(), CpuAttention(), KernelAttention(reference.paged_attention, "contract", "the contract")]
 IDS = ["mlx", "cpu", "kernel-contract"]
-SPEC = LayerCacheSpec(num_kv_heads=2, head_dim=16, dtype=mx.float32, block_size=8, num_blocks=12)
+SPEC = LayerCacheSpec.dense(num_kv_heads=2, head_dim=16, dtype=mx.float32, block_size=8, num_blocks=12)
 
 
 def mixed_step() -> StepInputs:
@@ -80,7 +80,7 @@ def test_every_backend_attends_a_mixed_step_like_mlx_ops(backend: AttentionBacke
 def test_extending_a_cache_keeps_its_slots_and_adds_zeroed_ones(backend: AttentionBackend[Any, Any]) -> None:
     _, cache = run_step(backend)
     before = k_of(backend, cache)
-    more = LayerCacheSpec(2, 16, mx.float32, 8, num_blocks=4)
+    more = LayerCacheSpec.dense(2, 16, mx.float32, 8, num_blocks=4)
     grown = backend.extend(cache, more)
     mx.eval(grown.arrays())
     after = k_of(backend, grown)
@@ -92,7 +92,7 @@ def test_extending_a_cache_keeps_its_slots_and_adds_zeroed_ones(backend: Attenti
 def test_the_cpu_backend_remakes_its_host_views_when_a_pool_grows() -> None:
     backend = CpuAttention()
     cache = backend.allocate(SPEC)
-    grown = backend.extend(cache, LayerCacheSpec(2, 16, mx.float32, 8, num_blocks=4))
+    grown = backend.extend(cache, LayerCacheSpec.dense(2, 16, mx.float32, 8, num_blocks=4))
     assert grown.host.shape == (2, 2, 16 * 8, 16) and np.shares_memory(grown.host, np.asarray(grown.pool))
     grown.host[0, 1, 120] = 3.0  # a slot of the grown part (96..127), written through the view, reaches MLX's pool
     assert float(grown.pool[0, 1, 120, 0]) == 3.0
@@ -100,4 +100,4 @@ def test_the_cpu_backend_remakes_its_host_views_when_a_pool_grows() -> None:
 
 def test_the_cpu_backend_refuses_a_half_precision_pool() -> None:
     with pytest.raises(ValueError, match="float32"):
-        CpuAttention().allocate(LayerCacheSpec(2, 16, mx.float16, 8, 4))
+        CpuAttention().allocate(LayerCacheSpec.dense(2, 16, mx.float16, 8, 4))

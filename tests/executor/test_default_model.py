@@ -11,7 +11,8 @@ import pytest
 
 from metalserve.executor.host.compute import HostCompute
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.executor.runner import KVCacheSpec, ModelRunner
+from metalserve.executor.models.families import kv_cache_spec, kv_shape
+from metalserve.executor.runner import ModelRunner
 from metalserve.executor.sampler import Sampler
 from metalserve.loader import LoadedModel, load_model
 from metalserve.platform import current_platform
@@ -38,7 +39,7 @@ def golden() -> tuple[LoadedModel, PagedModel, list[list[int]], list[list[int]]]
 
 
 def runner_for(loaded: LoadedModel, model: PagedModel) -> ModelRunner:
-    spec = KVCacheSpec.for_model(loaded, 16, 128)
+    spec = kv_cache_spec(loaded, 16, num_blocks=128)
     return ModelRunner(model, spec, sampler=Sampler(0))  # MLX ops attend; the projections read the codes
 
 
@@ -56,7 +57,7 @@ def test_on_the_cpu_small_steps_read_the_stored_4_bit_codes(golden) -> None:  # 
     """The Q4_1 GGUF is dequantized for MKL, and its codes kept: the goldens above decode through them."""
     loaded, model, _, _ = golden
     assert isinstance(model.compute, HostCompute)
-    assert model.compute.linears == 4 * loaded.num_layers  # qkv, o, gate+up, down
+    assert model.compute.linears == 4 * kv_shape(loaded).num_layers  # qkv, o, gate+up, down
     head = model.compute.head_codes
     assert head is not None and head.codes.shape == (49152, 576)
 

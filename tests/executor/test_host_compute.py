@@ -70,9 +70,9 @@ def test_quantized_head_and_mlp_stay_in_mlx() -> None:
 
 
 def test_host_compute_is_chosen_for_the_llama_family_only() -> None:
-    from metalserve.executor.host import HOST_MODEL_TYPES, choose_compute
-    from metalserve.executor.models.adapter import SUPPORTED_MODEL_TYPES
+    from metalserve.executor.host import choose_compute
     from metalserve.executor.models.compute import MlxCompute
+    from metalserve.executor.models.families import HOST_MODEL_TYPES, SUPPORTED_MODEL_TYPES
     from metalserve.platform import Platform
 
     cpu = Platform(on_cpu=True, metal=False, numba=True, blas="test")

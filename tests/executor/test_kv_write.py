@@ -11,7 +11,8 @@ from metalserve.executor.attention.cpu import CpuAttention
 from metalserve.executor.attention.mlx import MlxAttention
 from metalserve.executor.attention.reference import write_kv
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.executor.runner import KVCacheSpec, ModelRunner
+from metalserve.executor.runner import ModelRunner
+from metalserve.kvcache.specs import KVCacheSpec
 from metalserve.sampling_params import SamplingParams
 from metalserve.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
 from tests.executor.tiny_models import greedy_sampler, tiny_model
@@ -47,14 +48,14 @@ def test_write_kv_does_not_copy_the_pool() -> None:
 @pytest.mark.parametrize("backend", [MlxAttention(), CpuAttention()], ids=["mlx", "cpu"])
 def test_a_runner_step_does_not_copy_the_pools(backend: AttentionBackend) -> None:  # type: ignore[type-arg]
     model = tiny_model("llama")
-    spec = KVCacheSpec(2, 2, 16, mx.float32, block_size=16, num_blocks=1 << 14)  # 2 x 2 x 32 MB
+    spec = KVCacheSpec.uniform(2, 2, 16, "float32", 4, block_size=16, num_blocks=1 << 14)  # 2 x 2 x 32 MB
     runner = ModelRunner(PagedModel(model, "llama"), spec, sampler=greedy_sampler, backend=backend)
     pool_bytes = sum(a.nbytes for layer in runner.kv for a in layer.arrays())
-    new = NewRequestData("r", list(range(40)), 40, SamplingParams(temperature=0), [0, 1, 2], 0)
+    new = NewRequestData("r", list(range(40)), 40, SamplingParams(temperature=0), ([0, 1, 2],), 0)
     mx.reset_peak_memory()
     before = mx.get_active_memory()
     runner.execute_model(SchedulerOutput([new], [], {"r": 40}, 40))
-    runner.execute_model(SchedulerOutput([], [CachedRequestData("r", [], 40)], {"r": 1}, 1))  # a decode step
+    runner.execute_model(SchedulerOutput([], [CachedRequestData("r", ([],), 40)], {"r": 1}, 1))  # a decode step
     assert mx.get_peak_memory() - before < pool_bytes // 20
 
 
@@ -67,12 +68,12 @@ def test_a_grown_pool_keeps_its_blocks_and_decodes_on(backend: AttentionBackend)
     params = SamplingParams(temperature=0)
     tokens = {}
     for start_blocks in (4, 8):
-        spec = KVCacheSpec(2, 2, 16, mx.float32, block_size=16, num_blocks=start_blocks)
+        spec = KVCacheSpec.uniform(2, 2, 16, "float32", 4, block_size=16, num_blocks=start_blocks)
         runner = ModelRunner(PagedModel(tiny_model("llama"), "llama"), spec, sampler=greedy_sampler, backend=backend)
-        new = NewRequestData("r", prompt, 37, params, [1, 2, 3], 0)
+        new = NewRequestData("r", prompt, 37, params, ([1, 2, 3],), 0)
         out = runner.execute_model(SchedulerOutput([new], [], {"r": 37}, 37))
         before = [np.array(a) for layer in runner.kv for a in layer.arrays()]
-        grow = SchedulerOutput([], [CachedRequestData("r", [6], 37)], {"r": 1}, 1, num_kv_blocks=8)
+        grow = SchedulerOutput([], [CachedRequestData("r", ([6],), 37)], {"r": 1}, 1, num_kv_blocks=8)
         steps = [out.sampled_token_ids["r"][0], runner.execute_model(grow).sampled_token_ids["r"][0]]
         assert runner.spec.num_blocks == 8
         for old, pool in zip(before, [a for layer in runner.kv for a in layer.arrays()], strict=True):
@@ -81,7 +82,7 @@ def test_a_grown_pool_keeps_its_blocks_and_decodes_on(backend: AttentionBackend)
         if isinstance(backend, CpuAttention):
             assert all(np.shares_memory(layer.host, np.asarray(layer.pool)) for layer in runner.kv)
         for n in range(38, 54):  # positions 48.. go to block 6, slots 96..111: past the old end
-            out = runner.execute_model(SchedulerOutput([], [CachedRequestData("r", [], n)], {"r": 1}, 1))
+            out = runner.execute_model(SchedulerOutput([], [CachedRequestData("r", ([],), n)], {"r": 1}, 1))
             steps.append(out.sampled_token_ids["r"][0])
         tokens[start_blocks] = steps
     assert tokens[4] == tokens[8]

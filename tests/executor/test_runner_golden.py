@@ -10,7 +10,8 @@ from mlx_lm.models.cache import make_prompt_cache
 from metalserve.executor.attention.cpu import CpuAttention
 from metalserve.executor.host.compute import HostCompute
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.executor.runner import KVCacheSpec, ModelRunner
+from metalserve.executor.runner import ModelRunner
+from metalserve.kvcache.specs import PageDtype
 from metalserve.sampling_params import SamplingParams
 from tests.executor.simple_driver import run_to_completion
 from tests.executor.tiny_models import greedy_sampler, tiny_model
@@ -39,13 +40,12 @@ def make_runner(
     model, model_type: str, num_blocks: int = 128, block_size: int = 16, attention: str = "mlx", codes=None
 ) -> ModelRunner:
     """`attention` "cpu": the CPU backend with host compute (reading `codes`, the loader's stored codes)."""
-    args = model.args
-    head_dim = getattr(args, "head_dim", None) or args.hidden_size // args.num_attention_heads
-    spec = KVCacheSpec(args.num_hidden_layers, args.num_key_value_heads, head_dim, mx.float32, block_size, num_blocks)
     if attention == "cpu":
         paged = PagedModel(model, model_type, HostCompute(codes or {}))
+        spec = paged.get_kv_cache_spec(PageDtype(), block_size, num_blocks)
         return ModelRunner(paged, spec, sampler=greedy_sampler, backend=CpuAttention())
-    return ModelRunner(PagedModel(model, model_type), spec, sampler=greedy_sampler)
+    paged = PagedModel(model, model_type)
+    return ModelRunner(paged, paged.get_kv_cache_spec(PageDtype(), block_size, num_blocks), sampler=greedy_sampler)
 
 
 def prompts_of(lengths: list[int], vocab: int, seed: int = 1) -> list[list[int]]:

@@ -15,7 +15,8 @@ import pytest
 from metalserve.executor.attention import reference
 from metalserve.executor.attention.metal import KernelAttention
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.executor.runner import KVCacheSpec, ModelRunner
+from metalserve.executor.models.families import kv_cache_spec
+from metalserve.executor.runner import ModelRunner
 from metalserve.executor.sampler import Sampler
 from metalserve.kernels.metal.launch import KernelLaunch
 from metalserve.loader import load_model
@@ -47,7 +48,7 @@ def test_emulated_kernels_give_the_portable_paths_greedy_tokens(monkeypatch: pyt
     prompts = [text[int(o) : int(o) + n] for o, n in zip(rng.integers(0, 15, len(LENGTHS)), LENGTHS,
                                                           strict=True)]
     model = PagedModel.from_loaded(loaded, current_platform())
-    spec = KVCacheSpec.for_model(loaded, 16, 32)
+    spec = kv_cache_spec(loaded, 16, num_blocks=32)
     outputs = {}
     for name, fn in (("portable", reference.paged_attention), ("emulated", emulated_paged_attention)):
         runner = ModelRunner(model, spec, sampler=Sampler(0), backend=KernelAttention(fn, name, name))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from metalserve.kvcache.manager import KVCacheManager
+from metalserve.kvcache.manager import BlockIds, KVCacheManager
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
 
@@ -11,7 +11,7 @@ def make_request(request_id: str, tokens: list[int], salt: str | None = None) ->
     return Request(request_id, list(tokens), SamplingParams(max_tokens=8), cache_salt=salt)
 
 
-def admit(kv: KVCacheManager, request: Request) -> list[int] | None:
+def admit(kv: KVCacheManager, request: Request) -> BlockIds | None:
     """What the scheduler does for a waiting request: look up its prefix, then allocate the rest."""
     hit = kv.get_computed_blocks(request)
     ids = kv.allocate_slots(request, request.num_tokens - hit.num_tokens, hit)

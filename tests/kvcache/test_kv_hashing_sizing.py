@@ -11,8 +11,8 @@ import pytest
 
 from metalserve.config import ConfigError
 from metalserve.kvcache.hashing import BlockHash, block_extra_keys, hash_block_tokens
-from metalserve.kvcache.sizing import blocks_for_request, kv_bytes_per_block, num_blocks_for_budget
-from metalserve.kvcache.specs import FullAttention, RecurrentState
+from metalserve.kvcache.sizing import blocks_for_request, num_blocks_for_budget
+from metalserve.kvcache.specs import KVCacheSpec, RecurrentState
 
 
 def test_hash_is_sha256_and_stable() -> None:
@@ -47,38 +47,44 @@ def test_extra_keys_put_salt_and_adapter_in_first_block_only() -> None:
     assert isinstance(hash_block_tokens(BlockHash(b"p"), [1], block_extra_keys(0, "s")), bytes)
 
 
+def smol(block_size: int = 16, state_bytes: int = 0, layers: int = 30, heads: int = 3, dim: int = 64) -> KVCacheSpec:
+    """SmolLM2-135M's shape (30 layers, 3 KV heads, head_dim 64) in fp16, optionally with a state group."""
+    spec = KVCacheSpec.uniform(layers, heads, dim, "float16", 2, block_size)
+    if state_bytes:
+        spec = KVCacheSpec((*spec.groups, RecurrentState(layers=(layers,), state_bytes=state_bytes)), spec.tensors,
+                           block_size)  # fmt: skip
+    return spec
+
+
 def test_bytes_per_block() -> None:
-    # SmolLM2-135M: 30 layers, 3 KV heads, head_dim 64, fp16, 16 tokens: K and V.
-    assert kv_bytes_per_block(30, 3, 64, 2, 16) == 2 * 30 * 3 * 64 * 2 * 16
-    with pytest.raises(ValueError, match="head_dim"):
-        kv_bytes_per_block(30, 3, 0, 2, 16)
+    assert smol().bytes_per_block == 2 * 30 * 3 * 64 * 2 * 16  # K and V of every layer, 16 tokens
 
 
 def test_num_blocks_for_budget() -> None:
-    per_block = kv_bytes_per_block(2, 2, 8, 2, 16)  # 2048 bytes
-    assert num_blocks_for_budget(per_block * 100 + 5, 2, 2, 8, 2, 16, 1024) == 100
+    per_block = smol(layers=2, heads=2, dim=8).bytes_per_block  # 2048 bytes
+    assert per_block == 2048
+    assert num_blocks_for_budget(per_block * 100 + 5, per_block, 16, 1024) == 100
     # 1024 tokens = 64 blocks, plus the null block.
-    assert num_blocks_for_budget(per_block * 65, 2, 2, 8, 2, 16, 1024) == 65
+    assert num_blocks_for_budget(per_block * 65, per_block, 16, 1024) == 65
+    with pytest.raises(ValueError, match="at least one byte"):
+        num_blocks_for_budget(100, 0, 16, 1024)
 
 
 def test_a_hybrid_block_also_counts_its_state_slot_and_a_request_two_state_entries() -> None:
-    per_block = kv_bytes_per_block(2, 2, 8, 2, 16, state_bytes=1000)
+    spec = smol(layers=2, heads=2, dim=8, state_bytes=1000)
+    per_block = spec.bytes_per_block
     assert per_block == 2048 + 1000
-    groups = [FullAttention(layers=(0, 1)), RecurrentState(layers=(2,))]
-    per_request = blocks_for_request(groups, 1024, 16)
+    per_request = blocks_for_request(spec.groups, 1024, 16)
     assert per_request == 64 + 2
-    assert num_blocks_for_budget(per_block * 67, 2, 2, 8, 2, 16, 1024, per_block=per_block,
-                                 blocks_per_request=per_request) == 67  # fmt: skip
+    assert num_blocks_for_budget(per_block * 67, per_block, 16, 1024, per_request) == 67
     with pytest.raises(ConfigError, match="needs 67 blocks"):
-        num_blocks_for_budget(per_block * 66, 2, 2, 8, 2, 16, 1024, per_block=per_block, blocks_per_request=per_request)
-    with pytest.raises(ValueError, match="state_bytes"):
-        kv_bytes_per_block(2, 2, 8, 2, 16, state_bytes=-1)
+        num_blocks_for_budget(per_block * 66, per_block, 16, 1024, per_request)
 
 
 def test_budget_too_small_names_missing_memory_and_flags() -> None:
-    per_block = kv_bytes_per_block(2, 2, 8, 2, 16)
+    per_block = smol(layers=2, heads=2, dim=8).bytes_per_block
     with pytest.raises(ConfigError) as err:
-        num_blocks_for_budget(per_block * 64, 2, 2, 8, 2, 16, 1024)
+        num_blocks_for_budget(per_block * 64, per_block, 16, 1024)
     msg = str(err.value)
     assert "2.00 KiB missing" in msg
     for flag in ("--kv-cache-memory", "--gpu-memory-utilization", "--max-model-len"):
@@ -140,12 +146,11 @@ def test_sizing_over_layer_groups_sharing_the_pool() -> None:
     from metalserve.kvcache.sizing import blocks_for_request
     from metalserve.kvcache.specs import FullAttention, RecurrentState, SlidingWindow
 
-    groups = [FullAttention((1, 3)), SlidingWindow(16, (0, 2))]
+    groups = [FullAttention(layers=(1, 3)), SlidingWindow(16, layers=(0, 2))]
     assert blocks_for_request(groups, 100, 16) == 2 * 7  # a chunk may span the whole prompt in both
     assert blocks_for_request([FullAttention(), RecurrentState()], 100, 16) == 7 + 2
-    per_block = 1000  # one group's layers (KVLayout.bytes_per_block)
-    assert num_blocks_for_budget(per_block * 200, 4, 2, 8, 2, 16, 1024, per_block=per_block,
-                                 blocks_per_request=2 * 64) == 200  # fmt: skip
+    per_block = 1000  # one group's layers (KVCacheSpec.bytes_per_block)
+    assert num_blocks_for_budget(per_block * 200, per_block, 16, 1024, 2 * 64) == 200
     with pytest.raises(ConfigError, match="129 blocks"):
-        num_blocks_for_budget(per_block * 128, 4, 2, 8, 2, 16, 1024, per_block=per_block, blocks_per_request=128)
+        num_blocks_for_budget(per_block * 128, per_block, 16, 1024, 128)
     assert pool_block_cap(max_num_seqs=4, max_model_len=100, block_size=16, blocks_per_request=14) == 4 * 14 + 1

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
+from metalserve.executor.models.families import kv_shape
 from metalserve.loader import LoadedModel, load_model
 
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "smollm2_reference.json"
@@ -41,8 +42,8 @@ def _greedy(loaded: LoadedModel, prompt: list[int], n: int) -> tuple[np.ndarray,
 def test_loads_with_chat_template_and_eos(default_model: LoadedModel) -> None:
     m = default_model
     assert m.source.startswith("embedded default: ") and m.model_type == "llama"
-    assert (m.num_layers, m.num_kv_heads, m.head_dim, m.max_model_len) == (30, 3, 64, 8192)
-    assert m.weights_desc.startswith("fp32 (dequantized from Q4_1") and m.dtype == mx.float32
+    assert kv_shape(m)[:3] == (30, 3, 64) and m.max_model_len == 8192
+    assert m.weights_desc.startswith("fp32 (dequantized from Q4_1") and kv_shape(m).dtype == mx.float32
     assert m.eos_token_ids == frozenset({2})
     tok = m.tokenizer
     assert tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"]) == [1, 2]

@@ -12,6 +12,8 @@ import pytest
 from mlx.utils import tree_map
 from mlx_lm.utils import load as mlx_lm_load
 
+from metalserve.cli import main
+from metalserve.executor.models.families import check_supported, kv_shape
 from metalserve.loader import ModelLoadError, load_model
 from tests.loader.tiny_models import logits, write_mlx_dir
 
@@ -29,7 +31,7 @@ def test_logits_match_mlx_lm(tmp_path: Path, model_type: str, bits: int | None) 
     np.testing.assert_allclose(logits(kept.model, TOKENS), expected, atol=1e-4, rtol=1e-4)
     dense = load_model(str(path), weights="dequantize")
     assert isinstance(dense.model.model.layers[0].mlp.up_proj, nn.Linear)
-    assert dense.dtype == mx.float32
+    assert kv_shape(dense).dtype == mx.float32
     np.testing.assert_allclose(logits(dense.model, TOKENS), expected, atol=1e-4, rtol=1e-4)
 
 
@@ -54,7 +56,7 @@ def test_untied_lm_head(tmp_path: Path) -> None:
 def test_tokenizer_template_and_kv_facts(tmp_path: Path) -> None:
     path = write_mlx_dir(tmp_path / "m", "qwen3")
     loaded = load_model(str(path))
-    assert (loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.max_model_len) == (2, 2, 16, 256)
+    assert kv_shape(loaded)[:3] == (2, 2, 16) and loaded.max_model_len == 256
     assert loaded.eos_token_ids == frozenset({2})
     text = loaded.tokenizer.apply_chat_template(
         [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
@@ -76,11 +78,23 @@ def test_directory_without_config_json(tmp_path: Path) -> None:
 
 
 def test_unsupported_model_type(tmp_path: Path) -> None:
+    """The loader asks the caller's check (the engine passes the families registry's) before it builds."""
     path = write_mlx_dir(tmp_path / "m", "llama")
     config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**config, "model_type": "gpt_neox"}))
     with pytest.raises(ModelLoadError, match="'gpt_neox' is not supported.*llama, mistral, qwen2, qwen3"):
+        load_model(str(path), check_model_type=check_supported)
+    (path / "config.json").write_text(json.dumps({**config, "model_type": "no_such_family"}))
+    with pytest.raises(ModelLoadError, match="mlx-lm has no model class for model type 'no_such_family'"):
         load_model(str(path))
+
+
+def test_the_cli_refuses_an_unsupported_model_type(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_mlx_dir(tmp_path / "m", "llama")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "model_type": "gpt_neox"}))
+    assert main(["generate", str(path), "--prompt", "hi"]) == 1
+    assert "Model type 'gpt_neox' is not supported (supported: llama, mistral" in capsys.readouterr().err
 
 
 def test_missing_weights(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from metalserve.executor.models.families import kv_shape
 from metalserve.loader import load_model
 from tests.loader.gguf_arch_models import reference_model, write_arch_gguf
 from tests.loader.gguf_blocks import T
@@ -35,7 +36,7 @@ def test_architecture_logits_equal_mlx_lm_on_the_decoded_weights(tmp_path: Path,
     loaded = load_model(str(path), weights="dequantize")
     assert loaded.model_type == MODEL_TYPES[arch]
     assert type(loaded.model) is type(reference)
-    assert loaded.head_dim == 64 and loaded.num_kv_heads == 2
+    assert kv_shape(loaded).head_dim == 64 and kv_shape(loaded).num_kv_heads == 2
     tokens = TOKENS * 12 if arch == "llama3" else TOKENS  # the scaled low frequencies show at long range
     close(logits(loaded.model, tokens), logits(reference, tokens))
     # Nothing stays packed when dequantizing, MoE experts included.

@@ -9,6 +9,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
+from metalserve.executor.models.families import kv_shape
 from metalserve.loader import ModelLoadError, load_model
 from tests.loader.tiny_models import logits, reference_llama, write_gguf
 
@@ -48,7 +49,7 @@ def test_metadata_becomes_config_tokenizer_and_eos(tmp_path: Path) -> None:
     path = tmp_path / "tiny.gguf"
     write_gguf(path, T.F32)
     loaded = load_model(str(path))
-    assert (loaded.num_layers, loaded.num_kv_heads, loaded.head_dim) == (2, 2, 16)
+    assert kv_shape(loaded)[:3] == (2, 2, 16)
     assert loaded.max_model_len == 256
     assert loaded.chat_template is not None and "<|im_start|>" in loaded.chat_template
     # The file's EOS (id 0) plus the end-of-turn token its chat template writes (id 2).

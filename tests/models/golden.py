@@ -54,14 +54,9 @@ def reference(model: nn.Module, prompt: list[int], n: int = NEW_TOKENS) -> Gener
 
 def loaded_of(model: nn.Module, model_type: str, max_model_len: int = 1024) -> LoadedModel:
     """The LoadedModel the loader would hand over for this in-memory model (float32, no tokenizer)."""
-    from metalserve.executor.models.attention_traits import all_traits
-
-    first = all_traits(model)[0]
     return LoadedModel(
         model=model, tokenizer=None, model_type=model_type, config={}, max_model_len=max_model_len,  # type: ignore[arg-type]
         eos_token_ids=frozenset(), chat_template=None, source="tiny", weights_desc="fp32", blas_desc="-",
-        num_layers=len(model.model.layers), num_kv_heads=first.n_kv_heads, head_dim=first.head_dim,
-        dtype=mx.float32,
     )  # fmt: skip
 
 

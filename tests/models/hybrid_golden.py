@@ -8,8 +8,7 @@ import numpy as np
 
 from metalserve.config import EngineConfig
 from metalserve.engine.core import EngineCore
-from metalserve.generate import hybrid_state_bytes
-from metalserve.kvcache.sizing import kv_bytes_per_block
+from metalserve.executor.models.families import kv_cache_spec
 from metalserve.loader import LoadedModel
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
@@ -39,8 +38,7 @@ def mlx_lm_greedy(model_type: str, prompt: list[int], n: int, bits: int | None =
 
 def bytes_per_block(loaded: LoadedModel) -> int:
     """One block id: the attention layers' K/V of BLOCK_SIZE tokens and every recurrent layer's state."""
-    kv = kv_bytes_per_block(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, 4, BLOCK_SIZE)
-    return kv + hybrid_state_bytes(loaded)
+    return kv_cache_spec(loaded, BLOCK_SIZE).bytes_per_block
 
 
 def engine(

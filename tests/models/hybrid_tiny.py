@@ -8,7 +8,6 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from metalserve.executor.models.hybrid_families import attention_shape
 from metalserve.loader import LoadedModel
 
 HYBRID_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2", "lfm2_moe", "nemotron_h", "granitemoehybrid")
@@ -81,10 +80,8 @@ def tiny_hybrid(model_type: str, seed: int = 0, bits: int | None = None) -> nn.M
 
 
 def tiny_hybrid_loaded(model_type: str, seed: int = 0, bits: int | None = None) -> LoadedModel:
-    model = tiny_hybrid(model_type, seed, bits)
-    num_layers, kv_heads, head_dim = attention_shape(model, model_type)
     return LoadedModel(
-        model=model, tokenizer=None, model_type=model_type, config={}, max_model_len=1024,  # type: ignore[arg-type]
-        eos_token_ids=frozenset(), chat_template=None, source="tiny", weights_desc="fp32", blas_desc="-",
-        num_layers=num_layers, num_kv_heads=kv_heads, head_dim=head_dim, dtype=mx.float32,
+        model=tiny_hybrid(model_type, seed, bits), tokenizer=None, model_type=model_type,  # type: ignore[arg-type]
+        config={}, max_model_len=1024, eos_token_ids=frozenset(), chat_template=None, source="tiny",
+        weights_desc="fp32", blas_desc="-",
     )  # fmt: skip

@@ -15,7 +15,6 @@ from mlx_lm.models import deepseek_v2, deepseek_v3, glm4_moe_lite
 from metalserve.config import EngineConfig
 from metalserve.engine.core import EngineCore
 from metalserve.loader import LoadedModel
-from metalserve.loader.load import _kv_shape
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
 from tests.models.golden import reference
@@ -56,13 +55,10 @@ def tiny_mla(model_type: str = "deepseek_v3", seed: int = 0, **overrides: Any) -
 
 
 def loaded_of(model: nn.Module, model_type: str) -> LoadedModel:
-    """The model as the loader hands it on, with the KV shape read off it by the loader's own rule."""
-    num_layers, num_kv_heads, head_dim, value_dim = _kv_shape(model, model_type)
+    """The model as the loader hands it on (its KV shape is the family's to read off it)."""
     return LoadedModel(
         model=model, tokenizer=None, model_type=model_type, config={}, max_model_len=1024,  # type: ignore[arg-type]
         eos_token_ids=frozenset(), chat_template=None, source="tiny", weights_desc="fp32", blas_desc="-",
-        num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=mx.float32,
-        value_dim=value_dim,
     )  # fmt: skip
 
 

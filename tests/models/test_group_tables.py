@@ -40,6 +40,6 @@ def test_the_runner_refuses_tables_for_another_number_of_groups() -> None:
     core = golden.engine(build("gemma3_text"))  # two groups
     runner: ModelRunner = core.runner
     params = SamplingParams(temperature=0, max_tokens=1)
-    new = NewRequestData("x", [1, 2, 3], 3, params, [1], 0)  # no table for the sliding group
+    new = NewRequestData("x", [1, 2, 3], 3, params, ([1],), 0)  # no table for the sliding group
     with pytest.raises(ValueError, match="1 block tables for a model of 2 layer groups"):
         runner.execute_model(SchedulerOutput([new], [], {"x": 3}, 3))

@@ -13,10 +13,9 @@ from mlx.utils import tree_flatten
 
 from metalserve.config import EngineConfig
 from metalserve.engine.core import EngineCore
-from metalserve.engine.kv_groups import layer_groups, state_group
-from metalserve.executor.models.adapter import SUPPORTED_MODEL_TYPES
+from metalserve.engine.kv_groups import state_group
+from metalserve.executor.models.families import SUPPORTED_MODEL_TYPES, kv_cache_spec, kv_shape, model_family
 from metalserve.executor.models.hybrid import state_layout_of
-from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES
 from metalserve.generate import generate_config
 from metalserve.kvcache.specs import FullAttention, RecurrentState
 from metalserve.loader import load_model
@@ -37,15 +36,18 @@ GROUPS = {
 
 
 def test_every_hybrid_type_is_accepted_by_the_adapter_and_the_loader() -> None:
-    assert set(HYBRID_MODEL_TYPES) == set(HYBRID_TYPES)
-    assert set(HYBRID_MODEL_TYPES) <= set(SUPPORTED_MODEL_TYPES)
+    assert {t for t in SUPPORTED_MODEL_TYPES if model_family(t).hybrid} == set(HYBRID_TYPES)
 
 
 @pytest.mark.parametrize("model_type", HYBRID_TYPES)
 def test_layer_groups_are_attention_then_recurrent_state(model_type: str) -> None:
     attention, state = GROUPS[model_type]
-    groups = layer_groups(tiny_hybrid_loaded(model_type))
-    assert groups == [FullAttention(layers=attention), RecurrentState(layers=state, snapshots=True)]
+    loaded = tiny_hybrid_loaded(model_type)
+    groups = kv_cache_spec(loaded, 16).groups
+    assert [type(g) for g in groups] == [FullAttention, RecurrentState]
+    assert (groups[0].layers, groups[1].layers) == (attention, state)
+    assert groups[1] == RecurrentState(layers=state, snapshots=True, state_bytes=groups[1].state_bytes)
+    assert groups[1].state_bytes == state_layout_of(loaded.model, model_type).slot_bytes > 0
     assert state_group(groups) == 1
 
 
@@ -54,7 +56,7 @@ def test_the_state_layout_is_mlx_lm_s_own_cache_arrays() -> None:
     layout = state_layout_of(tiny_hybrid("qwen3_next"), "qwen3_next")
     conv, recurrent = layout.layers[0]
     assert (conv.shape, recurrent.shape, recurrent.dtype) == ((3, 128), (4, 16, 16), mx.float32)
-    assert layout.bytes_per_block == 2 * (3 * 128 * 4 + 4 * 16 * 16 * 4)
+    assert layout.slot_bytes == 2 * (3 * 128 * 4 + 4 * 16 * 16 * 4)
     # lfm2: the short conv keeps only its last L_cache-1 = 2 inputs.
     assert state_layout_of(tiny_hybrid("lfm2"), "lfm2").layers[0][0].shape == (2, 64)
 
@@ -66,7 +68,8 @@ def test_the_pool_counts_every_block_s_state_slot(caplog: pytest.LogCaptureFixtu
     assert "recurrent state: 2 layers, 1.0 KiB per request" in caplog.text
     assert "KV cache layer groups: FullAttention x2, RecurrentState x2" in caplog.text
     spec = core.runner.spec
-    kv = 2 * loaded.num_layers * loaded.num_kv_heads * loaded.head_dim * 4 * spec.block_size
+    layers, heads, head_dim = kv_shape(loaded)[:3]
+    kv = 2 * layers * heads * head_dim * 4 * spec.block_size
     assert spec.bytes_per_block == kv + 2 * (2 * 64 * 4)
     assert core.runner.states is not None and core.runner.states.pool.num_blocks == spec.num_blocks
 
@@ -79,10 +82,10 @@ def test_a_model_directory_loads_and_serves_mlx_lm_s_tokens(tmp_path: Path, mode
     save_hf_tokenizer(tmp_path)
     loaded = load_model(str(tmp_path), weights="dequantize")
     attention, _ = GROUPS[model_type]
-    assert (loaded.model_type, loaded.num_layers, loaded.num_kv_heads, loaded.dtype) == (
+    shape = kv_shape(loaded)
+    assert (loaded.model_type, shape.num_layers, shape.num_kv_heads, shape.dtype) == (
         model_type, len(attention), 2, mx.float32
     )  # fmt: skip
-    assert not loaded.codes  # the host path does not run hybrids: no stored codes are kept for it
     assert not any(isinstance(m, nn.QuantizedLinear) for _, m in loaded.model.named_modules())
     (prompt,) = prompts_of([30], seed=7)
     (got,) = serve(engine(loaded), [prompt], 8)

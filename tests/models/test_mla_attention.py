@@ -20,13 +20,14 @@ from metalserve.executor.attention.reference import AttentionOptions
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.step_inputs import StepInputs
 from metalserve.kernels.cpu import attention as cpu_attention
+from metalserve.kvcache.specs import MLALatent
 from metalserve.platform import Platform
 from tests.models.mla_golden import TINY_MLA
 
 CPU_ONLY = Platform(on_cpu=True, metal=False, numba=True, blas="test")
 MAC = Platform(on_cpu=False, metal=True, numba=True, blas="test", metal_memory=1 << 34)
 RANK, WIDTH, HEADS, BLOCK, SCALE = 32, 40, 4, 8, 0.25
-LATENT = LayerCacheSpec(1, WIDTH, mx.float32, BLOCK, num_blocks=16, value_dim=RANK)
+LATENT = LayerCacheSpec(MLALatent(num_kv_heads=1, head_dim=WIDTH, value_dim=RANK), BLOCK, num_blocks=16)
 OPTIONS = AttentionOptions(scale=SCALE, value_dim=RANK)
 
 

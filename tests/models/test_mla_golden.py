@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 
 from metalserve.config import EngineConfig
-from metalserve.engine.kv_groups import layer_groups
 from metalserve.engine.kv_plan import plan_kv_pool
+from metalserve.executor.models.families import kv_cache_spec, kv_shape
 from metalserve.executor.models.mla import PagedMLA
-from metalserve.executor.runner import KVCacheSpec
 from metalserve.generate import generate_config
-from metalserve.kvcache.specs import FullAttention
+from metalserve.kvcache.specs import MLALatent
 from tests.models.mla_golden import (
     Greedy,
     assert_matches,
@@ -61,14 +60,17 @@ def test_the_other_mla_families_match_mlx_lm(model_type: str, overrides: dict[st
 def test_the_kv_cache_counts_the_latent_alone() -> None:
     """One token of one layer keeps kv_lora + rope values (40), not 2 x heads x head dims (4 x (24 + 16))."""
     loaded = loaded_of(tiny_mla(), "deepseek_v3")
-    assert (loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.value_dim) == (3, 1, 40, 32)
-    spec = KVCacheSpec.for_model(loaded, block_size=16, num_blocks=8)
-    assert spec.bytes_per_block == 3 * 40 * 4 * 16 and spec.layer_spec().value_dim == 32
+    assert kv_shape(loaded)[:4] == (3, 1, 40, 32)
+    spec = kv_cache_spec(loaded, block_size=16, num_blocks=8)
+    assert spec.bytes_per_block == 3 * 40 * 4 * 16
+    assert spec.tensors[0] == MLALatent(num_kv_heads=1, head_dim=40, value_dim=32)
     config = EngineConfig(kv_cache_memory=100 * spec.bytes_per_block, block_size=16, max_num_seqs=1000)
-    assert plan_kv_pool(config, loaded, 1024, 0, 0).num_blocks == 100
+    assert plan_kv_pool(config, spec, 1024, 0, 0).num_blocks == 100
     sized = generate_config(loaded, 2, EngineConfig(block_size=16, max_model_len=160))
     assert sized.kv_cache_memory == (2 * 10 + 1) * spec.bytes_per_block  # room for both prompts, + the null block
-    assert layer_groups(loaded) == [FullAttention(layers=(0, 1, 2))]  # every MLA layer attends over all its pages
+    # every MLA layer attends over all its pages, which keep the model's dtype under int8
+    assert spec.groups == (MLALatent(layers=(0, 1, 2), num_kv_heads=1, head_dim=40, value_dim=32),)
+    assert kv_cache_spec(loaded, 16, "int8").bytes_per_block == spec.bytes_per_block
     core = make_core(tiny_mla(), "deepseek_v3")
     assert core.runner.kv[0].arrays()[0].shape[:2] == (1, 1)  # one plane, one latent "head"
 

@@ -9,10 +9,9 @@ import mlx.core as mx
 from prometheus_client import generate_latest
 
 from metalserve.api.metrics import Metrics
-from metalserve.engine.kv_groups import layer_groups
 from metalserve.engine.request_output import IterationStats
+from metalserve.executor.models.families import kv_cache_spec
 from metalserve.executor.models.kv_layout import model_kv_layout
-from metalserve.executor.runner import KVCacheSpec
 from metalserve.kvcache.specs import FullAttention, SlidingWindow
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
@@ -24,20 +23,24 @@ BLOCK = 16
 
 def test_windowed_models_have_a_full_and_a_sliding_group_sharing_the_pool_tensors() -> None:
     gemma3 = golden.loaded_of(build("gemma3_text"), "gemma3_text")  # layers 1, 3 global; 0, 2 sliding
-    assert layer_groups(gemma3) == [FullAttention(layers=(1, 3)), SlidingWindow(WINDOW, layers=(0, 2))]
+    spec = kv_cache_spec(gemma3, BLOCK, num_blocks=10)
+    kv = {"num_kv_heads": 2, "head_dim": 16}
+    assert spec.groups == (FullAttention(layers=(1, 3), **kv), SlidingWindow(WINDOW, layers=(0, 2), **kv))
+    assert [t.shape for t in spec.tensors] == [(2, 16), (2, 16)]  # layer j of each group shares tensor j
     layout = model_kv_layout(gemma3.model)
-    assert layout.tensors == ((2, 16), (2, 16))  # layer j of each group shares tensor j
     assert layout.layer_tensor == (0, 0, 1, 1) and layout.layer_group == (1, 0, 1, 0)
     # One block id costs one group's layers: half of what four layers' K/V would cost.
-    spec = KVCacheSpec.for_model(gemma3, BLOCK, 10)
-    assert spec.bytes_per_block == layout.bytes_per_block(4, BLOCK) == 2 * 2 * (2 * 16) * 4 * BLOCK
+    assert spec.bytes_per_block == 2 * 2 * (2 * 16) * 4 * BLOCK
     # gemma4: shared-KV layers own no tensor; full layers are wider (one KV head of 32) than sliding ones.
     gemma4 = model_kv_layout(build("gemma4_text"))
-    assert gemma4.groups == (FullAttention(layers=(1,)), SlidingWindow(WINDOW, layers=(0,)))
-    assert gemma4.tensors == ((1, 32), (2, 16)) and gemma4.layer_tensor == (1, 0, 1, 0)
+    assert gemma4.groups == (
+        FullAttention(layers=(1,), num_kv_heads=1, head_dim=32),
+        SlidingWindow(WINDOW, layers=(0,), **kv),
+    )
+    assert [t.shape for t in gemma4.tensors] == [(1, 32), (2, 16)] and gemma4.layer_tensor == (1, 0, 1, 0)
     llama = golden.loaded_of(build("llama"), "llama")
-    assert layer_groups(llama) == [FullAttention(layers=(0, 1))]
-    assert KVCacheSpec.for_model(llama, BLOCK, 10).bytes_per_block == 2 * 2 * 2 * 16 * 4 * BLOCK
+    assert kv_cache_spec(llama, BLOCK).groups == (FullAttention(layers=(0, 1), **kv),)
+    assert kv_cache_spec(llama, BLOCK).bytes_per_block == 2 * 2 * 2 * 16 * 4 * BLOCK
 
 
 def _kv_usage(metrics: Metrics) -> float:
@@ -78,7 +81,7 @@ def test_windowed_requests_preempted_under_a_tight_pool_resume_with_the_same_tok
     model = build("gemma3_text")
     want = [golden.reference(model, p, 16) for p in batch]
     loaded = golden.loaded_of(build("gemma3_text"), "gemma3_text")
-    per_block = model_kv_layout(loaded.model).bytes_per_block(4, BLOCK)
+    per_block = kv_cache_spec(loaded, BLOCK).bytes_per_block
     # 30 usable blocks: one 200-token request's two groups fit (26), four 150-token requests' do not.
     from metalserve.config import EngineConfig
     from metalserve.engine.core import EngineCore

@@ -17,7 +17,7 @@ PARAMS = SamplingParams(temperature=0)
 
 
 def new(rid: str, tokens: int, computed: int, groups: tuple[list[int], ...]) -> NewRequestData:
-    return NewRequestData(rid, list(range(tokens)), tokens, PARAMS, [1] * 8, computed, group_block_ids=groups)
+    return NewRequestData(rid, list(range(tokens)), tokens, PARAMS, ([1] * 8, *groups), computed)
 
 
 def states_for(*reqs: NewRequestData) -> RecurrentStates:
@@ -28,7 +28,7 @@ def states_for(*reqs: NewRequestData) -> RecurrentStates:
 
 def requests(*reqs: NewRequestData) -> dict[str, CachedRequestState]:
     return {
-        r.request_id: CachedRequestState(r.request_id, r.token_ids, r.num_prompt_tokens, PARAMS, r.block_ids,
+        r.request_id: CachedRequestState(r.request_id, r.token_ids, r.num_prompt_tokens, PARAMS, r.block_ids[0],
                                          r.num_computed_tokens)  # fmt: skip
         for r in reqs
     }
@@ -56,7 +56,7 @@ def test_decode_rows_batch_and_prefill_segments_resume_from_their_entries() -> N
 
 def test_tables_follow_the_scheduler_and_a_preempted_request_starts_over() -> None:
     states = states_for(new("a", 9, 0, ([0, 3],)))
-    states.update(SchedulerOutput([], [CachedRequestData("a", [], 8, ([0, 5],))], {}, 0))
+    states.update(SchedulerOutput([], [CachedRequestData("a", ([], [0, 5]), 8)], {}, 0))
     assert states.tables["a"] == [0, 3, 0, 5]
     states.update(SchedulerOutput([], [], {}, 0, preempted_req_ids={"a"}))
     assert "a" not in states.tables

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from metalserve.executor.models.adapter import SUPPORTED_MODEL_TYPES, PagedModel
+from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.attention_traits import AttentionTraits, all_traits
+from metalserve.executor.models.families import SUPPORTED_MODEL_TYPES
 from metalserve.executor.models.kv_layout import layout_of
 from tests.models.archs import WINDOW, build
 

@@ -63,13 +63,13 @@ def test_new_requests_carry_full_data_running_ones_only_the_diff() -> None:
     s.add_request(make_request("a", 15, max_tokens=10))
     out, _ = step(s)
     (new,) = out.scheduled_new_reqs
-    assert (new.block_ids, new.num_computed_tokens, new.num_prompt_tokens) == ([1, 2], 0, 15)
+    assert (new.block_ids, new.num_computed_tokens, new.num_prompt_tokens) == (([1, 2],), 0, 15)
     assert new.token_ids == list(range(1000, 1015))
     out, _ = step(s)  # token 16 still fits block 2
     (cached,) = out.scheduled_cached_reqs
-    assert (cached.new_block_ids, cached.num_computed_tokens) == ([], 15)
+    assert (cached.new_block_ids, cached.num_computed_tokens) == (([],), 15)
     out, _ = step(s)  # token 17 opens block 3
-    assert out.scheduled_cached_reqs[0].new_block_ids == [3]
+    assert out.scheduled_cached_reqs[0].new_block_ids == ([3],)
     assert out.scheduled_new_reqs == []
 
 
@@ -92,9 +92,9 @@ def test_blocks_computed_this_step_are_not_hit_in_the_same_step() -> None:
     s.add_request(make_request("b", 20, max_tokens=4))  # same prompt, same step: a's KV is not there yet
     out, _ = step(s)
     assert [(n.block_ids, n.num_computed_tokens) for n in out.scheduled_new_reqs] == [
-        ([1, 2, 3], 0),
-        ([4, 5, 6], 0),
+        (([1, 2, 3],), 0),
+        (([4, 5, 6],), 0),
     ]
     s.add_request(make_request("c", 20, max_tokens=4))  # a step later, a's two full blocks are cached
     out, _ = step(s)
-    assert [(n.block_ids, n.num_computed_tokens) for n in out.scheduled_new_reqs] == [([1, 2, 7], 16)]
+    assert [(n.block_ids, n.num_computed_tokens) for n in out.scheduled_new_reqs] == [(([1, 2, 7],), 16)]

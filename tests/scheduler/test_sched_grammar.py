@@ -89,3 +89,28 @@ def test_every_token_reaches_the_matcher_across_preemption() -> None:
         step(s, token=lambda rid: 11 if rid == "b" else 7)
     assert b.num_preemptions >= 1
     assert grammar.seen == b.output_token_ids and len(grammar.seen) == 8
+
+
+@dataclass
+class BreakingGrammar(FakeGrammar):
+    """A matcher that refuses the output's third token (an engine limit hit mid-way, or EOS too early)."""
+
+    def accept(self, token_id: int) -> bool:
+        self.seen.append(token_id)
+        if len(self.seen) >= 3:
+            self.error = "lexer error: too many expressions constructed"
+            return True
+        return False
+
+
+def test_a_grammar_broken_mid_output_finishes_with_error_never_stop() -> None:
+    s = make_scheduler()
+    r = make_request("a", 8, max_tokens=10)
+    r.structured = BreakingGrammar(ready=True)
+    s.add_request(r)
+    finished = []
+    while s.has_unfinished_requests():
+        _, outputs = step(s, token=9)
+        finished += [(o.finish_reason, o.stop_reason) for o in outputs if o.finish_reason]
+    assert finished == [("error", "lexer error: too many expressions constructed")]
+    assert r.status is RequestStatus.FINISHED_ERROR and s.kv.pool.usage == 0.0

@@ -22,12 +22,12 @@ def test_state_groups_cut_prefill_chunks_at_block_boundaries() -> None:
     out = s.schedule()
     assert out.num_scheduled_tokens == {"a": 16}  # 20 cut to 16: the state of 2 blocks is a snapshot
     (new,) = out.scheduled_new_reqs
-    assert (new.block_ids, new.group_block_ids) == ([1, 2], ([0, 3],))
+    assert new.block_ids == ([1, 2], [0, 3])
     s.update_from_output(out, ModelRunnerOutput({}))
     out = s.schedule()
     assert out.num_scheduled_tokens == {"a": 14}  # the last chunk ends where the prompt does
     (cached,) = out.scheduled_cached_reqs
-    assert (cached.new_block_ids, cached.new_group_block_ids) == ([4, 5], ([0, 6],))
+    assert cached.new_block_ids == ([4, 5], [0, 6])
 
 
 def test_full_and_window_groups_keep_chunks_whole() -> None:
@@ -37,8 +37,7 @@ def test_full_and_window_groups_keep_chunks_whole() -> None:
         out = s.schedule()
         assert out.num_scheduled_tokens == {"a": 20}
         (new,) = out.scheduled_new_reqs
-        assert new.block_ids == [1, 2, 3]
-        assert new.group_block_ids == (() if groups is None else ([4, 5, 6],))
+        assert new.block_ids == (([1, 2, 3],) if groups is None else ([1, 2, 3], [4, 5, 6]))
 
 
 def test_window_blocks_freed_by_decode_are_reported_only_as_new_ids() -> None:
@@ -48,9 +47,8 @@ def test_window_blocks_freed_by_decode_are_reported_only_as_new_ids() -> None:
     s.update_from_output(out, ModelRunnerOutput({"a": [7]}))
     out = s.schedule()  # token 16 starts a block in both groups; block 3 (0..7) fell out of the window
     (cached,) = out.scheduled_cached_reqs
-    assert (cached.new_block_ids, cached.new_group_block_ids) == ([5], ([6],))
-    assert s.kv.get_block_ids("a") == [1, 2, 5]
-    assert s.kv.get_group_block_ids("a") == [[0, 4, 6]]  # type: ignore[attr-defined]
+    assert cached.new_block_ids == ([5], [6])
+    assert s.kv.get_block_ids("a") == ([1, 2, 5], [0, 4, 6])
     assert s.kv.num_free_blocks == 39 - 3 - 2
 
 

@@ -25,11 +25,11 @@ def test_preempts_latest_arrival_and_resumes_with_own_cached_blocks() -> None:
     s.add_request(make_request("b", list(range(2000, 2016)), max_tokens=8, arrival=1))
     assert s.requests["b"].num_cached_tokens is None  # not a sentinel count: unknown until scheduled
     out, _ = step(s)
-    assert [r.block_ids for r in out.scheduled_new_reqs] == [[1, 2], [3, 4]]
+    assert [r.block_ids for r in out.scheduled_new_reqs] == [([1, 2],), ([3, 4],)]
     out, _ = step(s)  # a needs a third block: b (latest) is preempted, its tail block goes to a
     assert out.preempted_req_ids == {"b"}
     assert out.num_scheduled_tokens == {"a": 1}
-    assert out.scheduled_cached_reqs[0].new_block_ids == [4]
+    assert out.scheduled_cached_reqs[0].new_block_ids == ([4],)
     b = s.requests["b"]
     assert (b.status, b.num_computed_tokens, b.num_preemptions) == (RequestStatus.PREEMPTED, 0, 1)
     first = s.make_stats()
@@ -46,7 +46,7 @@ def test_preempts_latest_arrival_and_resumes_with_own_cached_blocks() -> None:
     (new,) = out.scheduled_new_reqs
     assert new.request_id == "b"
     assert new.token_ids == list(range(2000, 2016)) + [7]
-    assert (new.block_ids, new.num_computed_tokens) == ([3, 4, 2], 8)
+    assert (new.block_ids, new.num_computed_tokens) == (([3, 4, 2],), 8)
     assert out.num_scheduled_tokens == {"b": 9}
     assert [s.kv.pool.blocks[i].ref_cnt for i in (1, 2, 3, 4)] == [0, 1, 1, 1]
     assert s.requests["b"].num_cached_tokens == 0  # counted at first scheduling only

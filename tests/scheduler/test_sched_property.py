@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 
 from metalserve.config import EngineConfig
 from metalserve.kvcache.block_pool import NULL_BLOCK_ID, KVBlock
-from metalserve.kvcache.hybrid import HybridKVCacheManager
 from metalserve.kvcache.specs import FullAttention, LayerGroupSpec, RecurrentState, SlidingWindow
 from metalserve.request import Request, RequestStatus
 from metalserve.sampling_params import SamplingParams
@@ -56,7 +55,7 @@ GROUPS: dict[str, list[LayerGroupSpec] | None] = {
     "hybrid": [FullAttention(), SlidingWindow(12), RecurrentState()],
     "state": [FullAttention(), RecurrentState()],
     "no-snapshots": [FullAttention(), RecurrentState(snapshots=False)],
-    "full-hybrid": [FullAttention()],  # the plain manager, but through a HybridKVCacheManager
+    "full-hybrid": [FullAttention()],  # one full group, given explicitly (the same as "full")
 }
 ops = st.lists(
     st.one_of(
@@ -155,13 +154,12 @@ class FakeRunner:
             self.computed.pop(rid, None)
         for new in out.scheduled_new_reqs:
             assert new.request_id not in self.tables
-            self.tables[new.request_id] = [list(new.block_ids), *map(list, new.group_block_ids)]
+            self.tables[new.request_id] = [list(t) for t in new.block_ids]
             self.computed[new.request_id] = new.num_computed_tokens
         for cached in out.scheduled_cached_reqs:
             assert self.computed[cached.request_id] == cached.num_computed_tokens
             tables = self.tables[cached.request_id]
-            tables[0] += cached.new_block_ids
-            for table, ids in zip(tables[1:], cached.new_group_block_ids, strict=False):
+            for table, ids in zip(tables, cached.new_block_ids, strict=True):
                 table += ids
         for rid, n in out.num_scheduled_tokens.items():
             self.computed[rid] += n
@@ -170,9 +168,7 @@ class FakeRunner:
 
 def group_tables(s: Scheduler) -> dict[tuple[str, int], list[KVBlock]]:
     """Every request's table in every group, as the manager holds them."""
-    if isinstance(s.kv, HybridKVCacheManager):
-        return {(rid, g): t for g, group in enumerate(s.kv.groups) for rid, t in group.tables.items()}
-    return {(rid, 0): t for rid, t in s.kv.req_to_blocks.items()}
+    return {(rid, g): t for g, group in enumerate(s.kv.groups) for rid, t in group.tables.items()}
 
 
 def check_tables_match(s: Scheduler, runner: FakeRunner, rid: str) -> None:
@@ -279,9 +275,6 @@ def test_random_sequences_keep_invariants(
     # Each further group needs its own blocks: one request of max_model_len must still fit.
     per_request = (MAX_MODEL_LEN // BS) * len(specs or [0]) + 1
     s = Scheduler(cfg, per_request + extra_blocks, MAX_MODEL_LEN, initial_blocks=initial, kv_groups=specs)
-    if groups == "full-hybrid":
-        caching = cfg.enable_prefix_caching
-        s.kv = HybridKVCacheManager([FullAttention()], per_request + extra_blocks, BS, caching, initial)
     runner, rng, done = FakeRunner(specs or [FullAttention()]), random.Random(0), Done()
     added: list[str] = []
     aborted: set[str] = set()

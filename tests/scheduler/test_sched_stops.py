@@ -21,7 +21,7 @@ def run_tokens(tokens: list[int], **params: object) -> tuple[list[int], str | No
         for o in outputs:
             emitted += o.new_token_ids
             if o.finished:
-                assert not s.kv.req_to_blocks
+                assert not s.kv.groups[0].tables
                 return emitted, o.finish_reason, o.stop_reason
     raise AssertionError("never finished")
 
@@ -77,7 +77,7 @@ def test_abort_frees_at_next_step_and_reports() -> None:
     out = s.schedule()
     assert out.finished_req_ids == {"a"}
     assert "a" not in out.num_scheduled_tokens
-    assert s.kv.get_block_ids("a") == []
+    assert s.kv.get_block_ids("a") == ([],)
     outputs = s.update_from_output(out, ModelRunnerOutput({}))
     assert [(o.request_id, o.finish_reason, o.num_prompt_tokens) for o in outputs] == [("a", "abort", 20)]
 

@@ -28,7 +28,7 @@ def test_drafts_are_scheduled_after_the_last_token_with_slots_for_all_of_them() 
     assert out.num_scheduled_tokens == {rid: 5}
     assert out.scheduled_spec_decode_tokens == {rid: [5, 6, 7, 8]}
     assert req.num_computed_tokens == 15 + 4
-    assert len(sched.kv.get_block_ids(rid)) == 3  # 19 positions in blocks of 8
+    assert len(sched.kv.get_block_ids(rid)[0]) == 3  # 19 positions in blocks of 8
 
 
 def test_rejected_drafts_roll_back_and_the_accepted_ones_are_output() -> None:

@@ -225,12 +225,12 @@ class OracleProposer:
 def test_a_sliding_window_model_speculates_with_the_same_text_under_preemption() -> None:
     # Rejected drafts roll num_computed_tokens back to no less than it was when the step was scheduled,
     # and a window group frees only blocks behind that point: nothing a rollback needs is ever freed.
-    from metalserve.executor.models.kv_layout import model_kv_layout
+    from metalserve.executor.models.families import kv_cache_spec
     from tests.models import golden
     from tests.models.archs import build
 
     loaded = golden.loaded_of(build("gemma3_text"), "gemma3_text")  # window 16: prompts run far past it
-    per_block = model_kv_layout(loaded.model).bytes_per_block(4, 16)
+    per_block = kv_cache_spec(loaded, 16).bytes_per_block
     batch = golden.prompts([120, 90, 150, 60], 256, seed=7)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 

@@ -97,3 +97,44 @@ def test_compiles_off_the_calling_thread() -> None:
     future: Future[CompiledGrammar] = compiler.submit(S(regex="q+"))
     future.result()
     assert seen and seen[0].startswith("metalserve-grammar")
+
+
+def test_the_cache_is_bounded_in_bytes_as_well_as_entries() -> None:
+    from metalserve.structured.compiler import GrammarLimits
+
+    compiler = GrammarCompiler(tiny_tokenizer(), limits=GrammarLimits(cache_size=100, cache_bytes=3000))
+    specs = [S(choice=tuple(f"{i}-{j:03d}" for j in range(40))) for i in range(12)]
+    for spec in specs:
+        compiler.compile(spec)
+        assert compiler.cache_bytes <= 3000
+    assert 1 < len(compiler) < len(specs)
+    assert compiler.cache_bytes == sum(compiler._sizes.values())
+    before = compiler.num_compiles
+    compiler.compile(specs[-1])  # the newest is still cached
+    assert compiler.num_compiles == before
+    compiler.compile(specs[0])  # the oldest was evicted for room
+    assert compiler.num_compiles == before + 1
+
+
+def test_a_spec_over_the_size_limit_is_refused_without_compiling() -> None:
+    from metalserve.structured.compiler import GrammarLimits
+
+    compiler = GrammarCompiler(tiny_tokenizer(), limits=GrammarLimits(max_spec_bytes=100))
+    with pytest.raises(GrammarError, match="limit .* is 100"):
+        compiler.compile(S(regex="a" * 200))
+    assert compiler.num_compiles == 0 and len(compiler) == 0 and compiler.cache_bytes == 0
+
+
+@pytest.mark.parametrize(
+    ("spec", "words"),
+    [
+        (S(regex="a{1000000}"), "too complex"),
+        (S(grammar='start: a\na: a "x"'), "matches no text"),
+        (S(json={"$defs": {"A": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"}), "matches no text"),
+    ],
+)
+def test_grammars_that_cannot_produce_text_are_refused(spec: S, words: str) -> None:
+    compiler = GrammarCompiler(tiny_tokenizer())
+    with pytest.raises(GrammarError, match=words) as info:
+        compiler.compile(spec)
+    assert "\n" not in str(info.value) and len(compiler) == 0 and compiler.cache_bytes == 0

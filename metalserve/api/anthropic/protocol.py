@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 
 class _Strict(BaseModel):
@@ -86,7 +86,7 @@ class Thinking(_Strict):
     """enabled / disabled turn the template's thinking on or off; adaptive leaves it to the model."""
 
     type: Literal["enabled", "disabled", "adaptive"]
-    budget_tokens: int | None = Field(default=None, ge=1024)
+    budget_tokens: StrictInt | None = Field(default=None, ge=1024)
     # summarized (or absent): the reasoning as the model wrote it; omitted: thinking blocks stay empty.
     display: Literal["summarized", "omitted"] | None = None
 
@@ -105,7 +105,7 @@ class OutputConfig(_Strict):
 
 class ThinkingTurns(_Strict):
     type: Literal["thinking_turns"]
-    value: int = Field(ge=1)
+    value: StrictInt = Field(ge=1)
 
 
 class ClearThinking(_Strict):
@@ -138,10 +138,10 @@ class CountTokensRequest(_Strict):
 
 
 class MessagesRequest(CountTokensRequest):
-    max_tokens: int = Field(ge=1)
+    max_tokens: StrictInt = Field(ge=1)
     stop_sequences: list[str] | None = None
     stream: bool = False
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)
+    top_k: StrictInt | None = Field(default=None, ge=0)
     metadata: Metadata | None = None

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from metalserve.api.deltas import FinalOutput
+from metalserve.api.partial_json import complete_partial_json
 from metalserve.api.serving_common import ChoiceState, random_id
 
 # OpenAI-side finish reasons in Anthropic's words (a matched stop string is checked first).
@@ -48,11 +49,14 @@ def message_shell(model: str, usage: dict[str, int]) -> dict[str, Any]:
 
 
 def tool_input(arguments: str) -> dict[str, Any]:
-    """A call's arguments as the `input` object; text that is not a JSON object is kept under "arguments"."""
+    """A call's arguments as the `input` object. Arguments cut by max_tokens (a forced call) give the
+    object written so far, as Anthropic does; a value that is not an object is kept under "arguments"."""
     try:
         value = json.loads(arguments)
     except ValueError:
-        return {"arguments": arguments}
+        value = complete_partial_json(arguments)
+        if value is None:
+            return {}
     return value if isinstance(value, dict) else {"arguments": value}
 
 

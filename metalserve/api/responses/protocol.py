@@ -8,7 +8,24 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, StrictInt, Tag
+
+# OpenAI's limits on `metadata`: 16 pairs, keys up to 64 characters, values up to 512.
+MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
+
+
+def _check_metadata(value: dict[str, str]) -> dict[str, str]:
+    if len(value) > MAX_METADATA_KEYS:
+        raise ValueError(f"at most {MAX_METADATA_KEYS} key-value pairs are allowed, got {len(value)}")
+    for key, item in value.items():
+        if len(key) > MAX_METADATA_KEY_CHARS:
+            raise ValueError(f"keys are at most {MAX_METADATA_KEY_CHARS} characters, got {len(key)}")
+        if len(item) > MAX_METADATA_VALUE_CHARS:
+            raise ValueError(f"values are at most {MAX_METADATA_VALUE_CHARS} characters, got {len(item)}")
+    return value
+
+
+Metadata = Annotated[dict[str, str], AfterValidator(_check_metadata)]
 
 
 class _Strict(BaseModel):
@@ -135,7 +152,7 @@ class ResponsesRequest(_Strict):
     tools: list[Annotated[FunctionTool | NamespaceTool, Field(discriminator="type")]] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedFunction | None = None
     parallel_tool_calls: bool | None = None
-    max_output_tokens: int | None = Field(default=None, ge=1)
+    max_output_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     text: TextConfig | None = None
@@ -143,7 +160,7 @@ class ResponsesRequest(_Strict):
     store: bool = True
     previous_response_id: str | None = None
     stream: bool = False
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     user: str | None = None
     # Reasoning always comes back in plain text (content), which serves what encrypted_content is for.
     include: list[Literal["reasoning.encrypted_content"]] | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -32,7 +33,17 @@ def function_call_item(
     fid: str, call_id: str, name: str, arguments: str, status: str = "completed", namespace: str | None = None
 ) -> dict[str, Any]:
     item = {"type": "function_call", "id": fid, "call_id": call_id, "name": name, "arguments": arguments}
+    if status == "completed" and not _is_json(arguments):
+        status = "incomplete"  # a forced call cut by max_output_tokens: its arguments stop mid-way
     return {**item, "status": status, **({"namespace": namespace} if namespace else {})}
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def usage(prompt_tokens: int, cached_tokens: int, output_tokens: int, reasoning_tokens: int) -> dict[str, Any]:

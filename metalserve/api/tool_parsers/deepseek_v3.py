@@ -6,6 +6,7 @@
     ```<｜tool▁call▁end｜><｜tool▁calls▁end｜>
 
 V3.1's shorter call (`<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{...}<｜tool▁call▁end｜>`) is read too.
+A call that does not close or parse is content with its markers.
 """
 
 from __future__ import annotations
@@ -13,28 +14,51 @@ from __future__ import annotations
 import json
 import re
 
-from metalserve.api.tool_parsers.base import ParsedToolCall
-from metalserve.api.tool_parsers.reparse import Parsed, ReparsingToolParser, hold_partial, json_text
+from metalserve.api.tool_parsers.base import ParsedToolCall, Segment, ToolParser, hold_partial, json_text
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
-_CALL_RE = re.compile(re.escape(CALL_BEGIN) + r"(.*?)" + re.escape(CALL_END), re.DOTALL)
 _FENCE_RE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
+_STARTS = (CALLS_BEGIN, CALL_BEGIN)
 
 
-class DeepSeekV3ToolParser(ReparsingToolParser):
+class DeepSeekV3ToolParser(ToolParser):
     name = "deepseek_v3"
     end_markers = ("<｜end▁of▁sentence｜>",)
     keeps_special_tokens = True  # the markers are special tokens of DeepSeek's tokenizer
 
-    def parse(self, text: str, final: bool) -> Parsed:
-        start = text.find(CALLS_BEGIN)
-        if start < 0:
-            start = text.find(CALL_BEGIN)
-        if start < 0:
-            return Parsed(text if final else hold_partial(text, (CALLS_BEGIN, CALL_BEGIN)))
-        calls = [call for m in _CALL_RE.finditer(text, start) if (call := _call(m.group(1))) is not None]
-        return Parsed(text[:start], calls)
+    def parse(self, text: str, final: bool) -> list[Segment]:
+        segments: list[Segment] = []
+        pos = 0
+        opener = ""  # a calls-begin marker, kept with whatever follows it (a call, or content if not one)
+        while pos < len(text):
+            if text.startswith(CALLS_BEGIN, pos) or text.startswith(CALLS_END, pos):
+                marker = CALLS_BEGIN if text.startswith(CALLS_BEGIN, pos) else CALLS_END
+                opener += marker
+                pos += len(marker)
+                continue
+            if text.startswith(CALL_BEGIN, pos):
+                end = text.find(CALL_END, pos)
+                if end < 0:
+                    if final:
+                        segments.append(Segment(opener + text[pos:]))
+                    return segments
+                end += len(CALL_END)
+                call = _call(text[pos + len(CALL_BEGIN) : end - len(CALL_END)])
+                segments.append(Segment(opener + text[pos:end], [call] if call is not None else []))
+                opener, pos = "", end
+                continue
+            nxt = min((i for m in (*_STARTS, CALLS_END) if (i := text.find(m, pos)) >= 0), default=-1)
+            if nxt < 0:
+                piece = text[pos:] if final else hold_partial(text[pos:], (*_STARTS, CALLS_END))
+                if piece:
+                    segments.append(Segment(opener + piece))
+                return segments
+            segments.append(Segment(opener + text[pos:nxt]))
+            opener, pos = "", nxt
+        if final and opener and not any(s.calls for s in segments):
+            segments.append(Segment(opener))  # markers with no call at all: the text as written
+        return segments
 
 
 def _call(body: str) -> ParsedToolCall | None:

@@ -16,45 +16,44 @@ from __future__ import annotations
 import json
 import re
 
-from metalserve.api.tool_parsers.base import ExtractedToolCalls, ParsedToolCall
-from metalserve.api.tool_parsers.reparse import Parsed, ReparsingToolParser, hold_partial, json_text
+from metalserve.api.tool_parsers.base import ParsedToolCall, Segment, ToolParser, hold_partial, json_text
 
 START, MESSAGE = "<|start|>", "<|message|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>")
 MARKERS = (START, MESSAGE, "<|channel|>", "<|constrain|>", *ENDS)
-_SPLIT_RE = re.compile("|".join(re.escape(e) for e in (*ENDS, START)))
+_SPLIT_RE = re.compile("(" + "|".join(re.escape(e) for e in (*ENDS, START)) + ")")
 _RECIPIENT_RE = re.compile(r"to=functions\.([^\s<]+)")
+_HEADER_RE = re.compile("<\\|channel\\|>|<\\|message\\|>|<\\|constrain\\|>")
 _CHANNEL_RE = re.compile(r"<\|channel\|>(\w+)")
 
 
-class HarmonyToolParser(ReparsingToolParser):
+class HarmonyToolParser(ToolParser):
     name = "openai"
     keeps_special_tokens = True  # the message structure is all special tokens
 
-    def extract(self, text: str) -> ExtractedToolCalls:
-        if not any(m in text for m in MARKERS):
-            return ExtractedToolCalls(text, [])
-        parsed = self.settled(text, True)  # structured: only the final channel is content, calls or not
-        return ExtractedToolCalls(parsed.content.strip() or None, parsed.calls)
-
-    def parse(self, text: str, final: bool) -> Parsed:
-        if MESSAGE not in text and not any(m in text for m in MARKERS):
-            return Parsed(text if final else hold_partial(text, MARKERS))  # a plain reply
-        content: list[str] = []
-        calls: list[ParsedToolCall] = []
-        pieces = _SPLIT_RE.split(text)
-        for i, piece in enumerate(pieces):
+    def parse(self, text: str, final: bool) -> list[Segment]:
+        pieces = _SPLIT_RE.split(text)  # message, separator, message, ...
+        # Text before any marker is a plain reply (the first header is normally in the prompt).
+        lead = _HEADER_RE.split(pieces[0], maxsplit=1)[0]
+        whole = final or len(lead) < len(pieces[0]) or len(pieces) > 1
+        segments = [Segment(lead if whole else hold_partial(lead, MARKERS))]
+        for i in range(0, len(pieces), 2):
+            piece = pieces[i]
             header, sep, body = piece.partition(MESSAGE)
+            closed = final or i < len(pieces) - 1
             if not sep:
                 continue
-            closed = final or i < len(pieces) - 1
             recipient = _RECIPIENT_RE.search(header)
             if recipient is not None:
-                if closed and (call := _call(recipient.group(1), body)) is not None:
-                    calls.append(call)
+                if not closed:
+                    return segments
+                ending = pieces[i + 1] if i + 1 < len(pieces) else ""
+                call = _call(recipient.group(1), body)
+                # A call that does not parse is handed back with its markers, as the model wrote it.
+                segments.append(Segment(piece + ending, [call] if call is not None else []))
             elif _channel(header) == "final":
-                content.append(body if closed else hold_partial(body, MARKERS))
-        return Parsed("".join(content), calls)
+                segments.append(Segment(body if closed else hold_partial(body, MARKERS)))
+        return segments
 
 
 def _channel(header: str) -> str | None:

@@ -7,27 +7,22 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from metalserve.api.tool_parsers.base import ParsedToolCall
-from metalserve.api.tool_parsers.reparse import Parsed, ReparsingToolParser, json_text
+from metalserve.api.tool_parsers.base import ParsedToolCall, Segment, ToolParser, json_text
 
 START, END = "<|python_start|>", "<|python_end|>"
 
 
-class PythonicToolParser(ReparsingToolParser):
+class PythonicToolParser(ToolParser):
     name = "pythonic"
 
-    def parse(self, text: str, final: bool) -> Parsed:
+    def parse(self, text: str, final: bool) -> list[Segment]:
         body = text.strip().removeprefix(START).removesuffix(END).strip()
         could_be_calls = body.startswith("[") or START.startswith(text.strip()) or not body
         if not could_be_calls:
-            return Parsed(text)
-        calls = _calls(body)
-        if calls is not None:
-            return Parsed("", calls)
-        if final:
-            return Parsed(text)  # not a call list after all: it is content
-        # Still growing: the calls closed so far, nothing settled as content.
-        return Parsed("", _calls(body[: body.rfind(")") + 1] + "]") or [])
+            return [Segment(text)]
+        if not final:  # a list may still be followed by text that makes it all content: wait for the end
+            return []
+        return [Segment(text, _calls(body) or [])]
 
 
 def _calls(body: str) -> list[ParsedToolCall] | None:

@@ -19,34 +19,67 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from metalserve.api.tool_parsers.base import ParsedToolCall
-from metalserve.api.tool_parsers.reparse import Parsed, ReparsingToolParser, hold_partial, json_text
+from metalserve.api.tool_parsers.base import ParsedToolCall, Segment, ToolParser, hold_partial, json_text
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_FUNCTION_RE = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
+FUNCTION, FUNCTION_END = "<function=", "</function>"
+_FUNCTION_RE = re.compile(r"<function=([^>\n]+)>(.*)</function>", re.DOTALL)
 _PARAM_RE = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
 
 
-class Qwen3CoderToolParser(ReparsingToolParser):
+class Qwen3CoderToolParser(ToolParser):
     name = "qwen3_coder"
 
     def __init__(self, schemas: dict[str, dict[str, Any]] | None = None) -> None:
         self.schemas = schemas or {}
 
     def for_request(self, tools: list[Any] | None) -> Qwen3CoderToolParser:
+        parser = super().for_request(tools)
+        assert isinstance(parser, Qwen3CoderToolParser)
         schemas = {}
         for tool in tools or []:
             function = (tool if isinstance(tool, dict) else tool.model_dump())["function"]
             schemas[function["name"]] = function.get("parameters") or {}
-        return Qwen3CoderToolParser(schemas)
+        parser.schemas = schemas
+        return parser
 
-    def parse(self, text: str, final: bool) -> Parsed:
+    def parse(self, text: str, final: bool) -> list[Segment]:
         # Some chat templates open the call with <function= directly, without <tool_call>.
-        start = min((i for i in (text.find(OPEN), text.find("<function=")) if i >= 0), default=-1)
-        if start < 0:
-            return Parsed(text if final else hold_partial(text, (OPEN, "<function=")))
-        calls = [self._call(m.group(1).strip(), m.group(2)) for m in _FUNCTION_RE.finditer(text, start)]
-        return Parsed(text[:start], calls)
+        segments: list[Segment] = []
+        pos = 0
+        while True:
+            start = min((i for i in (text.find(OPEN, pos), text.find(FUNCTION, pos)) if i >= 0), default=-1)
+            if start < 0:
+                segments.append(Segment(text[pos:] if final else hold_partial(text[pos:], (OPEN, FUNCTION))))
+                return segments
+            segments.append(Segment(text[pos:start]))
+            end = self._call_end(text, start, final)
+            if end is None:  # not settled yet
+                return segments
+            if end < 0:  # never closed: the rest is content as written
+                segments.append(Segment(text[start:]))
+                return segments
+            match = _FUNCTION_RE.search(text, start, end)
+            call = self._call(match.group(1).strip(), match.group(2)) if match else None
+            segments.append(Segment(text[start:end], [call] if call is not None else []))
+            pos = end
+
+    @staticmethod
+    def _call_end(text: str, start: int, final: bool) -> int | None:
+        """Where the call starting at `start` ends (its </tool_call> included when wrapped); -1 when it
+        never closes, None when the text may still grow into the rest of it."""
+        close = text.find(FUNCTION_END, start)
+        if close < 0:
+            return -1 if final else None
+        end = close + len(FUNCTION_END)
+        if not text.startswith(OPEN, start):
+            return end
+        after = end + len(text[end:]) - len(text[end:].lstrip())
+        if text.startswith(CLOSE, after):
+            return after + len(CLOSE)
+        if not final and CLOSE.startswith(text[after:]):
+            return None  # the closing tag may still come
+        return end
 
     def _call(self, name: str, body: str) -> ParsedToolCall:
         properties = (self.schemas.get(name) or {}).get("properties") or {}

@@ -14,24 +14,57 @@ import mlx.core as mx
 
 from metalserve.executor.attention.reference import AttentionOptions
 from metalserve.executor.step_inputs import StepInputs
+from metalserve.kvcache.specs import AttentionSpec, FullAttention, KVCacheDtype, MLALatent, PageDtype
 
 
 @dataclass(frozen=True)
 class LayerCacheSpec:
-    """One attention layer's paged cache: `num_blocks` blocks of `block_size` tokens, K and V each.
+    """One attention layer's paged cache: `num_blocks` blocks of `block_size` tokens of the pages `attn`
+    describes (kvcache/specs.py: shape, page dtype, and the group's window or MLA latent).
 
-    `sliding_window`: the window of the layer group `build_metadata` plans for (None: full attention);
-    a backend whose plan holds the mask (MLX ops) masks by it, the others read `AttentionOptions`.
-    `value_dim`: None for separate K and V of `head_dim` each; an int for MLA's latent layout, where the
-    cache holds K alone and V is K's first `value_dim` channels (the compressed latent)."""
+    A backend whose plan holds the mask (MLX ops) masks by `sliding_window`, the others read
+    `AttentionOptions`. `value_dim`: None for separate K and V of `head_dim` each; an int for MLA's
+    latent layout, where the cache holds K alone and V is K's first `value_dim` channels."""
 
-    num_kv_heads: int
-    head_dim: int
-    dtype: mx.Dtype
+    attn: AttentionSpec
     block_size: int
     num_blocks: int
-    sliding_window: int | None = None
-    value_dim: int | None = None
+
+    @classmethod
+    def dense(
+        cls, num_kv_heads: int, head_dim: int, dtype: mx.Dtype, block_size: int, num_blocks: int,
+        storage: KVCacheDtype = "auto",
+    ) -> LayerCacheSpec:  # fmt: skip
+        """A full-attention layer's cache (tests and benchmarks)."""
+        page = PageDtype(dtype_name(dtype), dtype.size)
+        attn = FullAttention(num_kv_heads=num_kv_heads, head_dim=head_dim, page=page).with_storage(storage)
+        return cls(attn, block_size, num_blocks)
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.attn.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.attn.head_dim
+
+    @property
+    def page(self) -> PageDtype:
+        return self.attn.page
+
+    @property
+    def dtype(self) -> mx.Dtype:
+        """What attention computes in: the model's dtype (also what `auto` pages store)."""
+        dtype: mx.Dtype = getattr(mx, self.attn.page.dtype)
+        return dtype
+
+    @property
+    def sliding_window(self) -> int | None:
+        return self.attn.sliding_window
+
+    @property
+    def value_dim(self) -> int | None:
+        return self.attn.value_dim if isinstance(self.attn, MLALatent) else None
 
     @property
     def num_slots(self) -> int:
@@ -40,7 +73,12 @@ class LayerCacheSpec:
     @property
     def num_planes(self) -> int:
         """Arrays of `head_dim` per token and KV head: 2 (K and V) or 1 (the latent, V inside K)."""
-        return 1 if self.value_dim is not None else 2
+        return self.attn.planes
+
+
+def dtype_name(dtype: mx.Dtype) -> str:
+    """`mx.float16` -> "float16" (the kvcache specs name dtypes without importing MLX)."""
+    return str(dtype).removeprefix("mlx.core.")
 
 
 class LayerCache(Protocol):

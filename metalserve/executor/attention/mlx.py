@@ -1,6 +1,6 @@
 """The MLX-ops backend (`--attention-backend mlx`): the pool `[2, Hkv, num_slots, D]`, attended with
 MLX's fused attention per decode bucket and prefill chunk (metalserve/executor/attention/reference.py). It runs
-wherever MLX runs, in any dtype."""
+wherever MLX runs, in any dtype, and keeps quantized pages (int8, q4: kv_quant.py) where the spec says so."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from metalserve.executor.attention.base import AttentionBackend, AttentionCall, LayerCacheSpec
+from metalserve.executor.attention.kv_quant import KVPool, QuantPool
 from metalserve.executor.attention.reference import (
     AttentionPlan,
     build_plan,
@@ -23,10 +24,10 @@ class PortableKV:
     """One layer's K and V in one array `[2, Hkv, num_slots, D]`; each step's scatter replaces `pool`
     with its output, which reuses the same buffer."""
 
-    pool: mx.array
+    pool: KVPool
 
     def arrays(self) -> list[mx.array]:
-        return [self.pool]
+        return self.pool.arrays() if isinstance(self.pool, QuantPool) else [self.pool]
 
 
 def zeros_pool(spec: LayerCacheSpec) -> mx.array:
@@ -39,12 +40,16 @@ class MlxAttention(AttentionBackend[PortableKV, AttentionPlan]):
     description = "MLX ops (metalserve/executor/attention/reference.py)"
 
     def allocate(self, spec: LayerCacheSpec) -> PortableKV:
-        pool = zeros_pool(spec)
-        mx.eval(pool)
-        return PortableKV(pool)
+        cache = PortableKV(_zeros(spec))
+        mx.eval(cache.arrays())
+        return cache
 
     def extend(self, cache: PortableKV, spec: LayerCacheSpec) -> PortableKV:
-        return PortableKV(mx.concatenate([cache.pool, zeros_pool(spec)], axis=2))
+        more = _zeros(spec)
+        if isinstance(cache.pool, QuantPool) and isinstance(more, QuantPool):
+            return PortableKV(cache.pool.concatenate(more))
+        assert not isinstance(cache.pool, QuantPool) and not isinstance(more, QuantPool)
+        return PortableKV(mx.concatenate([cache.pool, more], axis=2))
 
     def build_metadata(self, step: StepInputs, spec: LayerCacheSpec) -> AttentionPlan:
         return build_plan(step.block_rows, step.cu_seqlens_q, step.seq_lens, spec.block_size,
@@ -52,5 +57,15 @@ class MlxAttention(AttentionBackend[PortableKV, AttentionPlan]):
 
     def forward(self, call: AttentionCall[PortableKV, AttentionPlan]) -> mx.array:
         cache = call.cache
-        cache.pool = write_kv_portable(cache.pool, call.k, call.v, call.slot_mapping)
+        if isinstance(cache.pool, QuantPool):
+            cache.pool.write(mx.stack([call.k] if call.v is None else [call.k, call.v]), call.slot_mapping)
+        else:
+            cache.pool = write_kv_portable(cache.pool, call.k, call.v, call.slot_mapping)
         return paged_attention_planned(call.q, cache.pool, call.meta, call.options)
+
+
+def _zeros(spec: LayerCacheSpec) -> KVPool:
+    """A float pool in the model's dtype, or codes and scales where the spec's pages are quantized."""
+    if spec.page.quantized:
+        return QuantPool.zeros(spec.num_planes, spec.num_kv_heads, spec.num_slots, spec.head_dim, spec.page, spec.dtype)
+    return zeros_pool(spec)

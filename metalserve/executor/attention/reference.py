@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from metalserve.executor.attention.kv_quant import KVPool, QuantPool, take_slots
+
 
 @dataclass(frozen=True)
 class AttentionOptions:
@@ -194,12 +196,16 @@ def _attend(
     return out.reshape(b, hq, tq, d)
 
 
-def _attend_decodes(q: mx.array, pool: mx.array, g: DecodeGroup, opts: AttentionOptions) -> mx.array:
+def _attend_decodes(q: mx.array, pool: KVPool, g: DecodeGroup, opts: AttentionOptions) -> mx.array:
     """One call for every single-query request: KV heads folded into the batch, `[Hkv * B, 1, L, D]`."""
     planes, hkv, num_slots, d = pool.shape
     b, pages = g.block_ids.shape
-    pages_view = pool.reshape(planes, hkv, num_slots // g.block_size, g.block_size, d)
-    kv = pages_view[:, :, g.block_ids].reshape(planes, hkv * b, 1, pages * g.block_size, d)  # one gather, K and V
+    if isinstance(pool, QuantPool):  # gather the pages' codes and scales, dequantize only those
+        slots = (g.block_ids[:, :, None] * g.block_size + mx.arange(g.block_size)).reshape(b, pages * g.block_size)
+        kv = pool.take(slots).reshape(planes, hkv * b, 1, pages * g.block_size, d)
+    else:
+        pages_view = pool.reshape(planes, hkv, num_slots // g.block_size, g.block_size, d)
+        kv = pages_view[:, :, g.block_ids].reshape(planes, hkv * b, 1, pages * g.block_size, d)  # one gather
     hq = q.shape[1]
     group = hq // hkv
     qd = q[g.q_start : g.q_end].reshape(b, hkv, group, d).transpose(1, 0, 2, 3).reshape(hkv * b, group, 1, d)
@@ -210,8 +216,9 @@ def _attend_decodes(q: mx.array, pool: mx.array, g: DecodeGroup, opts: Attention
     return out.reshape(hkv, b, group, d).transpose(1, 0, 2, 3).reshape(b, hq, d)
 
 
-def paged_attention_planned(q: mx.array, pool: mx.array, plan: AttentionPlan, opts: AttentionOptions) -> mx.array:
-    """Attention for one layer over the portable pool `[2, Hkv, num_slots, D]`. Returns `[total_q, Hq, D]`.
+def paged_attention_planned(q: mx.array, pool: KVPool, plan: AttentionPlan, opts: AttentionOptions) -> mx.array:
+    """Attention for one layer over the portable pool `[2, Hkv, num_slots, D]` (or its quantized form,
+    kv_quant.QuantPool, dequantized as it is read). Returns `[total_q, Hq, D]`.
 
     A latent pool `[1, Hkv, num_slots, D]` (`opts.value_dim`) attends with K as its own V and keeps the
     output's first `value_dim` channels: the same numbers as a narrower V, with every reshape unchanged."""
@@ -223,7 +230,7 @@ def paged_attention_planned(q: mx.array, pool: mx.array, plan: AttentionPlan, op
     hkv, hq = pool.shape[1], q.shape[1]
     sinks = None if opts.sinks is None else opts.sinks.reshape(1, hkv, hq // hkv, 1, 1)
     for c in plan.prefills:
-        kv = pool[:, :, c.kv_slots][:, None]  # [2, 1, Hkv, L, D]
+        kv = take_slots(pool, c.kv_slots)[:, None]  # [2, 1, Hkv, L, D]
         qp = q[c.q_start : c.q_end].transpose(1, 0, 2)[None]  # [1, Hq, Tq, D]
         mask = c.mask if isinstance(c.mask, str) else c.mask[None, None]
         parts.append(_attend(qp, kv[0], kv[-1], mask, opts, sinks)[0].transpose(1, 0, 2))

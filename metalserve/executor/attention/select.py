@@ -22,18 +22,30 @@ METAL_NO_LATENT = "the Metal kernel has no MLA latent layout (V a slice of K, on
 
 
 def select_attention(
-    name: str, dtype: mx.Dtype, platform: Platform, head_dims: Collection[int] = (), *, latent_kv: bool = False
+    name: str,
+    dtype: mx.Dtype,
+    platform: Platform,
+    head_dims: Collection[int] = (),
+    *,
+    latent_kv: bool = False,
+    kv_storage: str = "auto",
 ) -> AttentionBackend[Any, Any]:
     """`auto`: the Metal kernel where Metal exists and takes the model's head dims (`head_dims`, every
     attention layer's), else the CPU backend for float32 KV, else MLX ops. Every backend honours sliding
     windows, sinks and the logit soft-cap; only the Metal kernel is limited, to its head dims and to
-    separate K and V (`latent_kv`: the model keeps MLA's latent pages, LayerCacheSpec.value_dim)."""
+    separate K and V (`latent_kv`: the model keeps MLA's latent pages, LayerCacheSpec.value_dim).
+    `kv_storage`: the pages' storage (--kv-cache-dtype); a backend that cannot read it is not chosen."""
     if name == "reference":
         logger.warning("--attention-backend reference is deprecated: it is now called 'mlx'")
         name = "mlx"
     if name not in ATTENTION_BACKEND_NAMES:
         raise ConfigError(f"--attention-backend must be one of {', '.join(ATTENTION_BACKEND_NAMES)}, got {name!r}")
     if name == "mlx":
+        return MlxAttention()
+    if kv_storage not in QUANTIZED_PAGE_BACKENDS.get(name, ("auto",)) and name != "auto":
+        raise ConfigError(f"--attention-backend {name} cannot read {kv_storage} KV pages; use 'auto' or 'mlx'")
+    if kv_storage != "auto" and name == "auto" and not _auto_reads(kv_storage, platform, dtype):
+        logger.info("attention: MLX ops, the backend that reads %s KV pages here", kv_storage)
         return MlxAttention()
     if name == "metal" and latent_kv:
         raise ConfigError(f"--attention-backend metal: {METAL_NO_LATENT}; use 'auto' or 'mlx'")
@@ -60,6 +72,17 @@ def select_attention(
     from metalserve.executor.attention.cpu import CpuAttention
 
     return CpuAttention()
+
+
+# The page storages each backend reads besides the model's dtype (kvcache/specs.PageDtype).
+QUANTIZED_PAGE_BACKENDS: dict[str, tuple[str, ...]] = {"mlx": ("auto", "int8", "q4"), "cpu": ("auto",),
+                                                       "metal": ("auto",)}  # fmt: skip
+
+
+def _auto_reads(storage: str, platform: Platform, dtype: mx.Dtype) -> bool:
+    """Whether the backend `auto` would pick reads pages of `storage`."""
+    picked = "metal" if platform.metal else ("cpu" if cpu_backend_problem(dtype, platform) is None else "mlx")
+    return storage in QUANTIZED_PAGE_BACKENDS[picked]
 
 
 def cpu_backend_problem(dtype: mx.Dtype, platform: Platform) -> str | None:

@@ -6,22 +6,23 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from metalserve.executor.models.compute import MlxCompute, ModelCompute
+from metalserve.executor.models.compute import MlxCompute
+from metalserve.executor.models.families import model_family
 from metalserve.kernels.cpu.affine_codes import AffineCodes
 from metalserve.platform import Platform
 
-# The dense llama-family models whose blocks the host twins reproduce; every other family runs mlx-lm's
-# own modules (attention through the selected backend) on MLX.
-HOST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+if TYPE_CHECKING:
+    from metalserve.executor.models.adapter import ModelCompute
 
 
 def choose_compute(platform: Platform, codes: Mapping[str, AffineCodes], model_type: str) -> ModelCompute:
-    """Host compute where MLX runs on the CPU, numba is installed and the model is of the llama family,
-    else everything in MLX.
+    """Host compute where MLX runs on the CPU, numba is installed and the family may take the host path
+    (families.py: the dense llama family), else everything in MLX.
 
     `codes`: the stored codes the loader kept, by module path (see LoadedModel.codes)."""
-    if not platform.host_compute or model_type not in HOST_MODEL_TYPES:
+    if not platform.host_compute or not model_family(model_type).host_path:
         return MlxCompute()
     from metalserve.executor.host.compute import HostCompute
 

@@ -3,38 +3,48 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
 from metalserve.executor.models.attention_traits import all_traits
-from metalserve.executor.models.compute import MlxCompute, ModelCompute
+from metalserve.executor.models.compute import MlxCompute
+from metalserve.executor.models.families import ModelFamily, model_family
 from metalserve.executor.models.hybrid import install_hybrid
-from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES
-from metalserve.executor.models.kv_layout import hybrid_kv_layout, mla_kv_layout, model_kv_layout
 from metalserve.executor.models.mla import PagedMLA, is_mla_attention
 from metalserve.executor.models.paged_attention import PagedAttention
 from metalserve.executor.state_cache import StateLayout
+from metalserve.kvcache.specs import KVCacheSpec, PageDtype, RecurrentState
 
 if TYPE_CHECKING:
     from metalserve.loader import LoadedModel
     from metalserve.platform import Platform
 
-# Families whose attention we know how to take over (mistral loads as llama in mlx-lm). Each has a golden
-# test in tests/models/ (tiny random weights, greedy tokens identical to mlx-lm's own generation).
-SUPPORTED_MODEL_TYPES = (
-    "llama", "mistral", "qwen2", "qwen3",
-    "qwen3_moe", "mixtral", "gemma3_text", "gemma4_text", "gpt_oss", "phi3", "olmo2", "granite",
-    "qwen2_moe", "olmo3", "granitemoe", "gemma2", "smollm3", "glm4", "starcoder2", "ministral3",
-    "seed_oss", "internlm3", "olmoe", "phimoe", "ernie4_5", "cohere2", "exaone4",
-    # Hybrids with recurrent-state layers (models/hybrid.py):
-    "qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2", "lfm2_moe", "nemotron_h", "granitemoehybrid",
-    # MLA, latent pages (models/mla.py):
-    "deepseek_v2", "deepseek_v3", "glm4_moe_lite",
-)  # fmt: skip
 ALL_MLX = MlxCompute()  # stateless: one serves every model
+
+
+class ModelCompute(Protocol):
+    """How a `PagedModel` computes outside attention: all in MLX (models/compute.py) or partly on the host
+    (executor/host/), chosen once from the Platform (`metalserve.executor.host.choose_compute`)."""
+
+    def install(self, model: PagedModel) -> None:
+        """Swap in this strategy's modules and materialise what it needs (once, at construction)."""
+
+    def forward(self, model: PagedModel, token_ids: np.ndarray, logits_indices: np.ndarray) -> mx.array:
+        """Packed token ids `[T]` -> the logits `[S, vocab]` of the rows `logits_indices`."""
+
+    def host_job(
+        self, model: PagedModel, token_ids: np.ndarray, logits_indices: np.ndarray
+    ) -> Callable[[], np.ndarray] | None:
+        """The forward as a call that touches NumPy only (None: part of it runs in MLX)."""
+
+    def description(self) -> str:
+        """What runs on the host instead of MLX, for the start-up log."""
+
+    def host_bytes(self) -> int:
+        """Bytes of weights held outside MLX, which MLX's memory counters do not see."""
 
 
 class PagedModel:
@@ -42,33 +52,31 @@ class PagedModel:
 
     def __init__(self, model: nn.Module, model_type: str, compute: ModelCompute = ALL_MLX) -> None:
         """`compute`: how the rest of the model runs (models/compute.py, executor/host/); all MLX by default."""
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"model type {model_type!r} is not supported (supported: {SUPPORTED_MODEL_TYPES})")
+        self.family = model_family(model_type)  # UnsupportedModelType (a ValueError) for other types
         self.model = model
         self.state_layout: StateLayout | None = None  # the recurrent layers' states, for hybrid models
-        if model_type in HYBRID_MODEL_TYPES:
+        self.state_groups: tuple[RecurrentState, ...] = ()  # their layer group (kvcache/specs.py)
+        if self.family.hybrid:
             self._install_hybrid(model, model_type)
         else:
-            self._install_attention(model)
+            self._install_attention(model, self.family)
         self.compute = compute
         compute.install(self)
         # Materialise the fused projections now, on this thread's stream, before any forward runs.
         mx.eval(model.parameters())
 
-    def _install_attention(self, model: nn.Module) -> None:
+    def _install_attention(self, model: nn.Module, family: ModelFamily) -> None:
         self.backbone = model.model
         layers = self.backbone.layers
         if any(isinstance(getattr(layer, "self_attn", None), PagedAttention | PagedMLA) for layer in layers):
             raise ValueError("this model already has paged attention installed")
-        mla = mla_kv_layout(model)
-        if mla is not None:  # latent pages: one tensor per layer, group 0 (models/mla.py)
-            self.kv_layout = mla
+        self.kv_layout = family.kv_layout(model)  # read before the swap: ours keep mlx-lm's module as `inner`
+        if family.mla:  # latent pages: one tensor per layer, group 0 (models/mla.py)
             for i, layer in enumerate(layers):
                 if not is_mla_attention(layer.self_attn):
                     raise ValueError(f"layer {i} mixes MLA with another attention: not supported")
                 layer.self_attn = PagedMLA(layer.self_attn, i)
         else:
-            self.kv_layout = model_kv_layout(model)
             for traits in all_traits(model):
                 i = traits.layer
                 tensor, group = self.kv_layout.layer_tensor[i], self.kv_layout.layer_group[i]
@@ -85,8 +93,10 @@ class PagedModel:
         parts = install_hybrid(model, model_type)
         self.backbone, self.embed, self.lm_head = parts.backbone, parts.embed, parts.lm_head
         self.tied = parts.lm_head is None
-        self.kv_layout = hybrid_kv_layout(model, model_type)
+        self.kv_layout = self.family.kv_layout(model)
         self.state_layout = parts.state_layout
+        layers = self.family.state_layers(model)
+        self.state_groups = (RecurrentState(layers=layers, state_bytes=parts.state_layout.slot_bytes),)
         self.logits_scaling = parts.logits_divisor if parts.logits_divisor != 1.0 else None
         self.final_softcap = self.logit_scale = None
 
@@ -95,7 +105,15 @@ class PagedModel:
         """The loaded model with the compute strategy the Platform calls for."""
         from metalserve.executor.host import choose_compute
 
-        return cls(loaded.model, loaded.model_type, choose_compute(platform, loaded.codes, loaded.model_type))
+        compute = choose_compute(platform, loaded.codes, loaded.model_type)
+        if isinstance(compute, MlxCompute):
+            loaded.codes.clear()  # the loader keeps them on MLX's CPU backend; only the host path reads them
+        return cls(loaded.model, loaded.model_type, compute)
+
+    def get_kv_cache_spec(self, page: PageDtype, block_size: int, num_blocks: int = 0) -> KVCacheSpec:
+        """The cache spec of every layer group (vLLM's get_kv_cache_spec): attention pages stored as
+        `page` says, recurrent states as they are."""
+        return self.kv_layout.kv_cache_spec(page, block_size, self.state_groups, num_blocks)
 
     def host_bytes(self) -> int:
         """Bytes of weights held outside MLX (the stored codes), which MLX's memory counters do not see."""

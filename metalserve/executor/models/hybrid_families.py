@@ -58,7 +58,6 @@ FAMILIES: dict[str, Family] = {
     "nemotron_h": Family(lambda m: m, "backbone", "embeddings", _nemotron_mixer),
     "granitemoehybrid": Family(lambda m: m, "model", "embed_tokens", _granite_mixer),
 }
-HYBRID_MODEL_TYPES = tuple(FAMILIES)
 
 
 def backbone_of(model: Any, model_type: str) -> Any:

@@ -12,34 +12,50 @@ Layers that read another layer's K/V (gemma4's shared KV) own no tensor: they us
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mlx.nn as nn
 
 from metalserve.executor.models.attention_traits import AttentionTraits, all_traits
-from metalserve.kvcache.specs import FullAttention, LayerGroupSpec, SlidingWindow
+from metalserve.kvcache.specs import (
+    AttentionSpec,
+    FullAttention,
+    KVCacheSpec,
+    MLALatent,
+    PageDtype,
+    RecurrentState,
+    SlidingWindow,
+)
 
 
 @dataclass(frozen=True)
 class KVLayout:
-    groups: tuple[LayerGroupSpec, ...]  # group 0 is full attention where the model has such layers
-    tensors: tuple[tuple[int, int], ...]  # (num_kv_heads, head_dim) of each pool tensor
+    """Which layer uses which group and pool tensor; the specs carry shapes (their page dtype is set by
+    `kv_cache_spec`, which is what everything that sizes or allocates pages reads)."""
+
+    groups: tuple[AttentionSpec, ...]  # group 0 is full attention where the model has such layers
+    tensors: tuple[AttentionSpec, ...]  # each pool tensor's shape
     layer_tensor: tuple[int, ...]  # per layer: the tensor it reads and writes (-1: not an attention layer)
     layer_group: tuple[int, ...]  # per layer: the group whose block table it uses (-1: none)
-    group_shapes: tuple[tuple[int, int], ...]  # per group: its layers' (num_kv_heads, head_dim)
-    value_dim: int | None = None  # MLA's latent pages: K alone, V its first value_dim channels
 
     @property
-    def num_planes(self) -> int:
-        return 1 if self.value_dim is not None else 2
+    def value_dim(self) -> int | None:
+        """MLA's latent pages: K alone, V its first value_dim channels; None otherwise."""
+        first = self.groups[0] if self.groups else None
+        return first.value_dim if isinstance(first, MLALatent) else None
 
-    def bytes_per_block(self, dtype_bytes: int, block_size: int) -> int:
-        """What one block id costs: K and V (or MLA's latent alone) of `block_size` tokens in every tensor."""
-        return sum(self.num_planes * h * d for h, d in self.tensors) * dtype_bytes * block_size
+    def kv_cache_spec(
+        self, page: PageDtype, block_size: int, states: tuple[RecurrentState, ...] = (), num_blocks: int = 0
+    ) -> KVCacheSpec:
+        """The model's cache spec: every attention page as `page` says (kinds that cannot be quantized
+        keep `page.dtype`), followed by the recurrent-state groups."""
+        base = replace(page, storage="auto")
 
-    def window(self, group: int) -> int | None:
-        spec = self.groups[group]
-        return spec.window if isinstance(spec, SlidingWindow) else None
+        def paged(spec: AttentionSpec) -> AttentionSpec:
+            return replace(spec, page=base).with_storage(page.storage)
+
+        groups = tuple(paged(g) for g in self.groups)
+        return KVCacheSpec(groups + states, tuple(paged(t) for t in self.tensors), block_size, num_blocks)  # type: ignore[arg-type]
 
 
 def _kinds(owners: list[AttentionTraits]) -> list[list[AttentionTraits]]:
@@ -50,9 +66,12 @@ def _kinds(owners: list[AttentionTraits]) -> list[list[AttentionTraits]]:
     return list(kinds.values())
 
 
-def _spec(window: int | None, layers: list[AttentionTraits]) -> LayerGroupSpec:
+def _spec(window: int | None, layers: list[AttentionTraits]) -> AttentionSpec:
     ids = tuple(t.layer for t in layers)
-    return FullAttention(layers=ids) if window is None else SlidingWindow(window, layers=ids)
+    heads, dim = layers[0].n_kv_heads, layers[0].head_dim
+    if window is None:
+        return FullAttention(layers=ids, num_kv_heads=heads, head_dim=dim)
+    return SlidingWindow(window, layers=ids, num_kv_heads=heads, head_dim=dim)
 
 
 def layout_of(traits: list[AttentionTraits], num_layers: int | None = None) -> KVLayout:
@@ -60,18 +79,15 @@ def layout_of(traits: list[AttentionTraits], num_layers: int | None = None) -> K
     owners = [t for t in traits if t.kv_source == t.layer]
     num_layers = len(traits) if num_layers is None else num_layers
     if not owners:  # a slice without attention layers (a pipeline stage's test case): nothing to keep
-        return KVLayout((), (), (-1,) * num_layers, (-1,) * num_layers, ())
+        return KVLayout((), (), (-1,) * num_layers, (-1,) * num_layers)
     kinds = _kinds(owners)
     size = min(len(k) for k in kinds)  # vLLM's rule: the smallest kind sets the group size
     groups: list[list[AttentionTraits]] = [kind[i : i + size] for kind in kinds for i in range(0, len(kind), size)]
     tensor_of: dict[tuple[int, int, int], int] = {}
     layer_tensor, layer_group = [-1] * num_layers, [-1] * num_layers
-    shapes = []
     for g, members in enumerate(groups):
-        group_shapes = {(t.n_kv_heads, t.head_dim) for t in members}
-        if len(group_shapes) != 1:
+        if len({(t.n_kv_heads, t.head_dim) for t in members}) != 1:
             raise ValueError(f"layers {[t.layer for t in members]} share a window but not a KV shape")
-        shapes.append(group_shapes.pop())
         for j, t in enumerate(members):
             key = (j, t.n_kv_heads, t.head_dim)
             layer_tensor[t.layer] = tensor_of.setdefault(key, len(tensor_of))
@@ -82,10 +98,11 @@ def layout_of(traits: list[AttentionTraits], num_layers: int | None = None) -> K
             layer_group[t.layer] = layer_group[t.kv_source]
     return KVLayout(
         groups=tuple(_spec(m[0].window, m) for m in groups),
-        tensors=tuple(sorted(tensor_of, key=tensor_of.__getitem__)[i][1:] for i in range(len(tensor_of))),
+        tensors=tuple(
+            FullAttention(num_kv_heads=h, head_dim=d) for _, h, d in sorted(tensor_of, key=tensor_of.__getitem__)
+        ),
         layer_tensor=tuple(layer_tensor),
         layer_group=tuple(layer_group),
-        group_shapes=tuple(shapes),
     )
 
 
@@ -105,12 +122,12 @@ def hybrid_kv_layout(model: nn.Module, model_type: str) -> KVLayout:
     layer_tensor, layer_group = [-1] * num_layers, [-1] * num_layers
     for j, i in enumerate(layers):
         layer_tensor[i], layer_group[i] = j, 0
+    tensor = FullAttention(num_kv_heads=heads, head_dim=head_dim)
     return KVLayout(
-        groups=(FullAttention(layers=tuple(layers)),),
-        tensors=((heads, head_dim),) * len(layers),
+        groups=(replace(tensor, layers=tuple(layers)),),
+        tensors=(tensor,) * len(layers),
         layer_tensor=tuple(layer_tensor),
         layer_group=tuple(layer_group),
-        group_shapes=((heads, head_dim),),
     )
 
 
@@ -125,20 +142,10 @@ def mla_kv_layout(model: nn.Module) -> KVLayout | None:
         return None
     width, value_dim = shape
     n = len(layers)
+    tensor = MLALatent(num_kv_heads=1, head_dim=width, value_dim=value_dim)
     return KVLayout(
-        groups=(FullAttention(layers=tuple(range(n))),),
-        tensors=((1, width),) * n,
+        groups=(replace(tensor, layers=tuple(range(n))),),
+        tensors=(tensor,) * n,
         layer_tensor=tuple(range(n)),
         layer_group=(0,) * n,
-        group_shapes=((1, width),),
-        value_dim=value_dim,
     )
-
-
-def loaded_kv_layout(model: nn.Module, model_type: str) -> KVLayout:
-    """The layout of a loaded mlx-lm model of `model_type` (hybrids keep K/V for attention layers only)."""
-    from metalserve.executor.models.hybrid_families import HYBRID_MODEL_TYPES
-
-    if model_type in HYBRID_MODEL_TYPES:
-        return hybrid_kv_layout(model, model_type)
-    return mla_kv_layout(model) or model_kv_layout(model)

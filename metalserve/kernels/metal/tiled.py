@@ -16,7 +16,7 @@ import mlx.core as mx
 from metalserve.kernels.metal.launch import KernelLaunch, metal_source
 
 if TYPE_CHECKING:
-    from metalserve.kernels.metal.paged import PagedArgs
+    from metalserve.kernels.metal.args import PagedArgs
 
 THREADGROUP_MEMORY = 32 * 1024
 KEY_TILES = (32, 16, 8)  # the largest that fits the threadgroup memory is used

@@ -1,0 +1,37 @@
+"""GET /debug/memory: the process's resident memory split by component, for operators and bench/soak.py.
+
+Weights and the KV pool come from the engine core (the pool as grown so far), the grammar cache and the
+Responses store from their own byte counts; "other" is what the resident set holds beyond them
+(Python objects, allocator slack, MLX's buffer cache, llguidance's lexer tables).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+from typing import Any
+
+from metalserve.api.responses.store import ResponseStore
+
+
+def process_rss() -> int:
+    """Resident bytes now (Linux: /proc); elsewhere the peak, which is all getrusage gives."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def memory_report(engine: Any, store: ResponseStore) -> dict[str, int]:
+    report = getattr(engine.core, "memory_report", None)
+    parts: dict[str, int] = dict(report()) if callable(report) else {"weights": 0, "kv_pool": 0}
+    compiler = getattr(engine, "_grammar", None)
+    parts["grammar_cache"] = compiler.cache_bytes if compiler is not None else 0
+    parts["responses_store"] = store.num_bytes
+    rss = process_rss()
+    parts["other"] = max(0, rss - sum(parts.values()))
+    parts["rss"] = rss
+    return parts

@@ -1,0 +1,163 @@
+"""`metalserve serve`'s flags, generated from the config fields: every flag parses onto its field, the names
+stay the ones users type, and the generator's type rules hold."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from metalserve.api.server import add_cli_args, config_from_args, default_token_budget
+from metalserve.api.settings import ServerSettings
+from metalserve.cli import main
+from metalserve.config import EngineConfig
+from metalserve.flags import add_flags, build, flag, flag_values
+from metalserve.spec_decode.config import SpeculativeConfig
+
+# Every `serve` option string: renaming or dropping a flag breaks users' command lines.
+SERVE_OPTIONS = {
+    "--served-model-name", "--max-model-len", "--block-size", "--max-num-seqs", "--max-num-batched-tokens",
+    "--long-prefill-token-threshold", "--enable-prefix-caching", "--no-enable-prefix-caching",
+    "--scheduling-policy", "--gpu-memory-utilization", "--kv-cache-memory", "--weights", "--attention-backend",
+    "--chat-template", "--seed", "--pipeline-parallel-size", "-pp", "--pipeline-layer-partition",
+    "--pipeline-step-timeout", "--speculative-config", "--host", "--port", "--api-key", "--log-stats-interval",
+    "--tool-call-parser", "--reasoning-parser", "--responses-store-size", "--enable-auto-tool-choice",
+    "--graceful-shutdown-timeout", "--max-request-body-bytes", "--allowed-origins", "--allow-credentials",
+    "--allowed-methods", "--allowed-headers", "--kv-cache-dtype",
+    # Issue 28's bounds: grammar size, compile time and cache; the Responses store's bytes; body arrival.
+    "--max-grammar-bytes", "--grammar-compile-timeout", "--grammar-cache-bytes", "--responses-store-bytes",
+    "--request-body-timeout",
+}  # fmt: skip
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    add_cli_args(parser)
+    return parser
+
+
+def test_the_serve_flags_keep_their_names() -> None:
+    options = {s for action in _parser()._actions for s in action.option_strings} - {"-h", "--help"}
+    assert options == SERVE_OPTIONS
+    positionals = [a.dest for a in _parser()._actions if not a.option_strings]
+    assert positionals == ["model"]
+
+
+def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages[0].content }}")
+    spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 5}'
+    argv = [
+        "m.gguf", "--served-model-name", "served", "--max-model-len", "4096", "--block-size", "32",
+        "--max-num-seqs", "7", "--max-num-batched-tokens", "300", "--long-prefill-token-threshold", "64",
+        "--no-enable-prefix-caching", "--scheduling-policy", "priority", "--gpu-memory-utilization", "0.75",
+        "--kv-cache-memory", "123456", "--weights", "quantized", "--attention-backend", "mlx",
+        "--chat-template", str(template), "--seed", "9", "--pipeline-step-timeout", "5.5",
+        "--speculative-config", spec, "--host", "0.0.0.0", "--port", "9001", "--api-key", "k",
+        "--log-stats-interval", "2.5", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3",
+        "--responses-store-size", "3", "--enable-auto-tool-choice", "--graceful-shutdown-timeout", "4",
+        "--max-request-body-bytes", "2048", "--allowed-origins", '["http://a.example"]', "--allow-credentials",
+        "--allowed-methods", '["GET", "POST"]', "--allowed-headers", '["x-h"]',
+    ]  # fmt: skip
+    config, settings = config_from_args(_parser().parse_args(argv))
+    assert config == EngineConfig(
+        model="m.gguf", served_model_name="served", max_model_len=4096, block_size=32, max_num_seqs=7,
+        max_num_batched_tokens=300, long_prefill_token_threshold=64, enable_prefix_caching=False,
+        scheduling_policy="priority", gpu_memory_utilization=0.75, kv_cache_memory=123456, weights="quantized",
+        attention_backend="mlx", chat_template="{{ messages[0].content }}", tool_call_parser="hermes", seed=9,
+        pipeline_step_timeout=5.5, speculative_config=SpeculativeConfig("ngram", 3, 1, 5),
+    )  # fmt: skip
+    assert settings == ServerSettings(
+        host="0.0.0.0", port=9001, api_key="k", served_model_name="served", log_stats_interval=2.5,
+        tool_call_parser="hermes", reasoning_parser="qwen3", responses_store_size=3, enable_auto_tool_choice=True,
+        graceful_shutdown_timeout=4.0, max_request_body_bytes=2048, allowed_origins=("http://a.example",),
+        allow_credentials=True, allowed_methods=("GET", "POST"), allowed_headers=("x-h",),
+    )  # fmt: skip
+    # Pipeline flags cannot combine with speculation, so they get a command line of their own.
+    config, _ = config_from_args(_parser().parse_args(["-pp", "2", "--pipeline-layer-partition", "10,20"]))
+    assert (config.pipeline_parallel_size, config.pipeline_layer_partition) == (2, (10, 20))
+
+
+def test_absent_flags_are_the_field_defaults() -> None:
+    config, settings = config_from_args(_parser().parse_args([]))
+    assert config == EngineConfig(max_num_batched_tokens=default_token_budget())
+    assert settings == ServerSettings()
+
+
+def test_a_flag_value_that_cannot_work_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--allowed-origins", '{"a": 1}']) == 1
+    assert "--allowed-origins takes a JSON list of strings" in capsys.readouterr().err
+    assert main(["serve", "--allowed-methods", "not json"]) == 1
+    assert "--allowed-methods takes a JSON list of strings" in capsys.readouterr().err
+    assert main(["serve", "--pipeline-layer-partition", "1,x", "-pp", "2"]) == 1
+    assert "--pipeline-layer-partition takes comma-separated layer counts" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["serve", "--weights", "fp8"])  # not one of the Literal's values
+    assert "invalid choice: 'fp8'" in capsys.readouterr().err
+
+
+def test_help_lists_every_flag_with_its_default(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert all(option in text for option in SERVE_OPTIONS)
+    assert "most requests in one batch (default: 64)" in text
+    assert 'CORS, JSON list (default: ["*"])' in text
+
+
+@dataclasses.dataclass(frozen=True)
+class _Toy:
+    """A config for the generator's own rules."""
+
+    on: bool = flag(True, "a switch that starts on")
+    off: bool = flag(False, "a switch that starts off")
+    mode: Literal["a", "b"] = flag("a", "a literal")
+    ratio: float = flag(0.5, "a float")
+    name: str | None = flag(None, "an optional string")
+    pair: tuple[int, int] = flag((1, 2), "a parsed value", parse=lambda t: tuple(int(x) for x in t.split("x")))
+    hidden: int = 3  # a plain default: not a flag
+
+
+def _toy(*argv: str) -> _Toy:
+    parser = argparse.ArgumentParser()
+    add_flags(parser, _Toy)
+    return build(_Toy, flag_values(parser.parse_args(list(argv)), _Toy))
+
+
+def test_the_generator_derives_each_argument_from_the_field_type() -> None:
+    assert _toy() == _Toy()
+    assert _toy("--no-on", "--off", "--mode", "b", "--ratio", "2", "--name", "x", "--pair", "3x4") == _Toy(
+        on=False, off=True, mode="b", ratio=2.0, name="x", pair=(3, 4)
+    )
+    with pytest.raises(SystemExit):
+        _toy("--no-off")  # a switch that starts off has no --no- form
+    with pytest.raises(SystemExit):
+        _toy("--mode", "c")
+    with pytest.raises(SystemExit):
+        _toy("--hidden", "4")
+
+
+def test_a_flag_type_the_generator_cannot_read_fails_when_the_parser_is_built() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Bad:
+        """A flag of a type with no rule and no parse=."""
+
+        sizes: list[int] = flag((), "no rule for lists")
+
+    with pytest.raises(TypeError, match=r"Bad.sizes: a flag of type list\[int\] needs parse="):
+        add_flags(argparse.ArgumentParser(), Bad)
+
+
+def test_one_flag_declared_by_both_configs_is_refused() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Clash:
+        """Declares --port again."""
+
+        port: int = flag(1, "a second --port")
+
+    with pytest.raises(argparse.ArgumentError, match="--port"):
+        add_flags(argparse.ArgumentParser(), ServerSettings, Clash)
