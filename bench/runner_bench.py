@@ -26,7 +26,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from metalserve.executor.attention.cpu import CpuAttention
 from metalserve.executor.attention.mlx import MlxAttention
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.executor.runner import KVCacheSpec, ModelRunner
+from metalserve.executor.runner import ModelRunner
 from metalserve.executor.sampler import Sampler
 from metalserve.loader import LoadedModel, load_model
 from metalserve.platform import current_platform
@@ -73,7 +73,7 @@ def paged_runner(
     loaded: LoadedModel, model: PagedModel, num_tokens: int, cpu: bool, block_size: int = 16
 ) -> ModelRunner:
     blocks = -(-num_tokens // block_size) + 64
-    spec = KVCacheSpec.for_model(loaded, block_size, blocks)
+    spec = model.get_kv_cache_spec(model.family.page(loaded.model), block_size, blocks)
     backend = CpuAttention() if cpu else MlxAttention()
     return ModelRunner(model, spec, eos_token_ids=frozenset(), sampler=Sampler(0), backend=backend)
 

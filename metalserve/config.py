@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from metalserve.distributed.partition import parse_partition
 from metalserve.flags import flag
@@ -18,9 +18,8 @@ from metalserve.spec_decode.config import SpeculativeConfig
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 WeightsMode = Literal["auto", "dequantize", "quantized"]
-# --attention-backend: "mlx" is the MLX-ops backend; "reference", its old name, is a deprecated alias.
-AttentionBackendName = Literal["auto", "metal", "cpu", "mlx", "reference"]
-ATTENTION_BACKEND_NAMES: tuple[str, ...] = ("auto", "metal", "cpu", "mlx", "reference")
+AttentionBackendName = Literal["auto", "metal", "cpu", "mlx"]  # mlx: the MLX-ops backend
+ATTENTION_BACKEND_NAMES: tuple[str, ...] = get_args(AttentionBackendName)
 
 
 
@@ -61,6 +60,12 @@ class EngineConfig:
         when_absent=default_token_budget,
     )
     long_prefill_token_threshold: int = flag(0, "the most tokens one prefill chunk may take; 0: no limit")
+    max_num_encoder_input_tokens: int = flag(
+        16384, "image placeholder tokens the vision tower may encode in one step (vision-language models)"
+    )
+    encoder_cache_size: int = flag(
+        16384, "image placeholder tokens whose vision-tower outputs the encoder cache holds at once"
+    )
     enable_prefix_caching: bool = flag(True, "reuse the KV blocks of prompts that share a prefix")
     scheduling_policy: SchedulingPolicy = flag("fcfs", "fcfs, or priority (the request's `priority` field)")
     gpu_memory_utilization: float = flag(0.5, "fraction of the device's memory for weights and KV cache")
@@ -72,8 +77,7 @@ class EngineConfig:
     weights: WeightsMode = flag("auto", "quantized weights: keep them packed, or dequantize (auto: by size)")
     dequantize_max_bytes: int = 4 * 1024**3  # "auto": dequantize to fp32 only below this size
     attention_backend: AttentionBackendName = flag(
-        "auto", "auto, metal (the Metal kernel), cpu (the numba kernel) or mlx (MLX ops; 'reference' is its "
-        "deprecated old name)"
+        "auto", "auto, metal (the Metal kernel), cpu (the numba kernel) or mlx (MLX ops)"
     )
     chat_template: str | None = flag(None, "a Jinja chat template, or a file holding one", parse=_chat_template)
     tool_call_parser: str | None = None  # the flag is ServerSettings' (api/settings.py)
@@ -117,6 +121,8 @@ class EngineConfig:
             raise ConfigError(f"--kv-cache-dtype must be one of {choices}, got {self.kv_cache_dtype!r}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ConfigError("--kv-cache-memory must be a positive number of bytes")
+        if self.max_num_encoder_input_tokens < 1 or self.encoder_cache_size < 1:
+            raise ConfigError("--max-num-encoder-input-tokens and --encoder-cache-size must be at least 1")
         if self.long_prefill_token_threshold < 0:
             raise ConfigError("--long-prefill-token-threshold must be >= 0")
         if self.pipeline_parallel_size < 1:
@@ -132,5 +138,8 @@ class EngineConfig:
         if self.pipeline_parallel_size > 1 and self.speculative_config is not None:
             # Pipeline stages run one step's tokens and return no drafts: say so rather than not speculate.
             raise ConfigError("--speculative-config does not work with --pipeline-parallel-size > 1 yet")
+        if self.attention_backend not in ATTENTION_BACKEND_NAMES:
+            names = ", ".join(ATTENTION_BACKEND_NAMES)
+            raise ConfigError(f"--attention-backend must be one of {names}, got {self.attention_backend!r}")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ConfigError("--scheduling-policy must be 'fcfs' or 'priority'")

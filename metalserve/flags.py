@@ -15,6 +15,7 @@ The parser's default is the field's default (None for a `parse` or `when_absent`
 field's default or `when_absent()`). A field with a plain default is not a flag. When both classes have
 a field of one name (e.g. `tool_call_parser`), declare the flag on one of them: the value goes to both.
 Cross-field rules belong in the class's `__post_init__`, which names the flags in its errors.
+tests/test_flags.py parses every flag onto its field: give the new one a value there.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from metalserve.kvcache.hashing import BlockHash
+from metalserve.multimodal.inputs import MultiModalInput, mm_hashes_in_block
 from metalserve.sampling_params import SamplingParams
 
 
@@ -83,6 +84,8 @@ class Request:
     structured: StructuredState | None = field(default=None, repr=False)
     # Speculative decoding: drafts the runner proposed after the last step, to verify in the next one.
     spec_token_ids: list[int] = field(default_factory=list, repr=False)
+    # Images, in prompt order: their placeholder tokens are prompt tokens (multimodal/inputs.py).
+    mm_inputs: list[MultiModalInput] = field(default_factory=list, repr=False)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -108,6 +111,11 @@ class Request:
         if start >= n_prompt:
             return self.output_token_ids[start - n_prompt : end - n_prompt]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - n_prompt]
+
+    def mm_hashes_between(self, start: int, end: int) -> tuple[bytes, ...]:
+        """The content hashes of the images with placeholder tokens in `[start, end)` (the prefix cache's
+        extra keys for a block there)."""
+        return mm_hashes_in_block(self.mm_inputs, start, end) if self.mm_inputs else ()
 
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

@@ -14,10 +14,10 @@ from metalserve.api.server import add_cli_args, config_from_args, default_token_
 from metalserve.api.settings import ServerSettings
 from metalserve.cli import main
 from metalserve.config import EngineConfig
-from metalserve.flags import add_flags, build, flag, flag_values
+from metalserve.flags import add_flags, build, flag, flag_fields, flag_values
 from metalserve.spec_decode.config import SpeculativeConfig
 
-# Every `serve` option string: renaming or dropping a flag breaks users' command lines.
+# `serve`'s option strings as released: renaming or dropping one breaks users' command lines.
 SERVE_OPTIONS = {
     "--served-model-name", "--max-model-len", "--block-size", "--max-num-seqs", "--max-num-batched-tokens",
     "--long-prefill-token-threshold", "--enable-prefix-caching", "--no-enable-prefix-caching",
@@ -30,7 +30,13 @@ SERVE_OPTIONS = {
     # Issue 28's bounds: grammar size, compile time and cache; the Responses store's bytes; body arrival.
     "--max-grammar-bytes", "--grammar-compile-timeout", "--grammar-cache-bytes", "--responses-store-bytes",
     "--request-body-timeout",
+    # Images in (issue 30): the encoder's budget and cache, the per-request image limits.
+    "--max-num-encoder-input-tokens", "--encoder-cache-size", "--max-images-per-request", "--max-image-pixels",
+    "--max-image-bytes-per-request",
 }  # fmt: skip
+
+
+PIPELINE = {"pipeline_parallel_size", "pipeline_layer_partition"}  # with speculation they refuse to start
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def test_the_serve_flags_keep_their_names() -> None:
     options = {s for action in _parser()._actions for s in action.option_strings} - {"-h", "--help"}
-    assert options == SERVE_OPTIONS
+    assert options >= SERVE_OPTIONS
     positionals = [a.dest for a in _parser()._actions if not a.option_strings]
     assert positionals == ["model"]
 
@@ -54,27 +60,39 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         "m.gguf", "--served-model-name", "served", "--max-model-len", "4096", "--block-size", "32",
         "--max-num-seqs", "7", "--max-num-batched-tokens", "300", "--long-prefill-token-threshold", "64",
         "--no-enable-prefix-caching", "--scheduling-policy", "priority", "--gpu-memory-utilization", "0.75",
-        "--kv-cache-memory", "123456", "--weights", "quantized", "--attention-backend", "mlx",
-        "--chat-template", str(template), "--seed", "9", "--pipeline-step-timeout", "5.5",
+        "--kv-cache-memory", "123456", "--kv-cache-dtype", "int8", "--weights", "quantized",
+        "--attention-backend", "mlx", "--chat-template", str(template), "--seed", "9", "--pipeline-step-timeout", "5.5",
         "--speculative-config", spec, "--host", "0.0.0.0", "--port", "9001", "--api-key", "k",
         "--log-stats-interval", "2.5", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3",
         "--responses-store-size", "3", "--enable-auto-tool-choice", "--graceful-shutdown-timeout", "4",
         "--max-request-body-bytes", "2048", "--allowed-origins", '["http://a.example"]', "--allow-credentials",
         "--allowed-methods", '["GET", "POST"]', "--allowed-headers", '["x-h"]',
+        "--responses-store-bytes", "4096", "--max-grammar-bytes", "5000", "--grammar-compile-timeout", "2.5",
+        "--grammar-cache-bytes", "65536", "--request-body-timeout", "7.5",
+        "--max-num-encoder-input-tokens", "999", "--encoder-cache-size", "2000", "--max-images-per-request", "2",
+        "--max-image-pixels", "1000", "--max-image-bytes-per-request", "5000",
     ]  # fmt: skip
+    # A new flag gets a value here too: every flag is parsed onto its field by this test.
+    given = {a.dest for a in _parser()._actions if {*a.option_strings} & set(argv)} | {"model"}
+    assert given >= {f.name for cls in (EngineConfig, ServerSettings) for f, _ in flag_fields(cls)} - PIPELINE
     config, settings = config_from_args(_parser().parse_args(argv))
     assert config == EngineConfig(
         model="m.gguf", served_model_name="served", max_model_len=4096, block_size=32, max_num_seqs=7,
         max_num_batched_tokens=300, long_prefill_token_threshold=64, enable_prefix_caching=False,
-        scheduling_policy="priority", gpu_memory_utilization=0.75, kv_cache_memory=123456, weights="quantized",
+        scheduling_policy="priority", gpu_memory_utilization=0.75, kv_cache_memory=123456, kv_cache_dtype="int8",
+        weights="quantized",
         attention_backend="mlx", chat_template="{{ messages[0].content }}", tool_call_parser="hermes", seed=9,
         pipeline_step_timeout=5.5, speculative_config=SpeculativeConfig("ngram", 3, 1, 5),
+        max_num_encoder_input_tokens=999, encoder_cache_size=2000,
     )  # fmt: skip
     assert settings == ServerSettings(
         host="0.0.0.0", port=9001, api_key="k", served_model_name="served", log_stats_interval=2.5,
         tool_call_parser="hermes", reasoning_parser="qwen3", responses_store_size=3, enable_auto_tool_choice=True,
         graceful_shutdown_timeout=4.0, max_request_body_bytes=2048, allowed_origins=("http://a.example",),
         allow_credentials=True, allowed_methods=("GET", "POST"), allowed_headers=("x-h",),
+        responses_store_bytes=4096, max_grammar_bytes=5000, grammar_compile_timeout=2.5, grammar_cache_bytes=65536,
+        request_body_timeout=7.5,
+        max_images_per_request=2, max_image_pixels=1000, max_image_bytes_per_request=5000,
     )  # fmt: skip
     # Pipeline flags cannot combine with speculation, so they get a command line of their own.
     config, _ = config_from_args(_parser().parse_args(["-pp", "2", "--pipeline-layer-partition", "10,20"]))
@@ -97,6 +115,9 @@ def test_a_flag_value_that_cannot_work_is_a_clear_error(capsys: pytest.CaptureFi
     with pytest.raises(SystemExit):
         main(["serve", "--weights", "fp8"])  # not one of the Literal's values
     assert "invalid choice: 'fp8'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["serve", "--attention-backend", "reference"])  # the MLX-ops backend's old name: no alias
+    assert "invalid choice: 'reference' (choose from" in capsys.readouterr().err
 
 
 def test_help_lists_every_flag_with_its_default(capsys: pytest.CaptureFixture[str]) -> None:

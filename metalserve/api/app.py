@@ -83,7 +83,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     metrics = Metrics(settings.served_model_name or engine.model_name)
     if engine.observer is None:
         engine.observer = metrics
-    ctx = ServingContext(engine, settings.served_model_name or engine.model_name)
+    ctx = ServingContext(engine, settings.served_model_name or engine.model_name, settings.image_limits())
     parser = get_tool_parser(settings.tool_call_parser) if settings.tool_call_parser else None
     reasoning = get_reasoning_parser(settings.reasoning_parser) if settings.reasoning_parser else None
     chat = ChatServing(ctx, parser, reasoning, auto_tools=settings.enable_auto_tool_choice)
@@ -194,7 +194,7 @@ def _add_token_routes(app: FastAPI, ctx: ServingContext, chat: ChatServing) -> N
         ctx.check_model(body.model)
         if body.messages is not None:
             req = ChatCompletionRequest(messages=body.messages, add_generation_prompt=body.add_generation_prompt)
-            tokens = await chat.render_off_loop(req)
+            tokens = (await chat.render_off_loop(req)).token_ids
         else:
             text = body.prompt or ""
             tokens = await ctx.off_loop(

@@ -57,10 +57,6 @@ def error_body(
     return {"error": {"message": message, "type": err_type, "param": param, "code": code or str(status)}}
 
 
-def error_response(exc: OpenAIError) -> JSONResponse:
-    return JSONResponse(exc.to_dict(), status_code=exc.status)
-
-
 ErrorRenderer = Callable[[OpenAIError], dict[str, Any]]
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
@@ -82,11 +82,24 @@ class TextPart(BaseModel):
     text: str
 
 
+class ImageURL(BaseModel):
+    url: str  # a data URL (data:image/png;base64,...): the server fetches nothing
+    detail: Literal["auto", "low", "high"] | None = None  # accepted; the model's processor sizes the image
+
+
+class ImageURLPart(BaseModel):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+ContentPart = Annotated[TextPart | ImageURLPart, Field(discriminator="type")]
+
+
 class ChatMessage(BaseModel):
-    """One message of the conversation; content parts must be text (no images here)."""
+    """One message of the conversation; content parts are text and images (vision-language models only)."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None

@@ -91,6 +91,8 @@ def start_engine(config: EngineConfig) -> AsyncEngine:
         eos_token_ids=loaded.eos_token_ids,
         chat_template=loaded.chat_template,
         thread=thread,
+        # Pipeline ranks run the language model's layers only: images need the single-process engine.
+        image_processor=loaded.image_processor if config.pipeline_parallel_size == 1 else None,
     )
     if watchdog is not None:
         watchdog.on_failure = lambda problem: engine.crash(RuntimeError(problem))

@@ -13,6 +13,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from metalserve.api.deltas import ChoiceDelta, OutputParsing
 from metalserve.api.errors import OpenAIError
+from metalserve.api.images import content_chars, image_error, read_images, template_content
 from metalserve.api.logprobs_format import TokenText, chat_logprobs
 from metalserve.api.protocol import ChatCompletionRequest, ChatMessage
 from metalserve.api.reasoning import ReasoningParser, gate_on_reasoning
@@ -35,6 +36,8 @@ from metalserve.api.structured import chat_structured, check_compiles
 from metalserve.api.tool_choice import is_forced
 from metalserve.api.tool_parsers import ToolCallDelta, ToolParser
 from metalserve.engine.async_engine import RequestOutput
+from metalserve.multimodal.images import ImageError
+from metalserve.multimodal.inputs import MultiModalInput
 
 # chat_template_kwargs may not override how the template is called.
 _RESERVED_TEMPLATE_KWARGS = {"conversation", "tools", "tokenize", "chat_template", "return_dict"}
@@ -42,10 +45,7 @@ _RESERVED_TEMPLATE_KWARGS = {"conversation", "tools", "tokenize", "chat_template
 
 def message_dict(message: ChatMessage) -> dict[str, Any]:
     """A message as chat templates expect it; tool-call arguments become objects, as HF templates assume."""
-    content = message.content
-    if isinstance(content, list):
-        content = "\n".join(part.text for part in content)
-    out: dict[str, Any] = {"role": message.role, "content": content or ""}
+    out: dict[str, Any] = {"role": message.role, "content": template_content(message)}
     if message.name is not None:
         out["name"] = message.name
     if message.tool_call_id is not None:
@@ -70,13 +70,6 @@ def message_dict(message: ChatMessage) -> dict[str, Any]:
     return out
 
 
-def _content_chars(message: ChatMessage) -> int:
-    content = message.content
-    if isinstance(content, list):
-        return sum(len(part.text) for part in content)
-    return len(content or "")
-
-
 def tool_call_delta_json(delta: ToolCallDelta) -> dict[str, Any]:
     """The first delta of a call carries id, type and name (the OpenAI SDK merges on that)."""
     if delta.id is not None:
@@ -86,9 +79,19 @@ def tool_call_delta_json(delta: ToolCallDelta) -> dict[str, Any]:
 
 
 @dataclass
-class Generation:
-    """A started chat-form request: its prompt, its n engine streams and how their output is split."""
+class Prompt:
+    """A rendered prompt: its token ids (image placeholders expanded) and its images, in prompt order."""
 
+    token_ids: list[int]
+    images: list[MultiModalInput]
+
+
+@dataclass
+class Generation:
+    """A started chat-form request: its id (the response's, and its engine requests'), its prompt, its n
+    engine streams and how their output is split."""
+
+    request_id: str
     prompt: list[int]
     streams: list[AsyncIterator[RequestOutput]]
     parsing: OutputParsing
@@ -119,14 +122,16 @@ class ChatServing:
         if req.stream:
             return EventSourceResponse(self._stream(req, gen), sep="\n")
         choices = await cancel_on_disconnect(raw, lambda: collect(gen.streams))
-        return JSONResponse(self._response(req, choices, gen.parsing))
+        return JSONResponse(self._response(req, choices, gen))
 
     async def start(self, req: ChatCompletionRequest, id_prefix: str = "chatcmpl") -> Generation:
-        """Check, render and submit the request; errors before any engine work are OpenAIErrors."""
+        """Check, render and submit the request; errors before any engine work are OpenAIErrors.
+        `id_prefix`: the calling API's response id prefix (random_id)."""
         self.ctx.check_model(req.model)
         parse_tools = self._parse_tools(req)
         check_sequence_count(1, req.n)
-        prompt = await self.render_off_loop(req)
+        rendered = await self.render_off_loop(req)
+        prompt = rendered.token_ids
         engine = self.ctx.engine
         max_tokens = resolve_max_tokens(
             req.max_completion_tokens or req.max_tokens, len(prompt), engine.max_model_len
@@ -143,8 +148,9 @@ class ChatServing:
         if parsing.reasoning is not None and parsing.reasoning.keeps_special_tokens:
             params.skip_special_tokens = False  # its markers are special tokens
         gate_on_reasoning(params, self.reasoning_parser, engine.tokenizer)
-        streams = start_generations(self.ctx, random_id(id_prefix), [prompt], params, req.n, req)
-        return Generation(prompt, streams, parsing)
+        request_id = random_id(id_prefix)
+        streams = start_generations(self.ctx, request_id, prompt, params, req.n, req, mm_inputs=rendered.images)
+        return Generation(request_id, prompt, streams, parsing)
 
     def _parsing(
         self, req: ChatCompletionRequest, prompt: list[int], parse_tools: ToolParser | None
@@ -173,13 +179,27 @@ class ChatServing:
             )
         return self.tool_parser.for_request(req.tools) if req.tools else None
 
-    async def render_off_loop(self, req: ChatCompletionRequest) -> list[int]:
-        """`render` in the tokenizer thread, after refusing a conversation too long to fit by its length."""
-        await self.ctx.check_prompt_chars(sum(_content_chars(m) for m in req.messages), "messages")
-        return await self.ctx.off_loop(self.render, req)
+    async def render_off_loop(self, req: ChatCompletionRequest) -> Prompt:
+        """`render_prompt` in the tokenizer thread, after refusing a conversation too long to fit by its length."""
+        await self.ctx.check_prompt_chars(sum(content_chars(m) for m in req.messages), "messages")
+        return await self.ctx.off_loop(self.render_prompt, req)
+
+    def render_prompt(self, req: ChatCompletionRequest) -> Prompt:
+        """The prompt's token ids with each image's placeholder tokens, and the images for the engine."""
+        processor = self.ctx.engine.image_processor
+        images = read_images(req.messages, self.ctx.image_limits, processor is not None)
+        tokens = self.render(req)
+        if processor is None or not images:
+            return Prompt(tokens, [])
+        try:
+            tokens, inputs = processor.process(tokens, images)
+        except ImageError as exc:
+            raise image_error(str(exc), "messages") from None
+        return Prompt(tokens, inputs)
 
     def render(self, req: ChatCompletionRequest) -> list[int]:
-        """The prompt's token ids: the conversation (and tools) through the chat template."""
+        """The prompt's token ids: the conversation (and tools) through the chat template (an image is the
+        one image token the template writes for it; `render_prompt` expands it)."""
         tokenizer = self.ctx.engine.tokenizer
         template = self.ctx.engine.chat_template or getattr(tokenizer, "chat_template", None)
         if not template:
@@ -215,12 +235,10 @@ class ChatServing:
             ]
         return message, final.finish_reason
 
-    def _response(
-        self, req: ChatCompletionRequest, choices: list[ChoiceState], parsing: OutputParsing
-    ) -> dict[str, Any]:
+    def _response(self, req: ChatCompletionRequest, choices: list[ChoiceState], gen: Generation) -> dict[str, Any]:
         out = []
         for i, c in enumerate(choices):
-            message, reason = self._message(c, parsing)
+            message, reason = self._message(c, gen.parsing)
             logprobs = None
             if req.logprobs:
                 text = self.token_text.for_request(req.return_tokens_as_token_ids)
@@ -235,7 +253,7 @@ class ChatServing:
                 }
             )
         return {
-            "id": random_id("chatcmpl"),
+            "id": gen.request_id,
             "object": "chat.completion",
             "created": now(),
             "model": self.ctx.served_model_name,
@@ -245,7 +263,7 @@ class ChatServing:
 
     async def _stream(self, req: ChatCompletionRequest, gen: Generation) -> AsyncIterator[dict[str, str]]:
         streams = gen.streams
-        head = {"id": random_id("chatcmpl"), "object": "chat.completion.chunk", "created": now()}
+        head = {"id": gen.request_id, "object": "chat.completion.chunk", "created": now()}
         head["model"] = self.ctx.served_model_name
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         tail = {"usage": None} if include_usage else {}

@@ -19,13 +19,16 @@ from metalserve.api.protocol import _SamplingRequest
 from metalserve.api.serving_context import ServingContext
 from metalserve.engine.async_engine import ClientTooSlowError, EngineDeadError, RequestOutput
 from metalserve.engine.errors import GrammarFailedError
+from metalserve.multimodal.inputs import MultiModalInput
 from metalserve.outputs import TokenLogprob
 from metalserve.sampling_params import SamplingParams
 
 T = TypeVar("T")
 _DONE = object()
 def random_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+    """A response id in the API's own shape: `chatcmpl-...`, `cmpl-...`; Anthropic's `msg_...` and the
+    Responses API's `resp_...` take an underscore. It is also the engine request id (start_generations)."""
+    return f"{prefix}{'_' if prefix in ('msg', 'resp') else '-'}{uuid.uuid4().hex}"
 
 
 def now() -> int:
@@ -110,28 +113,29 @@ def with_seed(params: SamplingParams, index: int) -> SamplingParams:
     return SamplingParams(**{**params.__dict__, "seed": params.seed + index})
 
 
+def engine_request_ids(response_id: str, n: int) -> list[str]:
+    """The engine request ids of one prompt's `n` samples: the response id itself for one sample, so the
+    server's log lines and aborts name what the client saw; `<id>-<i>` for each of several."""
+    return [response_id] if n == 1 else [f"{response_id}-{i}" for i in range(n)]
+
+
 def start_generations(
     ctx: ServingContext,
-    base_id: str,
-    prompts: list[list[int]],
+    response_id: str,
+    prompt: list[int],
     params: SamplingParams,
     n: int,
     req: _SamplingRequest,
+    mm_inputs: list[MultiModalInput] | None = None,
 ) -> list[AsyncIterator[RequestOutput]]:
-    """One engine request per (prompt, sample); the samples of a prompt share it, so its prefix is cached."""
-    streams = []
-    for p, prompt in enumerate(prompts):
-        for i in range(n):
-            streams.append(
-                ctx.engine.generate(
-                    prompt,
-                    with_seed(params, i),
-                    f"{base_id}-{p}-{i}",
-                    priority=req.priority,
-                    cache_salt=req.cache_salt,
-                )
-            )
-    return streams
+    """One engine request per sample; the samples share the prompt, so its prefix is cached.
+    `mm_inputs`: the prompt's images (chat)."""
+    return [
+        ctx.engine.generate(
+            prompt, with_seed(params, i), rid, priority=req.priority, cache_salt=req.cache_salt, mm_inputs=mm_inputs
+        )
+        for i, rid in enumerate(engine_request_ids(response_id, n))
+    ]
 
 
 async def merge_streams(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:

@@ -53,11 +53,11 @@ class CompletionServing:
         prompts = await self.ctx.off_loop(self._tokenize, items)
         structured, source = completion_structured(req)
         await check_compiles(self.ctx, structured, source)
-        streams = self._start(req, prompts, structured)
+        response_id, streams = self._start(req, prompts, structured)
         if req.stream:
-            return EventSourceResponse(self._stream(req, prompts, streams), sep="\n")
+            return EventSourceResponse(self._stream(req, prompts, response_id, streams), sep="\n")
         choices = await cancel_on_disconnect(raw, lambda: collect(streams))
-        return JSONResponse(self._response(req, prompts, choices))
+        return JSONResponse(self._response(req, prompts, response_id, choices))
 
     @staticmethod
     def _prompt_items(prompt: Any) -> list[Any]:
@@ -78,9 +78,10 @@ class CompletionServing:
 
     def _start(
         self, req: CompletionRequest, prompts: list[list[int]], structured: StructuredOutputsParams | None
-    ) -> list[AsyncIterator[RequestOutput]]:
+    ) -> tuple[str, list[AsyncIterator[RequestOutput]]]:
+        """The response id and one engine stream per (prompt, sample)."""
         engine = self.ctx.engine
-        base_id = random_id("cmpl")
+        response_id = random_id("cmpl")
         streams: list[AsyncIterator[RequestOutput]] = []
         for p, prompt in enumerate(prompts):
             max_tokens = resolve_max_tokens(req.max_tokens, len(prompt), engine.max_model_len)
@@ -88,8 +89,10 @@ class CompletionServing:
                 req, max_tokens=max_tokens, logprobs=req.logprobs, vocab_size=len(engine.tokenizer)
             )
             params.structured_outputs = structured
-            streams += start_generations(self.ctx, f"{base_id}-{p}", [prompt], params, req.n, req)
-        return streams
+            # One prompt's engine requests are named by the response id itself; several prompts' by `<id>-<p>`.
+            prompt_id = response_id if len(prompts) == 1 else f"{response_id}-{p}"
+            streams += start_generations(self.ctx, prompt_id, prompt, params, req.n, req)
+        return response_id, streams
 
     def _echo(self, req: CompletionRequest, prompts: list[list[int]], index: int) -> str:
         if not req.echo:
@@ -97,7 +100,7 @@ class CompletionServing:
         return str(self.ctx.engine.tokenizer.decode(prompts[index // req.n], skip_special_tokens=True))
 
     def _response(
-        self, req: CompletionRequest, prompts: list[list[int]], choices: list[ChoiceState]
+        self, req: CompletionRequest, prompts: list[list[int]], response_id: str, choices: list[ChoiceState]
     ) -> dict[str, Any]:
         out = []
         for i, c in enumerate(choices):
@@ -116,7 +119,7 @@ class CompletionServing:
                 }
             )
         return {
-            "id": random_id("cmpl"),
+            "id": response_id,
             "object": "text_completion",
             "created": now(),
             "model": self.ctx.served_model_name,
@@ -125,9 +128,13 @@ class CompletionServing:
         }
 
     async def _stream(
-        self, req: CompletionRequest, prompts: list[list[int]], streams: list[AsyncIterator[RequestOutput]]
+        self,
+        req: CompletionRequest,
+        prompts: list[list[int]],
+        response_id: str,
+        streams: list[AsyncIterator[RequestOutput]],
     ) -> AsyncIterator[dict[str, str]]:
-        head = {"id": random_id("cmpl"), "object": "text_completion", "created": now()}
+        head = {"id": response_id, "object": "text_completion", "created": now()}
         head["model"] = self.ctx.served_model_name
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         offsets = [0] * len(streams)

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from metalserve.api.errors import OpenAIError
 from metalserve.engine.async_engine import AsyncEngine
+from metalserve.multimodal.limits import ImageLimits
 
 T = TypeVar("T")
 # Engine requests one call may start (prompts x n): each holds KV blocks and a slot in the batch.
@@ -29,6 +30,7 @@ class ServingContext:
 
     engine: AsyncEngine
     served_model_name: str
+    image_limits: ImageLimits = field(default_factory=ImageLimits)  # ServerSettings' --max-image* flags
     tokenizer_thread: ThreadPoolExecutor = field(default_factory=_tokenizer_thread)
 
     def check_model(self, model: str | None) -> None:

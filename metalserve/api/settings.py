@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from metalserve.flags import flag
+from metalserve.multimodal.limits import ImageLimits
 
 MIN_DEFAULT_BODY_BYTES = 16 * 1024 * 1024
 
@@ -84,6 +85,12 @@ class ServerSettings:
     max_request_body_bytes: int | None = flag(
         None, "largest request body (413 above it; default: 64 bytes per context token, at least 16 MiB)"
     )
+    # Images in (vision-language models; metalserve/multimodal/images.py): 400 above these, per request.
+    max_images_per_request: int = flag(8, "most images one request may hold")
+    max_image_pixels: int = flag(16_777_216, "most pixels one image may have (width x height; checked before decoding)")
+    max_image_bytes_per_request: int = flag(
+        20 * 1024 * 1024, "most bytes a request's images may take, decoded from base64"
+    )
     # CORS, as vLLM's flags and defaults.
     allowed_origins: tuple[str, ...] = flag(("*",), "CORS, JSON list", parse=_json_strings("--allowed-origins"))
     allow_credentials: bool = flag(False, "CORS: allow credentials")
@@ -107,8 +114,15 @@ class ServerSettings:
             raise ValueError("--log-stats-interval must be >= 0")
         if self.graceful_shutdown_timeout < 0:
             raise ValueError("--graceful-shutdown-timeout must be >= 0")
+        if min(self.max_images_per_request, self.max_image_pixels, self.max_image_bytes_per_request) < 1:
+            raise ValueError(
+                "--max-images-per-request, --max-image-pixels and --max-image-bytes-per-request must be >= 1"
+            )
         if self.max_request_body_bytes is not None and self.max_request_body_bytes < 1024:
             raise ValueError("--max-request-body-bytes must be at least 1024")
+
+    def image_limits(self) -> ImageLimits:
+        return ImageLimits(self.max_images_per_request, self.max_image_pixels, self.max_image_bytes_per_request)
 
     def body_limit(self, max_model_len: int) -> int:
         """The request body limit: the flag, else room for a full context of text as JSON (escapes and

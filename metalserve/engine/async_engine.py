@@ -14,7 +14,7 @@ import queue
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from metalserve.engine.commands import Abort, Add, Command, Crash, FailAll, Stop
 from metalserve.engine.detokenizer import IncrementalDetokenizer
@@ -23,11 +23,15 @@ from metalserve.engine.errors import ClientTooSlowError, EngineDeadError, Engine
 from metalserve.engine.protocol import EngineCoreProtocol
 from metalserve.engine.request_output import EngineObserver, IterationStats, RequestOutput
 from metalserve.engine.request_state import RequestState, hand_over, make_output
+from metalserve.multimodal.inputs import MultiModalInput
 from metalserve.outputs import EngineCoreOutput
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
 from metalserve.structured.compiler import GrammarCompiler, GrammarError, GrammarLimits
 from metalserve.structured.params import StructuredOutputsParams
+
+if TYPE_CHECKING:
+    from metalserve.multimodal.processor import ImageProcessor
 
 __all__ = [
     "AsyncEngine", "ClientTooSlowError", "EngineDeadError", "EngineDrainingError", "EngineObserver",
@@ -53,15 +57,18 @@ class AsyncEngine:
         chat_template: str | None = None,
         observer: EngineObserver | None = None,
         thread: EngineThread | None = None,
+        image_processor: ImageProcessor | None = None,
     ) -> None:
         """`thread`: the thread that built `core` (EngineThread.call), where its steps run; None: a new
-        one (for a core that holds no MLX arrays, or whose every array is already evaluated)."""
+        one (for a core that holds no MLX arrays, or whose every array is already evaluated);
+        `image_processor`: a vision-language model's (multimodal/processor.py), None for a text model."""
         self.core = core
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.chat_template = chat_template
+        self.image_processor = image_processor
         self.observer = observer
         self.dead_error: BaseException | None = None
         self.on_dead: Callable[[], None] | None = None  # called on the worker thread once the core failed
@@ -128,11 +135,13 @@ class AsyncEngine:
         *,
         priority: int = 0,
         cache_salt: str | None = None,
+        mm_inputs: list[MultiModalInput] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Submit one request and yield its deltas; closing the iterator early aborts the request.
+        `mm_inputs`: its images (placeholders in the prompt; a vision-language model's).
 
         Deltas that queued up while the reader was busy come merged into one."""
-        state = self._submit(prompt_token_ids, sampling_params, request_id, priority, cache_salt)
+        state = self._submit(prompt_token_ids, sampling_params, request_id, priority, cache_salt, mm_inputs or [])
         finished = False
         pending: RequestOutput | BaseException | None = None
         try:
@@ -158,7 +167,13 @@ class AsyncEngine:
                 self._commands.put(Abort([request_id]))
 
     def _submit(
-        self, prompt: list[int], params: SamplingParams, request_id: str, priority: int, cache_salt: str | None
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        request_id: str,
+        priority: int,
+        cache_salt: str | None,
+        mm_inputs: list[MultiModalInput],
     ) -> RequestState:
         if self.dead_error is not None:
             raise EngineDeadError(DEAD_MESSAGE)
@@ -174,6 +189,7 @@ class AsyncEngine:
             eos_token_ids=self.eos_token_ids,
             priority=priority,
             cache_salt=cache_salt,
+            mm_inputs=list(mm_inputs),
         )
         if params.structured_outputs is not None:
             request.structured = self.grammar.make_state(params.structured_outputs)

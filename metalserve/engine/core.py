@@ -128,6 +128,7 @@ class EngineCore:
             backend=attention,
             state_group=states or 1,
             proposer=build_proposer(speculation, config, loaded, platform, plan.initial_blocks, draft),
+            **vision_parts(loaded, model, dtype),
             async_eval=platform.metal,
         )
         mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * plan.num_blocks * spec.bytes_per_block))
@@ -136,6 +137,8 @@ class EngineCore:
         return core
 
     def add_request(self, request: Request) -> None:
+        if request.mm_inputs and self.runner.encoder_outputs is None:
+            raise ValueError("this model takes no images")
         if request.num_prompt_tokens > self.max_model_len:
             raise ValueError(
                 f"the prompt has {request.num_prompt_tokens} tokens, more than max_model_len={self.max_model_len}"
@@ -264,6 +267,17 @@ def speculation_for(config: EngineConfig, groups: list[LayerGroupSpec]) -> Specu
     how = f"n-grams of {spec.prompt_lookup_min}..{spec.prompt_lookup_max}" if spec.method == "ngram" else spec.model
     logger.info("speculative decoding: %s, %d tokens per step (%s)", spec.method, spec.num_speculative_tokens, how)
     return spec
+
+
+def vision_parts(loaded: LoadedModel, model: PagedModel, dtype: mx.Dtype) -> dict[str, Any]:
+    """The runner's vision tower and M-RoPE merge size for a vision-language model; {} for a text model."""
+    if loaded.vision is None or not model.family.vision:
+        return {}
+    from metalserve.executor.encoders.vision import VisionTower
+
+    merge = loaded.vision.config.vision_config.spatial_merge_size if model.family.mrope else None
+    logger.info("vision: %s's tower on the engine thread; images in", loaded.model_type)
+    return {"encoder": VisionTower(loaded.vision, dtype), "mrope_merge_size": merge}
 
 
 def resolve_max_model_len(config: EngineConfig, model_len: int) -> int:

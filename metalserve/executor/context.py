@@ -28,11 +28,12 @@ class GroupStep:
 
 @dataclass(frozen=True)
 class ForwardContext:
-    positions: mx.array  # [T] int32, each token's position in its request
+    positions: mx.array  # [T] int32, each token's position in its request; [3, T] for M-RoPE models
     backend: AttentionBackend[Any, Any]  # the one attention backend of this runner
     kv: Sequence[Any]  # each pool tensor's cache, in the backend's layout (see models/kv_layout.py)
     groups: Sequence[GroupStep]  # per attention layer group; group 0 first
     states: StateStep | None = None  # the recurrent layers' state plan (hybrid models only)
+    images: Any = None  # the step's image embeddings (executor/encoders/cache.py: StepImages), if any
 
     @property
     def slot_mapping(self) -> mx.array:

@@ -20,6 +20,9 @@ class CachedRequestState:
     num_computed_tokens: int
     eos_token_ids: frozenset[int] = frozenset()
     structured: Any = None  # the request's GrammarState (metalserve/structured/state.py), if any
+    mm_inputs: list[Any] = field(default_factory=list)  # its images (multimodal/inputs.py: MultiModalInput)
+    # M-RoPE models: the prompt's positions [3, num_prompt_tokens] and the delta later tokens add to their index.
+    mrope: tuple[np.ndarray, int] | None = None
     _block_array: np.ndarray | None = field(default=None, repr=False)
 
     @property

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -14,12 +14,15 @@ import numpy as np
 from metalserve.executor.attention.base import AttentionBackend, LayerCacheSpec
 from metalserve.executor.attention.mlx import MlxAttention
 from metalserve.executor.context import ForwardContext, GroupStep, forward_context
+from metalserve.executor.encoders.cache import EncoderOutputs, RequestSpan, StepImages
 from metalserve.executor.group_tables import GroupTables, group_step
 from metalserve.executor.input_batch import CachedRequestState
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.state_cache import RecurrentStates
 from metalserve.executor.step_inputs import StepInputs, pack_step
 from metalserve.kvcache.specs import AttentionSpec, KVCacheSpec
+from metalserve.multimodal.inputs import MultiModalInput
+from metalserve.multimodal.mrope import mrope_positions, packed_mrope_positions
 from metalserve.outputs import TokenLogprob
 from metalserve.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from metalserve.spec_decode.controller import DraftController
@@ -64,13 +67,17 @@ class ModelRunner:
         backend: AttentionBackend[Any, Any] = MLX_OPS,
         state_group: int = 1,
         proposer: Proposer | None = None,
+        encoder: Callable[[MultiModalInput], mx.array] | None = None,
+        mrope_merge_size: int | None = None,
         async_eval: bool = False,
     ) -> None:
         """`backend`: how attention runs (executor/attention/), chosen by the engine from the Platform;
         `state_group`: the KV manager's recurrent-state group (hybrid models); `proposer`: drafts for
-        speculative decoding (spec_decode/), None: off; `async_eval`: overlapped steps run through
-        `mx.async_eval` (the engine sets it on Metal only: on MLX's CPU backend, mlx 0.32.4, evaluating
-        quantized matmuls asynchronously and then sampling from them died with SIGFPE)."""
+        speculative decoding (spec_decode/), None: off; `encoder`: a vision-language model's tower, one
+        image to its placeholder embeddings (executor/encoders/vision.py); `mrope_merge_size`: set for a
+        model with multimodal RoPE (positions [3, T]), its vision patch merge; `async_eval`: overlapped
+        steps run through `mx.async_eval` (the engine sets it on Metal only: on MLX's CPU backend, mlx
+        0.32.4, evaluating quantized matmuls asynchronously and then sampling from them died with SIGFPE)."""
         self.model = model
         self.spec = spec
         self.eos_token_ids = eos_token_ids
@@ -94,6 +101,8 @@ class ModelRunner:
         self.drafting = DraftController()  # how many drafts pay (spec_decode/controller.py)
         self._forward_pool: ThreadPoolExecutor | None = None
         self.async_eval = async_eval
+        self.encoder_outputs = EncoderOutputs(encoder) if encoder is not None else None
+        self.mrope_merge_size = mrope_merge_size
 
     def _layer(self, attn: AttentionSpec, num_blocks: int | None = None) -> LayerCacheSpec:
         """One pool tensor's (or group's) cache of the spec's pages, `num_blocks` blocks (default: all)."""
@@ -119,6 +128,8 @@ class ModelRunner:
     def _update_states(self, so: SchedulerOutput) -> None:
         if self.states is not None:
             self.states.update(so)
+        if self.encoder_outputs is not None:
+            self.encoder_outputs.free(so.free_encoder_mm_hashes)
         for rid in so.finished_req_ids | so.preempted_req_ids:
             self.requests.pop(rid, None)
             self.group_tables.pop(rid, None)
@@ -139,12 +150,44 @@ class ModelRunner:
                 num_computed_tokens=new.num_computed_tokens,
                 eos_token_ids=self.eos_token_ids,
                 structured=new.structured,
+                mm_inputs=new.mm_inputs,
+                mrope=self._mrope_table(new.num_prompt_tokens, new.mm_inputs),
             )
         for cached in so.scheduled_cached_reqs:
             state = self.requests[cached.request_id]
             state.add_blocks(cached.new_block_ids[0])
             self.group_tables[cached.request_id].add(cached.new_block_ids[1 : self.num_attention_groups])
             state.num_computed_tokens = cached.num_computed_tokens
+
+    def _mrope_table(self, num_prompt_tokens: int, mm_inputs: list[MultiModalInput]) -> tuple[Any, int] | None:
+        if not mm_inputs:
+            return None
+        if self.encoder_outputs is None:
+            raise ValueError("a request with images for a model without a vision tower")
+        if self.mrope_merge_size is None:
+            return None
+        return mrope_positions(num_prompt_tokens, mm_inputs, self.mrope_merge_size)
+
+    def _positions(self, step: StepInputs) -> mx.array:
+        """The step's positions: [T], or [3, T] for an M-RoPE model (multimodal/mrope.py)."""
+        if self.mrope_merge_size is None:
+            return mx.array(step.positions)
+        states = [self.requests[rid] for rid in step.request_ids]
+        counts = np.diff(step.cu_seqlens_q)
+        starts = step.seq_lens - counts
+        return mx.array(packed_mrope_positions([s.mrope for s in states], starts.tolist(), counts.tolist()))
+
+    def _images(self, step: StepInputs) -> StepImages | None:
+        """The vision tower's embeddings of the step's image tokens (encoding images not yet cached)."""
+        if self.encoder_outputs is None:
+            return None
+        cu, ends = step.cu_seqlens_q, step.seq_lens
+        spans = [
+            RequestSpan(state.mm_inputs, int(ends[i] - (cu[i + 1] - cu[i])), int(ends[i]), int(cu[i]))
+            for i, rid in enumerate(step.request_ids)
+            if (state := self.requests[rid]).mm_inputs
+        ]
+        return self.encoder_outputs.gather(spans) if spans else None
 
     def _group_step(self, step: StepInputs, group: int) -> GroupStep:
         """The group's slots and metadata, built once per step and shared by the group's layers."""
@@ -158,7 +201,7 @@ class ModelRunner:
     def _context(self, step: StepInputs) -> ForwardContext:
         groups = [self._group_step(step, g) for g in range(self.num_attention_groups)]
         states = self.states.plan(step) if self.states is not None else None
-        return ForwardContext(mx.array(step.positions), self.backend, self.kv, groups, states)
+        return ForwardContext(self._positions(step), self.backend, self.kv, groups, states, self._images(step))
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         """One step, start to end."""

@@ -56,9 +56,6 @@ class FullAttentionGroup:
                 self.pool.cache_block(block, group_key(hashes[i], self.group))
         self._num_published[request.request_id] = max(num_full, start)
 
-    def num_published(self, request_id: str) -> int:
-        return self._num_published.get(request_id, 0)
-
     def fast_limit(self, request_id: str, num_computed: int) -> int:
         """Up to this many tokens, the next allocation has nothing to do in this group."""
         limit = len(self.tables[request_id]) * self.block_size

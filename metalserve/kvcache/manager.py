@@ -186,6 +186,7 @@ class KVCacheManager:
             i = len(hashes)
             parent = hashes[-1] if hashes else None
             tokens = request.token_ids_between(i * bs, (i + 1) * bs)
-            extra = block_extra_keys(i, request.cache_salt)
+            images = request.mm_hashes_between(i * bs, (i + 1) * bs)  # an image's pixels key its blocks
+            extra = block_extra_keys(i, request.cache_salt, mm_hashes=images)
             hashes.append(hash_block_tokens(parent, tokens, extra, self.hash_algorithm))
         return hashes

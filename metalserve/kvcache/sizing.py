@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from metalserve.config import ConfigError
+from metalserve.engine.memory import format_bytes
 from metalserve.kvcache.block_pool import NUM_RESERVED_BLOCKS
 from metalserve.kvcache.specs import LayerGroupSpec, RecurrentState
 
@@ -15,13 +16,6 @@ def blocks_for_request(specs: Sequence[LayerGroupSpec], num_tokens: int, block_s
     tokens, a recurrent state at most two."""
     per_group = -(-num_tokens // block_size)
     return sum(min(per_group, 2) if isinstance(s, RecurrentState) else per_group for s in specs)
-
-
-def _fmt_bytes(n: int) -> str:
-    for unit, scale in [("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)]:
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
 
 
 def num_blocks_for_budget(
@@ -46,10 +40,10 @@ def num_blocks_for_budget(
     if num_blocks < needed:
         missing = needed * per_block - max(budget_bytes, 0)
         raise ConfigError(
-            f"The KV cache budget of {_fmt_bytes(max(budget_bytes, 0))} holds {num_blocks} blocks of "
-            f"{block_size} tokens ({_fmt_bytes(per_block)} each), but one request of max_model_len="
-            f"{max_model_len} tokens needs {needed} blocks ({_fmt_bytes(needed * per_block)}, including "
-            f"the reserved null block): {_fmt_bytes(missing)} missing. Raise --kv-cache-memory or "
+            f"The KV cache budget of {format_bytes(max(budget_bytes, 0))} holds {num_blocks} blocks of "
+            f"{block_size} tokens ({format_bytes(per_block)} each), but one request of max_model_len="
+            f"{max_model_len} tokens needs {needed} blocks ({format_bytes(needed * per_block)}, including "
+            f"the reserved null block): {format_bytes(missing)} missing. Raise --kv-cache-memory or "
             f"--gpu-memory-utilization, or lower --max-model-len."
         )
     return num_blocks

@@ -249,7 +249,7 @@ def prefix_caching_problem(specs: list[LayerGroupSpec] | tuple[LayerGroupSpec, .
 
 def group_key(block_hash: BlockHash, group: int) -> BlockHash:
     """The prefix-cache key of a block in `group`: the same tokens give different blocks per group.
-    Group 0 keeps the bare hash, so a single-group cache is keyed exactly as before."""
+    Group 0 keeps the bare hash, so a single-group model's keys are the plain chain hashes."""
     if group == 0:
         return block_hash
     return BlockHash(block_hash + group.to_bytes(2, "little"))

@@ -18,6 +18,7 @@ from metalserve.loader.errors import ModelLoadError
 from metalserve.loader.gguf_loader import load_gguf
 from metalserve.loader.hub import download, looks_like_repo_id
 from metalserve.loader.loaded import LoadedModel, RawModel
+from metalserve.loader.vision import is_vision_directory, load_vision_directory
 from metalserve.loader.weights_mode import WEIGHTS_MODES, cast_floats, dequantize_model, fp32_bytes, should_dequantize
 from metalserve.platform import Platform, current_platform
 
@@ -37,6 +38,8 @@ def _read(model: str | None, weights: str, platform: Platform) -> tuple[RawModel
             raise ModelLoadError(f"{path} is a file but not a .gguf; pass a .gguf file or a model directory.")
         return load_gguf(path, dense, weights != "quantized"), str(path)
     if path.is_dir():
+        if is_vision_directory(path):
+            return load_vision_directory(path), str(path)
         return load_directory(path), str(path)
     if looks_like_repo_id(model):
         return load_directory(download(model)), model
@@ -89,7 +92,7 @@ def load(
             check_model_type(raw.config["model_type"])
         except ValueError as exc:
             raise ModelLoadError(f"{str(exc)[:1].upper()}{str(exc)[1:]}.") from exc
-    built = build_model(raw.config, raw.weights)
+    built = raw.prebuilt if raw.prebuilt is not None else build_model(raw.config, raw.weights)
     if prepare is not None:
         prepare(built)  # e.g. a pipeline rank drops the layers it does not hold: lazy weights never load
     raw.weights.clear()
@@ -98,8 +101,9 @@ def load(
     template = chat_template if chat_template is not None else raw.chat_template
     if chat_template is not None:
         raw.tokenizer.chat_template = chat_template
+    vision = built if raw.prebuilt is not None else None  # mlx-vlm's model: its language model is served
     loaded = LoadedModel(
-        model=built,
+        model=built.language_model if vision is not None else built,
         tokenizer=raw.tokenizer,
         model_type=raw.config["model_type"],
         config=raw.config,
@@ -110,6 +114,8 @@ def load(
         weights_desc=weights_desc,
         blas_desc=platform.blas,
         codes=codes,
+        vision=vision,
+        image_processor=raw.image_processor,
     )
     logger.info("%s", loaded.describe())
     return loaded

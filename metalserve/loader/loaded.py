@@ -32,6 +32,10 @@ class LoadedModel:
     # The stored codes of dequantized layers by module path, kept on MLX's CPU backend for the host path
     # (the executor drops them for a family that does not take it).
     codes: dict[str, AffineCodes] = field(default_factory=dict)
+    # A vision-language model: the whole mlx-vlm model (`model` is its language model) and the processor
+    # that turns images into pixels and placeholder tokens (metalserve/multimodal/processor.py); else None.
+    vision: nn.Module | None = None
+    image_processor: Any = None
 
     def describe(self) -> str:
         """One line for the start-up log: which model, which weights path, which BLAS."""
@@ -47,3 +51,6 @@ class RawModel:
     tokenizer: PreTrainedTokenizerBase
     chat_template: str | None
     stored_as: str  # e.g. "Q4_1" or "4-bit affine (group 64)" or "bfloat16"
+    # A vision-language model comes built by mlx-vlm (weights already in it) with its image processor.
+    prebuilt: nn.Module | None = None
+    image_processor: Any = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from metalserve.kvcache.manager import BlockIds
+from metalserve.multimodal.inputs import MultiModalInput
 from metalserve.outputs import TokenLogprob
 from metalserve.request import StructuredState
 from metalserve.sampling_params import SamplingParams
@@ -23,6 +24,7 @@ class NewRequestData:
     block_ids: BlockIds  # the request's table in every layer group (kvcache/manager.py)
     num_computed_tokens: int  # tokens already in the KV cache (prefix cache hit)
     structured: StructuredState | None = None  # the request's grammar (the sampler masks with it)
+    mm_inputs: list[MultiModalInput] = field(default_factory=list)  # the prompt's images (placeholders, pixels)
 
 
 @dataclass
@@ -45,6 +47,11 @@ class SchedulerOutput:
     # Speculative decoding: the draft tokens scheduled after a request's last token (counted in
     # num_scheduled_tokens); the runner verifies them in this step's forward.
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # Images whose vision-tower output this step needs and the encoder cache lacks: request -> indices
+    # into its mm_inputs (the runner encodes them before the forward).
+    scheduled_encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
+    # Encoder outputs evicted from the encoder cache since the last step: the runner drops their arrays.
+    free_encoder_mm_hashes: list[bytes] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:

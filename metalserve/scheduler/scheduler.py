@@ -24,6 +24,7 @@ from metalserve.kvcache.manager import BlockIds, KVCacheManager
 from metalserve.kvcache.specs import LayerGroupSpec
 from metalserve.outputs import EngineCoreOutput
 from metalserve.request import Request, RequestStatus
+from metalserve.scheduler.encoder_cache import EncoderCacheManager, EncoderPlan
 from metalserve.scheduler.grammar_wait import grammar_verdict
 from metalserve.scheduler.output import CachedRequestData, ModelRunnerOutput, SchedulerOutput
 from metalserve.scheduler.queues import make_queue
@@ -50,9 +51,11 @@ class Scheduler:
         max_model_len: int,
         initial_blocks: int | None = None,
         kv_groups: list[LayerGroupSpec] | None = None,
+        mm_splittable: bool = True,
     ) -> None:
         """`initial_blocks`: start the KV pool this small and grow it on demand (None: all at once).
-        `kv_groups`: the model's layer groups (None: one full-attention group)."""
+        `kv_groups`: the model's layer groups (None: one full-attention group). `mm_splittable`: whether
+        a prefill chunk may end inside an image's placeholder tokens (scheduler/encoder_cache.py)."""
         caching = config.enable_prefix_caching
         self.kv = KVCacheManager(num_blocks, config.block_size, caching, initial_blocks, groups=kv_groups)
         needed = self.kv.blocks_for_request(max_model_len) + NUM_RESERVED_BLOCKS
@@ -63,6 +66,8 @@ class Scheduler:
             )
         self.config = config
         self.max_model_len = max_model_len
+        self.encoder_cache = EncoderCacheManager(config.encoder_cache_size)
+        self.encoder = EncoderPlan(self.encoder_cache, mm_splittable)
         self._align = self.kv.align_chunks
         self.requests: dict[str, Request] = {}
         self.waiting = make_queue(config.scheduling_policy)
@@ -94,6 +99,13 @@ class Scheduler:
                 f"request {request.request_id!r} has {request.num_tokens} tokens, more than "
                 f"max_model_len={self.max_model_len}"
             )
+        for mm in request.mm_inputs:
+            if mm.length > min(self.config.max_num_encoder_input_tokens, self.config.encoder_cache_size):
+                raise ValueError(
+                    f"an image of {mm.length} tokens is larger than the encoder budget "
+                    f"(--max-num-encoder-input-tokens {self.config.max_num_encoder_input_tokens}, "
+                    f"--encoder-cache-size {self.config.encoder_cache_size})"
+                )
         self.kv.hash_prompt(request)
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
@@ -154,14 +166,24 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         self._apply_pending_finishes()
-        step = StepBuilder(budget=self.config.max_num_batched_tokens)
+        step = StepBuilder(budget=self.config.max_num_batched_tokens,
+                           encoder_budget=self.config.max_num_encoder_input_tokens)  # fmt: skip
         self._schedule_running(step)
         # After a preemption the pool is tight: admitting new work would only thrash.
         if not step.preempted:
             self._schedule_waiting(step)
         return self._make_output(step)
 
-    def _num_new_tokens(self, request: Request, num_computed: int, budget: int) -> int:
+    def _num_new_tokens(self, request: Request, num_computed: int, budget: int, step: StepBuilder) -> int:
+        n = self._num_text_tokens(request, num_computed, budget)
+        if request.mm_inputs and num_computed < request.num_prompt_tokens and n > 0:
+            n, to_encode = self.encoder.plan(request.mm_inputs, num_computed, n, step.encoder_budget)
+            if n > 0 and to_encode:
+                step.encoder_inputs[request.request_id] = to_encode
+                step.encoder_budget -= sum(request.mm_inputs[i].length for i in to_encode)
+        return n
+
+    def _num_text_tokens(self, request: Request, num_computed: int, budget: int) -> int:
         n = request.num_tokens - num_computed
         threshold = self.config.long_prefill_token_threshold
         if 0 < threshold < n:
@@ -187,7 +209,7 @@ class Scheduler:
                 n = 1  # the token being sampled now is this step's input (a placeholder until it arrives)
                 self.num_placeholders += 1
             elif n != 1:
-                n = self._num_new_tokens(request, computed, budget)
+                n = self._num_new_tokens(request, computed, budget, step)
                 if n <= 0:  # its last token was scheduled but not yet sampled
                     i += 1
                     continue
@@ -207,10 +229,13 @@ class Scheduler:
                     maybe_ids, i = self._preempt_until_fits(request, n, i, step)
                     budget = step.budget
                     if maybe_ids is None:
+                        step.undo_encoder(request)
                         continue  # it preempted itself; running[i] is now the next request
                 cached_reqs.append(CachedRequestData(rid, maybe_ids, computed))
             if k:
                 step.spec_tokens[rid] = request.spec_token_ids[:k]
+            if request.mm_inputs and computed < request.num_prompt_tokens:
+                self.encoder.commit(rid, request.mm_inputs, computed, computed + n)
             num_tokens[rid] = n
             budget -= n
             request.num_computed_tokens = computed + n
@@ -251,6 +276,7 @@ class Scheduler:
         self.running.remove(request)
         step.undo(request)
         self.kv.free(request)
+        self.encoder_cache.release_all(request.request_id, request.mm_inputs)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.spec_token_ids = []
@@ -266,11 +292,14 @@ class Scheduler:
             if request.structured is not None and not self._grammar_ready(request, skipped):
                 continue
             hit = self.kv.get_computed_blocks(request)
-            n = self._num_new_tokens(request, hit.num_tokens, step.budget)
+            n = self._num_new_tokens(request, hit.num_tokens, step.budget, step)
             new_ids = self.kv.allocate_slots(request, n, hit) if n > 0 else None
             if new_ids is None:
                 # Admission control: it waits at the head (nothing is dropped) until blocks free up.
+                step.undo_encoder(request)
                 break
+            if request.mm_inputs:
+                self.encoder.commit(request.request_id, request.mm_inputs, hit.num_tokens, hit.num_tokens + n)
             request.num_computed_tokens = hit.num_tokens
             self.waiting.pop()
             self.running.append(request)
@@ -305,6 +334,8 @@ class Scheduler:
             preempted_req_ids=step.preempted,
             num_kv_blocks=self.kv.pool.num_allocated_blocks,
             scheduled_spec_decode_tokens=step.spec_tokens,
+            scheduled_encoder_inputs=step.encoder_inputs,
+            free_encoder_mm_hashes=self.encoder_cache.take_freed(),
         )
 
     # ---- the step's results ----------------------------------------------------------------------
@@ -322,6 +353,8 @@ class Scheduler:
         append = outputs.append
         any_finished = False
         get = sampled.get
+        if self.encoder_cache.in_use:  # only a step of an image's request has any to release
+            self._release_encoded(scheduler_output)
         for request_id in scheduler_output.num_scheduled_tokens:
             token_ids = get(request_id)
             request = requests.get(request_id)
@@ -353,6 +386,13 @@ class Scheduler:
         if any_finished:
             self.running = [r for r in self.running if r.status is running]
         return outputs
+
+    def _release_encoded(self, scheduler_output: SchedulerOutput) -> None:
+        """Images whose placeholder tokens this step computed in full need their encoder output no more."""
+        for request_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests.get(request_id)
+            if request is not None and request.mm_inputs:
+                self.encoder.release_done(request_id, request.mm_inputs, request.num_computed_tokens)
 
     def _update_drafts(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> None:
         """Roll back the rejected drafts' positions (only accepted tokens count as computed, so only they
@@ -445,6 +485,7 @@ class Scheduler:
 
     def _free_request(self, request: Request) -> None:
         self.kv.free(request)
+        self.encoder_cache.release_all(request.request_id, request.mm_inputs)
         del self.requests[request.request_id]
         del self._stop_hints[request.request_id]
         self._finished_ids.add(request.request_id)

@@ -23,6 +23,8 @@ class StepBuilder:
     cached_reqs: list[CachedRequestData] = field(default_factory=list)
     preempted: set[str] = field(default_factory=set)
     spec_tokens: dict[str, list[int]] = field(default_factory=dict)  # drafts scheduled after the last token
+    encoder_budget: int = 0  # placeholder tokens the vision tower may still encode this step
+    encoder_inputs: dict[str, list[int]] = field(default_factory=dict)  # request -> its images encoded now
 
     def add_new(self, request: Request, n: int, block_ids: BlockIds) -> None:
         self.num_tokens[request.request_id] = n
@@ -35,6 +37,7 @@ class StepBuilder:
                 block_ids=block_ids,
                 num_computed_tokens=request.num_computed_tokens,
                 structured=request.structured,
+                mm_inputs=request.mm_inputs,
             )
         )
         self.budget -= n
@@ -46,7 +49,13 @@ class StepBuilder:
         if n is None:
             return
         self.spec_tokens.pop(request.request_id, None)
+        self.undo_encoder(request)
         self.budget += n
         request.num_computed_tokens -= n
         # In place: the scheduler loop holds a reference to this list.
         self.cached_reqs[:] = [c for c in self.cached_reqs if c.request_id != request.request_id]
+
+    def undo_encoder(self, request: Request) -> None:
+        """Give back the encoder budget of the request's images planned this step."""
+        for index in self.encoder_inputs.pop(request.request_id, []):
+            self.encoder_budget += request.mm_inputs[index].length

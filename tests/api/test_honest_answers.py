@@ -204,3 +204,11 @@ def test_a_forced_responses_call_cut_short_is_an_incomplete_function_call(server
     assert final["status"] == "incomplete"
     (item,) = final["output"]
     assert item["type"] == "function_call" and item["name"] == "get_weather" and item["status"] == "incomplete"
+
+
+def test_a_grammar_failure_after_admission_is_an_error_not_an_answer() -> None:
+    from metalserve.api.serving_common import engine_error
+    from metalserve.engine.errors import GrammarFailedError
+
+    error = engine_error(GrammarFailedError("the output could not follow its grammar: lexer error"))
+    assert error.status == 500 and "could not follow its grammar" in error.message

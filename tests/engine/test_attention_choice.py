@@ -7,7 +7,7 @@ import logging
 import mlx.core as mx
 import pytest
 
-from metalserve.config import ConfigError
+from metalserve.config import ConfigError, EngineConfig
 from metalserve.executor.attention.cpu import CpuAttention
 from metalserve.executor.attention.metal import KernelAttention
 from metalserve.executor.attention.mlx import MlxAttention
@@ -30,12 +30,14 @@ def test_auto_takes_the_metal_kernel_where_there_is_metal() -> None:
     assert isinstance(backend, KernelAttention) and backend.name == "metal"
 
 
-def test_mlx_is_mlx_ops_everywhere_and_reference_is_its_deprecated_alias(caplog: pytest.LogCaptureFixture) -> None:
+def test_mlx_is_mlx_ops_everywhere_and_an_unknown_name_is_refused_listing_the_names() -> None:
     for platform in (CPU_ONLY, MAC):
         assert isinstance(select_attention("mlx", mx.float32, platform), MlxAttention)
-    with caplog.at_level(logging.WARNING, logger="metalserve.engine"):
-        assert isinstance(select_attention("reference", mx.float32, CPU_ONLY), MlxAttention)
-    assert "deprecated" in caplog.text and "'mlx'" in caplog.text
+    names = "must be one of auto, metal, cpu, mlx, got 'reference'"
+    with pytest.raises(ConfigError, match=names):
+        select_attention("reference", mx.float32, CPU_ONLY)  # the MLX-ops backend's old name: no alias
+    with pytest.raises(ConfigError, match=names):
+        EngineConfig(attention_backend="reference")  # type: ignore[arg-type]
 
 
 def test_cpu_refuses_half_precision_and_a_missing_numba_with_a_reason() -> None:

@@ -64,7 +64,7 @@ def test_a_pool_too_small_for_all_requests_preempts_or_queues_and_stays_correct(
     assert stats.num_free_blocks == stats.num_total_blocks
 
 
-@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("backend", ["mlx", "cpu"])
 def test_the_pool_grows_under_load_and_outputs_stay_exact(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
     monkeypatch.setattr(kv_plan, "INITIAL_POOL_BLOCKS", 4)
     loaded = tiny_loaded()

@@ -86,7 +86,7 @@ def test_budget_too_small_names_missing_memory_and_flags() -> None:
     with pytest.raises(ConfigError) as err:
         num_blocks_for_budget(per_block * 64, per_block, 16, 1024)
     msg = str(err.value)
-    assert "2.00 KiB missing" in msg
+    assert "2.0 KiB missing" in msg
     for flag in ("--kv-cache-memory", "--gpu-memory-utilization", "--max-model-len"):
         assert flag in msg
 

@@ -10,6 +10,7 @@ tokens identical, log-probabilities within `LOGPROB_TOL`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -61,14 +62,18 @@ def loaded_of(model: nn.Module, model_type: str, max_model_len: int = 1024) -> L
 
 
 def engine(
-    model: nn.Module, model_type: str | None = None, *, budget: int = 2048, backend: str = "auto"
+    model: nn.Module, model_type: str | None = None, *, budget: int = 2048, backend: str = "auto",
+    loaded: LoadedModel | None = None, **overrides: Any,
 ) -> EngineCore:
-    """The real engine over `model` (its own `model_type` by default), pool sized by --kv-cache-memory."""
-    config = EngineConfig(
-        kv_cache_memory=1 << 24, block_size=16, max_num_batched_tokens=budget, max_num_seqs=8,
-        attention_backend=backend, enable_prefix_caching=True,  # type: ignore[arg-type]
-    )  # fmt: skip
-    return EngineCore.from_loaded(config, loaded_of(model, model_type or model.model_type))
+    """The real engine over `model` (its own `model_type` by default), pool sized by --kv-cache-memory.
+    `loaded`: what the loader would hand over, when more than the model (a vision model's tower);
+    `overrides`: more EngineConfig fields."""
+    fields: dict[str, Any] = {
+        "kv_cache_memory": 1 << 24, "block_size": 16, "max_num_batched_tokens": budget, "max_num_seqs": 8,
+        "attention_backend": backend, "enable_prefix_caching": True,
+    }  # fmt: skip
+    config = EngineConfig(**{**fields, **overrides})
+    return EngineCore.from_loaded(config, loaded or loaded_of(model, model_type or model.model_type))
 
 
 def serve(core: EngineCore, batch: list[list[int]], n: int = NEW_TOKENS, tag: str = "r") -> list[Generation]:

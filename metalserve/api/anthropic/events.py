@@ -75,7 +75,7 @@ async def message_events(gen: Generation, model: str, omit_thinking: bool) -> As
             delta = parser.feed(out)
             if not started:  # after the first output, so the usage knows the cached prompt tokens
                 started = True
-                yield sse("message_start", {"message": message_shell(model, _usage(delta, 0))})
+                yield sse("message_start", {"message": message_shell(gen.request_id, model, _usage(delta, 0))})
                 yield sse("ping", {})
             for seg in segments(delta):
                 for event in blocks.add(seg):

@@ -26,7 +26,8 @@ class TextBlock(_Strict):
 
 
 class ImageBlock(_Strict):
-    """Parsed so that it can be refused with a clear message (no vision input yet)."""
+    """An image: `source` {"type": "base64", "media_type", "data"} (a "url" source is refused: the server
+    fetches nothing); read by metalserve/api/images.py, for vision-language models only."""
 
     type: Literal["image"]
     source: dict[str, Any]

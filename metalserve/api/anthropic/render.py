@@ -7,7 +7,7 @@ from typing import Any
 
 from metalserve.api.deltas import FinalOutput
 from metalserve.api.partial_json import complete_partial_json
-from metalserve.api.serving_common import ChoiceState, random_id
+from metalserve.api.serving_common import ChoiceState
 
 # OpenAI-side finish reasons in Anthropic's words (a matched stop string is checked first).
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "abort": "end_turn"}
@@ -35,9 +35,9 @@ def usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict[st
     }
 
 
-def message_shell(model: str, usage: dict[str, int]) -> dict[str, Any]:
+def message_shell(message_id: str, model: str, usage: dict[str, int]) -> dict[str, Any]:
     return {
-        "id": random_id("msg").replace("-", "_"),
+        "id": message_id,
         "type": "message",
         "role": "assistant",
         "model": model,
@@ -60,7 +60,9 @@ def tool_input(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"arguments": value}
 
 
-def message_body(model: str, final: FinalOutput, state: ChoiceState, omit_thinking: bool) -> dict[str, Any]:
+def message_body(
+    message_id: str, model: str, final: FinalOutput, state: ChoiceState, omit_thinking: bool
+) -> dict[str, Any]:
     """The non-streamed Messages response: thinking, text and tool_use blocks in that order."""
     content: list[dict[str, Any]] = []
     if final.reasoning:
@@ -72,6 +74,6 @@ def message_body(model: str, final: FinalOutput, state: ChoiceState, omit_thinki
         content.append(
             {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": tool_input(call.arguments)}
         )
-    body = message_shell(model, usage(state.num_prompt_tokens, state.num_cached_tokens, state.num_tokens))
+    body = message_shell(message_id, model, usage(state.num_prompt_tokens, state.num_cached_tokens, state.num_tokens))
     reason, sequence = stop_reason(final.finish_reason, state.stop_reason)
     return {**body, "content": content, "stop_reason": reason, "stop_sequence": sequence}

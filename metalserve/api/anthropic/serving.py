@@ -31,9 +31,9 @@ class MessagesServing:
             return EventSourceResponse(message_events(gen, model, omit), sep="\n")
         [state] = await cancel_on_disconnect(raw, lambda: collect(gen.streams))
         final = gen.parsing.final(state.text, state.finish_reason)
-        return JSONResponse(message_body(model, final, state, omit))
+        return JSONResponse(message_body(gen.request_id, model, final, state, omit))
 
     async def count_tokens(self, req: CountTokensRequest) -> dict[str, Any]:
         chat_req = to_chat(req, reasoning=self.chat.reasoning_parser is not None)
         self.chat.ctx.check_model(chat_req.model)
-        return {"input_tokens": len(await self.chat.render_off_loop(chat_req))}
+        return {"input_tokens": len((await self.chat.render_off_loop(chat_req)).token_ids)}

@@ -21,7 +21,7 @@ from metalserve.api.anthropic.protocol import (
 from metalserve.api.errors import OpenAIError
 from metalserve.api.protocol import ChatCompletionRequest
 
-NO_IMAGES = "image content blocks are not supported: this server has no vision input yet"
+NO_IMAGES = "could not process image: image blocks go in user messages and tool results only"
 
 
 def to_chat(req: CountTokensRequest, *, reasoning: bool) -> ChatCompletionRequest:
@@ -85,8 +85,8 @@ def _turns(turns: list[Message]) -> list[dict[str, Any]]:
     previous_ids: set[str] = set()
     for i, turn in enumerate(turns):
         blocks = [TextBlock(type="text", text=turn.content)] if isinstance(turn.content, str) else turn.content
-        if any(isinstance(b, ImageBlock) for b in blocks):
-            raise OpenAIError(NO_IMAGES, 400)
+        if turn.role != "user" and any(isinstance(b, ImageBlock) for b in blocks):
+            raise OpenAIError(f"{NO_IMAGES} (messages.{i})", 400)
         if turn.role == "system":
             if not all(isinstance(b, TextBlock) for b in blocks):
                 raise OpenAIError(f"messages.{i}: system messages hold text blocks only", 400)
@@ -120,8 +120,8 @@ def _assistant(blocks: list[Any]) -> tuple[dict[str, Any], set[str]]:
 def _user(blocks: list[Any], tool_use_ids: set[str], index: int) -> list[dict[str, Any]]:
     """Tool results become tool messages (in order); the text around them one user message each."""
     out: list[dict[str, Any]] = []
-    text: list[str] = []
-    for block in blocks:
+    text: list[dict[str, Any]] = []  # the user content parts since the last tool result
+    for j, block in enumerate(blocks):
         if isinstance(block, ToolResultBlock):
             if block.tool_use_id not in tool_use_ids:
                 raise OpenAIError(
@@ -130,26 +130,58 @@ def _user(blocks: list[Any], tool_use_ids: set[str], index: int) -> list[dict[st
                     400,
                 )
             if text:
-                out.append({"role": "user", "content": "\n".join(text)})
+                out.append({"role": "user", "content": _content(text)})
                 text = []
-            out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _result_text(block)})
+            path = f"messages.{index}.content.{j}"
+            out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _result_content(block, path)})
         elif isinstance(block, TextBlock):
-            text.append(block.text)
+            text.append({"type": "text", "text": block.text})
+        elif isinstance(block, ImageBlock):
+            text.append(_image_part(block, f"messages.{index}.content.{j}"))
         else:
             raise OpenAIError(f"messages.{index}: {block.type} blocks belong in assistant messages", 400)
     if text or not out:
-        out.append({"role": "user", "content": "\n".join(text)})
+        out.append({"role": "user", "content": _content(text)})
     return out
 
 
-def _result_text(block: ToolResultBlock) -> str:
-    content = block.content
-    if isinstance(content, list):
-        if any(isinstance(b, ImageBlock) for b in content):
-            raise OpenAIError(NO_IMAGES, 400)
-        content = "\n".join(b.text for b in content if isinstance(b, TextBlock))
+def _content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """Text blocks joined into one string (as before images); with an image, the parts as they are."""
+    if all(p["type"] == "text" for p in parts):
+        return "\n".join(p["text"] for p in parts)
+    return parts
+
+
+def _image_part(block: ImageBlock, path: str) -> dict[str, Any]:
+    """An image block as the chat part it means: a base64 source becomes a data URL (read later, with
+    the limits); a URL source is refused, since the server fetches nothing."""
+    source = block.source
+    kind = source.get("type")
+    if kind == "base64" and isinstance(source.get("data"), str) and isinstance(source.get("media_type"), str):
+        return {"type": "image_url", "image_url": {"url": f"data:{source['media_type']};base64,{source['data']}"}}
+    if kind == "url":
+        why = "image URLs are not fetched: this server reaches no network; send the image as base64"
+    else:
+        why = 'an image source must be {"type": "base64", "media_type": ..., "data": ...}'
+    raise OpenAIError(f"could not process image: {why} ({path}.image)", 400)
+
+
+def _result_content(block: ToolResultBlock, path: str) -> str | list[dict[str, Any]]:
+    content: str | list[dict[str, Any]] | None = None
+    if isinstance(block.content, list):
+        parts = [
+            _image_part(b, f"{path}.content.{k}") if isinstance(b, ImageBlock) else {"type": "text", "text": b.text}
+            for k, b in enumerate(block.content)
+        ]
+        content = _content(parts)
+    else:
+        content = block.content
     # The template has no error flag, so a failed tool says so in its text.
-    return f"Error: {content or ''}" if block.is_error else content or ""
+    if not block.is_error:
+        return content or ""
+    if isinstance(content, list):
+        return [{"type": "text", "text": "Error: "}, *content]
+    return f"Error: {content or ''}"
 
 
 def _tools(req: CountTokensRequest) -> dict[str, Any]:

@@ -39,10 +39,17 @@ class TextContent(_Strict):
     logprobs: list[Any] | None = None
 
 
-class ImageContent(BaseModel):
-    """Parsed so that it can be refused with a clear message (no vision input yet)."""
+class ImageContent(_Strict):
+    """An image (`input_image`, a data URL in `image_url`: the server fetches nothing and keeps no files),
+    for vision-language models; `input_file` is parsed so that it can be refused with a clear message."""
 
     type: Literal["input_image", "input_file"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: Literal["auto", "low", "high"] | None = None  # accepted; the model's processor sizes the image
+    file_data: str | None = None
+    file_url: str | None = None
+    filename: str | None = None
 
 
 class MessageItem(_Strict):

@@ -40,7 +40,7 @@ class ResponsesServing:
             history = previous.history()
         items = conversation(req, history)
         gen = await self.chat.start(to_chat(req, items, reasoning=self.chat.reasoning_parser is not None), "resp")
-        rid, created = render.item_id("resp"), now()
+        rid, created = gen.request_id, now()
         model = self.chat.ctx.served_model_name
 
         def finish(status: str, output: list[dict[str, Any]], usage: dict[str, Any]) -> dict[str, Any]:

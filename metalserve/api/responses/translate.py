@@ -21,7 +21,7 @@ from metalserve.api.responses.protocol import (
 )
 
 _ITEMS: TypeAdapter[list[InputItem]] = TypeAdapter(list[InputItem])
-NO_IMAGES = "image and file inputs are not supported: this server has no vision input yet"
+NO_FILES = "input_file parts are not supported: send text, or images as input_image data URLs"
 
 
 def conversation(req: ResponsesRequest, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -103,7 +103,7 @@ def _messages(items: list[InputItem]) -> list[dict[str, Any]]:
             reasoning.append("".join(c.text for c in item.content or []) or "".join(s.text for s in item.summary))
         elif isinstance(item, MessageItem):
             role = "system" if item.role == "developer" else item.role
-            out.append({"role": role, "content": _text(item.content)})
+            out.append({"role": role, "content": _content(item.content, f"input.{i}.content")})
         elif isinstance(item, FunctionCallItem):
             call = {
                 "id": item.call_id,
@@ -133,9 +133,27 @@ def _messages(items: list[InputItem]) -> list[dict[str, Any]]:
 def _text(content: str | list[TextContent | ImageContent] | list[TextContent]) -> str:
     if isinstance(content, str):
         return content
-    if any(isinstance(part, ImageContent) for part in content):
-        raise OpenAIError(NO_IMAGES, 400, param="input")
     return "".join(part.text for part in content if isinstance(part, TextContent))
+
+
+def _content(content: str | list[TextContent | ImageContent], path: str) -> str | list[dict[str, Any]]:
+    """A message's content as chat content: text joined, or with images the chat's text and image parts."""
+    if isinstance(content, str) or not any(isinstance(part, ImageContent) for part in content):
+        return _text(content)
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        if isinstance(part, TextContent):
+            parts.append({"type": "text", "text": part.text})
+        elif part.type == "input_file":
+            raise OpenAIError(NO_FILES, 400, param=f"{path}.{j}")
+        elif part.image_url is None:
+            raise OpenAIError(
+                "could not process image: input_image needs image_url (a data URL); file_id is not supported "
+                "(this server keeps no files)", 400, param=f"{path}.{j}",
+            )  # fmt: skip
+        else:
+            parts.append({"type": "image_url", "image_url": {"url": part.image_url}})
+    return parts
 
 
 def _tool_choice(req: ResponsesRequest) -> dict[str, Any]:

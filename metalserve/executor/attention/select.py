@@ -35,9 +35,6 @@ def select_attention(
     windows, sinks and the logit soft-cap; only the Metal kernel is limited, to its head dims and to
     separate K and V (`latent_kv`: the model keeps MLA's latent pages, LayerCacheSpec.value_dim).
     `kv_storage`: the pages' storage (--kv-cache-dtype); a backend that cannot read it is not chosen."""
-    if name == "reference":
-        logger.warning("--attention-backend reference is deprecated: it is now called 'mlx'")
-        name = "mlx"
     if name not in ATTENTION_BACKEND_NAMES:
         raise ConfigError(f"--attention-backend must be one of {', '.join(ATTENTION_BACKEND_NAMES)}, got {name!r}")
     if name == "mlx":

@@ -8,7 +8,7 @@ kernel on the same pool views. It reads the same weights as the MLX modules and 
 mlx-lm's generation token for token.
 
 Only llama-family blocks it can reproduce exactly take it (pre-norm RMSNorm, plain RoPE, SwiGLU, every
-projection with codes); any other model, or a larger step, runs the MLX modules as before.
+projection with codes); any other model, or a larger step, runs the MLX modules.
 """
 
 from __future__ import annotations

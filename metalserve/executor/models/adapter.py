@@ -9,11 +9,13 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from metalserve.executor.context import current_context
 from metalserve.executor.models.attention_traits import all_traits
 from metalserve.executor.models.compute import MlxCompute
 from metalserve.executor.models.families import ModelFamily, model_family
 from metalserve.executor.models.hybrid import install_hybrid
 from metalserve.executor.models.mla import PagedMLA, is_mla_attention
+from metalserve.executor.models.mrope_attention import PagedMRoPEAttention
 from metalserve.executor.models.paged_attention import PagedAttention
 from metalserve.executor.state_cache import StateLayout
 from metalserve.kvcache.specs import KVCacheSpec, PageDtype, RecurrentState
@@ -77,10 +79,11 @@ class PagedModel:
                     raise ValueError(f"layer {i} mixes MLA with another attention: not supported")
                 layer.self_attn = PagedMLA(layer.self_attn, i)
         else:
+            paged = PagedMRoPEAttention if family.mrope else PagedAttention
             for traits in all_traits(model):
                 i = traits.layer
                 tensor, group = self.kv_layout.layer_tensor[i], self.kv_layout.layer_group[i]
-                layers[i].self_attn = PagedAttention(layers[i].self_attn, traits, tensor, group)
+                layers[i].self_attn = paged(layers[i].self_attn, traits, tensor, group)
         self.tied = "lm_head" not in model  # mlx-lm builds (or keeps) no lm_head for tied embeddings
         self.embed = self.backbone.embed_tokens
         self.lm_head = None if self.tied else model.lm_head
@@ -124,8 +127,16 @@ class PagedModel:
         return self.compute.description()
 
     def mlx_hidden_states(self, token_ids: mx.array) -> mx.array:
-        """token_ids: [T] -> final-normed hidden states [T, hidden], through mlx-lm's modules."""
-        return self.backbone(token_ids[None])[0]
+        """token_ids: [T] -> final-normed hidden states [T, hidden], through mlx-lm's modules.
+
+        A step with images (a vision-language model's) has the vision tower's embeddings replace its
+        image placeholder tokens' before the first layer."""
+        images = current_context().images if self.family.vision else None
+        if images is None:
+            return self.backbone(token_ids[None])[0]
+        embeds = self.embed(token_ids)
+        embeds[images.rows] = images.features
+        return self.backbone(token_ids[None], inputs_embeds=embeds[None])[0]
 
     def mlx_logits(self, hidden: mx.array) -> mx.array:
         logits = self.embed.as_linear(hidden) if self.lm_head is None else self.lm_head(hidden)

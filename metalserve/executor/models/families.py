@@ -39,7 +39,12 @@ SUPPORTED_MODEL_TYPES = (
     "qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2", "lfm2_moe", "nemotron_h", "granitemoehybrid",
     # MLA, latent pages:
     "deepseek_v2", "deepseek_v3", "glm4_moe_lite",
+    # Vision-language models (mlx-vlm's classes): the language model here, the tower in executor/encoders/.
+    "qwen2_vl", "qwen2_5_vl",
 )  # fmt: skip
+# Images in (metalserve/multimodal/); these also take multimodal RoPE positions [3, T] (models/mrope_attention.py).
+VISION_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl"})
+MROPE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl"})
 MLA_MODEL_TYPES = frozenset({"deepseek_v2", "deepseek_v3", "glm4_moe_lite"})
 # The dense llama-family models whose blocks the host twins reproduce (executor/host/); every other
 # family runs mlx-lm's own modules on MLX.
@@ -69,6 +74,8 @@ class ModelFamily:
     hybrid: Family | None  # where a hybrid keeps its backbone, head and mixers; None: attention layers only
     mla: bool  # MLA's latent pages instead of per-head K/V
     host_path: bool  # the host fast path may run it (where the Platform has one)
+    vision: bool = False  # takes images: a vision tower beside the language model (mlx-vlm's classes)
+    mrope: bool = False  # multimodal RoPE: three position rows per token (Qwen2-VL)
 
     def embedding(self, model: nn.Module) -> nn.Module:
         return embedding_of(model, self.model_type) if self.hybrid else model.model.embed_tokens
@@ -145,6 +152,8 @@ def model_family(model_type: str) -> ModelFamily:
         hybrid=FAMILIES.get(model_type),
         mla=model_type in MLA_MODEL_TYPES,
         host_path=model_type in HOST_MODEL_TYPES,
+        vision=model_type in VISION_MODEL_TYPES,
+        mrope=model_type in MROPE_MODEL_TYPES,
     )
 
 

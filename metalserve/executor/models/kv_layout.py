@@ -5,7 +5,7 @@ and equal size; layer j of every group shares pool tensor j, indexed by the grou
 Blocks come from one shared pool and a block id belongs to one group at a time, so a block costs the
 K/V of one group's layers (`max layers per group`), not of all layers: a sliding group returns the
 blocks behind its window to the pool, and every group can reuse them. A model of one kind keeps one
-group of all layers (one tensor per layer), exactly the layout before groups existed.
+group of all layers (one tensor per layer).
 
 Layers that read another layer's K/V (gemma4's shared KV) own no tensor: they use their source's.
 """

@@ -1,0 +1,94 @@
+"""A vision-language model's image processing: pixels for its tower, placeholder tokens in the prompt.
+
+The chat template puts one image token where each image goes (templates take `{"type": "image"}`
+parts); `process` expands each to the image's number of placeholder tokens and returns the images as
+`MultiModalInput`s. Qwen2-VL and Qwen2.5-VL use mlx-vlm's NumPy port of their image processor: an image
+is smart-resized to multiples of 28 pixels (14-pixel patches merged 2x2), one placeholder per merged
+patch. It runs in the API's tokenizer thread and makes no MLX arrays.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from metalserve.multimodal.images import DecodedImage, ImageError
+from metalserve.multimodal.inputs import MultiModalInput
+
+# Qwen2-VL's preprocessor_config.json keys the processor takes (the rest are HF bookkeeping).
+_QWEN_KEYS = ("patch_size", "temporal_patch_size", "merge_size", "min_pixels", "max_pixels", "image_mean",
+              "image_std")  # fmt: skip
+
+
+class ImageProcessor(Protocol):
+    """What the API asks of a vision-language model's processor (in the tokenizer thread)."""
+
+    image_token_id: int
+
+    def process(
+        self, prompt: Sequence[int], images: Sequence[DecodedImage]
+    ) -> tuple[list[int], list[MultiModalInput]]: ...
+
+
+class QwenVLImageProcessor:
+    """Qwen2-VL / Qwen2.5-VL images -> pixel patches, their grid, and placeholder tokens."""
+
+    def __init__(self, image_token_id: int, merge_size: int, options: dict[str, Any]) -> None:
+        from mlx_vlm.models.qwen3_vl.processing_qwen3_vl import Qwen3VLImageProcessor
+
+        self.image_token_id = image_token_id
+        self.merge_size = merge_size
+        self._processor = Qwen3VLImageProcessor(**{"patch_size": 14, **options, "merge_size": merge_size})
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], directory: Path | None = None) -> QwenVLImageProcessor:
+        """From the model's config.json (and the directory's preprocessor_config.json, when there is one)."""
+        vision = config.get("vision_config") or {}
+        options: dict[str, Any] = {"patch_size": vision.get("patch_size", 14),
+                                   "temporal_patch_size": vision.get("temporal_patch_size", 2)}  # fmt: skip
+        pre = directory / "preprocessor_config.json" if directory is not None else None
+        if pre is not None and pre.is_file():
+            raw = json.loads(pre.read_text())
+            size = raw.get("size") or {}
+            raw.setdefault("min_pixels", size.get("shortest_edge"))
+            raw.setdefault("max_pixels", size.get("longest_edge"))
+            options.update({k: raw[k] for k in _QWEN_KEYS if raw.get(k) is not None})
+        options.pop("merge_size", None)
+        return cls(int(config["image_token_id"]), int(vision.get("spatial_merge_size", 2)), options)
+
+    def encode_image(self, image: DecodedImage) -> tuple[np.ndarray, tuple[int, int, int]]:
+        """One image's patches `[patches, C * T * P * P]` (float32) and its patch grid (t, h, w)."""
+        out = self._processor(images=[image.image])
+        grid = tuple(int(x) for x in np.asarray(out["image_grid_thw"])[0])
+        return np.asarray(out["pixel_values"], dtype=np.float32), (grid[0], grid[1], grid[2])
+
+    def process(self, prompt: Sequence[int], images: Sequence[DecodedImage]) -> tuple[list[int], list[MultiModalInput]]:
+        """Expand the prompt's image tokens (one per image, in order) to each image's placeholders."""
+        slots = [i for i, token in enumerate(prompt) if token == self.image_token_id]
+        if len(slots) != len(images):
+            raise ImageError(f"the chat template placed {len(slots)} image placeholders for {len(images)} images")
+        tokens: list[int] = []
+        inputs: list[MultiModalInput] = []
+        previous = 0
+        for slot, image in zip(slots, images, strict=True):
+            pixels, grid = self.encode_image(image)
+            length = grid[0] * grid[1] * grid[2] // self.merge_size**2
+            tokens += prompt[previous:slot]
+            data = {"pixel_values": pixels, "grid_thw": grid}
+            inputs.append(MultiModalInput(image.content_hash, len(tokens), length, data))
+            tokens += [self.image_token_id] * length
+            previous = slot + 1
+        tokens += prompt[previous:]
+        return tokens, inputs
+
+
+def image_processor_for(config: dict[str, Any], directory: Path | None = None) -> ImageProcessor:
+    """The image processor of a vision-language model's config; ImageError for a family without one."""
+    model_type = config.get("model_type")
+    if model_type in ("qwen2_vl", "qwen2_5_vl"):
+        return QwenVLImageProcessor.from_config(config, directory)
+    raise ImageError(f"images are not supported for model type {model_type!r} (supported: qwen2_vl, qwen2_5_vl)")
