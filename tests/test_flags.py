@@ -70,7 +70,7 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         "--responses-store-bytes", "4096", "--max-grammar-bytes", "5000", "--grammar-compile-timeout", "2.5",
         "--grammar-cache-bytes", "65536", "--request-body-timeout", "7.5",
         "--max-num-encoder-input-tokens", "999", "--encoder-cache-size", "2000", "--max-images-per-request", "2",
-        "--max-image-pixels", "1000", "--max-image-bytes-per-request", "5000",
+        "--max-image-pixels", "1000", "--max-image-bytes-per-request", "5000", "--no-async-scheduling",
     ]  # fmt: skip
     # A new flag gets a value here too: every flag is parsed onto its field by this test.
     given = {a.dest for a in _parser()._actions if {*a.option_strings} & set(argv)} | {"model"}
@@ -83,7 +83,7 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         weights="quantized",
         attention_backend="mlx", chat_template="{{ messages[0].content }}", tool_call_parser="hermes", seed=9,
         pipeline_step_timeout=5.5, speculative_config=SpeculativeConfig("ngram", 3, 1, 5),
-        max_num_encoder_input_tokens=999, encoder_cache_size=2000,
+        max_num_encoder_input_tokens=999, encoder_cache_size=2000, async_scheduling=False,
     )  # fmt: skip
     assert settings == ServerSettings(
         host="0.0.0.0", port=9001, api_key="k", served_model_name="served", log_stats_interval=2.5,
