@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from fastapi import Request as HTTPRequest
 from starlette.requests import ClientDisconnect
 
-from metalserve.api.errors import OpenAIError, internal_error
+from metalserve.api.errors import ContextLengthError, OpenAIError, internal_error
 from metalserve.api.protocol import _SamplingRequest
 from metalserve.api.serving_context import ServingContext
 from metalserve.engine.async_engine import ClientTooSlowError, EngineDeadError, RequestOutput
@@ -35,28 +35,16 @@ def now() -> int:
     return int(time.time())
 
 
-def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: int) -> int:
-    """The output budget: what was asked, checked against the context; absent means up to the context."""
+def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: int, default_cap: int = 0) -> int:
+    """The output budget: what was asked, checked against the context; absent means the server's default
+    cap (`--default-max-tokens`, 0: none) or the rest of the context, whichever is smaller."""
     if prompt_len >= max_model_len:
-        raise OpenAIError(
-            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
-            f"{prompt_len} input tokens. Please reduce the length of the input.",
-            400,
-            param="messages",
-            code="context_length_exceeded",
-        )
+        raise ContextLengthError(prompt_len, max_model_len)
     room = max_model_len - prompt_len
     if requested is None:
-        return room
+        return min(room, default_cap) if default_cap > 0 else room
     if requested > room:
-        raise OpenAIError(
-            f"'max_tokens' is too large: {requested}. This model's maximum context length is "
-            f"{max_model_len} tokens and your request has {prompt_len} input tokens "
-            f"({requested} > {max_model_len} - {prompt_len}).",
-            400,
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
+        raise ContextLengthError(prompt_len, max_model_len, requested)
     return requested
 
 
@@ -130,12 +118,16 @@ def start_generations(
 ) -> list[AsyncIterator[RequestOutput]]:
     """One engine request per sample; the samples share the prompt, so its prefix is cached.
     `mm_inputs`: the prompt's images (chat)."""
-    return [
-        ctx.engine.generate(
-            prompt, with_seed(params, i), rid, priority=req.priority, cache_salt=req.cache_salt, mm_inputs=mm_inputs
+    streams = []
+    for i, rid in enumerate(engine_request_ids(response_id, n)):
+        sample = with_seed(params, i)
+        stream = ctx.engine.generate(
+            prompt, sample, rid, priority=req.priority, cache_salt=req.cache_salt, mm_inputs=mm_inputs
         )
-        for i, rid in enumerate(engine_request_ids(response_id, n))
-    ]
+        if ctx.recorder is not None:  # the status page's recent requests
+            stream = ctx.recorder.recorded(stream, ctx.served_model_name, rid)
+        streams.append(stream)
+    return streams
 
 
 async def merge_streams(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:

@@ -243,6 +243,9 @@ class AsyncEngine:
                 self.on_dead()
             return
         self._fail_all(EngineDeadError("engine is shutting down"))
+        close = getattr(self.core, "close", None)
+        if close is not None:  # e.g. the KV disk tier finishes its queued saves
+            close()
 
     def _apply_commands(self, block: bool) -> bool:
         """Apply queued commands; False once a stop command arrives."""
@@ -261,6 +264,8 @@ class AsyncEngine:
                 ids = [rid for rid in command.request_ids if self._states.pop(rid, None) is not None]
                 if ids:
                     self.core.abort_requests(ids)
+                    if self.observer is not None:  # the gauges must not show aborted requests running
+                        self.observer.on_step(self.core.make_stats(), IterationStats())
             else:
                 if self._states:
                     self.core.abort_requests(list(self._states))

@@ -8,8 +8,10 @@ import time
 from typing import Any
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from metalserve.config import ConfigError, EngineConfig
+from metalserve.engine.kv_disk import attach_disk_tier
 from metalserve.engine.kv_groups import build_scheduler, state_group
 from metalserve.engine.kv_plan import plan_kv_pool
 from metalserve.engine.memory import format_bytes
@@ -63,7 +65,8 @@ class EngineCore:
         self._in_flight: tuple[SchedulerOutput, InFlightStep] | None = None
         # MLX arrays belong to the thread that made them (engine_thread.py): steps run where the core was built.
         self.owner_thread = threading.get_ident()
-        self.weight_bytes = 0  # measured at load (MLX's active memory then, plus host-side codes)
+        self.kv_pool_bytes = 0  # the pool at its largest (set by from_loaded), for the models' memory budget
+        self.weight_bytes = 0  # measured at load: the model's parameters plus host-side codes
         self.kv_bytes_per_block = 0
 
     def memory_report(self) -> dict[str, int]:
@@ -77,6 +80,7 @@ class EngineCore:
             weights=config.weights,
             dequantize_max_bytes=config.dequantize_max_bytes,
             chat_template=config.chat_template,
+            hf_overrides=config.hf_overrides,
             check_model_type=check_supported,
         )
         return cls.from_loaded(config, loaded), loaded
@@ -85,9 +89,10 @@ class EngineCore:
     def from_loaded(cls, config: EngineConfig, loaded: LoadedModel, draft: LoadedModel | None = None) -> EngineCore:
         """`draft`: the draft model of `--speculative-config` method draft_model, if already loaded."""
         platform = current_platform()
-        max_model_len = resolve_max_model_len(config, loaded.max_model_len)
+        max_model_len = resolve_max_model_len(config, loaded.max_model_len, loaded.rope_scaled_len, warn=True)
         model = PagedModel.from_loaded(loaded, platform)
-        weight_bytes = int(mx.get_active_memory()) + model.host_bytes()  # before any KV is allocated
+        # This model's own parameters (MLX's active memory would count every model a server has loaded).
+        weight_bytes = parameter_bytes(loaded.model) + model.host_bytes()
         storage = config.kv_cache_dtype
         try:
             spec = model.get_kv_cache_spec(model.family.page(loaded.model, storage), config.block_size)
@@ -131,9 +136,11 @@ class EngineCore:
             **vision_parts(loaded, model, dtype),
             async_eval=platform.metal,
         )
+        attach_disk_tier(config, loaded, spec, scheduler, runner)
         mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * plan.num_blocks * spec.bytes_per_block))
         core = cls(scheduler, runner, max_model_len, platform, async_scheduling_for(config, speculation))
         core.weight_bytes, core.kv_bytes_per_block = weight_bytes, spec.bytes_per_block
+        core.kv_pool_bytes = plan.num_blocks * spec.bytes_per_block
         return core
 
     def add_request(self, request: Request) -> None:
@@ -156,8 +163,8 @@ class EngineCore:
         if self.async_scheduling:
             return self._step_ahead()
         scheduler_output = self.scheduler.schedule()
-        if scheduler_output.is_empty and self.scheduler.num_waiting_for_grammar:
-            time.sleep(GRAMMAR_POLL_S)  # only compiling grammars wait: give their thread the CPU
+        if scheduler_output.is_empty and (self.scheduler.num_waiting_for_grammar or self.scheduler.num_waiting_for_kv):
+            time.sleep(GRAMMAR_POLL_S)  # only compiling grammars or loading blocks wait: give their threads the CPU
         runner_output = self.runner.execute_model(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
 
@@ -202,6 +209,11 @@ class EngineCore:
     def make_stats(self) -> SchedulerStats:
         return self.scheduler.make_stats()
 
+    def close(self) -> None:
+        """Finish the KV connector's queued saves and stop its threads."""
+        if self.runner.connector is not None:
+            self.runner.connector.close()
+
 
 def async_scheduling_for(config: EngineConfig, speculation: SpeculativeConfig | None) -> bool:
     """Async scheduling as configured, off (with a start-up line) where it cannot be correct yet."""
@@ -211,6 +223,9 @@ def async_scheduling_for(config: EngineConfig, speculation: SpeculativeConfig | 
     if speculation is not None:
         logger.info("async scheduling: off, speculative decoding needs each step's accepted drafts "
                     "before it schedules the next")  # fmt: skip
+        return False
+    if config.kv_disk_dir is not None:
+        logger.info("async scheduling: off, the KV disk tier matches its loads and saves to steps in order")
         return False
     logger.info("async scheduling: on (step k+1 is scheduled while step k computes)")
     return True
@@ -228,6 +243,12 @@ def draft_for(
         draft = load_model(spec.model, weights=config.weights, dequantize_max_bytes=config.dequantize_max_bytes,
                            check_model_type=check_supported)  # fmt: skip
     return spec, draft
+
+
+def parameter_bytes(model: Any) -> int:
+    """Bytes of an MLX module's parameters."""
+    leaves: Any = tree_flatten(model.parameters())  # [(path, array)]
+    return sum(int(array.nbytes) for _, array in leaves)
 
 
 def host_code_bytes(loaded: LoadedModel) -> int:
@@ -280,14 +301,42 @@ def vision_parts(loaded: LoadedModel, model: PagedModel, dtype: mx.Dtype) -> dic
     return {"encoder": VisionTower(loaded.vision, dtype), "mrope_merge_size": merge}
 
 
-def resolve_max_model_len(config: EngineConfig, model_len: int) -> int:
-    if config.max_model_len is None:
+def resolve_max_model_len(
+    config: EngineConfig, model_len: int, scaled_len: int | None = None, *, warn: bool = False
+) -> int:
+    """The context to serve: --max-model-len, else the model's trained context (`model_len`). Longer than
+    that only with --allow-long-max-model-len; `scaled_len` is what a RoPE scaling from --hf-overrides
+    covers, and `warn` logs the start-up warning for a context past the trained one."""
+    wanted = config.max_model_len
+    if wanted is None:
+        if scaled_len is not None and scaled_len > model_len and warn:
+            logger.info("RoPE scaling covers %d tokens; pass --max-model-len (and --allow-long-max-model-len) "
+                        "to serve more than the trained %d", scaled_len, model_len)  # fmt: skip
         return model_len
-    if config.max_model_len > model_len:
-        raise ConfigError(
-            f"--max-model-len {config.max_model_len} is longer than the model's context ({model_len} tokens)"
+    if wanted <= model_len:
+        return wanted
+    if not config.allow_long_max_model_len:
+        hint = (
+            f"RoPE scaling from --hf-overrides covers {scaled_len} tokens"
+            if scaled_len is not None
+            else 'a RoPE scaling stretches it, e.g. --hf-overrides \'{"rope_scaling": {"rope_type": "linear", '
+            '"factor": 4.0}}\''
         )
-    return config.max_model_len
+        raise ConfigError(
+            f"--max-model-len {wanted} is longer than the model's trained context ({model_len} tokens); add "
+            f"--allow-long-max-model-len to serve it anyway ({hint})"
+        )
+    if warn:
+        if scaled_len is not None and wanted <= scaled_len:
+            logger.warning(
+                "--max-model-len %d is past the trained context (%d tokens), within what the RoPE scaling "
+                "covers (%d): expect some loss of quality", wanted, model_len, scaled_len,
+            )  # fmt: skip
+        else:
+            logger.warning("--max-model-len %d is past the trained context (%d tokens) and past what any RoPE "
+                           "scaling covers: positions beyond %d were never trained, expect degraded output",
+                           wanted, model_len, scaled_len or model_len)  # fmt: skip
+    return wanted
 
 
 def measure_step_peak(

@@ -13,6 +13,7 @@ import numpy as np
 
 from metalserve.executor.attention.base import AttentionBackend, LayerCacheSpec
 from metalserve.executor.attention.mlx import MlxAttention
+from metalserve.executor.connector.base import KVConnectorWorker
 from metalserve.executor.context import ForwardContext, GroupStep, forward_context
 from metalserve.executor.encoders.cache import EncoderOutputs, RequestSpan, StepImages
 from metalserve.executor.group_tables import GroupTables, group_step
@@ -103,6 +104,7 @@ class ModelRunner:
         self.async_eval = async_eval
         self.encoder_outputs = EncoderOutputs(encoder) if encoder is not None else None
         self.mrope_merge_size = mrope_merge_size
+        self.connector: KVConnectorWorker | None = None  # a KV connector's worker half (the disk tier)
 
     def _layer(self, attn: AttentionSpec, num_blocks: int | None = None) -> LayerCacheSpec:
         """One pool tensor's (or group's) cache of the spec's pages, `num_blocks` blocks (default: all)."""
@@ -217,6 +219,9 @@ class ModelRunner:
         if so.num_kv_blocks > self.spec.num_blocks:
             self.grow_kv(so.num_kv_blocks)
         self._update_states(so)
+        connector = self.connector
+        if connector is not None:
+            connector.start_load_kv(so.kv_connector_metadata, self.kv)
         if so.total_num_scheduled_tokens == 0:
             return InFlightStep(so, None, 0.0, None, None)
         drafts = so.scheduled_spec_decode_tokens
@@ -237,8 +242,10 @@ class ModelRunner:
     def finish(self, flight: InFlightStep) -> ModelRunnerOutput:
         """Wait for the step's logits, sample, and advance each request's state."""
         so, step = flight.so, flight.step
+        connector = self.connector
         if step is None:
-            return ModelRunnerOutput(sampled_token_ids={})
+            finished = connector.get_finished() if connector is not None else None
+            return ModelRunnerOutput(sampled_token_ids={}, kv_connector_output=finished)
         logits = mx.array(flight.host.result()) if flight.host is not None else flight.logits
         assert logits is not None
         drafts = so.scheduled_spec_decode_tokens
@@ -246,6 +253,8 @@ class ModelRunner:
         windows = self._sample(logits, sampling, drafts)
         # Evaluate the pools with the logits so the scatters run now and release the old buffers.
         mx.eval(self._kv_arrays())
+        if connector is not None:  # the step's full blocks are computed now: copy them out
+            connector.save_kv(so.kv_connector_metadata, self.kv)
         sampled: dict[str, list[int]] = {rid: [] for rid in step.request_ids}
         logprobs: dict[str, list[TokenLogprob]] = {}
         for rid in step.request_ids:
@@ -263,7 +272,9 @@ class ModelRunner:
         spec: dict[str, list[int]] = {}
         if self.proposer:
             spec = self._propose(sampling, step, time.perf_counter() - flight.started, drafts)
-        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, spec_token_ids=spec)
+        finished = connector.get_finished() if connector is not None else None
+        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, spec_token_ids=spec,
+                                 kv_connector_output=finished)  # fmt: skip
 
     def _forward_thread(self) -> ThreadPoolExecutor:
         """The thread a host (numba) forward runs on while the engine thread prepares the next step; it

@@ -14,6 +14,6 @@ import threading
 import numba
 
 if "NUMBA_THREADING_LAYER" not in os.environ:  # an explicit choice wins
-    numba.config.THREADING_LAYER = "workqueue"
+    numba.config.THREADING_LAYER = "workqueue"  # type: ignore[attr-defined]
 
 launch_lock = threading.Lock()
