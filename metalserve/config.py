@@ -125,6 +125,10 @@ class EngineConfig:
         None, "a directory of KV blocks that outlives memory pressure and restarts (docs/disk-tier.md); default: off"
     )
     kv_disk_size: int | None = flag(None, "bytes --kv-disk-dir may hold, least recently used blocks go first (16 GiB)")
+    async_scheduling: bool = flag(
+        True, "schedule and prepare the next step while this one computes (vLLM's --async-scheduling); "
+        "speculative decoding and pipeline stages turn it off with a start-up line"
+    )
 
     def __post_init__(self) -> None:
         self.validate()

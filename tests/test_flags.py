@@ -78,7 +78,7 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         "--max-num-encoder-input-tokens", "999", "--encoder-cache-size", "2000", "--max-images-per-request", "2",
         "--max-image-pixels", "1000", "--max-image-bytes-per-request", "5000",
         "--hf-overrides", '{"rope_scaling": {"rope_type": "linear", "factor": 2.0}}', "--allow-long-max-model-len",
-        "--default-max-tokens", "77", "--no-generic-tool-prompt",
+        "--default-max-tokens", "77", "--no-generic-tool-prompt", "--no-async-scheduling",
     ]  # fmt: skip
     # A new flag gets a value here too: every flag is parsed onto its field by this test.
     given = {a.dest for a in _parser()._actions if {*a.option_strings} & set(argv)} | {"model"}
@@ -93,6 +93,7 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         pipeline_step_timeout=5.5, speculative_config=SpeculativeConfig("ngram", 3, 1, 5),
         max_num_encoder_input_tokens=999, encoder_cache_size=2000,
         hf_overrides={"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, allow_long_max_model_len=True,
+        async_scheduling=False,
     )  # fmt: skip
     assert settings == ServerSettings(
         host="0.0.0.0", port=9001, api_key="k", served_model_name="served", log_stats_interval=2.5,

@@ -19,7 +19,7 @@ from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.families import check_supported, kv_cache_spec
-from metalserve.executor.runner import ModelRunner
+from metalserve.executor.runner import InFlightStep, ModelRunner
 from metalserve.executor.sampler import Sampler
 from metalserve.kvcache.specs import KVCacheSpec, LayerGroupSpec, RecurrentState
 from metalserve.loader import LoadedModel, load_model
@@ -48,12 +48,21 @@ class EngineCore:
     """Owns the scheduler (with its KV manager) and the model runner."""
 
     def __init__(
-        self, scheduler: Scheduler, runner: ModelRunner, max_model_len: int, platform: Platform | None = None
+        self,
+        scheduler: Scheduler,
+        runner: ModelRunner,
+        max_model_len: int,
+        platform: Platform | None = None,
+        async_scheduling: bool = False,
     ) -> None:
+        """`async_scheduling`: schedule step k+1 while step k computes (see `_step_ahead`)."""
         self.scheduler = scheduler
         self.runner = runner
         self.max_model_len = max_model_len
         self.platform = current_platform() if platform is None else platform
+        self.async_scheduling = async_scheduling
+        scheduler.lookahead = async_scheduling
+        self._in_flight: tuple[SchedulerOutput, InFlightStep] | None = None
         # MLX arrays belong to the thread that made them (engine_thread.py): steps run where the core was built.
         self.owner_thread = threading.get_ident()
         self.kv_pool_bytes = 0  # the pool at its largest (set by from_loaded), for the models' memory budget
@@ -125,10 +134,11 @@ class EngineCore:
             state_group=states or 1,
             proposer=build_proposer(speculation, config, loaded, platform, plan.initial_blocks, draft),
             **vision_parts(loaded, model, dtype),
+            async_eval=platform.metal,
         )
         attach_disk_tier(config, loaded, spec, scheduler, runner)
         mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * plan.num_blocks * spec.bytes_per_block))
-        core = cls(scheduler, runner, max_model_len, platform)
+        core = cls(scheduler, runner, max_model_len, platform, async_scheduling_for(config, speculation))
         core.weight_bytes, core.kv_bytes_per_block = weight_bytes, spec.bytes_per_block
         core.kv_pool_bytes = plan.num_blocks * spec.bytes_per_block
         return core
@@ -150,11 +160,39 @@ class EngineCore:
 
     def step(self) -> list[EngineCoreOutput]:
         self.check_thread()
+        if self.async_scheduling:
+            return self._step_ahead()
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty and (self.scheduler.num_waiting_for_grammar or self.scheduler.num_waiting_for_kv):
             time.sleep(GRAMMAR_POLL_S)  # only compiling grammars or loading blocks wait: give their threads the CPU
         runner_output = self.runner.execute_model(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+    def _step_ahead(self) -> list[EngineCoreOutput]:
+        """Async scheduling, as vLLM V1's: step k+1 is scheduled while step k computes (requests whose
+        token k is still being sampled get a placeholder, scheduler.py), launched as soon as k's tokens
+        are in, and k's outputs are made (and detokenized by the caller) while k+1 computes. Returns
+        step k's outputs. A step with a structured-output request runs in order: its grammar must take
+        token k before anything is scheduled after it."""
+        outputs: list[EngineCoreOutput] = []
+        previous, self._in_flight = self._in_flight, None
+        if previous is not None and self._has_structured():
+            outputs += self.scheduler.update_from_output(previous[0], self.runner.finish(previous[1]))
+            previous = None
+        so = self.scheduler.schedule()
+        if so.is_empty and self.scheduler.num_waiting_for_grammar:
+            time.sleep(GRAMMAR_POLL_S)
+        result = self.runner.finish(previous[1]) if previous is not None else None
+        if so.total_num_scheduled_tokens:
+            self._in_flight = (so, self.runner.launch(so))  # step k+1 computes from here on ...
+        if previous is not None and result is not None:
+            outputs += self.scheduler.update_from_output(previous[0], result)  # ... while k's outputs are made
+        if not so.total_num_scheduled_tokens:
+            outputs += self.scheduler.update_from_output(so, self.runner.execute_model(so))
+        return outputs
+
+    def _has_structured(self) -> bool:
+        return any(r.structured is not None for r in self.scheduler.requests.values())
 
     def check_thread(self) -> None:
         """Refuse a step on another thread than the one that built the core: the model's lazy arrays
@@ -166,7 +204,7 @@ class EngineCore:
             )
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self._in_flight is not None or self.scheduler.has_unfinished_requests()
 
     def make_stats(self) -> SchedulerStats:
         return self.scheduler.make_stats()
@@ -175,6 +213,22 @@ class EngineCore:
         """Finish the KV connector's queued saves and stop its threads."""
         if self.runner.connector is not None:
             self.runner.connector.close()
+
+
+def async_scheduling_for(config: EngineConfig, speculation: SpeculativeConfig | None) -> bool:
+    """Async scheduling as configured, off (with a start-up line) where it cannot be correct yet."""
+    if not config.async_scheduling:
+        logger.info("async scheduling: off (--no-async-scheduling)")
+        return False
+    if speculation is not None:
+        logger.info("async scheduling: off, speculative decoding needs each step's accepted drafts "
+                    "before it schedules the next")  # fmt: skip
+        return False
+    if config.kv_disk_dir is not None:
+        logger.info("async scheduling: off, the KV disk tier matches its loads and saves to steps in order")
+        return False
+    logger.info("async scheduling: on (step k+1 is scheduled while step k computes)")
+    return True
 
 
 def draft_for(
