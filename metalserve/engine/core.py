@@ -222,11 +222,11 @@ def vision_parts(loaded: LoadedModel, model: PagedModel, dtype: mx.Dtype) -> dic
     """The runner's vision tower and M-RoPE merge size for a vision-language model; {} for a text model."""
     if loaded.vision is None or not model.family.vision:
         return {}
-    from metalserve.executor.encoders.vision import VisionTower
+    from metalserve.executor.encoders.vision import vision_tower_for
 
     merge = loaded.vision.config.vision_config.spatial_merge_size if model.family.mrope else None
     logger.info("vision: %s's tower on the engine thread; images in", loaded.model_type)
-    return {"encoder": VisionTower(loaded.vision, dtype), "mrope_merge_size": merge}
+    return {"encoder": vision_tower_for(loaded.vision, dtype), "mrope_merge_size": merge}
 
 
 def resolve_max_model_len(config: EngineConfig, model_len: int) -> int:

@@ -40,10 +40,10 @@ SUPPORTED_MODEL_TYPES = (
     # MLA, latent pages:
     "deepseek_v2", "deepseek_v3", "glm4_moe_lite",
     # Vision-language models (mlx-vlm's classes): the language model here, the tower in executor/encoders/.
-    "qwen2_vl", "qwen2_5_vl",
+    "qwen2_vl", "qwen2_5_vl", "gemma3",
 )  # fmt: skip
 # Images in (metalserve/multimodal/); these also take multimodal RoPE positions [3, T] (models/mrope_attention.py).
-VISION_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl"})
+VISION_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "gemma3"})
 MROPE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl"})
 MLA_MODEL_TYPES = frozenset({"deepseek_v2", "deepseek_v3", "glm4_moe_lite"})
 # The dense llama-family models whose blocks the host twins reproduce (executor/host/); every other

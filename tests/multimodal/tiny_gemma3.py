@@ -1,0 +1,79 @@
+"""A tiny random-weight Gemma 3 (SigLIP tower, projector, gemma3 language model with a sliding-window
+layer) built with mlx-vlm's own classes; prompts as token ids (the tokenizer is not under test here)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from metalserve.loader.vision import language_model_of
+from metalserve.multimodal.images import ImageLimits, open_image
+from metalserve.multimodal.inputs import MultiModalInput
+from metalserve.multimodal.processor import Gemma3ImageProcessor
+from tests.models.golden import engine, loaded_of
+
+VOCAB = 320
+IMAGE, BOI, EOI, EOS = 300, 301, 302, 1
+TOKENS_PER_IMAGE = 4  # a 56x56 image: 4x4 patches of 14, pooled 2x2
+WINDOW = 8  # layer 0 slides over 8 tokens; layer 1 attends globally
+
+
+def config() -> dict[str, Any]:
+    return {
+        "model_type": "gemma3", "image_token_index": IMAGE, "boi_token_index": BOI, "eoi_token_index": EOI,
+        "pad_token_id": 0, "hidden_size": 64, "vocab_size": VOCAB, "eos_token_id": [EOS],
+        "text_config": {"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 2,
+                        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+                        "head_dim": 16, "vocab_size": VOCAB, "sliding_window": WINDOW, "sliding_window_pattern": 2,
+                        "mm_tokens_per_image": TOKENS_PER_IMAGE, "query_pre_attn_scalar": 16},
+        "vision_config": {"model_type": "siglip_vision_model", "num_hidden_layers": 2, "hidden_size": 32,
+                          "intermediate_size": 64, "num_attention_heads": 2, "patch_size": 14, "image_size": 56},
+    }  # fmt: skip
+
+
+def build(seed: int = 0) -> nn.Module:
+    from mlx_vlm.utils import update_module_configs
+
+    module = importlib.import_module("mlx_vlm.models.gemma3")
+    cfg = config()
+    model_config = update_module_configs(module.ModelConfig.from_dict(cfg), module, cfg, ["text", "vision"])
+    mx.random.seed(seed)
+    model = module.Model(model_config)
+    model.set_dtype(mx.float32)
+    model.eval()
+    mx.eval(model.parameters())
+    return model
+
+
+def processor() -> Gemma3ImageProcessor:
+    return Gemma3ImageProcessor.from_config(config())
+
+
+def prompt(token_ids: list[int], images: list[bytes]) -> tuple[list[int], list[MultiModalInput]]:
+    """`token_ids` with one BOI per image, expanded by the processor."""
+    return processor().process(token_ids, [open_image(data, ImageLimits()) for data in images])
+
+
+def gemma3_engine(**overrides: Any) -> Any:
+    vlm = build()
+    loaded = loaded_of(language_model_of(vlm), "gemma3")
+    loaded.vision, loaded.image_processor = vlm, processor()
+    loaded.eos_token_ids = frozenset({EOS})
+    return engine(loaded.model, "gemma3", loaded=loaded, **overrides)
+
+
+def reference(vlm: nn.Module, tokens: list[int], images: list[MultiModalInput], n: int = 8) -> list[int]:
+    """mlx-vlm's own greedy generation (it wants the 2-D attention mask for Gemma 3)."""
+    import numpy as np
+    from mlx_vlm.generate.ar import generate_step
+
+    pixels = mx.array(np.concatenate([mm.data["pixel_values"] for mm in images])) if images else None
+    mask = mx.ones((1, len(tokens)))
+    steps = generate_step(mx.array([tokens]), vlm, pixels, mask, max_tokens=n, temperature=0.0)
+    return [int(token) for token, _ in steps]
