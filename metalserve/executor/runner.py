@@ -192,7 +192,8 @@ class ModelRunner:
         if so.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput(sampled_token_ids={})
         drafts = so.scheduled_spec_decode_tokens
-        step = pack_step(self.requests, so.num_scheduled_tokens, self.spec.block_size, drafts)
+        step = pack_step(self.requests, so.num_scheduled_tokens, self.spec.block_size, drafts,
+                         bidirectional_images=self.model.family.bidirectional_images)  # fmt: skip
         started = time.perf_counter()
         with forward_context(self._context(step)):
             logits = self.model(step.token_ids, step.logits_indices)

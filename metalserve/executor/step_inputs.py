@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,6 +22,9 @@ class StepInputs:
     block_rows: list[np.ndarray]  # each request's block ids (ragged)
     sampling_rows: list[int]  # indices into request_ids of requests that sample this step
     logits_indices: np.ndarray  # [S] each sampling request's last query row (its whole window if drafted)
+    # Request row -> the [start, end) positions of each of its images this step touches, whose tokens
+    # attend to each other both ways (Gemma 3); empty for causal models.
+    image_spans: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
     def padded_block_tables(self) -> np.ndarray:
         width = max(len(r) for r in self.block_rows)
@@ -36,12 +39,14 @@ def pack_step(
     num_scheduled: dict[str, int],
     block_size: int,
     drafts: dict[str, list[int]] | None = None,
+    bidirectional_images: bool = False,
 ) -> StepInputs:
     """Lay out the step: requests with one query first (they form the batched decode group).
 
     `drafts`: speculative tokens that follow a request's known tokens; its window (last token plus
     drafts) gets a logits row per query, so one forward verifies every draft."""
     drafts = drafts or {}
+    image_spans: dict[int, list[tuple[int, int]]] = {}
     # Single-query requests first, shortest context first, so the attention can bucket them by length.
     order = sorted(
         num_scheduled,
@@ -70,6 +75,10 @@ def pack_step(
         rows.append(blocks)
         cu.append(cu[-1] + n)
         seq_lens.append(end)
+        if bidirectional_images and state.mm_inputs:
+            spans = [(mm.offset, mm.offset + mm.length) for mm in state.mm_inputs if mm.offset < end]
+            if any(e > start for _, e in spans):
+                image_spans[i] = spans
         if end == known:  # caught up with every known token: sample the next one (and verify drafts)
             sampling_rows.append(i)
             logits_indices.extend(range(cu[-1] - 1 - len(spec), cu[-1]))
@@ -83,4 +92,5 @@ def pack_step(
         block_rows=rows,
         sampling_rows=sampling_rows,
         logits_indices=np.asarray(logits_indices, dtype=np.int32),
+        image_spans=image_spans,
     )

@@ -68,8 +68,43 @@ def gemma3_engine(**overrides: Any) -> Any:
     return engine(loaded.model, "gemma3", loaded=loaded, **overrides)
 
 
+def last_logits(vlm: nn.Module, seq: list[int], images: list[MultiModalInput], both_ways: bool = True) -> mx.array:
+    """The last token's logits from mlx-vlm's own Gemma 3 modules with HF's mask: causal (and the
+    sliding window on sliding layers), OR'd with "an image's tokens see each other" (HF's token_type_ids
+    mask) when `both_ways`. No cache: the whole sequence in one call."""
+    import numpy as np
+
+    pixels = mx.array(np.concatenate([mm.data["pixel_values"] for mm in images]))
+    lm = vlm.language_model
+    backbone, hidden = lm.model, lm.config.hidden_size
+    embeds = vlm.get_input_embeddings(mx.array([seq]), pixels, mask=mx.ones((1, len(seq)))).inputs_embeds
+    h = embeds * mx.array(hidden**0.5, mx.bfloat16).astype(embeds.dtype)
+    q, k = np.arange(len(seq))[:, None], np.arange(len(seq))[None, :]
+    same_image = np.zeros((len(seq), len(seq)), bool)
+    for mm in images if both_ways else ():
+        same_image |= (q >= mm.offset) & (q < mm.end) & (k >= mm.offset) & (k < mm.end)
+    for layer in backbone.layers:
+        allowed = k <= q
+        if layer.self_attn.is_sliding:
+            allowed &= k > q - WINDOW
+        mask = mx.array(np.where(allowed | same_image, 0.0, -np.inf).astype(np.float32))
+        h = layer(h, mask, None)
+    return lm.lm_head(backbone.norm(h))[0, -1]
+
+
+def bidirectional_reference(
+    vlm: nn.Module, tokens: list[int], images: list[MultiModalInput], n: int = 8
+) -> list[int]:
+    """Greedy tokens of `last_logits` with HF's mask (mlx-vlm's own generation drops the image part and
+    attends causally); the whole sequence again for every token."""
+    out: list[int] = []
+    for _ in range(n):
+        out.append(int(mx.argmax(last_logits(vlm, tokens + out, images)).item()))
+    return out
+
+
 def reference(vlm: nn.Module, tokens: list[int], images: list[MultiModalInput], n: int = 8) -> list[int]:
-    """mlx-vlm's own greedy generation (it wants the 2-D attention mask for Gemma 3)."""
+    """mlx-vlm's own greedy generation (it wants the 2-D attention mask for Gemma 3); causal."""
     import numpy as np
     from mlx_vlm.generate.ar import generate_step
 
