@@ -8,6 +8,7 @@ attends causally, so the image requests are checked against mlx-vlm's modules ru
 from __future__ import annotations
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 
@@ -28,7 +29,7 @@ TEXT_BEFORE = [2, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25
 
 
 @pytest.fixture(scope="module")
-def gemma3():  # type: ignore[no-untyped-def]
+def gemma3() -> nn.Module:
     return build()
 
 
@@ -44,12 +45,13 @@ def test_image_tokens_see_each_other_whatever_the_window() -> None:
     ]
 
 
-def test_one_image_batched_with_text(gemma3) -> None:  # type: ignore[no-untyped-def]
+def test_one_image_batched_with_text(gemma3: nn.Module) -> None:
     image = prompt(TEXT_BEFORE + [BOI, 30, 31, 32, 33, 34, 35], [png(1, (56, 56))])
     text = prompt([2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50], [])
     assert image[1][0].offset == len(TEXT_BEFORE) + 1 and len(image[0]) > WINDOW * 3
     want = bidirectional_reference(gemma3, *image)
-    # The mask matters: attending causally over the image gives other logits (and here other tokens).
+    # The mask matters: attending causally over the image gives other logits (the chunked test below gets
+    # other tokens too).
     both_ways, causal = last_logits(gemma3, *image), last_logits(gemma3, *image, both_ways=False)
     assert float(mx.abs(both_ways - causal).max()) > 1e-3
     other = prompt(TEXT_BEFORE + [BOI, 30, 31, 32, 33, 34, 35], [png(2, (56, 56))])
@@ -62,7 +64,7 @@ def test_one_image_batched_with_text(gemma3) -> None:  # type: ignore[no-untyped
     assert [g for g, _ in got] == [bidirectional_reference(gemma3, *other), reference(gemma3, *text)]
 
 
-def test_chunked_prefill_keeps_an_image_whole_and_the_cache_hits(gemma3) -> None:  # type: ignore[no-untyped-def]
+def test_chunked_prefill_keeps_an_image_whole_and_the_cache_hits(gemma3: nn.Module) -> None:
     """A 12-token budget: the chunk before the image stops short of it, so the image's 4 tokens attend
     each other in one forward; the same image again hits the prefix cache."""
     image = prompt(TEXT_BEFORE[:9] + [BOI, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 41, 42, 43, 44, 45],

@@ -45,6 +45,9 @@ def build(seed: int = 0) -> nn.Module:
     model_config = update_module_configs(module.ModelConfig.from_dict(cfg), module, cfg, ["text", "vision"])
     mx.random.seed(seed)
     model = module.Model(model_config)
+    # Gemma 3 ties its head to the embedding: mlx-vlm's loader (sanitize) makes it so on load.
+    lm = model.language_model
+    lm.lm_head.weight = lm.model.embed_tokens.weight
     model.set_dtype(mx.float32)
     model.eval()
     mx.eval(model.parameters())
@@ -99,7 +102,7 @@ def bidirectional_reference(
     attends causally); the whole sequence again for every token."""
     out: list[int] = []
     for _ in range(n):
-        out.append(int(mx.argmax(last_logits(vlm, tokens + out, images)).item()))
+        out.append(int(mx.argmax(last_logits(vlm, tokens + out, images)).tolist()))  # type: ignore[arg-type]
     return out
 
 
@@ -112,3 +115,50 @@ def reference(vlm: nn.Module, tokens: list[int], images: list[MultiModalInput], 
     mask = mx.ones((1, len(tokens)))
     steps = generate_step(mx.array([tokens]), vlm, pixels, mask, max_tokens=n, temperature=0.0)
     return [int(token) for token, _ in steps]
+
+
+SPECIALS = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"]
+IMAGE_SPECIALS = ["<image_soft_token>", "<start_of_image>", "<end_of_image>"]  # ids IMAGE, BOI, EOI
+# Gemma 3's template in outline: an image part becomes <start_of_image>; only {"type": "image"} parts count.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
+    "{% if p['type'] == 'image' %}<start_of_image>{% elif p['type'] == 'text' %}{{ p['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+def gemma_tokenizer() -> Any:
+    """A byte-level BPE with Gemma 3's special tokens, the image ones at IMAGE, BOI, EOI."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.loader.tiny_tokenizer import MERGES, byte_alphabet
+
+    tokens = SPECIALS + byte_alphabet() + ["".join(m) for m in MERGES]
+    tokens += [f"<unused{i}>" for i in range(IMAGE - len(tokens))] + IMAGE_SPECIALS
+    assert tokens.index("<start_of_image>") == BOI
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=MERGES))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
+    fast.add_special_tokens({"additional_special_tokens": SPECIALS[3:] + IMAGE_SPECIALS})
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def save(model: nn.Module, directory: Any) -> Any:
+    """A Gemma 3 model directory: config.json, weights, tokenizer, template, preprocessor_config.json."""
+    import json
+
+    from mlx.utils import tree_flatten
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config()))
+    mx.save_safetensors(str(directory / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    gemma_tokenizer().save_pretrained(str(directory))
+    (directory / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    pre = {"image_processor_type": "Gemma3ImageProcessor", "size": {"height": 56, "width": 56},
+           "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}  # fmt: skip
+    (directory / "preprocessor_config.json").write_text(json.dumps(pre))
+    return directory
