@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint typecheck clean
+.PHONY: serve test lint typecheck clean browser
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,11 @@ test: $(STAMP)
 	$(BIN)/ruff check metalserve tests bench tools
 	$(BIN)/mypy
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The browser test's headless Chromium (tests/browser/; skipped where it is absent). Debian/Ubuntu, as root.
+browser:
+	apt-get update
+	apt-get install -y --no-install-recommends chromium chromium-driver
 
 clean:
 	rm -rf $(VENV)

@@ -112,8 +112,8 @@ def add_flags(parser: argparse.ArgumentParser, *classes: type) -> None:
         group = parser.add_argument_group(cls.__name__, (cls.__doc__ or "").strip().splitlines()[0])
         for f, spec in flag_fields(cls):
             kwargs = _argparse_kwargs(f, spec, hints[f.name], cls)
-            if spec.positional:
-                group.add_argument(f.name, nargs="?", **kwargs)
+            if spec.positional:  # a tuple field takes the rest of the positional arguments
+                group.add_argument(f.name, nargs="*" if isinstance(f.default, tuple) else "?", **kwargs)
             else:
                 group.add_argument(option_name(f.name), *spec.aliases, dest=f.name, **kwargs)
 

@@ -33,9 +33,12 @@ SERVE_OPTIONS = {
     # Images in (issue 30): the encoder's budget and cache, the per-request image limits.
     "--max-num-encoder-input-tokens", "--encoder-cache-size", "--max-images-per-request", "--max-image-pixels",
     "--max-image-bytes-per-request",
+    # Several models (docs/multi-model.md).
+    "--models", "--pinned-models", "--model-idle-timeout", "--model-load-timeout", "--memory-budget",
 }  # fmt: skip
 
 
+MULTI = {"more_models", "models", "pinned_models", "model_idle_timeout", "model_load_timeout", "memory_budget"}
 PIPELINE = {"pipeline_parallel_size", "pipeline_layer_partition"}  # with speculation they refuse to start
 
 
@@ -49,7 +52,7 @@ def test_the_serve_flags_keep_their_names() -> None:
     options = {s for action in _parser()._actions for s in action.option_strings} - {"-h", "--help"}
     assert options >= SERVE_OPTIONS
     positionals = [a.dest for a in _parser()._actions if not a.option_strings]
-    assert positionals == ["model"]
+    assert positionals == ["model", "more_models"]  # `serve A B C`: A, then the rest
 
 
 def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
@@ -74,7 +77,7 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
     ]  # fmt: skip
     # A new flag gets a value here too: every flag is parsed onto its field by this test.
     given = {a.dest for a in _parser()._actions if {*a.option_strings} & set(argv)} | {"model"}
-    assert given >= {f.name for cls in (EngineConfig, ServerSettings) for f, _ in flag_fields(cls)} - PIPELINE
+    assert given >= {f.name for cls in (EngineConfig, ServerSettings) for f, _ in flag_fields(cls)} - PIPELINE - MULTI
     config, settings = config_from_args(_parser().parse_args(argv))
     assert config == EngineConfig(
         model="m.gguf", served_model_name="served", max_model_len=4096, block_size=32, max_num_seqs=7,
@@ -94,6 +97,13 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         request_body_timeout=7.5,
         max_images_per_request=2, max_image_pixels=1000, max_image_bytes_per_request=5000,
     )  # fmt: skip
+    # Several models cannot combine with --served-model-name: a command line of their own.
+    argv = ["a.gguf", "b.gguf", "c", "--models", "m.yaml", "--pinned-models", "a.gguf, c", "--model-idle-timeout",
+            "9", "--model-load-timeout", "8", "--memory-budget", "1000"]  # fmt: skip
+    config, settings = config_from_args(_parser().parse_args(argv))
+    assert config.model == "a.gguf" and settings.more_models == ("b.gguf", "c") and settings.models == "m.yaml"
+    assert settings.pinned_models == ("a.gguf", "c") and settings.memory_budget == 1000
+    assert (settings.model_idle_timeout, settings.model_load_timeout) == (9.0, 8.0)
     # Pipeline flags cannot combine with speculation, so they get a command line of their own.
     config, _ = config_from_args(_parser().parse_args(["-pp", "2", "--pipeline-layer-partition", "10,20"]))
     assert (config.pipeline_parallel_size, config.pipeline_layer_partition) == (2, (10, 20))

@@ -5,48 +5,51 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi import Request as HTTPRequest
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import metalserve
 from metalserve.api.anthropic.errors import anthropic_error_body
 from metalserve.api.anthropic.protocol import CountTokensRequest, MessagesRequest
-from metalserve.api.anthropic.serving import MessagesServing
 from metalserve.api.body_limit import BodyLimitMiddleware
 from metalserve.api.errors import ErrorShapes, OpenAIError, install_error_handlers
 from metalserve.api.memory import memory_report
-from metalserve.api.metrics import Metrics
+from metalserve.api.metrics import MetricSeries
+from metalserve.api.model_serving import ModelServing, ServingOptions, make_model_serving, serve_with
 from metalserve.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
-from metalserve.api.reasoning import get_reasoning_parser
+from metalserve.api.request_log import RequestRecorder
 from metalserve.api.responses.protocol import ResponsesRequest
 from metalserve.api.responses.serving import ResponsesServing
 from metalserve.api.responses.store import ResponseStore
-from metalserve.api.serving_chat import ChatServing
-from metalserve.api.serving_common import (
-    now,
-)
-from metalserve.api.serving_completion import CompletionServing
-from metalserve.api.serving_context import ServingContext
+from metalserve.api.serving_common import now
 from metalserve.api.settings import ServerSettings
+from metalserve.api.status import add_status_routes
 from metalserve.api.text_guard import TextCheckedRoute
-from metalserve.api.tool_parsers import get_tool_parser
+from metalserve.config import EngineConfig
 from metalserve.engine.async_engine import DEAD_MESSAGE, AsyncEngine
+from metalserve.engine.model_spec import ModelSpec
+from metalserve.engine.registry import ModelRegistry
 from metalserve.structured.compiler import GrammarLimits
 
-# Paths a load balancer or supervisor must reach without the key.
-_OPEN_PATHS = {"/health"}
+_stats_logger = logging.getLogger("metalserve.stats")
+
+# Paths a load balancer or supervisor must reach without the key, and the web page (which holds no data:
+# it asks for the key and sends it with every API call).
+_OPEN_PATHS = {"/health", "/"}
+_OPEN_PREFIXES = ("/web/",)
 
 
 # Error shapes by path: Anthropic's routes answer in Anthropic's format, everything else in OpenAI's.
@@ -63,7 +66,9 @@ class ApiKeyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # CORS preflights carry no credentials by design; CORSMiddleware (outside this one) answers them.
-        if scope["type"] != "http" or scope["path"] in _OPEN_PATHS or scope["method"] == "OPTIONS":
+        path = scope.get("path", "")
+        is_open = path in _OPEN_PATHS or path.startswith(_OPEN_PREFIXES)
+        if scope["type"] != "http" or is_open or scope["method"] == "OPTIONS":
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
@@ -78,61 +83,101 @@ class ApiKeyMiddleware:
         await response(scope, receive, send)
 
 
-def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
-    """Wire an AsyncEngine (real or fake core inside) to the OpenAI-compatible routes."""
-    metrics = Metrics(settings.served_model_name or engine.model_name)
-    if engine.observer is None:
-        engine.observer = metrics
-    ctx = ServingContext(engine, settings.served_model_name or engine.model_name, settings.image_limits())
-    parser = get_tool_parser(settings.tool_call_parser) if settings.tool_call_parser else None
-    reasoning = get_reasoning_parser(settings.reasoning_parser) if settings.reasoning_parser else None
-    chat = ChatServing(ctx, parser, reasoning, auto_tools=settings.enable_auto_tool_choice)
-    completion = CompletionServing(ctx)
+def build_app(engine: AsyncEngine | ModelRegistry[ModelServing], settings: ServerSettings) -> FastAPI:
+    """Wire one AsyncEngine (real or fake core inside), or a registry of several models, to the routes."""
     store = ResponseStore(settings.responses_store_size, settings.responses_store_bytes)
-    engine.grammar_limits = GrammarLimits(
-        max_spec_bytes=settings.max_grammar_bytes,
-        compile_timeout_s=settings.grammar_compile_timeout,
-        cache_bytes=settings.grammar_cache_bytes,
-    )
+    series, recorder = MetricSeries(), RequestRecorder()
+    if isinstance(engine, AsyncEngine):
+        name = settings.served_model_name or engine.model_name
+        options = ServingOptions(
+            (name,), settings.tool_call_parser, settings.reasoning_parser, settings.enable_auto_tool_choice,
+            settings.image_limits(),
+        )  # fmt: skip
+        engine.grammar_limits = grammar_limits(settings)
+        serving = make_model_serving(engine, options, store, series, recorder)
+        registry: ModelRegistry[ModelServing] = ModelRegistry.of_engine(
+            ModelSpec((name,), EngineConfig()), engine, serving
+        )
+        series.loaded.labels(name).set(1)
+    else:
+        registry = engine
+        registry.make_serving = lambda spec, eng: _serving_for(spec, eng, settings, store, series, recorder)
+    registry.on_unload = lambda spec: series.model_unloaded(spec.name)
+    first = registry.slots[0]
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        engine.start()
-        logger_task = asyncio.create_task(_log_stats(metrics, settings.log_stats_interval))
+        registry.start()
+        logger_task = asyncio.create_task(_log_stats(registry, settings.log_stats_interval))
         try:
+            pinned = [s.spec.name for s in registry.slots if s.spec.pinned and s.engine is None]
+            await registry.preload(pinned)
             yield
         finally:
             logger_task.cancel()
-            await engine.shutdown(settings.engine_shutdown_timeout)
+            await registry.shutdown(settings.engine_shutdown_timeout)
 
     app = FastAPI(title="metalserve", version=metalserve.__version__, lifespan=lifespan)
     app.router.route_class = TextCheckedRoute
     install_error_handlers(app, ERROR_SHAPES)
-    _add_middleware(app, settings, engine.max_model_len)
-    app.state.metrics = metrics
-    app.state.engine = engine
+    _add_middleware(app, settings, max(s.max_model_len or s.spec.config.max_model_len or 0 for s in registry.slots))
+    app.state.metrics = first.serving.metrics if first.serving is not None else None
+    app.state.series = series
+    app.state.registry = registry
+    app.state.engine = registry  # what GracefulServer drains: every loaded model
     app.state.responses_store = store
 
     def alive() -> None:
-        if engine.dead_error is not None:
+        if registry.dead_error is not None:
             raise OpenAIError(DEAD_MESSAGE, 503)
-        if engine.draining:
+        if registry.draining:
             raise OpenAIError("the server is shutting down", 503)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, raw: HTTPRequest) -> Response:
         alive()
-        return await chat.create(body, raw)
+        return await serve_with(registry, body.model, lambda m: m.chat.create(body, raw))
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, raw: HTTPRequest) -> Response:
         alive()
-        return await completion.create(body, raw)
+        return await serve_with(registry, body.model, lambda m: m.completion.create(body, raw))
 
-    _add_agent_routes(app, MessagesServing(chat), ResponsesServing(chat, store), alive)
-    _add_info_routes(app, ctx, metrics)
-    _add_token_routes(app, ctx, chat)
+    _add_agent_routes(app, registry, store, alive)
+    _add_info_routes(app, registry, series)
+    _add_token_routes(app, registry)
+    add_status_routes(app, registry, recorder)
     return app
+
+
+def _serving_for(
+    spec: ModelSpec,
+    engine: AsyncEngine,
+    settings: ServerSettings,
+    store: ResponseStore,
+    series: MetricSeries,
+    recorder: RequestRecorder,
+) -> ModelServing:
+    """A loaded model's serving classes, with its own parsers (or the server's)."""
+    options = ServingOptions(
+        spec.names,
+        spec.config.tool_call_parser or settings.tool_call_parser,
+        spec.reasoning_parser or settings.reasoning_parser,
+        spec.enable_auto_tool_choice or settings.enable_auto_tool_choice,
+        settings.image_limits(),
+    )
+    engine.grammar_limits = grammar_limits(settings)
+    serving = make_model_serving(engine, options, store, series, recorder)
+    series.loaded.labels(spec.name).set(1)
+    return serving
+
+
+def grammar_limits(settings: ServerSettings) -> GrammarLimits:
+    return GrammarLimits(
+        max_spec_bytes=settings.max_grammar_bytes,
+        compile_timeout_s=settings.grammar_compile_timeout,
+        cache_bytes=settings.grammar_cache_bytes,
+    )
 
 
 def _add_middleware(app: FastAPI, settings: ServerSettings, max_model_len: int) -> None:
@@ -154,13 +199,12 @@ def _add_middleware(app: FastAPI, settings: ServerSettings, max_model_len: int) 
     )
 
 
-def _add_info_routes(app: FastAPI, ctx: ServingContext, metrics: Metrics) -> None:
-    """Liveness, version, the model card and the Prometheus metrics."""
-    engine = ctx.engine
+def _add_info_routes(app: FastAPI, registry: ModelRegistry[ModelServing], series: MetricSeries) -> None:
+    """Liveness, version, the model cards and the Prometheus metrics."""
 
     @app.get("/health")
     async def health() -> Response:
-        return Response(status_code=200 if engine.dead_error is None else 503)
+        return Response(status_code=200 if registry.dead_error is None else 503)
 
     app.head("/health", include_in_schema=False)(health)  # load balancers probe with HEAD
 
@@ -170,77 +214,94 @@ def _add_info_routes(app: FastAPI, ctx: ServingContext, metrics: Metrics) -> Non
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        card = {"id": ctx.served_model_name, "object": "model", "created": now(), "owned_by": "metalserve"}
-        return {
-            "object": "list",
-            "data": [{**card, "root": engine.model_name, "max_model_len": engine.max_model_len}],
-        }
+        data = []
+        for slot, info in zip(registry.slots, registry.describe(), strict=True):
+            root = slot.engine.model_name if slot.engine is not None else (slot.spec.config.model or slot.spec.name)
+            card = {"id": info["id"], "object": "model", "created": now(), "owned_by": "metalserve", "root": root}
+            data.append({**card, "max_model_len": info["max_model_len"], "state": info["state"],
+                         "aliases": info["aliases"], "pinned": info["pinned"]})  # fmt: skip
+        return {"object": "list", "data": data}
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        for slot in registry.slots:
+            if slot.footprint is not None and slot.engine is not None:
+                series.memory.labels(slot.spec.name).set(slot.footprint)
+        return Response(generate_latest(series.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/debug/memory")
     async def memory() -> dict[str, int]:
-        return memory_report(app.state.engine, app.state.responses_store)
+        return memory_report(list(registry.engines()), app.state.responses_store)
 
 
-def _add_token_routes(app: FastAPI, ctx: ServingContext, chat: ChatServing) -> None:
-    """vLLM's /tokenize and /detokenize, in the tokenizer thread like every prompt."""
-    tokenizer = ctx.engine.tokenizer
+def _add_token_routes(app: FastAPI, registry: ModelRegistry[ModelServing]) -> None:
+    """vLLM's /tokenize and /detokenize, in the model's tokenizer thread like every prompt."""
 
     @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
-        ctx.check_model(body.model)
-        if body.messages is not None:
-            req = ChatCompletionRequest(messages=body.messages, add_generation_prompt=body.add_generation_prompt)
-            tokens = (await chat.render_off_loop(req)).token_ids
-        else:
-            text = body.prompt or ""
-            tokens = await ctx.off_loop(
-                lambda: list(tokenizer.encode(text, add_special_tokens=body.add_special_tokens))
-            )
-        return {"count": len(tokens), "max_model_len": ctx.engine.max_model_len, "tokens": tokens}
+    async def tokenize(body: TokenizeRequest) -> Response:
+        async def run(m: ModelServing) -> Response:
+            ctx, tokenizer = m.ctx, m.ctx.engine.tokenizer
+            if body.messages is not None:
+                req = ChatCompletionRequest(messages=body.messages, add_generation_prompt=body.add_generation_prompt)
+                tokens = (await m.chat.render_off_loop(req)).token_ids
+            else:
+                text = body.prompt or ""
+                tokens = await ctx.off_loop(
+                    lambda: list(tokenizer.encode(text, add_special_tokens=body.add_special_tokens))
+                )
+            return JSONResponse({"count": len(tokens), "max_model_len": ctx.engine.max_model_len, "tokens": tokens})
+
+        return await serve_with(registry, body.model, run)
 
     @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest) -> dict[str, str]:
-        ctx.check_model(body.model)
-        if any(not 0 <= t < len(tokenizer) for t in body.tokens):
-            raise OpenAIError("tokens holds an id outside the vocabulary", 400, param="tokens")
-        return {"prompt": str(await ctx.off_loop(tokenizer.decode, body.tokens))}
+    async def detokenize(body: DetokenizeRequest) -> Response:
+        async def run(m: ModelServing) -> Response:
+            tokenizer = m.ctx.engine.tokenizer
+            if any(not 0 <= t < len(tokenizer) for t in body.tokens):
+                raise OpenAIError("tokens holds an id outside the vocabulary", 400, param="tokens")
+            return JSONResponse({"prompt": str(await m.ctx.off_loop(tokenizer.decode, body.tokens))})
+
+        return await serve_with(registry, body.model, run)
 
 
 def _add_agent_routes(
-    app: FastAPI, messages: MessagesServing, responses: ResponsesServing, alive: Callable[[], None]
+    app: FastAPI, registry: ModelRegistry[ModelServing], store: ResponseStore, alive: Callable[[], None]
 ) -> None:
     """Anthropic's Messages and OpenAI's Responses routes (both on ChatServing's engine call)."""
 
     @app.post("/v1/messages")
     async def anthropic_messages(body: MessagesRequest, raw: HTTPRequest) -> Response:
         alive()
-        return await messages.create(body, raw)
+        return await serve_with(registry, body.model, lambda m: m.messages.create(body, raw))
 
     @app.post("/v1/messages/count_tokens")
-    async def anthropic_count_tokens(body: CountTokensRequest) -> dict[str, Any]:
-        return await messages.count_tokens(body)
+    async def anthropic_count_tokens(body: CountTokensRequest) -> Response:
+        async def run(m: ModelServing) -> Response:
+            return JSONResponse(await m.messages.count_tokens(body))
+
+        return await serve_with(registry, body.model, run)
 
     @app.post("/v1/responses")
     async def create_response(body: ResponsesRequest, raw: HTTPRequest) -> Response:
         alive()
-        return await responses.create(body, raw)
+        return await serve_with(registry, body.model, lambda m: m.responses.create(body, raw))
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str) -> dict[str, Any]:
-        return responses.retrieve(response_id)
+        return ResponsesServing.retrieve_from(store, response_id)
 
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str) -> dict[str, Any]:
-        return responses.delete(response_id)
+        return ResponsesServing.delete_from(store, response_id)
 
 
-async def _log_stats(metrics: Metrics, interval: float) -> None:
+async def _log_stats(registry: ModelRegistry[ModelServing], interval: float) -> None:
     if interval <= 0:
         return
     while True:
         await asyncio.sleep(interval)
-        metrics.log_state.log()
+        loaded = [s for s in registry.slots if s.serving is not None]
+        for slot in loaded:
+            assert slot.serving is not None
+            line = slot.serving.metrics.log_state.line()
+            _stats_logger.info(line if len(registry.slots) == 1 else f"{slot.spec.name}: {line}")

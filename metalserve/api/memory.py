@@ -25,11 +25,15 @@ def process_rss() -> int:
         return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
-def memory_report(engine: Any, store: ResponseStore) -> dict[str, int]:
-    report = getattr(engine.core, "memory_report", None)
-    parts: dict[str, int] = dict(report()) if callable(report) else {"weights": 0, "kv_pool": 0}
-    compiler = getattr(engine, "_grammar", None)
-    parts["grammar_cache"] = compiler.cache_bytes if compiler is not None else 0
+def memory_report(engines: list[Any], store: ResponseStore) -> dict[str, int]:
+    """Every loaded model's weights, KV pool and grammar cache together (one model: its own)."""
+    parts = {"weights": 0, "kv_pool": 0, "grammar_cache": 0}
+    for engine in engines:
+        report = getattr(engine.core, "memory_report", None)
+        for key, value in (report() if callable(report) else {}).items():
+            parts[key] = parts.get(key, 0) + value
+        compiler = getattr(engine, "_grammar", None)
+        parts["grammar_cache"] += compiler.cache_bytes if compiler is not None else 0
     parts["responses_store"] = store.num_bytes
     rss = process_rss()
     parts["other"] = max(0, rss - sum(parts.values()))

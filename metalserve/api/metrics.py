@@ -9,6 +9,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from metalserve.api.spec_metrics import SpecDecodeMetrics, spec_log_suffix
+from metalserve.api.step_window import StepWindow
 from metalserve.engine.async_engine import IterationStats
 from metalserve.engine.protocol import SchedulerStatsLike
 
@@ -56,87 +57,89 @@ _E2E_BUCKETS = (
 )
 
 
-class Metrics:
-    """An EngineObserver that feeds a private Prometheus registry (one per app, so tests do not clash)."""
+class MetricSeries:
+    """The Prometheus series of one app, every one labelled with model_name (as vLLM's): one registry per
+    app, so tests do not clash, shared by the observers of all its models."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self) -> None:
         self.registry = CollectorRegistry()
         labels = ["model_name"]
         r = self.registry
-        self._running = Gauge(
-            "vllm:num_requests_running", "Requests in the running batch.", labels, registry=r
-        )
-        self._waiting = Gauge(
-            "vllm:num_requests_waiting", "Requests waiting to be scheduled.", labels, registry=r
-        )
-        self._kv = Gauge(
-            "vllm:kv_cache_usage_perc", "KV cache usage, 1 means 100 percent.", labels, registry=r
-        )
-        self._queries = Counter(
+        self.running = Gauge("vllm:num_requests_running", "Requests in the running batch.", labels, registry=r)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", labels, registry=r)
+        self.kv = Gauge("vllm:kv_cache_usage_perc", "KV cache usage, 1 means 100 percent.", labels, registry=r)
+        self.queries = Counter(
             "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", labels, registry=r
         )
-        self._hits = Counter(
-            "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", labels, registry=r
+        self.hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", labels, registry=r)
+        self.preempt = Counter("vllm:num_preemptions", "Cumulative number of preemptions.", labels, registry=r)
+        self.prompt = Counter("vllm:prompt_tokens", "Prefilled prompt tokens.", labels, registry=r)
+        self.gen = Counter("vllm:generation_tokens", "Generated tokens.", labels, registry=r)
+        self.success = Counter("vllm:request_success", "Finished requests.", [*labels, "finished_reason"], registry=r)
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds", "Time to first token.", labels, buckets=_LATENCY_BUCKETS, registry=r
         )
-        self._preempt = Counter(
-            "vllm:num_preemptions", "Cumulative number of preemptions.", labels, registry=r
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds", "Inter-token latency.", labels, buckets=_LATENCY_BUCKETS, registry=r
         )
-        self._prompt = Counter("vllm:prompt_tokens", "Prefilled prompt tokens.", labels, registry=r)
-        self._gen = Counter("vllm:generation_tokens", "Generated tokens.", labels, registry=r)
-        self._success = Counter(
-            "vllm:request_success", "Finished requests.", [*labels, "finished_reason"], registry=r
-        )
-        self._ttft = Histogram(
-            "vllm:time_to_first_token_seconds",
-            "Time to first token.",
-            labels,
-            buckets=_LATENCY_BUCKETS,
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds", "End-to-end request latency.", labels, buckets=_E2E_BUCKETS,
             registry=r,
-        )
-        self._itl = Histogram(
-            "vllm:inter_token_latency_seconds",
-            "Inter-token latency.",
-            labels,
-            buckets=_LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.loaded = Gauge("metalserve:model_loaded", "1 while the model is loaded, else 0.", labels, registry=r)
+        self.memory = Gauge(
+            "metalserve:model_memory_bytes", "Weights plus the KV pool at its largest, while loaded.", labels,
             registry=r,
-        )
-        self._e2e = Histogram(
-            "vllm:e2e_request_latency_seconds",
-            "End-to-end request latency.",
-            labels,
-            buckets=_E2E_BUCKETS,
-            registry=r,
-        )
+        )  # fmt: skip
+        self.spec = SpecDecodeMetrics(r, labels)
+
+    def model_unloaded(self, model_name: str) -> None:
+        """An unloaded model runs nothing and holds nothing."""
+        for gauge in (self.running, self.waiting, self.kv, self.loaded, self.memory):
+            gauge.labels(model_name).set(0)
+
+
+class Metrics:
+    """An EngineObserver of one model's engine: Prometheus increments, the stats log line and the recent
+    window the status page reads. A reloaded model gets a new one (its core counts from zero again)."""
+
+    def __init__(self, model_name: str, series: MetricSeries | None = None) -> None:
+        self.series = MetricSeries() if series is None else series
+        self.registry = self.series.registry
         self._model = model_name
         self._last_cumulative = (0, 0, 0)
-        self.spec = SpecDecodeMetrics(r, labels)
+        self.series.spec.forget(model_name)
         self.log_state = StatLogState()
+        self.window = StepWindow()
+        self.latest: SchedulerStatsLike | None = None
 
     def on_step(self, scheduler_stats: SchedulerStatsLike, iteration: IterationStats) -> None:
         """Called from the engine thread after every step."""
-        m = self._model
+        m, series = self._model, self.series
         s = scheduler_stats
-        self._running.labels(m).set(s.num_running)
-        self._waiting.labels(m).set(s.num_waiting)
-        self._kv.labels(m).set(s.kv_cache_usage)
+        series.running.labels(m).set(s.num_running)
+        series.waiting.labels(m).set(s.num_waiting)
+        series.kv.labels(m).set(s.kv_cache_usage)
         # The core's counters are cumulative; Prometheus counters take increments.
         queries, hits, preemptions = s.prefix_cache_queries, s.prefix_cache_hits, s.num_preemptions
         last_q, last_h, last_p = self._last_cumulative
-        self._queries.labels(m).inc(max(queries - last_q, 0))
-        self._hits.labels(m).inc(max(hits - last_h, 0))
-        self._preempt.labels(m).inc(max(preemptions - last_p, 0))
+        series.queries.labels(m).inc(max(queries - last_q, 0))
+        series.hits.labels(m).inc(max(hits - last_h, 0))
+        series.preempt.labels(m).inc(max(preemptions - last_p, 0))
         self._last_cumulative = (queries, hits, preemptions)
-        self._prompt.labels(m).inc(iteration.num_prompt_tokens)
-        self._gen.labels(m).inc(iteration.num_generation_tokens)
+        series.prompt.labels(m).inc(iteration.num_prompt_tokens)
+        series.gen.labels(m).inc(iteration.num_generation_tokens)
         for value in iteration.time_to_first_tokens:
-            self._ttft.labels(m).observe(value)
+            series.ttft.labels(m).observe(value)
         for value in iteration.inter_token_latencies:
-            self._itl.labels(m).observe(value)
+            series.itl.labels(m).observe(value)
         for reason, latency in iteration.finished:
-            self._e2e.labels(m).observe(latency)
-            self._success.labels(m, reason).inc()
-        self.spec.observe(m, s)
+            series.e2e.labels(m).observe(latency)
+            series.success.labels(m, reason).inc()
+        series.spec.observe(m, s)
         self.log_state.record(scheduler_stats, iteration)
+        self.window.record(iteration)
+        self.latest = scheduler_stats
 
 
 class StatLogState:

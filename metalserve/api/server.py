@@ -62,7 +62,13 @@ def default_model_name(config: EngineConfig, source: str) -> str:
 
 
 def run_server(config: EngineConfig, settings: ServerSettings) -> None:
-    """Load the model, start the engine and serve until SIGINT/SIGTERM."""
+    """Load the model, start the engine and serve until SIGINT/SIGTERM. Several models: each loads on
+    first use, on its own engine thread (docs/multi-model.md)."""
+    if settings.multi_model:
+        from metalserve.api.multi_server import build_registry
+
+        serve_app(build_app(build_registry(config, settings), settings), settings)
+        return
     engine = start_engine(config)
     if settings.tool_call_parser is None and config.tool_call_parser:
         settings = dataclasses.replace(settings, tool_call_parser=config.tool_call_parser)

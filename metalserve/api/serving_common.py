@@ -130,12 +130,16 @@ def start_generations(
 ) -> list[AsyncIterator[RequestOutput]]:
     """One engine request per sample; the samples share the prompt, so its prefix is cached.
     `mm_inputs`: the prompt's images (chat)."""
-    return [
-        ctx.engine.generate(
-            prompt, with_seed(params, i), rid, priority=req.priority, cache_salt=req.cache_salt, mm_inputs=mm_inputs
+    streams = []
+    for i, rid in enumerate(engine_request_ids(response_id, n)):
+        sample = with_seed(params, i)
+        stream = ctx.engine.generate(
+            prompt, sample, rid, priority=req.priority, cache_salt=req.cache_salt, mm_inputs=mm_inputs
         )
-        for i, rid in enumerate(engine_request_ids(response_id, n))
-    ]
+        if ctx.recorder is not None:  # the status page's recent requests
+            stream = ctx.recorder.recorded(stream, ctx.served_model_name, rid)
+        streams.append(stream)
+    return streams
 
 
 async def merge_streams(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:

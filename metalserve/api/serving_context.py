@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from metalserve.api.errors import OpenAIError
+from metalserve.api.request_log import RequestRecorder
 from metalserve.engine.async_engine import AsyncEngine
 from metalserve.multimodal.limits import ImageLimits
 
@@ -32,9 +33,11 @@ class ServingContext:
     served_model_name: str
     image_limits: ImageLimits = field(default_factory=ImageLimits)  # ServerSettings' --max-image* flags
     tokenizer_thread: ThreadPoolExecutor = field(default_factory=_tokenizer_thread)
+    aliases: tuple[str, ...] = ()  # other names a request may give for this model
+    recorder: RequestRecorder | None = None  # the status page's recent requests
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.served_model_name:
+        if model is not None and model != self.served_model_name and model not in self.aliases:
             raise OpenAIError(
                 f"The model `{model}` does not exist.", 404, param="model", code="model_not_found"
             )

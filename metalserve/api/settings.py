@@ -43,6 +43,10 @@ def _json_strings(option: str) -> Callable[[str], tuple[str, ...]]:
     return parse
 
 
+def _comma_list(text: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     """The HTTP server: address, API key, tool and reasoning parsers, the Responses store, shutdown, CORS."""
@@ -96,6 +100,28 @@ class ServerSettings:
     allow_credentials: bool = flag(False, "CORS: allow credentials")
     allowed_methods: tuple[str, ...] = flag(("*",), "CORS, JSON list", parse=_json_strings("--allowed-methods"))
     allowed_headers: tuple[str, ...] = flag(("*",), "CORS, JSON list", parse=_json_strings("--allowed-headers"))
+    # Several models (docs/multi-model.md); one model given alone is served as it always was.
+    more_models: tuple[str, ...] = flag(
+        (), "more models, served beside the first: each loads on first use", positional=True, parse=tuple
+    )
+    models: str | None = flag(
+        None, "a YAML or JSON list of models, each with its path, names/aliases, engine options and `pinned`"
+    )
+    pinned_models: tuple[str, ...] = flag(
+        (), "served models to load at start-up and never unload, comma-separated", parse=_comma_list
+    )
+    model_idle_timeout: float = flag(
+        300.0, "seconds an unused model stays loaded (several models); 0: until memory is needed"
+    )
+    model_load_timeout: float = flag(600.0, "seconds a request waits for its model to load before a 503")
+    memory_budget: int | None = flag(
+        None, "bytes for every model's weights and KV pool (several models; default: --gpu-memory-utilization "
+        "of the machine's memory, less what other programs use)"
+    )
+
+    @property
+    def multi_model(self) -> bool:
+        return bool(self.more_models or self.models)
 
     def __post_init__(self) -> None:
         if self.enable_auto_tool_choice and not self.tool_call_parser:
@@ -118,8 +144,19 @@ class ServerSettings:
             raise ValueError(
                 "--max-images-per-request, --max-image-pixels and --max-image-bytes-per-request must be >= 1"
             )
+        self._check_models()
         if self.max_request_body_bytes is not None and self.max_request_body_bytes < 1024:
             raise ValueError("--max-request-body-bytes must be at least 1024")
+
+    def _check_models(self) -> None:
+        if self.model_idle_timeout < 0 or self.model_load_timeout <= 0:
+            raise ValueError("--model-idle-timeout must be >= 0 and --model-load-timeout > 0 (seconds)")
+        if self.memory_budget is not None and self.memory_budget <= 0:
+            raise ValueError("--memory-budget must be a positive number of bytes")
+        if self.multi_model and self.served_model_name:
+            raise ValueError("several models: give names and aliases per model in --models, not --served-model-name")
+        if self.pinned_models and not self.multi_model:
+            raise ValueError("--pinned-models is for several models (--models, or more than one model argument)")
 
     def image_limits(self) -> ImageLimits:
         return ImageLimits(self.max_images_per_request, self.max_image_pixels, self.max_image_bytes_per_request)

@@ -12,11 +12,12 @@ import signal
 import threading
 from collections.abc import Iterator
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from sse_starlette.sse import AppStatus
 
-from metalserve.engine.async_engine import AsyncEngine
+from metalserve.engine.registry import ModelRegistry
 
 logger = logging.getLogger("metalserve.server")
 
@@ -29,7 +30,7 @@ class GracefulServer(uvicorn.Server):
     """A uvicorn server whose signals drain the engine; the first signal starts a graceful stop, a second
     one ends open requests at once. A signal is an orderly end: exit status 0."""
 
-    def __init__(self, config: uvicorn.Config, engine: AsyncEngine, grace_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, engine: ModelRegistry[Any], grace_s: float) -> None:
         config.timeout_graceful_shutdown = int(grace_s + _FLUSH_MARGIN_S)
         super().__init__(config)
         self.engine = engine

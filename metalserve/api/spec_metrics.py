@@ -27,20 +27,26 @@ class SpecDecodeMetrics:
             [*labels, "position"],
             registry=r,
         )
-        self._last = (0, 0, 0)
-        self._last_per_pos: tuple[int, ...] = ()
+        # The cumulative counters last seen, per model (a reloaded model's core counts from zero: `forget`).
+        self._last: dict[str, tuple[int, int, int]] = {}
+        self._last_per_pos: dict[str, tuple[int, ...]] = {}
+
+    def forget(self, model: str) -> None:
+        self._last.pop(model, None)
+        self._last_per_pos.pop(model, None)
 
     def observe(self, model: str, s: SchedulerStatsLike) -> None:
         now = (s.spec_num_drafts, s.spec_num_draft_tokens, s.spec_num_accepted_tokens)
-        if now == self._last:
+        last = self._last.get(model, (0, 0, 0))
+        if now == last:
             return
-        for counter, new, old in zip((self._drafts, self._draft_tokens, self._accepted), now, self._last, strict=True):
+        for counter, new, old in zip((self._drafts, self._draft_tokens, self._accepted), now, last, strict=True):
             counter.labels(model).inc(max(new - old, 0))
-        self._last = now
-        per_pos, old_pos = s.spec_accepted_per_pos, self._last_per_pos
+        self._last[model] = now
+        per_pos, old_pos = s.spec_accepted_per_pos, self._last_per_pos.get(model, ())
         for i, value in enumerate(per_pos):
             self._per_pos.labels(model, str(i)).inc(max(value - (old_pos[i] if i < len(old_pos) else 0), 0))
-        self._last_per_pos = per_pos
+        self._last_per_pos[model] = per_pos
 
 
 def spec_log_suffix(num_drafts: int, num_draft_tokens: int, num_accepted: int) -> str:

@@ -261,6 +261,8 @@ class AsyncEngine:
                 ids = [rid for rid in command.request_ids if self._states.pop(rid, None) is not None]
                 if ids:
                     self.core.abort_requests(ids)
+                    if self.observer is not None:  # the gauges must not show aborted requests running
+                        self.observer.on_step(self.core.make_stats(), IterationStats())
             else:
                 if self._states:
                     self.core.abort_requests(list(self._states))

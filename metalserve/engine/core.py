@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.engine.kv_groups import build_scheduler, state_group
@@ -54,7 +55,8 @@ class EngineCore:
         self.platform = current_platform() if platform is None else platform
         # MLX arrays belong to the thread that made them (engine_thread.py): steps run where the core was built.
         self.owner_thread = threading.get_ident()
-        self.weight_bytes = 0  # measured at load (MLX's active memory then, plus host-side codes)
+        self.kv_pool_bytes = 0  # the pool at its largest (set by from_loaded), for the models' memory budget
+        self.weight_bytes = 0  # measured at load: the model's parameters plus host-side codes
         self.kv_bytes_per_block = 0
 
     def memory_report(self) -> dict[str, int]:
@@ -78,7 +80,8 @@ class EngineCore:
         platform = current_platform()
         max_model_len = resolve_max_model_len(config, loaded.max_model_len)
         model = PagedModel.from_loaded(loaded, platform)
-        weight_bytes = int(mx.get_active_memory()) + model.host_bytes()  # before any KV is allocated
+        # This model's own parameters (MLX's active memory would count every model a server has loaded).
+        weight_bytes = parameter_bytes(loaded.model) + model.host_bytes()
         storage = config.kv_cache_dtype
         try:
             spec = model.get_kv_cache_spec(model.family.page(loaded.model, storage), config.block_size)
@@ -126,6 +129,7 @@ class EngineCore:
         mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * plan.num_blocks * spec.bytes_per_block))
         core = cls(scheduler, runner, max_model_len, platform)
         core.weight_bytes, core.kv_bytes_per_block = weight_bytes, spec.bytes_per_block
+        core.kv_pool_bytes = plan.num_blocks * spec.bytes_per_block
         return core
 
     def add_request(self, request: Request) -> None:
@@ -179,6 +183,12 @@ def draft_for(
         draft = load_model(spec.model, weights=config.weights, dequantize_max_bytes=config.dequantize_max_bytes,
                            check_model_type=check_supported)  # fmt: skip
     return spec, draft
+
+
+def parameter_bytes(model: Any) -> int:
+    """Bytes of an MLX module's parameters."""
+    leaves: Any = tree_flatten(model.parameters())  # [(path, array)]
+    return sum(int(array.nbytes) for _, array in leaves)
 
 
 def host_code_bytes(loaded: LoadedModel) -> int:

@@ -40,6 +40,7 @@ class GGUFHeader:
     version: int
     architecture: str | None
     tensor_types: dict[str, str]  # tensor name -> ggml type name
+    num_elements: int = 0  # of every tensor together (what the weights take once dense)
 
 
 def _read(f: BinaryIO, fmt: str) -> int:
@@ -91,10 +92,14 @@ def read_header(path: Path) -> GGUFHeader:
             else:
                 _skip_value(f, vtype)
         types: dict[str, str] = {}
+        elements = 0
         for _ in range(n_tensors):
             name = _read_string(f)
-            f.seek(8 * _read(f, "<I"), 1)  # the dims
+            count = 1
+            for _ in range(_read(f, "<I")):  # the dims
+                count *= _read(f, "<Q")
+            elements += count
             ggml_type = _read(f, "<I")
             f.seek(8, 1)  # the data offset
             types[name] = GGML_TYPE_NAMES.get(ggml_type, f"type {ggml_type}")
-    return GGUFHeader(version, architecture, types)
+    return GGUFHeader(version, architecture, types, elements)

@@ -68,13 +68,22 @@ class ResponsesServing:
         return JSONResponse(finish(_status(final.finish_reason), output, usage))
 
     def retrieve(self, response_id: str) -> dict[str, Any]:
-        stored = self.store.get(response_id)
+        return self.retrieve_from(self.store, response_id)
+
+    def delete(self, response_id: str) -> dict[str, Any]:
+        return self.delete_from(self.store, response_id)
+
+    @staticmethod
+    def retrieve_from(store: ResponseStore, response_id: str) -> dict[str, Any]:
+        """A stored response (the store is the server's, shared by every model)."""
+        stored = store.get(response_id)
         if stored is None:
             raise OpenAIError(f"Response with id '{response_id}' not found.", 404, param="response_id")
         return stored.body
 
-    def delete(self, response_id: str) -> dict[str, Any]:
-        if not self.store.delete(response_id):
+    @staticmethod
+    def delete_from(store: ResponseStore, response_id: str) -> dict[str, Any]:
+        if not store.delete(response_id):
             raise OpenAIError(f"Response with id '{response_id}' not found.", 404, param="response_id")
         return {"id": response_id, "object": "response", "deleted": True}
 

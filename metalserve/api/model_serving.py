@@ -1,0 +1,112 @@
+"""One model's serving classes (chat, completions, Messages, Responses over one ServingContext), built
+when the model is loaded; and how a response keeps its model's lease until its last byte is sent."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi.responses import Response
+
+from metalserve.api.anthropic.serving import MessagesServing
+from metalserve.api.errors import OpenAIError
+from metalserve.api.metrics import Metrics, MetricSeries
+from metalserve.api.reasoning import get_reasoning_parser
+from metalserve.api.request_log import RequestRecorder
+from metalserve.api.responses.serving import ResponsesServing
+from metalserve.api.responses.store import ResponseStore
+from metalserve.api.serving_chat import ChatServing
+from metalserve.api.serving_completion import CompletionServing
+from metalserve.api.serving_context import ServingContext
+from metalserve.api.tool_parsers import get_tool_parser
+from metalserve.engine.async_engine import AsyncEngine
+from metalserve.engine.registry import ModelRegistry, ModelRegistryError
+from metalserve.multimodal.limits import ImageLimits
+
+
+@dataclass
+class ModelServing:
+    """What the routes call for one loaded model."""
+
+    ctx: ServingContext
+    chat: ChatServing
+    completion: CompletionServing
+    messages: MessagesServing
+    responses: ResponsesServing
+    metrics: Metrics
+
+    def close(self) -> None:
+        """The model was unloaded: its tokenizer thread ends (after any task it still runs)."""
+        self.ctx.tokenizer_thread.shutdown(wait=False)
+
+
+@dataclass(frozen=True)
+class ServingOptions:
+    """A model's parsers and its names (the first is the id responses carry)."""
+
+    names: tuple[str, ...]
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    enable_auto_tool_choice: bool = False
+    image_limits: ImageLimits = field(default_factory=ImageLimits)
+
+
+def make_model_serving(
+    engine: AsyncEngine,
+    options: ServingOptions,
+    store: ResponseStore,
+    series: MetricSeries,
+    recorder: RequestRecorder,
+) -> ModelServing:
+    name = options.names[0]
+    metrics = Metrics(name, series)
+    if engine.observer is None:
+        engine.observer = metrics
+    ctx = ServingContext(engine, name, options.image_limits, aliases=options.names[1:], recorder=recorder)
+    tools = get_tool_parser(options.tool_call_parser) if options.tool_call_parser else None
+    reasoning = get_reasoning_parser(options.reasoning_parser) if options.reasoning_parser else None
+    chat = ChatServing(ctx, tools, reasoning, auto_tools=options.enable_auto_tool_choice)
+    return ModelServing(
+        ctx, chat, CompletionServing(ctx), MessagesServing(chat), ResponsesServing(chat, store), metrics
+    )
+
+
+async def serve_with(
+    registry: ModelRegistry[ModelServing], model: str | None, call: Callable[[ModelServing], Awaitable[Response]]
+) -> Response:
+    """Lease the request's model (loading it if needed) for `call` and, for a stream, until it ends."""
+    lease = await lease_model(registry, model)
+    try:
+        response = await call(lease.serving)
+    except BaseException:
+        lease.release()
+        raise
+    body = getattr(response, "body_iterator", None)
+    if body is None:
+        lease.release()
+        return response
+
+    async def held() -> AsyncIterator[Any]:
+        try:
+            async for chunk in body:
+                yield chunk
+        finally:
+            try:
+                close = getattr(body, "aclose", None)
+                if close is not None:
+                    await close()  # the stream's own cleanup (aborting its requests) comes first
+            finally:
+                lease.release()
+
+    response.body_iterator = held()  # type: ignore[attr-defined]
+    return response
+
+
+async def lease_model(registry: ModelRegistry[ModelServing], model: str | None) -> Any:
+    """The registry's lease, its refusals as OpenAIErrors (each API renders them in its own shape)."""
+    try:
+        return await registry.acquire(model)
+    except ModelRegistryError as exc:
+        param = "model" if exc.status == 404 else None
+        raise OpenAIError(str(exc), exc.status, param=param, code=exc.code) from None
