@@ -24,6 +24,9 @@ ATTENTION_BACKEND_NAMES: tuple[str, ...] = get_args(AttentionBackendName)
 
 
 
+DEFAULT_KV_DISK_SIZE = 16 * 1024**3
+
+
 class ConfigError(ValueError):
     """A configuration that cannot work; the message names the flag to change."""
 
@@ -97,6 +100,10 @@ class EngineConfig:
         None, 'speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, '
         '"prompt_lookup_min": 2, "prompt_lookup_max": 4}', parse=SpeculativeConfig.from_json
     )
+    kv_disk_dir: str | None = flag(
+        None, "a directory of KV blocks that outlives memory pressure and restarts (docs/disk-tier.md); default: off"
+    )
+    kv_disk_size: int | None = flag(None, "bytes --kv-disk-dir may hold, least recently used blocks go first (16 GiB)")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -139,3 +146,22 @@ class EngineConfig:
             raise ConfigError(f"--attention-backend must be one of {names}, got {self.attention_backend!r}")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ConfigError("--scheduling-policy must be 'fcfs' or 'priority'")
+        self._validate_kv_disk()
+
+    def _validate_kv_disk(self) -> None:
+        if self.kv_disk_size is not None and self.kv_disk_dir is None:
+            raise ConfigError("--kv-disk-size needs --kv-disk-dir (the disk tier is off without a directory)")
+        if self.kv_disk_dir is None:
+            return
+        if not self.kv_disk_dir.strip():
+            raise ConfigError("--kv-disk-dir must name a directory")
+        if self.kv_disk_size is not None and self.kv_disk_size < 1:
+            raise ConfigError("--kv-disk-size must be a positive number of bytes")
+        if not self.enable_prefix_caching:
+            raise ConfigError("--kv-disk-dir needs prefix caching (its blocks are found by the prefix hash chain)")
+        if self.pipeline_parallel_size > 1:
+            raise ConfigError("--kv-disk-dir does not work with --pipeline-parallel-size > 1 yet")
+
+    @property
+    def kv_disk_bytes(self) -> int:
+        return DEFAULT_KV_DISK_SIZE if self.kv_disk_size is None else self.kv_disk_size

@@ -16,6 +16,7 @@ class RequestStatus(enum.Enum):
     WAITING = enum.auto()
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
+    WAITING_FOR_REMOTE_KVS = enum.auto()  # its prefix blocks are loading from a KV connector
     FINISHED_STOPPED = enum.auto()  # EOS or a stop token id
     FINISHED_LENGTH = enum.auto()  # max_tokens or the context limit
     FINISHED_ABORTED = enum.auto()

@@ -8,10 +8,12 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from metalserve.api.kv_disk_metrics import KVDiskMetrics, disk_log_suffix
 from metalserve.api.spec_metrics import SpecDecodeMetrics, spec_log_suffix
 from metalserve.api.step_window import StepWindow
 from metalserve.engine.async_engine import IterationStats
 from metalserve.engine.protocol import SchedulerStatsLike
+from metalserve.kvcache.connector.base import ConnectorStats
 
 logger = logging.getLogger("metalserve.stats")
 
@@ -92,6 +94,7 @@ class MetricSeries:
             registry=r,
         )  # fmt: skip
         self.spec = SpecDecodeMetrics(r, labels)
+        self.kv_disk = KVDiskMetrics(r, labels)
 
     def model_unloaded(self, model_name: str) -> None:
         """An unloaded model runs nothing and holds nothing."""
@@ -109,6 +112,7 @@ class Metrics:
         self._model = model_name
         self._last_cumulative = (0, 0, 0)
         self.series.spec.forget(model_name)
+        self.series.kv_disk.forget(model_name)
         self.log_state = StatLogState()
         self.window = StepWindow()
         self.latest: SchedulerStatsLike | None = None
@@ -137,6 +141,7 @@ class Metrics:
             series.e2e.labels(m).observe(latency)
             series.success.labels(m, reason).inc()
         series.spec.observe(m, s)
+        series.kv_disk.observe(m, s.connector)
         self.log_state.record(scheduler_stats, iteration)
         self.window.record(iteration)
         self.latest = scheduler_stats
@@ -152,6 +157,7 @@ class StatLogState:
         self._since = time.monotonic()
         self._stats: SchedulerStatsLike | None = None
         self._last_spec = (0, 0, 0)  # cumulative draft counters at the previous line
+        self._last_disk: ConnectorStats | None = None  # the disk tier's counters at the previous line
 
     def record(self, stats: SchedulerStatsLike, iteration: IterationStats) -> None:
         with self._lock:
@@ -179,8 +185,13 @@ class StatLogState:
             f"Avg generation throughput: {gen / elapsed:.1f} tokens/s, "
             f"Running: {running} reqs, Waiting: {waiting} reqs, "
             f"GPU KV cache usage: {usage:.1f}%, Prefix cache hit rate: {hit_rate:.1f}%"
-            f"{self._spec_suffix(stats)}"
+            f"{self._spec_suffix(stats)}{self._disk_suffix(stats)}"
         )
+
+    def _disk_suffix(self, stats: SchedulerStatsLike | None) -> str:
+        now = stats.connector if stats is not None else None
+        last, self._last_disk = self._last_disk, now or self._last_disk
+        return disk_log_suffix(now, last)
 
     def _spec_suffix(self, stats: SchedulerStatsLike | None) -> str:
         """The draft acceptance since the previous line (nothing while speculation never ran)."""

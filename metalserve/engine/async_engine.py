@@ -243,6 +243,9 @@ class AsyncEngine:
                 self.on_dead()
             return
         self._fail_all(EngineDeadError("engine is shutting down"))
+        close = getattr(self.core, "close", None)
+        if close is not None:  # e.g. the KV disk tier finishes its queued saves
+            close()
 
     def _apply_commands(self, block: bool) -> bool:
         """Apply queued commands; False once a stop command arrives."""

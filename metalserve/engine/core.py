@@ -11,6 +11,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from metalserve.config import ConfigError, EngineConfig
+from metalserve.engine.kv_disk import attach_disk_tier
 from metalserve.engine.kv_groups import build_scheduler, state_group
 from metalserve.engine.kv_plan import plan_kv_pool
 from metalserve.engine.memory import format_bytes
@@ -126,6 +127,7 @@ class EngineCore:
             proposer=build_proposer(speculation, config, loaded, platform, plan.initial_blocks, draft),
             **vision_parts(loaded, model, dtype),
         )
+        attach_disk_tier(config, loaded, spec, scheduler, runner)
         mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * plan.num_blocks * spec.bytes_per_block))
         core = cls(scheduler, runner, max_model_len, platform)
         core.weight_bytes, core.kv_bytes_per_block = weight_bytes, spec.bytes_per_block
@@ -150,8 +152,8 @@ class EngineCore:
     def step(self) -> list[EngineCoreOutput]:
         self.check_thread()
         scheduler_output = self.scheduler.schedule()
-        if scheduler_output.is_empty and self.scheduler.num_waiting_for_grammar:
-            time.sleep(GRAMMAR_POLL_S)  # only compiling grammars wait: give their thread the CPU
+        if scheduler_output.is_empty and (self.scheduler.num_waiting_for_grammar or self.scheduler.num_waiting_for_kv):
+            time.sleep(GRAMMAR_POLL_S)  # only compiling grammars or loading blocks wait: give their threads the CPU
         runner_output = self.runner.execute_model(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
 
@@ -169,6 +171,11 @@ class EngineCore:
 
     def make_stats(self) -> SchedulerStats:
         return self.scheduler.make_stats()
+
+    def close(self) -> None:
+        """Finish the KV connector's queued saves and stop its threads."""
+        if self.runner.connector is not None:
+            self.runner.connector.close()
 
 
 def draft_for(

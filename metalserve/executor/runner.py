@@ -11,6 +11,7 @@ import numpy as np
 
 from metalserve.executor.attention.base import AttentionBackend, LayerCacheSpec
 from metalserve.executor.attention.mlx import MlxAttention
+from metalserve.executor.connector.base import KVConnectorWorker
 from metalserve.executor.context import ForwardContext, GroupStep, forward_context
 from metalserve.executor.encoders.cache import EncoderOutputs, RequestSpan, StepImages
 from metalserve.executor.group_tables import GroupTables, group_step
@@ -85,6 +86,7 @@ class ModelRunner:
         self.drafting = DraftController()  # how many drafts pay (spec_decode/controller.py)
         self.encoder_outputs = EncoderOutputs(encoder) if encoder is not None else None
         self.mrope_merge_size = mrope_merge_size
+        self.connector: KVConnectorWorker | None = None  # a KV connector's worker half (the disk tier)
 
     def _layer(self, attn: AttentionSpec, num_blocks: int | None = None) -> LayerCacheSpec:
         """One pool tensor's (or group's) cache of the spec's pages, `num_blocks` blocks (default: all)."""
@@ -189,8 +191,12 @@ class ModelRunner:
         if so.num_kv_blocks > self.spec.num_blocks:
             self.grow_kv(so.num_kv_blocks)
         self._update_states(so)
+        connector = self.connector
+        if connector is not None:
+            connector.start_load_kv(so.kv_connector_metadata, self.kv)
         if so.total_num_scheduled_tokens == 0:
-            return ModelRunnerOutput(sampled_token_ids={})
+            finished = connector.get_finished() if connector is not None else None
+            return ModelRunnerOutput(sampled_token_ids={}, kv_connector_output=finished)
         drafts = so.scheduled_spec_decode_tokens
         step = pack_step(self.requests, so.num_scheduled_tokens, self.spec.block_size, drafts,
                          bidirectional_images=self.model.family.bidirectional_images)  # fmt: skip
@@ -201,6 +207,8 @@ class ModelRunner:
         windows = self._sample(logits, sampling, drafts)
         # Evaluate the pools with the logits so the scatters run now and release the old buffers.
         mx.eval(self._kv_arrays())
+        if connector is not None:  # the step's full blocks are computed now: copy them out
+            connector.save_kv(so.kv_connector_metadata, self.kv)
         sampled: dict[str, list[int]] = {rid: [] for rid in step.request_ids}
         logprobs: dict[str, list[TokenLogprob]] = {}
         for rid in step.request_ids:
@@ -216,7 +224,9 @@ class ModelRunner:
                 state.num_computed_tokens -= num_rejected(num_drafted, len(window.token_ids))
                 self.drafting.record_window(rid, num_drafted, len(window.token_ids) - 1)
         spec = self._propose(sampling, step, time.perf_counter() - started, drafts) if self.proposer else {}
-        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, spec_token_ids=spec)
+        finished = connector.get_finished() if connector is not None else None
+        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, spec_token_ids=spec,
+                                 kv_connector_output=finished)  # fmt: skip
 
     def _propose(
         self, sampling: list[CachedRequestState], step: StepInputs, seconds: float, drafts: dict[str, list[int]]

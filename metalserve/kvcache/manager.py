@@ -176,6 +176,10 @@ class KVCacheManager:
             group.free(request.request_id)
         self.fast_limit.pop(request.request_id, None)
 
+    def chain_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
+        """The hash chain of the request's first `num_blocks` full blocks (the KV connector's keys)."""
+        return self._block_hashes(request, num_blocks)[:num_blocks]
+
     def _block_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
         """Extend the request's hash chain to cover its first `num_blocks` full blocks."""
         hashes = request.block_hashes

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from metalserve.kvcache.connector.base import ConnectorMetadata, ConnectorOutput
 from metalserve.kvcache.manager import BlockIds
 from metalserve.multimodal.inputs import MultiModalInput
 from metalserve.outputs import TokenLogprob
@@ -52,6 +53,8 @@ class SchedulerOutput:
     scheduled_encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
     # Encoder outputs evicted from the encoder cache since the last step: the runner drops their arrays.
     free_encoder_mm_hashes: list[bytes] = field(default_factory=list)
+    # A KV connector's loads and saves for this step (kvcache/connector/); None: nothing to move.
+    kv_connector_metadata: ConnectorMetadata | None = None
 
     @property
     def is_empty(self) -> bool:
@@ -66,3 +69,4 @@ class ModelRunnerOutput:
     sampled_token_ids: dict[str, list[int]]
     logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    kv_connector_output: ConnectorOutput | None = None  # a KV connector's finished transfers

@@ -15,12 +15,14 @@ from dataclasses import replace
 
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.kvcache.block_pool import NUM_RESERVED_BLOCKS
+from metalserve.kvcache.connector.base import KVConnectorScheduler
 from metalserve.kvcache.manager import BlockIds, KVCacheManager
 from metalserve.kvcache.specs import LayerGroupSpec
 from metalserve.outputs import EngineCoreOutput
 from metalserve.request import Request, RequestStatus
 from metalserve.scheduler.encoder_cache import EncoderCacheManager, EncoderPlan
 from metalserve.scheduler.grammar_wait import grammar_verdict
+from metalserve.scheduler.kv_loading import KVLoads
 from metalserve.scheduler.output import CachedRequestData, ModelRunnerOutput, SchedulerOutput
 from metalserve.scheduler.queues import make_queue
 from metalserve.scheduler.stats import SchedulerStats, StatsCounter
@@ -75,10 +77,22 @@ class Scheduler:
         self._pending_outputs: list[EngineCoreOutput] = []
         self._stop_hints: dict[str, tuple[frozenset[int], int]] = {}
         self.num_waiting_for_grammar = 0  # skipped by the last schedule(): their grammars still compile
+        self.kv_loads: KVLoads | None = None  # a KV connector's loads (set_connector)
         if config.scheduling_policy == "priority":
             self._victim_key = lambda r: (r.priority, r.arrival_time)
         else:
             self._victim_key = lambda r: (0, r.arrival_time)
+
+    def set_connector(self, connector: KVConnectorScheduler) -> None:
+        """Attach a KV connector's scheduler half (kvcache/connector/): external prefix hits and saves."""
+        if len(self.kv.groups) != 1:
+            raise ValueError("a KV connector needs a model of one full-attention layer group")
+        self.kv_loads = KVLoads(connector, self.kv, self.config.block_size)
+
+    @property
+    def num_waiting_for_kv(self) -> int:
+        """Requests parked while a connector loads their blocks (or frees them after an abort)."""
+        return self.kv_loads.num_parked if self.kv_loads is not None else 0
 
     # ---- requests in and out -------------------------------------------------------------------
 
@@ -129,7 +143,8 @@ class Scheduler:
                 self._pending_finish.setdefault(request_id, status)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests) or bool(self._pending_outputs)
+        loads = self.kv_loads is not None and self.kv_loads.busy
+        return bool(self.requests) or bool(self._pending_outputs) or loads
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.requests)
@@ -139,12 +154,14 @@ class Scheduler:
         kv, spec = self.kv, self.spec_counter
         stats = self._stats.snapshot(
             num_running=len(self.running),
-            num_waiting=len(self.waiting),
+            num_waiting=len(self.waiting) + (len(self.kv_loads.loading) if self.kv_loads is not None else 0),
             kv_cache_usage=kv.usage,
             num_free_blocks=kv.num_free_blocks,
             num_total_blocks=kv.pool.num_usable_blocks,
             counters=(kv.prefix_cache_queries, kv.prefix_cache_hits, self.num_preemptions),
         )
+        if self.kv_loads is not None:
+            stats = replace(stats, connector=self.kv_loads.connector.stats())
         if not spec.num_drafts:
             return stats
         return replace(
@@ -273,21 +290,39 @@ class Scheduler:
             request = self.waiting.peek()
             if request.structured is not None and not self._grammar_ready(request, skipped):
                 continue
-            hit = self.kv.get_computed_blocks(request)
-            n = self._num_new_tokens(request, hit.num_tokens, step.budget, step)
-            new_ids = self.kv.allocate_slots(request, n, hit) if n > 0 else None
-            if new_ids is None:
-                # Admission control: it waits at the head (nothing is dropped) until blocks free up.
-                step.undo_encoder(request)
-                break
+            loads = self.kv_loads
+            if loads is not None and request.request_id in loads.loaded:
+                # Its blocks arrived from the connector: it holds them, and starts after the last one.
+                hit_tokens = request.num_computed_tokens
+                n = self._num_new_tokens(request, hit_tokens, step.budget, step)
+                if n <= 0 or self.kv.allocate_slots(request, n) is None:
+                    step.undo_encoder(request)
+                    loads.release_loaded(self.waiting)
+                    break
+                loads.loaded.discard(request.request_id)
+            else:
+                hit = self.kv.get_computed_blocks(request)
+                # Prompts with images are not loaded from the connector yet (their encoder plan is untested).
+                if loads is not None and not request.mm_inputs and loads.start_loading(request, hit):
+                    self.waiting.pop()  # parked outside the queue while its blocks load
+                    continue
+                n = self._num_new_tokens(request, hit.num_tokens, step.budget, step)
+                new_ids = self.kv.allocate_slots(request, n, hit) if n > 0 else None
+                if new_ids is None:
+                    # Admission control: it waits at the head (nothing is dropped) until blocks free up.
+                    step.undo_encoder(request)
+                    if loads is not None:
+                        loads.release_loaded(self.waiting)
+                    break
+                hit_tokens = hit.num_tokens
             if request.mm_inputs:
-                self.encoder.commit(request.request_id, request.mm_inputs, hit.num_tokens, hit.num_tokens + n)
-            request.num_computed_tokens = hit.num_tokens
+                self.encoder.commit(request.request_id, request.mm_inputs, hit_tokens, hit_tokens + n)
+            request.num_computed_tokens = hit_tokens
             self.waiting.pop()
             self.running.append(request)
             request.status = RequestStatus.RUNNING
             if request.num_cached_tokens is None:
-                request.num_cached_tokens = hit.num_tokens
+                request.num_cached_tokens = hit_tokens
             step.add_new(request, n, self.kv.get_block_ids(request.request_id))
         for request in reversed(skipped):
             self.waiting.prepend(request)
@@ -307,6 +342,7 @@ class Scheduler:
 
     def _make_output(self, step: StepBuilder) -> SchedulerOutput:
         finished, self._finished_ids = self._finished_ids, set()
+        meta = self.kv_loads.metadata(step.num_tokens, self.requests) if self.kv_loads is not None else None
         return SchedulerOutput(
             scheduled_new_reqs=step.new_reqs,
             scheduled_cached_reqs=step.cached_reqs,
@@ -316,6 +352,7 @@ class Scheduler:
             preempted_req_ids=step.preempted,
             num_kv_blocks=self.kv.pool.num_allocated_blocks,
             scheduled_spec_decode_tokens=step.spec_tokens,
+            kv_connector_metadata=meta if meta is not None and not meta.is_empty else None,
             scheduled_encoder_inputs=step.encoder_inputs,
             free_encoder_mm_hashes=self.encoder_cache.take_freed(),
         )
@@ -327,6 +364,8 @@ class Scheduler:
     ) -> list[EngineCoreOutput]:
         """Append sampled tokens, check stops, free finished requests; one output per touched request."""
         outputs, self._pending_outputs = self._pending_outputs, []
+        if self.kv_loads is not None and runner_output.kv_connector_output is not None:
+            self.kv_loads.finish(runner_output.kv_connector_output, self.waiting.prepend)
         sampled, requests, hints = runner_output.sampled_token_ids, self.requests, self._stop_hints
         if scheduler_output.scheduled_spec_decode_tokens or runner_output.spec_token_ids:
             self._update_drafts(scheduler_output, runner_output)
@@ -433,7 +472,8 @@ class Scheduler:
         return output
 
     def _free_request(self, request: Request) -> None:
-        self.kv.free(request)
+        if self.kv_loads is None or not self.kv_loads.finished_while_loading(request):
+            self.kv.free(request)
         self.encoder_cache.release_all(request.request_id, request.mm_inputs)
         del self.requests[request.request_id]
         del self._stop_hints[request.request_id]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from metalserve.kvcache.connector.base import ConnectorStats
+
 
 @dataclass(frozen=True)
 class SchedulerStats:
@@ -29,6 +31,8 @@ class SchedulerStats:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_pos: tuple[int, ...] = ()
+    # A KV connector's cumulative counters (the disk tier); None while none is attached.
+    connector: ConnectorStats | None = None
 
 
 class StatsCounter:

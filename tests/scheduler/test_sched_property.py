@@ -5,6 +5,8 @@ cached blocks are shared, the budget and max_num_seqs hold, the runner's view of
 from the diffs alone) matches the manager's. At the end: no request is lost and all blocks are free.
 With layer groups (sliding window, recurrent state) in one pool, every read a step makes (the window's
 tokens, the state it resumes from) finds what an earlier step wrote, prefix hits included.
+With a KV connector (the disk tier's scheduler half over an in-memory store whose blocks vanish, load
+late or arrive corrupt), every block loaded into the pool holds exactly the tokens a read expects there.
 """
 
 from __future__ import annotations
@@ -14,16 +16,20 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from metalserve.config import EngineConfig
 from metalserve.kvcache.block_pool import NULL_BLOCK_ID, KVBlock
+from metalserve.kvcache.connector.base import BlockTransfer, ConnectorMetadata, ConnectorOutput
+from metalserve.kvcache.connector.disk import DiskConnectorScheduler
+from metalserve.kvcache.connector.keys import StoreNamespace
 from metalserve.kvcache.specs import FullAttention, LayerGroupSpec, RecurrentState, SlidingWindow
 from metalserve.request import Request, RequestStatus
 from metalserve.sampling_params import SamplingParams
 from metalserve.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from metalserve.scheduler.scheduler import Scheduler
+from tests.kvcache.connector_helpers import MemoryIndex
 
 BS = 8
 MAX_MODEL_LEN = 48
@@ -56,6 +62,7 @@ GROUPS: dict[str, list[LayerGroupSpec] | None] = {
     "state": [FullAttention(), RecurrentState()],
     "no-snapshots": [FullAttention(), RecurrentState(snapshots=False)],
     "full-hybrid": [FullAttention()],  # one full group, given explicitly (the same as "full")
+    "disk": None,  # one full-attention group with the disk connector (FakeDiskWorker)
 }
 ops = st.lists(
     st.one_of(
@@ -65,6 +72,8 @@ ops = st.lists(
         st.tuples(st.just("step"), st.integers(0, 2**16)),
         st.tuples(st.just("abort"), st.integers(0, 50)),
         st.tuples(st.just("finish"), st.integers(0, 50)),
+        st.tuples(st.just("lose"), st.integers(0, 2**16)),  # the store loses a block (a miss)
+        st.tuples(st.just("pressure"), st.just(0)),  # RAM pressure: the free cached blocks are evicted
     ),
     min_size=8,
     max_size=60,
@@ -166,6 +175,50 @@ class FakeRunner:
             assert all(len(t) * BS >= self.computed[rid] for t in self.tables[rid])
 
 
+class FakeDiskWorker:
+    """The connector's worker half over the fake pool: a save stores the tokens its block's slots hold,
+    a load writes them back. A load ends 0-2 steps after it starts; a block may have vanished or be
+    corrupt, and then it and the blocks after it are not loaded (the scheduler recomputes them)."""
+
+    def __init__(self, index: MemoryIndex) -> None:
+        self.index = index
+        self.loads: dict[str, tuple[list[BlockTransfer], int]] = {}
+
+    def save(self, meta: ConnectorMetadata | None, runner: FakeRunner) -> None:
+        for block_id, key in meta.saves if meta is not None else ():
+            self.index.pending.discard(key)
+            self.index.stored[key] = [runner.slots[(0, block_id, o)] for o in range(BS)]
+
+    def finish(self, meta: ConnectorMetadata | None, runner: FakeRunner, rng: random.Random) -> ConnectorOutput:
+        if meta is not None:
+            self.loads.update({rid: (t, rng.randrange(3)) for rid, t in meta.loads.items()})
+        finished: dict[str, int] = {}
+        for rid, (transfers, steps_left) in list(self.loads.items()):
+            if steps_left:
+                self.loads[rid] = (transfers, steps_left - 1)
+                continue
+            del self.loads[rid]
+            n = 0
+            for block_id, key in transfers:
+                if key not in self.index.stored or rng.random() < 0.15:  # vanished, or corrupt
+                    break
+                for o, token in enumerate(self.index.stored[key]):
+                    runner.slots[(0, block_id, o)] = token
+                n += 1
+            finished[rid] = n
+            event(f"load: {'all' if n == len(transfers) else 'partial' if n else 'none'}")
+        return ConnectorOutput(finished)
+
+
+def evict_free_cached(s: Scheduler) -> None:
+    """What other requests' allocations would do to the RAM prefix cache: drop every free cached block."""
+    pool = s.kv.pool
+    for block in pool.blocks[1:]:
+        if block.ref_cnt == 0 and block.block_hash is not None:
+            pool._evict(block)
+            pool._num_free_cached -= 1
+
+
 def group_tables(s: Scheduler) -> dict[tuple[str, int], list[KVBlock]]:
     """Every request's table in every group, as the manager holds them."""
     return {(rid, g): t for g, group in enumerate(s.kv.groups) for rid, t in group.tables.items()}
@@ -207,14 +260,21 @@ def check_blocks(s: Scheduler) -> None:
 def check_requests(s: Scheduler, cfg: EngineConfig) -> None:
     running = {r.request_id for r in s.running}
     waiting = {r.request_id for r in s.waiting}
-    assert running.isdisjoint(waiting)
-    assert running | waiting == set(s.requests)
+    loading = set(s.kv_loads.loading) if s.kv_loads is not None else set()
+    loaded = s.kv_loads.loaded if s.kv_loads is not None else set()
+    assert running.isdisjoint(waiting) and loading.isdisjoint(running | waiting)
+    assert running | waiting | loading == set(s.requests)
+    for rid in loading:
+        assert s.requests[rid].status is RequestStatus.WAITING_FOR_REMOTE_KVS
     assert len(s.running) <= cfg.max_num_seqs
     for r in s.running:
         assert r.status is RequestStatus.RUNNING
     for r in s.waiting:
         assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-        assert all(key[0] != r.request_id for key in group_tables(s)) and r.num_computed_tokens == 0
+        if r.request_id in loaded:  # back from its loads: it holds the blocks up to where it starts
+            assert len(s.kv.get_block_ids(r.request_id)[0]) * BS >= r.num_computed_tokens
+        else:
+            assert all(key[0] != r.request_id for key in group_tables(s)) and r.num_computed_tokens == 0
 
 
 def check_output(s: Scheduler, cfg: EngineConfig, out: SchedulerOutput, runner: FakeRunner) -> None:
@@ -231,11 +291,18 @@ def check_output(s: Scheduler, cfg: EngineConfig, out: SchedulerOutput, runner: 
         assert runner.computed[rid] == s.requests[rid].num_computed_tokens <= MAX_MODEL_LEN
 
 
-def do_step(s: Scheduler, cfg: EngineConfig, runner: FakeRunner, rng: random.Random, done: Done) -> None:
+def do_step(
+    s: Scheduler, cfg: EngineConfig, runner: FakeRunner, rng: random.Random, done: Done,
+    disk: FakeDiskWorker | None = None,
+) -> None:  # fmt: skip
     """One schedule + sample + update, checking everything after each half."""
     out = s.schedule()
     check_output(s, cfg, out, runner)
     check_blocks(s)
+    report = None
+    if disk is not None:
+        disk.save(out.kv_connector_metadata, runner)  # after the forward wrote the step's blocks
+        report = disk.finish(out.kv_connector_metadata, runner, rng)
     assert not out.finished_req_ids & done.released
     done.released |= out.finished_req_ids
     sampled = {
@@ -243,7 +310,7 @@ def do_step(s: Scheduler, cfg: EngineConfig, runner: FakeRunner, rng: random.Ran
         for rid in out.num_scheduled_tokens
         if s.requests[rid].num_computed_tokens == s.requests[rid].num_tokens
     }
-    for o in s.update_from_output(out, ModelRunnerOutput(sampled)):
+    for o in s.update_from_output(out, ModelRunnerOutput(sampled, kv_connector_output=report)):
         if o.finished:
             assert o.request_id not in done.reported
             done.reported[o.request_id] = o.finish_reason
@@ -263,8 +330,30 @@ def make_request(i: int, op: tuple[Any, ...], rng: random.Random) -> Request:
     cfg_kwargs=configs,
     extra_blocks=st.integers(0, 4),
     initial=st.none() | st.integers(2, 8),
-    groups=st.sampled_from(list(GROUPS)),
+    groups=st.sampled_from([*GROUPS, "disk", "disk"]),  # the connector mode thrice as often as each other
     ops=ops,
+)
+@example(  # a disk hit after RAM pressure, with loads that end partially or fail
+    cfg_kwargs={
+        "block_size": BS,
+        "max_num_seqs": 4,
+        "max_num_batched_tokens": 64,
+        "long_prefill_token_threshold": 0,
+        "enable_prefix_caching": True,
+        "scheduling_policy": "fcfs",
+    },
+    extra_blocks=2,
+    initial=None,
+    groups="disk",
+    ops=[
+        ("add", 40, 0, None, 4, 0),
+        *[("step", i) for i in range(7)],
+        ("pressure", 0),
+        ("add", 40, 0, "t1", 4, 0),
+        ("add", 40, 0, None, 4, 0),
+        ("lose", 3),
+        *[("step", i) for i in range(7, 12)],
+    ],
 )
 def test_random_sequences_keep_invariants(
     cfg_kwargs: dict[str, Any], extra_blocks: int, initial: int | None, groups: str, ops: list[tuple[Any, ...]]
@@ -275,6 +364,11 @@ def test_random_sequences_keep_invariants(
     # Each further group needs its own blocks: one request of max_model_len must still fit.
     per_request = (MAX_MODEL_LEN // BS) * len(specs or [0]) + 1
     s = Scheduler(cfg, per_request + extra_blocks, MAX_MODEL_LEN, initial_blocks=initial, kv_groups=specs)
+    disk = None
+    if groups == "disk" and cfg.enable_prefix_caching:
+        index = MemoryIndex()
+        s.set_connector(DiskConnectorScheduler(index, StoreNamespace("m", block_size=BS), s.kv.chain_hashes))
+        disk = FakeDiskWorker(index)
     runner, rng, done = FakeRunner(specs or [FullAttention()]), random.Random(0), Done()
     added: list[str] = []
     aborted: set[str] = set()
@@ -284,7 +378,13 @@ def test_random_sequences_keep_invariants(
             added.append(f"r{len(added)}")
         elif op[0] == "step":
             rng.seed(op[1])
-            do_step(s, cfg, runner, rng, done)
+            do_step(s, cfg, runner, rng, done, disk)
+        elif op[0] == "pressure":
+            evict_free_cached(s)
+        elif op[0] == "lose":
+            if disk is not None and disk.index.stored:
+                keys = sorted(disk.index.stored)
+                del disk.index.stored[keys[op[1] % len(keys)]]
         elif added:
             rid = added[op[1] % len(added)]
             if op[0] == "abort":
@@ -296,7 +396,7 @@ def test_random_sequences_keep_invariants(
     for _ in range(2000):
         if not s.has_unfinished_requests():
             break
-        do_step(s, cfg, runner, rng, done)
+        do_step(s, cfg, runner, rng, done, disk)
     assert not s.has_unfinished_requests()
     # None lost: each was reported finished, or (finished from outside) released to the runner.
     assert set(done.reported) | done.released == set(added)
@@ -307,4 +407,7 @@ def test_random_sequences_keep_invariants(
     event(f"prefix hits: {s.kv.prefix_cache_hits > 0}")
     event(f"aborted: {bool(aborted)}")
     event(f"groups: {groups}")
+    if disk is not None:
+        stats = s.make_stats().connector
+        event(f"disk hits: {stats is not None and stats.hits > 0}")
     event(f"pool grew: {initial is not None and s.kv.pool.num_allocated_blocks > initial}")

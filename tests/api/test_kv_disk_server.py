@@ -1,0 +1,68 @@
+"""The disk tier through the real threaded server and the openai SDK: a restart on the same directory
+serves the prefix from disk, with the same greedy text, and /metrics and the stats line say so."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+from metalserve.api.app import build_app
+from metalserve.api.metrics import StatLogState
+from metalserve.api.settings import ServerSettings
+from metalserve.engine.async_engine import AsyncEngine, IterationStats
+from metalserve.engine.engine_thread import EngineThread
+from metalserve.kvcache.connector.base import ConnectorStats
+from metalserve.scheduler.stats import SchedulerStats
+from tests.api.conftest import Served, live
+from tests.api.fakes import tiny_tokenizer
+from tests.engine.test_kv_disk import PROMPT, make_core
+
+
+@contextmanager
+def disk_server(directory: Path) -> Iterator[Served]:
+    thread = EngineThread()  # as the server does: the core is built on the thread that steps it
+    core = thread.call(make_core, directory)
+    engine = AsyncEngine(core, tiny_tokenizer(), model_name="tiny", max_model_len=64, eos_token_ids=set(),
+                         thread=thread)  # fmt: skip
+    app = build_app(engine, ServerSettings(log_stats_interval=0))
+    with live(Served(app, core, engine)) as served:  # type: ignore[arg-type]
+        yield served
+
+
+def complete(served: Served) -> Any:
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", timeout=120)
+    return client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0)
+
+
+def metric(served: Served, name: str) -> float:
+    text = httpx.get(f"{served.url}/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def test_a_restarted_server_serves_the_prefix_from_disk(tmp_path: Path) -> None:
+    with disk_server(tmp_path) as first:
+        cold = complete(first)
+        assert metric(first, "vllm:external_prefix_cache_hits_total") == 0
+    assert len(list(tmp_path.glob("*.safetensors"))) == 5  # written through; shutdown finished the queue
+    with disk_server(tmp_path) as second:  # the first one's shutdown finished its queued saves
+        warm = complete(second)
+        assert metric(second, "vllm:external_prefix_cache_hits_total") == 32
+        assert metric(second, "vllm:external_prefix_cache_queries_total") == 40
+        assert metric(second, "vllm:kv_disk_bytes_loaded_total") > 0 and metric(second, "vllm:kv_disk_usage_bytes") > 0
+        assert "Disk KV hit rate: 80.0%" in second.app.state.metrics.log_state.line()
+    # Greedy text equal to the cold run (the tokens against mlx-lm: tests/engine/test_kv_disk.py).
+    assert warm.choices[0].text == cold.choices[0].text
+
+
+def test_the_stats_line_shows_the_disk_hit_rate_since_the_previous_line() -> None:
+    state = StatLogState()
+    for queries, hits in [(40, 32), (140, 42)]:
+        stats = ConnectorStats(queries=queries, hits=hits, usage_bytes=3 << 20)
+        state.record(SchedulerStats(0, 0, 0.0, 0, 0, 0, 10, 10, connector=stats), IterationStats())
+        line = state.line()
+    assert "Disk KV hit rate: 10.0%, disk: 3 MiB" in line  # 10 of the last 100 tokens looked up
