@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint typecheck clean browser
+.PHONY: serve test lint typecheck clean browser agents
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,14 @@ test: $(STAMP)
 	$(BIN)/ruff check metalserve tests bench tools
 	$(BIN)/mypy
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The coding agents the slow tests in tests/agents drive (Claude Code, Codex), into an ignored folder.
+AGENTS_DIR := .agents
+agents: $(AGENTS_DIR)/.installed
+
+$(AGENTS_DIR)/.installed:
+	npm install --prefix $(AGENTS_DIR) --no-audit --no-fund @anthropic-ai/claude-code @openai/codex
+	touch $(AGENTS_DIR)/.installed
 
 # The browser test's headless Chromium (tests/browser/; skipped where it is absent). Debian/Ubuntu, as root.
 browser:

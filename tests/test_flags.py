@@ -35,6 +35,9 @@ SERVE_OPTIONS = {
     "--max-image-bytes-per-request",
     # Several models (docs/multi-model.md).
     "--models", "--pinned-models", "--model-idle-timeout", "--model-load-timeout", "--memory-budget",
+    # Issue 27's: a longer context on request, the output cap for requests without one, the generic tool prompt.
+    "--hf-overrides", "--allow-long-max-model-len", "--default-max-tokens", "--generic-tool-prompt",
+    "--no-generic-tool-prompt",
 }  # fmt: skip
 
 
@@ -74,6 +77,8 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         "--grammar-cache-bytes", "65536", "--request-body-timeout", "7.5",
         "--max-num-encoder-input-tokens", "999", "--encoder-cache-size", "2000", "--max-images-per-request", "2",
         "--max-image-pixels", "1000", "--max-image-bytes-per-request", "5000",
+        "--hf-overrides", '{"rope_scaling": {"rope_type": "linear", "factor": 2.0}}', "--allow-long-max-model-len",
+        "--default-max-tokens", "77", "--no-generic-tool-prompt",
     ]  # fmt: skip
     # A new flag gets a value here too: every flag is parsed onto its field by this test.
     given = {a.dest for a in _parser()._actions if {*a.option_strings} & set(argv)} | {"model"}
@@ -87,6 +92,7 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         attention_backend="mlx", chat_template="{{ messages[0].content }}", tool_call_parser="hermes", seed=9,
         pipeline_step_timeout=5.5, speculative_config=SpeculativeConfig("ngram", 3, 1, 5),
         max_num_encoder_input_tokens=999, encoder_cache_size=2000,
+        hf_overrides={"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, allow_long_max_model_len=True,
     )  # fmt: skip
     assert settings == ServerSettings(
         host="0.0.0.0", port=9001, api_key="k", served_model_name="served", log_stats_interval=2.5,
@@ -96,6 +102,7 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         responses_store_bytes=4096, max_grammar_bytes=5000, grammar_compile_timeout=2.5, grammar_cache_bytes=65536,
         request_body_timeout=7.5,
         max_images_per_request=2, max_image_pixels=1000, max_image_bytes_per_request=5000,
+        default_max_tokens=77, generic_tool_prompt=False,
     )  # fmt: skip
     # Several models cannot combine with --served-model-name: a command line of their own.
     argv = ["a.gguf", "b.gguf", "c", "--models", "m.yaml", "--pinned-models", "a.gguf, c", "--model-idle-timeout",
@@ -120,6 +127,8 @@ def test_a_flag_value_that_cannot_work_is_a_clear_error(capsys: pytest.CaptureFi
     assert "--allowed-origins takes a JSON list of strings" in capsys.readouterr().err
     assert main(["serve", "--allowed-methods", "not json"]) == 1
     assert "--allowed-methods takes a JSON list of strings" in capsys.readouterr().err
+    assert main(["serve", "--hf-overrides", "[1]"]) == 1
+    assert "--hf-overrides takes a JSON object" in capsys.readouterr().err
     assert main(["serve", "--pipeline-layer-partition", "1,x", "-pp", "2"]) == 1
     assert "--pipeline-layer-partition takes comma-separated layer counts" in capsys.readouterr().err
     with pytest.raises(SystemExit):

@@ -84,7 +84,9 @@ class CompletionServing:
         response_id = random_id("cmpl")
         streams: list[AsyncIterator[RequestOutput]] = []
         for p, prompt in enumerate(prompts):
-            max_tokens = resolve_max_tokens(req.max_tokens, len(prompt), engine.max_model_len)
+            max_tokens = resolve_max_tokens(
+                req.max_tokens, len(prompt), engine.max_model_len, self.ctx.default_max_tokens
+            )
             params = build_sampling_params(
                 req, max_tokens=max_tokens, logprobs=req.logprobs, vocab_size=len(engine.tokenizer)
             )

@@ -71,6 +71,7 @@ class EngineCore:
             weights=config.weights,
             dequantize_max_bytes=config.dequantize_max_bytes,
             chat_template=config.chat_template,
+            hf_overrides=config.hf_overrides,
             check_model_type=check_supported,
         )
         return cls.from_loaded(config, loaded), loaded
@@ -79,7 +80,7 @@ class EngineCore:
     def from_loaded(cls, config: EngineConfig, loaded: LoadedModel, draft: LoadedModel | None = None) -> EngineCore:
         """`draft`: the draft model of `--speculative-config` method draft_model, if already loaded."""
         platform = current_platform()
-        max_model_len = resolve_max_model_len(config, loaded.max_model_len)
+        max_model_len = resolve_max_model_len(config, loaded.max_model_len, loaded.rope_scaled_len, warn=True)
         model = PagedModel.from_loaded(loaded, platform)
         # This model's own parameters (MLX's active memory would count every model a server has loaded).
         weight_bytes = parameter_bytes(loaded.model) + model.host_bytes()
@@ -248,14 +249,42 @@ def vision_parts(loaded: LoadedModel, model: PagedModel, dtype: mx.Dtype) -> dic
     return {"encoder": vision_tower_for(loaded.vision, dtype), "mrope_merge_size": merge}
 
 
-def resolve_max_model_len(config: EngineConfig, model_len: int) -> int:
-    if config.max_model_len is None:
+def resolve_max_model_len(
+    config: EngineConfig, model_len: int, scaled_len: int | None = None, *, warn: bool = False
+) -> int:
+    """The context to serve: --max-model-len, else the model's trained context (`model_len`). Longer than
+    that only with --allow-long-max-model-len; `scaled_len` is what a RoPE scaling from --hf-overrides
+    covers, and `warn` logs the start-up warning for a context past the trained one."""
+    wanted = config.max_model_len
+    if wanted is None:
+        if scaled_len is not None and scaled_len > model_len and warn:
+            logger.info("RoPE scaling covers %d tokens; pass --max-model-len (and --allow-long-max-model-len) "
+                        "to serve more than the trained %d", scaled_len, model_len)  # fmt: skip
         return model_len
-    if config.max_model_len > model_len:
-        raise ConfigError(
-            f"--max-model-len {config.max_model_len} is longer than the model's context ({model_len} tokens)"
+    if wanted <= model_len:
+        return wanted
+    if not config.allow_long_max_model_len:
+        hint = (
+            f"RoPE scaling from --hf-overrides covers {scaled_len} tokens"
+            if scaled_len is not None
+            else 'a RoPE scaling stretches it, e.g. --hf-overrides \'{"rope_scaling": {"rope_type": "linear", '
+            '"factor": 4.0}}\''
         )
-    return config.max_model_len
+        raise ConfigError(
+            f"--max-model-len {wanted} is longer than the model's trained context ({model_len} tokens); add "
+            f"--allow-long-max-model-len to serve it anyway ({hint})"
+        )
+    if warn:
+        if scaled_len is not None and wanted <= scaled_len:
+            logger.warning(
+                "--max-model-len %d is past the trained context (%d tokens), within what the RoPE scaling "
+                "covers (%d): expect some loss of quality", wanted, model_len, scaled_len,
+            )  # fmt: skip
+        else:
+            logger.warning("--max-model-len %d is past the trained context (%d tokens) and past what any RoPE "
+                           "scaling covers: positions beyond %d were never trained, expect degraded output",
+                           wanted, model_len, scaled_len or model_len)  # fmt: skip
+    return wanted
 
 
 def measure_step_peak(
