@@ -85,7 +85,10 @@ def with_generic_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any
 def _plain(message: dict[str, Any]) -> dict[str, Any]:
     """One message with its tool parts as text."""
     if message["role"] == "tool":
-        return {"role": "user", "content": f"<tool_response>\n{message.get('content') or ''}\n</tool_response>"}
+        content = message.get("content") or ""
+        if isinstance(content, list):  # parts (a screenshot tool's image): kept as parts around the text
+            return {"role": "user", "content": [_text("<tool_response>\n"), *content, _text("\n</tool_response>")]}
+        return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
     calls = message.get("tool_calls")
     if not calls:
         return message
@@ -105,7 +108,23 @@ def _merge_user_turns(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for message in messages:
         if out and message["role"] == "user" and out[-1]["role"] == "user":
-            out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n{message['content']}"}
+            before, after = out[-1]["content"], message["content"]
+            if isinstance(before, list) or isinstance(after, list):  # image parts stay parts
+                joined: Any = [*_parts(before), _text("\n"), *_parts(after)]
+            else:
+                joined = f"{before}\n{after}"
+            out[-1] = {**out[-1], "content": joined}
         else:
             out.append(message)
     return out
+
+
+def _text(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def _parts(content: Any) -> list[dict[str, Any]]:
+    """A message's content as a list of parts (a string is one text part)."""
+    if isinstance(content, list):
+        return content
+    return [_text(content)] if content else []

@@ -101,8 +101,9 @@ class EngineCore:
         head_dims = {t.head_dim for t in spec.tensors}
         latent = model.kv_layout.value_dim is not None
         dtype = model.family.activation_dtype(loaded.model)
+        image_masks = model.family.bidirectional_images and loaded.vision is not None
         attention = select_attention(config.attention_backend, dtype, platform, head_dims, latent_kv=latent,
-                                     kv_storage=spec.page.storage)  # fmt: skip
+                                     kv_storage=spec.page.storage, image_masks=image_masks)  # fmt: skip
         note = spec.kept_dtype_note(storage)
         if note:
             logger.info("%s", note)
@@ -124,7 +125,8 @@ class EngineCore:
         draft_bytes = kv_cache_spec(draft, config.block_size, storage).bytes_per_block if draft is not None else 0
         plan = plan_kv_pool(config, spec, max_model_len, peak, held, draft_bytes)
         spec = spec.with_blocks(plan.initial_blocks)
-        scheduler = build_scheduler(config, spec, plan.num_blocks, max_model_len, plan.initial_blocks)
+        scheduler = build_scheduler(config, spec, plan.num_blocks, max_model_len, plan.initial_blocks,
+                                    mm_splittable=not model.family.bidirectional_images)  # fmt: skip
         runner = ModelRunner(
             model,
             spec,
@@ -294,11 +296,11 @@ def vision_parts(loaded: LoadedModel, model: PagedModel, dtype: mx.Dtype) -> dic
     """The runner's vision tower and M-RoPE merge size for a vision-language model; {} for a text model."""
     if loaded.vision is None or not model.family.vision:
         return {}
-    from metalserve.executor.encoders.vision import VisionTower
+    from metalserve.executor.encoders.vision import vision_tower_for
 
     merge = loaded.vision.config.vision_config.spatial_merge_size if model.family.mrope else None
     logger.info("vision: %s's tower on the engine thread; images in", loaded.model_type)
-    return {"encoder": VisionTower(loaded.vision, dtype), "mrope_merge_size": merge}
+    return {"encoder": vision_tower_for(loaded.vision, dtype), "mrope_merge_size": merge}
 
 
 def resolve_max_model_len(

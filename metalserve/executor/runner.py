@@ -226,7 +226,8 @@ class ModelRunner:
         if so.total_num_scheduled_tokens == 0:
             return InFlightStep(so, None, 0.0, None, None)
         drafts = so.scheduled_spec_decode_tokens
-        step = pack_step(self.requests, so.num_scheduled_tokens, self.spec.block_size, drafts)
+        step = pack_step(self.requests, so.num_scheduled_tokens, self.spec.block_size, drafts,
+                         bidirectional_images=self.model.family.bidirectional_images)  # fmt: skip
         started = time.perf_counter()
         host: Future[np.ndarray] | None = None
         logits: mx.array | None = None

@@ -25,6 +25,9 @@ class StepInputs:
     # Requests that want prompt logprobs: (request id, first target position, rows), their rows' logits
     # following the sampling rows' in logits_indices (row j predicts prompt token `first + j`).
     prompt_rows: list[tuple[str, int, int]] = field(default_factory=list)
+    # Request row -> the [start, end) positions of each of its images this step touches, whose tokens
+    # attend to each other both ways (Gemma 3); empty for causal models.
+    image_spans: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
     @property
     def num_sampling_logits(self) -> int:
@@ -43,12 +46,14 @@ def pack_step(
     num_scheduled: dict[str, int],
     block_size: int,
     drafts: dict[str, list[int]] | None = None,
+    bidirectional_images: bool = False,
 ) -> StepInputs:
     """Lay out the step: requests with one query first (they form the batched decode group).
 
     `drafts`: speculative tokens that follow a request's known tokens; its window (last token plus
     drafts) gets a logits row per query, so one forward verifies every draft."""
     drafts = drafts or {}
+    image_spans: dict[int, list[tuple[int, int]]] = {}
     # Single-query requests first, shortest context first, so the attention can bucket them by length.
     order = sorted(
         num_scheduled,
@@ -79,6 +84,10 @@ def pack_step(
         rows.append(blocks)
         cu.append(cu[-1] + n)
         seq_lens.append(end)
+        if bidirectional_images and state.mm_inputs:
+            spans = [(mm.offset, mm.offset + mm.length) for mm in state.mm_inputs if mm.offset < end]
+            if any(e > start for _, e in spans):
+                image_spans[i] = spans
         if end == known:  # caught up with every known token: sample the next one (and verify drafts)
             sampling_rows.append(i)
             logits_indices.extend(range(cu[-1] - 1 - len(spec), cu[-1]))
@@ -98,4 +107,5 @@ def pack_step(
         sampling_rows=sampling_rows,
         logits_indices=np.asarray(logits_indices + prompt_indices, dtype=np.int32),
         prompt_rows=prompt_rows,
+        image_spans=image_spans,
     )

@@ -21,7 +21,7 @@ from metalserve.loader.gguf_loader import load_gguf
 from metalserve.loader.hub import download, looks_like_repo_id
 from metalserve.loader.loaded import LoadedModel, RawModel
 from metalserve.loader.overrides import apply_hf_overrides, scaled_context
-from metalserve.loader.vision import is_vision_directory, load_vision_directory
+from metalserve.loader.vision import is_vision_directory, language_model_of, load_vision_directory
 from metalserve.loader.weights_mode import WEIGHTS_MODES, cast_floats, dequantize_model, fp32_bytes, should_dequantize
 from metalserve.platform import Platform, current_platform
 
@@ -113,7 +113,7 @@ def load(
         raw.tokenizer.chat_template = chat_template
     vision = built if raw.prebuilt is not None else None  # mlx-vlm's model: its language model is served
     loaded = LoadedModel(
-        model=built.language_model if vision is not None else built,
+        model=language_model_of(built) if vision is not None else built,
         tokenizer=raw.tokenizer,
         model_type=raw.config["model_type"],
         config=raw.config,
