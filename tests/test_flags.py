@@ -38,11 +38,14 @@ SERVE_OPTIONS = {
     # Issue 27's: a longer context on request, the output cap for requests without one, the generic tool prompt.
     "--hf-overrides", "--allow-long-max-model-len", "--default-max-tokens", "--generic-tool-prompt",
     "--no-generic-tool-prompt",
+    # The KV disk tier (docs/disk-tier.md) and async scheduling (docs/serving.md).
+    "--kv-disk-dir", "--kv-disk-size", "--async-scheduling", "--no-async-scheduling",
 }  # fmt: skip
 
 
 MULTI = {"more_models", "models", "pinned_models", "model_idle_timeout", "model_load_timeout", "memory_budget"}
 PIPELINE = {"pipeline_parallel_size", "pipeline_layer_partition"}  # with speculation they refuse to start
+DISK = {"kv_disk_dir", "kv_disk_size"}  # need prefix caching, which the first command line turns off
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -82,7 +85,7 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
     ]  # fmt: skip
     # A new flag gets a value here too: every flag is parsed onto its field by this test.
     given = {a.dest for a in _parser()._actions if {*a.option_strings} & set(argv)} | {"model"}
-    assert given >= {f.name for cls in (EngineConfig, ServerSettings) for f, _ in flag_fields(cls)} - PIPELINE - MULTI
+    assert given >= {f.name for cls in (EngineConfig, ServerSettings) for f, _ in flag_fields(cls)} - PIPELINE - MULTI - DISK
     config, settings = config_from_args(_parser().parse_args(argv))
     assert config == EngineConfig(
         model="m.gguf", served_model_name="served", max_model_len=4096, block_size=32, max_num_seqs=7,
@@ -105,6 +108,8 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         max_images_per_request=2, max_image_pixels=1000, max_image_bytes_per_request=5000,
         default_max_tokens=77, generic_tool_prompt=False,
     )  # fmt: skip
+    config, _ = config_from_args(_parser().parse_args(["--kv-disk-dir", "/tmp/kv", "--kv-disk-size", "4096"]))
+    assert (config.kv_disk_dir, config.kv_disk_size) == ("/tmp/kv", 4096)
     # Several models cannot combine with --served-model-name: a command line of their own.
     argv = ["a.gguf", "b.gguf", "c", "--models", "m.yaml", "--pinned-models", "a.gguf, c", "--model-idle-timeout",
             "9", "--model-load-timeout", "8", "--memory-budget", "1000"]  # fmt: skip
