@@ -3,8 +3,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The default run leaves out the tests marked slow (whole model matrices, real agents, kill -9 restarts):
+# `make test-all` runs them too.
+PYTEST_ARGS ?= -m "not slow"
 
-.PHONY: serve test lint typecheck clean browser agents
+.PHONY: serve test test-all lint typecheck clean browser agents
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +37,9 @@ $(AGENTS_DIR)/.installed:
 browser:
 	apt-get update
 	apt-get install -y --no-install-recommends chromium chromium-driver
+
+test-all:
+	$(MAKE) test PYTEST_ARGS=
 
 clean:
 	rm -rf $(VENV)
