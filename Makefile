@@ -3,8 +3,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The default run leaves out the tests marked slow (whole model matrices, real agents, kill -9 restarts):
+# `make test-all` runs them too.
+PYTEST_ARGS ?= -m "not slow"
 
-.PHONY: serve test lint typecheck clean browser
+.PHONY: serve test test-all lint typecheck clean browser agents
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,10 +25,21 @@ test: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The coding agents the slow tests in tests/agents drive (Claude Code, Codex), into an ignored folder.
+AGENTS_DIR := .agents
+agents: $(AGENTS_DIR)/.installed
+
+$(AGENTS_DIR)/.installed:
+	npm install --prefix $(AGENTS_DIR) --no-audit --no-fund @anthropic-ai/claude-code @openai/codex
+	touch $(AGENTS_DIR)/.installed
+
 # The browser test's headless Chromium (tests/browser/; skipped where it is absent). Debian/Ubuntu, as root.
 browser:
 	apt-get update
 	apt-get install -y --no-install-recommends chromium chromium-driver
+
+test-all:
+	$(MAKE) test PYTEST_ARGS=
 
 clean:
 	rm -rf $(VENV)

@@ -3,6 +3,9 @@
 Each (server, concurrency) gets a fresh server on a free port and fresh prompts. Run by hand (minutes):
     .venv/bin/python bench/compare_peers.py [--servers metalserve,mlx-lm,...] [--levels 1,2,4,8,16]
 Peers that are not installed are reported as such. Prepare them with the scripts in bench/peers/.
+A/B of one setting, alternated so machine noise falls on both (async scheduling on and off):
+    .venv/bin/python bench/compare_peers.py --servers metalserve,metalserve-no-async --levels 1,8 \
+        --alternate 2 --out async_ab
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from peers.servers import SERVERS, availability, spec_for
 
 def _bench_args(a: argparse.Namespace, c: int, level_index: int) -> list[str]:
     # Fresh prompts per level (no server ever sees a prompt twice); the same prompts for every server.
+    # Without the converted MLX directory the client asks the server's /tokenize.
+    tokenizer = ["--tokenizer", str(MLX_DIR)] if (MLX_DIR / "config.json").exists() else []
     return [
-        "--endpoint", "completions", "--tokenizer", str(MLX_DIR), "--dataset-name", "random",
+        "--endpoint", "completions", *tokenizer, "--dataset-name", "random",
         "--input-len", str(a.input_len), "--output-len", str(a.output_len), "--ignore-eos",
         "--temperature", "0", "--num-prompts", str(max(a.min_prompts, a.prompts_per_client * c)),
         "--max-concurrency", str(c), "--seed", str(a.seed + 1000 * level_index),
@@ -153,6 +158,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--metalserve-args", default="", help="extra `metalserve serve` flags, e.g. a token budget")
     p.add_argument("--out", default="compare_peers", help="folder under bench/results for this sweep")
+    p.add_argument("--alternate", type=int, default=0,
+                   help="N rounds with the servers alternated within each level (an A/B of settings)")
     return p.parse_args(argv)
 
 
@@ -165,16 +172,18 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(x) for x in a.levels.split(",")]
     out = RESULTS / a.out
     out.mkdir(parents=True, exist_ok=True)
-    status, rows = {}, []
+    status, usable, rows = {}, {}, []
     for name in names:
-        ok, status[name] = availability(name)
+        usable[name], status[name] = availability(name)
         print(f"{name}: {status[name]}", flush=True)
-        for i, c in enumerate(levels):
-            row = (
-                run_level(name, c, i, a) if ok else {"server": name, "concurrency": c, "error": status[name]}
-            )
-            print(json.dumps({k: v for k, v in row.items() if k != "command"}), flush=True)
-            rows.append(row)
+    if a.alternate:  # rounds of (level, server) pairs, servers side by side within a level
+        order = [(n, c, i + 1000 * r) for r in range(a.alternate) for i, c in enumerate(levels) for n in names]
+    else:
+        order = [(n, c, i) for n in names for i, c in enumerate(levels)]
+    for name, c, i in order:
+        row = run_level(name, c, i, a) if usable[name] else {"server": name, "concurrency": c, "error": status[name]}
+        print(json.dumps({k: v for k, v in row.items() if k != "command"}), flush=True)
+        rows.append(row)
     checks = targets(rows)
     doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "settings": vars(a), "servers": status, "rows": rows,
            "targets": checks}  # fmt: skip

@@ -1,9 +1,10 @@
-"""Images on a tiny random-weight Qwen2-VL (mlx-vlm's classes): the vision tower's time per image, and the
-TTFT of a one-image chat request through the real threaded server, uncached and with the same image again
-(a prefix-cache hit past the image). Prints numbers; run by hand:
-    PYTHONPATH=. .venv/bin/python bench/vision.py [--size 448x448] [--repeats 5]
-The model is tests/multimodal/tiny_vlm.py's (2 layers, hidden 64): the numbers measure the serving path's
-overheads (decode, resize, tower, scheduling), not a real model's compute.
+"""Images on a tiny random-weight Qwen2-VL or Gemma 3 (mlx-vlm's classes): the vision tower's time per
+image, and the TTFT of a one-image chat request through the real threaded server, uncached and with the
+same image again (a prefix-cache hit past the image). Prints numbers; run by hand:
+    PYTHONPATH=. .venv/bin/python bench/vision.py [--model-type gemma3] [--size 448x448] [--repeats 5]
+The models are tests/multimodal/tiny_vlm.py's and tiny_gemma3.py's (2 layers, hidden 64; Gemma 3's tower
+takes 56x56 images, 4 placeholders, whatever --size): the numbers measure the serving path's overheads
+(decode, resize, tower, scheduling), not a real model's compute.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from metalserve.api.settings import ServerSettings  # noqa: E402
 from metalserve.config import EngineConfig  # noqa: E402
 from metalserve.multimodal.images import ImageLimits, open_image  # noqa: E402
 from tests.api.conftest import Served, live  # noqa: E402
-from tests.multimodal.tiny_vlm import build, save  # noqa: E402
+from tests.multimodal import tiny_gemma3, tiny_vlm  # noqa: E402
 from tests.multimodal.vl_golden import png  # noqa: E402
 
 
@@ -50,11 +51,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--size", default="448x448", help="image WIDTHxHEIGHT in pixels")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--model-type", choices=("qwen2_vl", "gemma3"), default="qwen2_vl")
     args = parser.parse_args()
     width, height = (int(x) for x in args.size.split("x"))
     size = (width, height)
-    model = "tiny-qwen2-vl"
-    directory = save(build("qwen2_vl"), "qwen2_vl", Path(tempfile.mkdtemp()) / model)
+    model = f"tiny-{args.model_type}"
+    if args.model_type == "gemma3":
+        directory = tiny_gemma3.save(tiny_gemma3.build(), Path(tempfile.mkdtemp()) / model)
+    else:
+        directory = tiny_vlm.save(tiny_vlm.build("qwen2_vl"), "qwen2_vl", Path(tempfile.mkdtemp()) / model)
     config = EngineConfig(model=str(directory), served_model_name=model, kv_cache_memory=1 << 26, max_model_len=4096)
     engine = start_engine(config)
     with live(Served(build_app(engine, ServerSettings(log_stats_interval=0)), None, engine)) as served:  # type: ignore[arg-type]
@@ -65,10 +70,11 @@ def main() -> None:
         cold = [ttft(client, model, png(200 + i, size)) for i in range(args.repeats)]
         per_image = (encoder.encode_seconds - seconds) / (encoder.num_encoded - count)
         warm = [ttft(client, model, png(200, size)) for _ in range(args.repeats)]
-    tokens = engine.image_processor.process(
-        [engine.image_processor.image_token_id], [open_image(png(1, size), ImageLimits())]
-    )
-    print(f"encode: {args.size} image ({len(tokens[0])} placeholder tokens), {per_image * 1e3:.0f} ms per image")
+    processor = engine.image_processor
+    slot = getattr(processor, "boi_token_id", processor.image_token_id)  # where the template puts an image
+    _, [image] = processor.process([slot], [open_image(png(1, size), ImageLimits())])
+    print(f"{args.model_type}, encode: {args.size} image ({image.length} placeholder tokens), "
+          f"{per_image * 1e3:.0f} ms per image")  # fmt: skip
     print(f"TTFT one image, uncached: {statistics.median(cold) * 1e3:.0f} ms median "
           f"({', '.join(f'{t * 1e3:.0f}' for t in cold)})")  # fmt: skip
     print(f"TTFT same image again (prefix cache): {statistics.median(warm) * 1e3:.0f} ms median "

@@ -6,9 +6,11 @@ argument from it and builds the config from the parsed flags.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from metalserve.distributed.partition import parse_partition
 from metalserve.flags import flag
@@ -40,6 +42,17 @@ def _chat_template(value: str) -> str:
     raise ValueError(f"--chat-template: no such file {value!r}")
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    """--hf-overrides: a JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--hf-overrides: not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ValueError('--hf-overrides takes a JSON object, e.g. \'{"rope_scaling": {...}}\'')
+    return value
+
+
 def default_token_budget() -> int:
     """The step token budget when --max-num-batched-tokens is not given: the Platform's."""
     from metalserve.platform import current_platform  # probes MLX once, on the engine's side
@@ -54,6 +67,14 @@ class EngineConfig:
     model: str | None = flag(None, "GGUF file, model directory or hub id (default: embedded)", positional=True)
     served_model_name: str | None = flag(None, "the model id clients send and see")
     max_model_len: int | None = flag(None, "context length (default: the model's)")
+    allow_long_max_model_len: bool = flag(
+        False, "allow --max-model-len above the model's trained context (as vLLM's "
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1), with a start-up warning; pair it with a RoPE scaling in --hf-overrides"
+    )
+    hf_overrides: Mapping[str, Any] | None = flag(
+        None, 'JSON merged into the model\'s config before it is built, e.g. \'{"rope_scaling": {"rope_type": '
+        '"yarn", "factor": 4.0, "original_max_position_embeddings": 8192}}\' (docs/agents.md)', parse=_json_object
+    )
     block_size: int = flag(16, "tokens per KV cache block", choices=(8, 16, 32))
     max_num_seqs: int = flag(64, "most requests in one batch")
     max_num_batched_tokens: int = flag(
@@ -104,6 +125,10 @@ class EngineConfig:
         None, "a directory of KV blocks that outlives memory pressure and restarts (docs/disk-tier.md); default: off"
     )
     kv_disk_size: int | None = flag(None, "bytes --kv-disk-dir may hold, least recently used blocks go first (16 GiB)")
+    async_scheduling: bool = flag(
+        True, "schedule and prepare the next step while this one computes (vLLM's --async-scheduling); "
+        "speculative decoding and pipeline stages turn it off with a start-up line"
+    )
 
     def __post_init__(self) -> None:
         self.validate()
@@ -117,6 +142,8 @@ class EngineConfig:
             raise ConfigError("--max-num-batched-tokens must be at least 1")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError("--max-model-len must be at least 1")
+        if self.hf_overrides is not None and not isinstance(self.hf_overrides, Mapping):
+            raise ConfigError('--hf-overrides takes a JSON object, e.g. \'{"rope_scaling": {...}}\'')
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError("--gpu-memory-utilization must be in (0, 1]")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

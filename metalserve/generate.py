@@ -40,7 +40,7 @@ def generate_config(loaded: LoadedModel, num_prompts: int, config: EngineConfig 
     config = config or EngineConfig()
     if config.kv_cache_memory is not None:
         return replace(config, max_num_seqs=max(num_prompts, 1))
-    max_model_len = resolve_max_model_len(config, loaded.max_model_len)
+    max_model_len = resolve_max_model_len(config, loaded.max_model_len, loaded.rope_scaled_len)
     spec = kv_cache_spec(loaded, config.block_size, config.kv_cache_dtype)
     blocks = num_prompts * blocks_for_request(spec.groups, max_model_len, config.block_size) + 1
     return replace(config, kv_cache_memory=blocks * spec.bytes_per_block, max_num_seqs=max(num_prompts, 1))

@@ -12,6 +12,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)
+    rank: int | None = None  # among the whole vocabulary, 1 the best (prompt logprobs; None: not computed)
 
 
 @dataclass
@@ -25,6 +26,8 @@ class EngineCoreOutput:
     stop_reason: int | str | None = None  # the stop token id that ended it, if any
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    # sampling_params.prompt_logprobs: every prompt token's (the first None), in the request's first output.
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def finished(self) -> bool:

@@ -9,6 +9,7 @@ from typing import Protocol
 
 from metalserve.kvcache.hashing import BlockHash
 from metalserve.multimodal.inputs import MultiModalInput, mm_hashes_in_block
+from metalserve.outputs import TokenLogprob
 from metalserve.sampling_params import SamplingParams
 
 
@@ -87,6 +88,13 @@ class Request:
     spec_token_ids: list[int] = field(default_factory=list, repr=False)
     # Images, in prompt order: their placeholder tokens are prompt tokens (multimodal/inputs.py).
     mm_inputs: list[MultiModalInput] = field(default_factory=list, repr=False)
+    # sampling_params.prompt_logprobs: the prompt tokens' logprobs so far (entry i: token i; the first
+    # None), handed out with the first output; None when not asked for, or once handed out.
+    prompt_logprobs: list[TokenLogprob | None] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.sampling_params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None]
 
     @property
     def num_prompt_tokens(self) -> int:

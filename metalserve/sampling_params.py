@@ -29,6 +29,9 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # None: no logprobs; k >= 0: sampled token's logprob plus top-k
+    # vLLM's prompt_logprobs: each prompt token's logprob (the first has none) plus the top-k; the prompt is
+    # then computed whole (no prefix-cache hit), as its logits are needed.
+    prompt_logprobs: int | None = None
     logit_bias: dict[int, float] = field(default_factory=dict)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
@@ -60,6 +63,10 @@ class SamplingParams:
             (
                 self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
                 f"logprobs must be between 0 and {MAX_LOGPROBS}",
+            ),
+            (
+                self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+                f"prompt_logprobs must be between 0 and {MAX_LOGPROBS}",
             ),
             (
                 all(-100.0 <= b <= 100.0 for b in self.logit_bias.values()),

@@ -35,11 +35,17 @@ SERVE_OPTIONS = {
     "--max-image-bytes-per-request",
     # Several models (docs/multi-model.md).
     "--models", "--pinned-models", "--model-idle-timeout", "--model-load-timeout", "--memory-budget",
+    # Issue 27's: a longer context on request, the output cap for requests without one, the generic tool prompt.
+    "--hf-overrides", "--allow-long-max-model-len", "--default-max-tokens", "--generic-tool-prompt",
+    "--no-generic-tool-prompt",
+    # The KV disk tier (docs/disk-tier.md) and async scheduling (docs/serving.md).
+    "--kv-disk-dir", "--kv-disk-size", "--async-scheduling", "--no-async-scheduling",
 }  # fmt: skip
 
 
 MULTI = {"more_models", "models", "pinned_models", "model_idle_timeout", "model_load_timeout", "memory_budget"}
 PIPELINE = {"pipeline_parallel_size", "pipeline_layer_partition"}  # with speculation they refuse to start
+DISK = {"kv_disk_dir", "kv_disk_size"}  # need prefix caching, which the first command line turns off
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -74,10 +80,13 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         "--grammar-cache-bytes", "65536", "--request-body-timeout", "7.5",
         "--max-num-encoder-input-tokens", "999", "--encoder-cache-size", "2000", "--max-images-per-request", "2",
         "--max-image-pixels", "1000", "--max-image-bytes-per-request", "5000",
+        "--hf-overrides", '{"rope_scaling": {"rope_type": "linear", "factor": 2.0}}', "--allow-long-max-model-len",
+        "--default-max-tokens", "77", "--no-generic-tool-prompt", "--no-async-scheduling",
     ]  # fmt: skip
     # A new flag gets a value here too: every flag is parsed onto its field by this test.
     given = {a.dest for a in _parser()._actions if {*a.option_strings} & set(argv)} | {"model"}
-    assert given >= {f.name for cls in (EngineConfig, ServerSettings) for f, _ in flag_fields(cls)} - PIPELINE - MULTI
+    every_field = {f.name for cls in (EngineConfig, ServerSettings) for f, _ in flag_fields(cls)}
+    assert given >= every_field - PIPELINE - MULTI - DISK
     config, settings = config_from_args(_parser().parse_args(argv))
     assert config == EngineConfig(
         model="m.gguf", served_model_name="served", max_model_len=4096, block_size=32, max_num_seqs=7,
@@ -87,6 +96,8 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         attention_backend="mlx", chat_template="{{ messages[0].content }}", tool_call_parser="hermes", seed=9,
         pipeline_step_timeout=5.5, speculative_config=SpeculativeConfig("ngram", 3, 1, 5),
         max_num_encoder_input_tokens=999, encoder_cache_size=2000,
+        hf_overrides={"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, allow_long_max_model_len=True,
+        async_scheduling=False,
     )  # fmt: skip
     assert settings == ServerSettings(
         host="0.0.0.0", port=9001, api_key="k", served_model_name="served", log_stats_interval=2.5,
@@ -96,7 +107,10 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         responses_store_bytes=4096, max_grammar_bytes=5000, grammar_compile_timeout=2.5, grammar_cache_bytes=65536,
         request_body_timeout=7.5,
         max_images_per_request=2, max_image_pixels=1000, max_image_bytes_per_request=5000,
+        default_max_tokens=77, generic_tool_prompt=False,
     )  # fmt: skip
+    config, _ = config_from_args(_parser().parse_args(["--kv-disk-dir", "/tmp/kv", "--kv-disk-size", "4096"]))
+    assert (config.kv_disk_dir, config.kv_disk_size) == ("/tmp/kv", 4096)
     # Several models cannot combine with --served-model-name: a command line of their own.
     argv = ["a.gguf", "b.gguf", "c", "--models", "m.yaml", "--pinned-models", "a.gguf, c", "--model-idle-timeout",
             "9", "--model-load-timeout", "8", "--memory-budget", "1000"]  # fmt: skip
@@ -120,6 +134,8 @@ def test_a_flag_value_that_cannot_work_is_a_clear_error(capsys: pytest.CaptureFi
     assert "--allowed-origins takes a JSON list of strings" in capsys.readouterr().err
     assert main(["serve", "--allowed-methods", "not json"]) == 1
     assert "--allowed-methods takes a JSON list of strings" in capsys.readouterr().err
+    assert main(["serve", "--hf-overrides", "[1]"]) == 1
+    assert "--hf-overrides takes a JSON object" in capsys.readouterr().err
     assert main(["serve", "--pipeline-layer-partition", "1,x", "-pp", "2"]) == 1
     assert "--pipeline-layer-partition takes comma-separated layer counts" in capsys.readouterr().err
     with pytest.raises(SystemExit):

@@ -16,7 +16,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from setuptools.config.pyprojecttoml import read_configuration
 
-from metalserve.executor.models.families import SUPPORTED_MODEL_TYPES
+from metalserve.executor.models.families import SUPPORTED_MODEL_TYPES, VISION_MODEL_TYPES
 from metalserve.loader.build import _MLX_LM_MODULES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +48,11 @@ def mlx_lm_surface() -> set[tuple[str, str, str]]:
     """Every (module, attribute, where) metalserve reads from mlx-lm, plus each served type's classes."""
     surface = set().union(*(_reads(p) for p in sorted((ROOT / "metalserve").rglob("*.py"))))
     for model_type in SUPPORTED_MODEL_TYPES:
+        where = f"model type {model_type}"
+        if model_type in VISION_MODEL_TYPES:  # built by mlx-vlm (loader/vision.py), which names its config so
+            surface |= {(f"mlx_vlm.models.{model_type}", "Model", where),
+                        (f"mlx_vlm.models.{model_type}", "ModelConfig", where)}  # fmt: skip
+            continue
         module = f"mlx_lm.models.{_MLX_LM_MODULES.get(model_type, model_type)}"
         surface |= {(module, "Model", f"model type {model_type}"), (module, "ModelArgs", f"model type {model_type}")}
     return surface

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from peers.launch import DEFAULT_GGUF, LLAMA_SERVER, MLX_DIR, PEER_PYTHON, REPO, ServerSpec
 
-SERVERS = ("metalserve", "mlx-lm", "llama-server", "llama-cpp-python")
+SERVERS = ("metalserve", "metalserve-no-async", "mlx-lm", "llama-server", "llama-cpp-python")
 # Servers without `ignore_eos` get EOS (<|im_end|>, id 2) and <|endoftext|> (id 0) banned instead, so
 # every server produces the same number of tokens.
 NO_EOS_BIAS = {"logit_bias": {"0": -100, "2": -100}}
@@ -25,8 +25,9 @@ def spec_for(name: str, concurrency: int, extra_args: list[str] | None = None) -
     """The start command of `name` tuned for `concurrency` clients (llama-server gets that many slots)."""
     extra = extra_args or []
     host = ["--host", "127.0.0.1"]
-    if name == "metalserve":
-        return ServerSpec(name, [*metalserve_cmd(), "serve", "--port", "{port}", *host, *extra])
+    if name in ("metalserve", "metalserve-no-async"):  # the second: async scheduling off, for A/B runs
+        off = ["--no-async-scheduling"] if name == "metalserve-no-async" else []
+        return ServerSpec(name, [*metalserve_cmd(), "serve", "--port", "{port}", *host, *off, *extra])
     if name == "mlx-lm":
         script = str(REPO / "bench" / "peers" / "mlx_lm_server.py")
         argv = [sys.executable, script, "--model", str(MLX_DIR), "--port", "{port}", *host, *extra]
@@ -68,7 +69,7 @@ def _run(argv: list[str]) -> str:
 
 def availability(name: str) -> tuple[bool, str]:
     """Whether `name` can be started here, and its version or the reason it cannot."""
-    if name == "metalserve":
+    if name in ("metalserve", "metalserve-no-async"):
         ok = Path(sys.executable).parent.joinpath("metalserve").exists()
         return ok, "metalserve (console script)" if ok else "not installed: .venv/bin/metalserve is missing"
     if name == "mlx-lm":

@@ -24,6 +24,7 @@ from metalserve.api.errors import ErrorShapes, OpenAIError, install_error_handle
 from metalserve.api.memory import memory_report
 from metalserve.api.metrics import MetricSeries
 from metalserve.api.model_serving import ModelServing, ServingOptions, make_model_serving, serve_with
+from metalserve.api.models import add_model_routes
 from metalserve.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -31,10 +32,10 @@ from metalserve.api.protocol import (
     TokenizeRequest,
 )
 from metalserve.api.request_log import RequestRecorder
+from metalserve.api.responses.errors import responses_error_body
 from metalserve.api.responses.protocol import ResponsesRequest
 from metalserve.api.responses.serving import ResponsesServing
 from metalserve.api.responses.store import ResponseStore
-from metalserve.api.serving_common import now
 from metalserve.api.settings import ServerSettings
 from metalserve.api.status import add_status_routes
 from metalserve.api.text_guard import TextCheckedRoute
@@ -53,7 +54,7 @@ _OPEN_PREFIXES = ("/web/",)
 
 
 # Error shapes by path: Anthropic's routes answer in Anthropic's format, everything else in OpenAI's.
-ERROR_SHAPES = ErrorShapes([("/v1/messages", anthropic_error_body)])
+ERROR_SHAPES = ErrorShapes([("/v1/messages", anthropic_error_body), ("/v1/responses", responses_error_body)])
 
 
 class ApiKeyMiddleware:
@@ -91,7 +92,7 @@ def build_app(engine: AsyncEngine | ModelRegistry[ModelServing], settings: Serve
         name = settings.served_model_name or engine.model_name
         options = ServingOptions(
             (name,), settings.tool_call_parser, settings.reasoning_parser, settings.enable_auto_tool_choice,
-            settings.image_limits(),
+            settings.image_limits(), settings.default_max_tokens, settings.generic_tool_prompt,
         )  # fmt: skip
         engine.grammar_limits = grammar_limits(settings)
         serving = make_model_serving(engine, options, store, series, recorder)
@@ -165,6 +166,8 @@ def _serving_for(
         spec.reasoning_parser or settings.reasoning_parser,
         spec.enable_auto_tool_choice or settings.enable_auto_tool_choice,
         settings.image_limits(),
+        settings.default_max_tokens,
+        settings.generic_tool_prompt,
     )
     engine.grammar_limits = grammar_limits(settings)
     serving = make_model_serving(engine, options, store, series, recorder)
@@ -212,15 +215,7 @@ def _add_info_routes(app: FastAPI, registry: ModelRegistry[ModelServing], series
     async def version() -> dict[str, str]:
         return {"version": metalserve.__version__}
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        data = []
-        for slot, info in zip(registry.slots, registry.describe(), strict=True):
-            root = slot.engine.model_name if slot.engine is not None else (slot.spec.config.model or slot.spec.name)
-            card = {"id": info["id"], "object": "model", "created": now(), "owned_by": "metalserve", "root": root}
-            data.append({**card, "max_model_len": info["max_model_len"], "state": info["state"],
-                         "aliases": info["aliases"], "pinned": info["pinned"]})  # fmt: skip
-        return {"object": "list", "data": data}
+    add_model_routes(app, registry)
 
     @app.get("/metrics")
     async def prometheus() -> Response:

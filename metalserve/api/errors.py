@@ -24,18 +24,28 @@ logger = logging.getLogger(__name__)
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
     408: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
     500: "internal_server_error",
+    429: "rate_limit_error",
     503: "service_unavailable",
 }
+# Statuses a retry cannot fix: `x-should-retry: false` tells the OpenAI and Anthropic SDKs (and the agents
+# built on them) to fail at once instead of backing off for minutes (a wrong key retried ~3 min otherwise).
+NON_RETRYABLE = frozenset({400, 401, 403, 404, 405, 413, 415, 422})
+# Statuses worth retrying after a pause: `retry-after` (seconds) says how long.
+RETRY_AFTER_SECONDS = {429: 1, 503: 5}
 
 
 class OpenAIError(Exception):
-    """An error the client should see, with its HTTP status."""
+    """An error the client should see, with its HTTP status.
+
+    `param` names the request field in the chat API's words; other API families map it (see ErrorShapes).
+    """
 
     def __init__(
         self, message: str, status: int = 400, *, param: str | None = None, code: str | None = None
@@ -57,6 +67,48 @@ def error_body(
     return {"error": {"message": message, "type": err_type, "param": param, "code": code or str(status)}}
 
 
+class ContextLengthError(OpenAIError):
+    """The prompt (or prompt + max_tokens) does not fit the context: each API words it as its clients parse.
+
+    `requested` is None when the prompt alone is too long; `at_least` when the count is a lower bound
+    (a text refused by its length before tokenizing)."""
+
+    def __init__(
+        self, prompt_len: int, max_model_len: int, requested: int | None = None, *, at_least: bool = False
+    ) -> None:
+        self.prompt_len, self.max_model_len, self.requested = prompt_len, max_model_len, requested
+        if requested is None:
+            least = "at least " if at_least else ""
+            message = (
+                f"This model's maximum context length is {max_model_len} tokens. However, your request has "
+                f"{least}{prompt_len} input tokens. Please reduce the length of the input."
+            )
+            param = "messages"
+        else:
+            message = (
+                f"'max_tokens' is too large: {requested}. This model's maximum context length is "
+                f"{max_model_len} tokens and your request has {prompt_len} input tokens "
+                f"({requested} > {max_model_len} - {prompt_len})."
+            )
+            param = "max_tokens"
+        super().__init__(message, 400, param=param, code="context_length_exceeded")
+
+
+def retry_headers(status: int) -> dict[str, str]:
+    """The retry advice for a status: `x-should-retry: false`, or `retry-after` with a pause."""
+    if status in NON_RETRYABLE:
+        return {"x-should-retry": "false"}
+    if status in RETRY_AFTER_SECONDS:
+        return {"retry-after": str(RETRY_AFTER_SECONDS[status])}
+    return {}
+
+
+def log_client_error(path: str, exc: OpenAIError) -> None:
+    """One log line with the reason for every 4xx (the access log shows only the status)."""
+    if 400 <= exc.status < 500:
+        logger.info("%d on %s: %s%s", exc.status, path, exc.message, f" (param {exc.param})" if exc.param else "")
+
+
 ErrorRenderer = Callable[[OpenAIError], dict[str, Any]]
 
 
@@ -73,7 +125,10 @@ class ErrorShapes:
         return exc.to_dict()
 
     def response(self, path: str, exc: OpenAIError, headers: dict[str, str] | None = None) -> JSONResponse:
-        return JSONResponse(self.body(path, exc), status_code=exc.status, headers=headers)
+        """The error response, with its retry advice; every 4xx is logged with its reason."""
+        log_client_error(path, exc)
+        all_headers = {**retry_headers(exc.status), **(headers or {})}
+        return JSONResponse(self.body(path, exc), status_code=exc.status, headers=all_headers)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:

@@ -69,3 +69,44 @@ def completion_logprobs(
         "top_logprobs": [{text(t): safe_logprob(lp) for t, lp in e.top[:top_n]} for e in entries],
         "text_offset": offsets,
     }
+
+
+def prompt_logprobs_items(entries: list[TokenLogprob | None], text: TokenText) -> list[dict[str, Any] | None]:
+    """vLLM's `prompt_logprobs`: per prompt token (the first None) a map from token id to its logprob,
+    rank and text, holding the prompt token itself and the top-k alternatives."""
+    out: list[dict[str, Any] | None] = []
+    for e in entries:
+        if e is None:
+            out.append(None)
+            continue
+        own = {"logprob": safe_logprob(e.logprob), "rank": e.rank, "decoded_token": text(e.token_id)}
+        item = {str(e.token_id): own}
+        for rank, (t, lp) in enumerate(e.top, 1):
+            item.setdefault(str(t), {"logprob": safe_logprob(lp), "rank": rank, "decoded_token": text(t)})
+        out.append(item)
+    return out
+
+
+def echo_logprobs(
+    prompt: list[int], entries: list[TokenLogprob | None], top_n: int, text: TokenText | TokenIdText
+) -> dict[str, list[Any]]:
+    """The OpenAI legacy form of `echo` with `logprobs`: the prompt's tokens as completion logprobs columns
+    from offset 0, the first token's logprob and alternatives null."""
+    tokens = [text(t) for t in prompt]
+    offsets, offset = [], 0
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [None if e is None else safe_logprob(e.logprob) for e in entries],
+        "top_logprobs": [
+            None if e is None else {text(t): safe_logprob(lp) for t, lp in e.top[:top_n]} for e in entries
+        ],
+        "text_offset": offsets,
+    }
+
+
+def join_logprobs(first: dict[str, list[Any]], then: dict[str, list[Any]] | None) -> dict[str, list[Any]]:
+    """Two column-wise logprobs pieces as one (the echoed prompt's, then the completion's)."""
+    return first if then is None else {key: first[key] + then[key] for key in first}

@@ -50,6 +50,8 @@ class ServingOptions:
     reasoning_parser: str | None = None
     enable_auto_tool_choice: bool = False
     image_limits: ImageLimits = field(default_factory=ImageLimits)
+    default_max_tokens: int = 0  # --default-max-tokens
+    generic_tool_prompt: bool = True  # --generic-tool-prompt
 
 
 def make_model_serving(
@@ -63,10 +65,16 @@ def make_model_serving(
     metrics = Metrics(name, series)
     if engine.observer is None:
         engine.observer = metrics
-    ctx = ServingContext(engine, name, options.image_limits, aliases=options.names[1:], recorder=recorder)
+    ctx = ServingContext(
+        engine, name, options.image_limits, aliases=options.names[1:], recorder=recorder,
+        default_max_tokens=options.default_max_tokens,
+    )  # fmt: skip
     tools = get_tool_parser(options.tool_call_parser) if options.tool_call_parser else None
     reasoning = get_reasoning_parser(options.reasoning_parser) if options.reasoning_parser else None
-    chat = ChatServing(ctx, tools, reasoning, auto_tools=options.enable_auto_tool_choice)
+    chat = ChatServing(
+        ctx, tools, reasoning, auto_tools=options.enable_auto_tool_choice,
+        generic_tool_prompt=options.generic_tool_prompt,
+    )  # fmt: skip
     return ModelServing(
         ctx, chat, CompletionServing(ctx), MessagesServing(chat), ResponsesServing(chat, store), metrics
     )

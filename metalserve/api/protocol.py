@@ -173,6 +173,9 @@ class CompletionRequest(_SamplingRequest):
     prompt: PromptType
     max_tokens: StrictInt | None = Field(default=16, ge=1)
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    # vLLM's field: each prompt token's logprob and top-k (with `echo` and `logprobs`, the OpenAI legacy
+    # form puts them in front of the completion's logprobs instead).
+    prompt_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
     best_of: StrictInt | None = Field(default=None, ge=1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from metalserve.api.deltas import ChoiceDelta, OutputParsing
 from metalserve.api.errors import OpenAIError
+from metalserve.api.generic_tools import template_renders_tools, with_generic_tools
 from metalserve.api.images import content_chars, image_error, read_images, template_content
 from metalserve.api.logprobs_format import TokenText, chat_logprobs
 from metalserve.api.protocol import ChatCompletionRequest, ChatMessage
@@ -34,11 +36,12 @@ from metalserve.api.serving_common import (
 from metalserve.api.serving_context import ServingContext, check_sequence_count
 from metalserve.api.structured import chat_structured, check_compiles
 from metalserve.api.tool_choice import is_forced
-from metalserve.api.tool_parsers import ToolCallDelta, ToolParser
+from metalserve.api.tool_parsers import GenericToolParser, ToolCallDelta, ToolParser
 from metalserve.engine.async_engine import RequestOutput
 from metalserve.multimodal.images import ImageError
 from metalserve.multimodal.inputs import MultiModalInput
 
+logger = logging.getLogger(__name__)
 # chat_template_kwargs may not override how the template is called.
 _RESERVED_TEMPLATE_KWARGS = {"conversation", "tools", "tokenize", "chat_template", "return_dict"}
 
@@ -95,6 +98,12 @@ class Generation:
     prompt: list[int]
     streams: list[AsyncIterator[RequestOutput]]
     parsing: OutputParsing
+    max_tokens: int = 0  # the output budget it runs with (asked, the server's default cap, or the context)
+    context_bound: bool = False  # the budget is the room left in the context: "length" means the context ended
+
+    def length_reason(self, num_output_tokens: int) -> str:
+        """Why a "length" finish happened: the context ran out, or the output budget did."""
+        return "context_length" if self.context_bound and num_output_tokens >= self.max_tokens else "max_tokens"
 
 
 class ChatServing:
@@ -110,12 +119,21 @@ class ChatServing:
         reasoning_parser: ReasoningParser | None = None,
         *,
         auto_tools: bool = False,
+        generic_tool_prompt: bool = True,
     ) -> None:
         self.ctx = ctx
         self.tool_parser = tool_parser
         self.reasoning_parser = reasoning_parser
         self.auto_tools = auto_tools  # --enable-auto-tool-choice
         self.token_text = TokenText(ctx.engine.tokenizer)
+        # Tools in the server's generic form where the template drops them (api/generic_tools.py).
+        self.generic_tools = generic_tool_prompt and not template_renders_tools(ctx.engine.tokenizer, self._template())
+        if self.generic_tools:
+            logger.warning(
+                "the chat template does not render `tools`: the server describes them in the system message "
+                "itself and reads calls back as <tool_call> JSON blocks (--no-generic-tool-prompt: off)"
+            )
+            self.tool_parser = GenericToolParser()
 
     async def create(self, req: ChatCompletionRequest, raw: HTTPRequest) -> Response:
         gen = await self.start(req)
@@ -133,9 +151,8 @@ class ChatServing:
         rendered = await self.render_off_loop(req)
         prompt = rendered.token_ids
         engine = self.ctx.engine
-        max_tokens = resolve_max_tokens(
-            req.max_completion_tokens or req.max_tokens, len(prompt), engine.max_model_len
-        )
+        requested = req.max_completion_tokens or req.max_tokens
+        max_tokens = resolve_max_tokens(requested, len(prompt), engine.max_model_len, self.ctx.default_max_tokens)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = build_sampling_params(
             req, max_tokens=max_tokens, logprobs=logprobs, vocab_size=len(engine.tokenizer)
@@ -150,7 +167,8 @@ class ChatServing:
         gate_on_reasoning(params, self.reasoning_parser, engine.tokenizer)
         request_id = random_id(id_prefix)
         streams = start_generations(self.ctx, request_id, prompt, params, req.n, req, mm_inputs=rendered.images)
-        return Generation(request_id, prompt, streams, parsing)
+        context_bound = max_tokens == engine.max_model_len - len(prompt) and max_tokens != requested
+        return Generation(request_id, prompt, streams, parsing, max_tokens, context_bound)
 
     def _parsing(
         self, req: ChatCompletionRequest, prompt: list[int], parse_tools: ToolParser | None
@@ -197,20 +215,26 @@ class ChatServing:
             raise image_error(str(exc), "messages") from None
         return Prompt(tokens, inputs)
 
+    def _template(self) -> str | None:
+        return self.ctx.engine.chat_template or getattr(self.ctx.engine.tokenizer, "chat_template", None)
+
     def render(self, req: ChatCompletionRequest) -> list[int]:
         """The prompt's token ids: the conversation (and tools) through the chat template (an image is the
         one image token the template writes for it; `render_prompt` expands it)."""
         tokenizer = self.ctx.engine.tokenizer
-        template = self.ctx.engine.chat_template or getattr(tokenizer, "chat_template", None)
+        template = self._template()
         if not template:
             raise OpenAIError("this model has no chat template; start the server with --chat-template", 400)
         tools = None if req.tool_choice == "none" or not req.tools else [t.model_dump() for t in req.tools]
+        messages = [message_dict(m) for m in req.messages]
+        if self.generic_tools:
+            messages, tools = with_generic_tools(messages, tools), None
         extra = {
             k: v for k, v in (req.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS
         }
         try:
             text = tokenizer.apply_chat_template(
-                [message_dict(m) for m in req.messages],
+                messages,
                 tools=tools,
                 add_generation_prompt=req.add_generation_prompt,
                 tokenize=False,

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from fastapi import Request as HTTPRequest
 from starlette.requests import ClientDisconnect
 
-from metalserve.api.errors import OpenAIError, internal_error
+from metalserve.api.errors import ContextLengthError, OpenAIError, internal_error
 from metalserve.api.protocol import _SamplingRequest
 from metalserve.api.serving_context import ServingContext
 from metalserve.engine.async_engine import ClientTooSlowError, EngineDeadError, RequestOutput
@@ -35,28 +35,16 @@ def now() -> int:
     return int(time.time())
 
 
-def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: int) -> int:
-    """The output budget: what was asked, checked against the context; absent means up to the context."""
+def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: int, default_cap: int = 0) -> int:
+    """The output budget: what was asked, checked against the context; absent means the server's default
+    cap (`--default-max-tokens`, 0: none) or the rest of the context, whichever is smaller."""
     if prompt_len >= max_model_len:
-        raise OpenAIError(
-            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
-            f"{prompt_len} input tokens. Please reduce the length of the input.",
-            400,
-            param="messages",
-            code="context_length_exceeded",
-        )
+        raise ContextLengthError(prompt_len, max_model_len)
     room = max_model_len - prompt_len
     if requested is None:
-        return room
+        return min(room, default_cap) if default_cap > 0 else room
     if requested > room:
-        raise OpenAIError(
-            f"'max_tokens' is too large: {requested}. This model's maximum context length is "
-            f"{max_model_len} tokens and your request has {prompt_len} input tokens "
-            f"({requested} > {max_model_len} - {prompt_len}).",
-            400,
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
+        raise ContextLengthError(prompt_len, max_model_len, requested)
     return requested
 
 
@@ -233,6 +221,7 @@ class ChoiceState:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     def add(self, out: RequestOutput) -> None:
         self.text += out.text
@@ -242,6 +231,8 @@ class ChoiceState:
         self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
         if out.logprobs:
             self.logprobs = (self.logprobs or []) + out.logprobs
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
 
 
 async def collect(streams: list[AsyncIterator[RequestOutput]]) -> list[ChoiceState]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from fastapi import Request as HTTPRequest
@@ -10,7 +11,13 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse
 
 from metalserve.api.errors import OpenAIError
-from metalserve.api.logprobs_format import TokenText, completion_logprobs
+from metalserve.api.logprobs_format import (
+    TokenText,
+    completion_logprobs,
+    echo_logprobs,
+    join_logprobs,
+    prompt_logprobs_items,
+)
 from metalserve.api.protocol import CompletionRequest
 from metalserve.api.serving_common import (
     ChoiceState,
@@ -29,6 +36,7 @@ from metalserve.api.serving_common import (
 from metalserve.api.serving_context import ServingContext, check_sequence_count
 from metalserve.api.structured import check_compiles, completion_structured
 from metalserve.engine.async_engine import RequestOutput
+from metalserve.outputs import TokenLogprob
 from metalserve.structured.params import StructuredOutputsParams
 
 
@@ -84,15 +92,43 @@ class CompletionServing:
         response_id = random_id("cmpl")
         streams: list[AsyncIterator[RequestOutput]] = []
         for p, prompt in enumerate(prompts):
-            max_tokens = resolve_max_tokens(req.max_tokens, len(prompt), engine.max_model_len)
+            max_tokens = resolve_max_tokens(
+                req.max_tokens, len(prompt), engine.max_model_len, self.ctx.default_max_tokens
+            )
             params = build_sampling_params(
                 req, max_tokens=max_tokens, logprobs=req.logprobs, vocab_size=len(engine.tokenizer)
             )
             params.structured_outputs = structured
+            params.prompt_logprobs = self._prompt_top(req)
             # One prompt's engine requests are named by the response id itself; several prompts' by `<id>-<p>`.
             prompt_id = response_id if len(prompts) == 1 else f"{response_id}-{p}"
             streams += start_generations(self.ctx, prompt_id, prompt, params, req.n, req)
         return response_id, streams
+
+    @staticmethod
+    def _prompt_top(req: CompletionRequest) -> int | None:
+        """The prompt logprobs to compute: vLLM's `prompt_logprobs`, or those `echo` with `logprobs` shows."""
+        echoed = req.logprobs if req.echo and req.logprobs is not None else None
+        if req.prompt_logprobs is None:
+            return echoed
+        return max(req.prompt_logprobs, echoed or 0)
+
+    def _prompt_fields(
+        self, req: CompletionRequest, prompt: list[int], entries: list[TokenLogprob | None] | None, index: int
+    ) -> tuple[dict[str, list[Any]] | None, dict[str, Any]]:
+        """(the echoed prompt's logprobs columns, extra choice fields) for a choice's first piece."""
+        if entries is None:
+            return None, {}
+        extra = {}
+        if req.prompt_logprobs is not None:
+            top = req.prompt_logprobs
+            trimmed = [None if e is None else replace(e, top=e.top[:top]) for e in entries]
+            extra["prompt_logprobs"] = prompt_logprobs_items(trimmed, self.token_text)
+        echoed = None
+        if req.echo and req.logprobs is not None:
+            as_text = self.token_text.for_request(req.return_tokens_as_token_ids)
+            echoed = echo_logprobs(prompt, entries, req.logprobs, as_text)
+        return echoed, extra
 
     def _echo(self, req: CompletionRequest, prompts: list[list[int]], index: int) -> str:
         if not req.echo:
@@ -109,6 +145,9 @@ class CompletionServing:
             if req.logprobs is not None and c.logprobs is not None:
                 text = self.token_text.for_request(req.return_tokens_as_token_ids)
                 logprobs = completion_logprobs(c.logprobs, req.logprobs, text, len(echo))
+            echoed, extra = self._prompt_fields(req, prompts[i // req.n], c.prompt_logprobs, i)
+            if echoed is not None:
+                logprobs = join_logprobs(echoed, logprobs)
             out.append(
                 {
                     "index": i,
@@ -116,6 +155,7 @@ class CompletionServing:
                     "logprobs": logprobs,
                     "finish_reason": c.finish_reason,
                     "stop_reason": c.stop_reason,
+                    **extra,
                 }
             )
         return {
@@ -145,9 +185,9 @@ class CompletionServing:
                 text = ("" if index in echoed else self._echo(req, prompts, index)) + out.text
                 echoed.add(index)
                 totals[index].add(out)
-                if not (text or out.finished or out.logprobs):
+                if not (text or out.finished or out.logprobs or out.prompt_logprobs):
                     continue
-                choice = self._chunk_choice(req, index, out, text, offsets[index])
+                choice = self._chunk_choice(req, index, out, text, offsets[index], prompts[index // req.n])
                 offsets[index] += len(text)
                 yield sse_data({**head, "choices": [choice], **({"usage": None} if include_usage else {})})
             if include_usage:
@@ -157,17 +197,22 @@ class CompletionServing:
         yield sse_data("[DONE]")
 
     def _chunk_choice(
-        self, req: CompletionRequest, index: int, out: RequestOutput, text: str, offset: int
+        self, req: CompletionRequest, index: int, out: RequestOutput, text: str, offset: int, prompt: list[int]
     ) -> dict[str, Any]:
+        echoed, extra = self._prompt_fields(req, prompt, out.prompt_logprobs, index)
         logprobs = None
         if req.logprobs is not None and out.logprobs:
+            start = offset + len(text) - len(out.text)  # the generated text follows the echoed prompt
             as_text = self.token_text.for_request(req.return_tokens_as_token_ids)
-            logprobs = completion_logprobs(out.logprobs, req.logprobs, as_text, offset)
+            logprobs = completion_logprobs(out.logprobs, req.logprobs, as_text, start)
+        if echoed is not None:
+            logprobs = join_logprobs(echoed, logprobs)
         return {
             "index": index,
             "text": text,
             "logprobs": logprobs,
             "finish_reason": out.finish_reason,
             "stop_reason": out.stop_reason,
+            **extra,
         }
 

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from metalserve.api.errors import OpenAIError
+from metalserve.api.errors import ContextLengthError, OpenAIError
 from metalserve.api.request_log import RequestRecorder
 from metalserve.engine.async_engine import AsyncEngine
 from metalserve.multimodal.limits import ImageLimits
@@ -32,6 +32,7 @@ class ServingContext:
     engine: AsyncEngine
     served_model_name: str
     image_limits: ImageLimits = field(default_factory=ImageLimits)  # ServerSettings' --max-image* flags
+    default_max_tokens: int = 0  # --default-max-tokens: the output cap when a request sets none; 0: none
     tokenizer_thread: ThreadPoolExecutor = field(default_factory=_tokenizer_thread)
     aliases: tuple[str, ...] = ()  # other names a request may give for this model
     recorder: RequestRecorder | None = None  # the status page's recent requests
@@ -61,13 +62,9 @@ class ServingContext:
             return
         least = num_chars // await self.off_loop(lambda: self.max_token_bytes)
         if least >= limit:
-            raise OpenAIError(
-                f"This model's maximum context length is {limit} tokens. However, your request has at "
-                f"least {least} input tokens ({num_chars} characters). Please reduce the length of the input.",
-                400,
-                param=param,
-                code="context_length_exceeded",
-            )
+            error = ContextLengthError(least, limit, at_least=True)
+            error.param = param
+            raise error
 
 
 def check_sequence_count(num_prompts: int, n: int) -> None:

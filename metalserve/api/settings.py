@@ -78,6 +78,14 @@ class ServerSettings:
     request_body_timeout: float = flag(
         30.0, "seconds a request body may take to arrive after its headers (408 past it, connection closed)"
     )
+    default_max_tokens: int = flag(
+        4096, "output cap for requests that set none (chat, completions with max_tokens null, Responses: Codex "
+        "sends none); 0: up to the end of the context"
+    )
+    generic_tool_prompt: bool = flag(
+        True, "where the chat template ignores `tools`, describe them in the system message and read calls "
+        "back as <tool_call> JSON blocks (docs/agents.md)"
+    )
     enable_auto_tool_choice: bool = flag(
         False, "vLLM's flag: serve tool_choice 'auto' (given, or implied by tools) through --tool-call-parser, "
         "which it needs; without it such requests get a 400. Forced calls (required, named) need neither"
@@ -130,6 +138,8 @@ class ServerSettings:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         if self.responses_store_size < 0:
             raise ValueError("--responses-store-size must be >= 0")
+        if self.default_max_tokens < 0:
+            raise ValueError("--default-max-tokens must be >= 0 (0: up to the end of the context)")
         if self.responses_store_bytes < 0:
             raise ValueError("--responses-store-bytes must be >= 0")
         if self.max_grammar_bytes < 1 or self.grammar_cache_bytes < 0:

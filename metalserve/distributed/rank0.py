@@ -23,6 +23,7 @@ from metalserve.distributed.wire import (
 from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.context import forward_context
 from metalserve.executor.input_batch import CachedRequestState
+from metalserve.executor.logprobs import prompt_logprobs
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import ModelRunner, SamplerFn
 from metalserve.executor.step_inputs import StepInputs, pack_step
@@ -102,9 +103,14 @@ class PipelineRunner(ModelRunner):
             if self.requests.get(state.request_id) is state:
                 # A later step may already have moved it further (its next prefill chunk): never go back.
                 state.num_computed_tokens = max(state.num_computed_tokens, int(flight.step.seq_lens[i]))
-        if flight.sampling and payload is not None:
+        prompt: dict[str, tuple[int, list[TokenLogprob]]] = {}
+        if payload is not None and (flight.sampling or flight.step.prompt_rows):
             rows = as_hidden(payload, header.num_rows, getattr(mx, self.spec.page.dtype))
             logits = self.model.mlx_logits(self.model.backbone.norm(rows))
+            if flight.step.prompt_rows:  # their rows follow the sampling rows
+                prompt = prompt_logprobs(logits[flight.step.num_sampling_logits :], flight.step, self.requests)
+                logits = logits[: flight.step.num_sampling_logits]
+        if flight.sampling and payload is not None:
             result = self.sampler(logits, flight.sampling)
             for j, state in enumerate(flight.sampling):
                 if self.requests.get(state.request_id) is not state:
@@ -115,4 +121,4 @@ class PipelineRunner(ModelRunner):
                 lp = result.logprobs[j]
                 if lp is not None:
                     logprobs[state.request_id] = [lp]
-        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, prompt_logprobs=prompt)

@@ -75,6 +75,8 @@ def build_core(config: EngineConfig, setup: RankSetup, group: mx.distributed.Gro
     scheduler = build_scheduler(config, spec, setup.num_blocks, setup.max_model_len, setup.initial_blocks)
     logger.info("pipeline: %d ranks, %d steps in flight; every rank runs the generic MLX path, attention %s",
                 setup.size, 2, setup.backend.description)  # fmt: skip
+    if config.async_scheduling:
+        logger.info("async scheduling: off, the pipeline keeps its own 2 steps in flight through the ranks")
     return PipelineEngineCore(scheduler, runner, setup.max_model_len, depth=2)
 
 

@@ -64,6 +64,7 @@ def _load_slice(config: EngineConfig, rank: int, size: int) -> tuple[LoadedModel
     loaded = load_model(
         config.model, weights=config.weights, dequantize_max_bytes=config.dequantize_max_bytes,
         chat_template=config.chat_template, prepare=prepare, check_model_type=check_supported,
+        hf_overrides=config.hf_overrides,
     )  # fmt: skip
     mx.clear_cache()
     # The generic MLX path on every rank: the host fast path (executor/host/) runs whole models only.
@@ -125,7 +126,7 @@ def setup_rank(config: EngineConfig, group: mx.distributed.Group) -> RankSetup:
     rank, size = group.rank(), group.size()
     try:
         loaded, model, layers, fp = _load_slice(config, rank, size)
-        max_model_len = resolve_max_model_len(config, loaded.max_model_len)
+        max_model_len = resolve_max_model_len(config, loaded.max_model_len, loaded.rope_scaled_len, warn=rank == 0)
         backend = select_attention(config.attention_backend, kv_shape(loaded).dtype, current_platform(),
                                    kv_storage=config.kv_cache_dtype)  # fmt: skip
         fits, per_block = _blocks_fit(config, loaded, layers, rank, config.max_num_seqs)

@@ -19,7 +19,7 @@ from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.families import check_supported, kv_cache_spec
-from metalserve.executor.runner import ModelRunner
+from metalserve.executor.runner import InFlightStep, ModelRunner
 from metalserve.executor.sampler import Sampler
 from metalserve.kvcache.specs import KVCacheSpec, LayerGroupSpec, RecurrentState
 from metalserve.loader import LoadedModel, load_model
@@ -48,12 +48,21 @@ class EngineCore:
     """Owns the scheduler (with its KV manager) and the model runner."""
 
     def __init__(
-        self, scheduler: Scheduler, runner: ModelRunner, max_model_len: int, platform: Platform | None = None
+        self,
+        scheduler: Scheduler,
+        runner: ModelRunner,
+        max_model_len: int,
+        platform: Platform | None = None,
+        async_scheduling: bool = False,
     ) -> None:
+        """`async_scheduling`: schedule step k+1 while step k computes (see `_step_ahead`)."""
         self.scheduler = scheduler
         self.runner = runner
         self.max_model_len = max_model_len
         self.platform = current_platform() if platform is None else platform
+        self.async_scheduling = async_scheduling
+        scheduler.lookahead = async_scheduling
+        self._in_flight: tuple[SchedulerOutput, InFlightStep] | None = None
         # MLX arrays belong to the thread that made them (engine_thread.py): steps run where the core was built.
         self.owner_thread = threading.get_ident()
         self.kv_pool_bytes = 0  # the pool at its largest (set by from_loaded), for the models' memory budget
@@ -71,6 +80,7 @@ class EngineCore:
             weights=config.weights,
             dequantize_max_bytes=config.dequantize_max_bytes,
             chat_template=config.chat_template,
+            hf_overrides=config.hf_overrides,
             check_model_type=check_supported,
         )
         return cls.from_loaded(config, loaded), loaded
@@ -79,7 +89,7 @@ class EngineCore:
     def from_loaded(cls, config: EngineConfig, loaded: LoadedModel, draft: LoadedModel | None = None) -> EngineCore:
         """`draft`: the draft model of `--speculative-config` method draft_model, if already loaded."""
         platform = current_platform()
-        max_model_len = resolve_max_model_len(config, loaded.max_model_len)
+        max_model_len = resolve_max_model_len(config, loaded.max_model_len, loaded.rope_scaled_len, warn=True)
         model = PagedModel.from_loaded(loaded, platform)
         # This model's own parameters (MLX's active memory would count every model a server has loaded).
         weight_bytes = parameter_bytes(loaded.model) + model.host_bytes()
@@ -91,8 +101,9 @@ class EngineCore:
         head_dims = {t.head_dim for t in spec.tensors}
         latent = model.kv_layout.value_dim is not None
         dtype = model.family.activation_dtype(loaded.model)
+        image_masks = model.family.bidirectional_images and loaded.vision is not None
         attention = select_attention(config.attention_backend, dtype, platform, head_dims, latent_kv=latent,
-                                     kv_storage=spec.page.storage)  # fmt: skip
+                                     kv_storage=spec.page.storage, image_masks=image_masks)  # fmt: skip
         note = spec.kept_dtype_note(storage)
         if note:
             logger.info("%s", note)
@@ -114,7 +125,8 @@ class EngineCore:
         draft_bytes = kv_cache_spec(draft, config.block_size, storage).bytes_per_block if draft is not None else 0
         plan = plan_kv_pool(config, spec, max_model_len, peak, held, draft_bytes)
         spec = spec.with_blocks(plan.initial_blocks)
-        scheduler = build_scheduler(config, spec, plan.num_blocks, max_model_len, plan.initial_blocks)
+        scheduler = build_scheduler(config, spec, plan.num_blocks, max_model_len, plan.initial_blocks,
+                                    mm_splittable=not model.family.bidirectional_images)  # fmt: skip
         runner = ModelRunner(
             model,
             spec,
@@ -124,10 +136,11 @@ class EngineCore:
             state_group=states or 1,
             proposer=build_proposer(speculation, config, loaded, platform, plan.initial_blocks, draft),
             **vision_parts(loaded, model, dtype),
+            async_eval=platform.metal,
         )
         attach_disk_tier(config, loaded, spec, scheduler, runner)
         mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * plan.num_blocks * spec.bytes_per_block))
-        core = cls(scheduler, runner, max_model_len, platform)
+        core = cls(scheduler, runner, max_model_len, platform, async_scheduling_for(config, speculation))
         core.weight_bytes, core.kv_bytes_per_block = weight_bytes, spec.bytes_per_block
         core.kv_pool_bytes = plan.num_blocks * spec.bytes_per_block
         return core
@@ -149,11 +162,39 @@ class EngineCore:
 
     def step(self) -> list[EngineCoreOutput]:
         self.check_thread()
+        if self.async_scheduling:
+            return self._step_ahead()
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty and (self.scheduler.num_waiting_for_grammar or self.scheduler.num_waiting_for_kv):
             time.sleep(GRAMMAR_POLL_S)  # only compiling grammars or loading blocks wait: give their threads the CPU
         runner_output = self.runner.execute_model(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+    def _step_ahead(self) -> list[EngineCoreOutput]:
+        """Async scheduling, as vLLM V1's: step k+1 is scheduled while step k computes (requests whose
+        token k is still being sampled get a placeholder, scheduler.py), launched as soon as k's tokens
+        are in, and k's outputs are made (and detokenized by the caller) while k+1 computes. Returns
+        step k's outputs. A step with a structured-output request runs in order: its grammar must take
+        token k before anything is scheduled after it."""
+        outputs: list[EngineCoreOutput] = []
+        previous, self._in_flight = self._in_flight, None
+        if previous is not None and self._has_structured():
+            outputs += self.scheduler.update_from_output(previous[0], self.runner.finish(previous[1]))
+            previous = None
+        so = self.scheduler.schedule()
+        if so.is_empty and self.scheduler.num_waiting_for_grammar:
+            time.sleep(GRAMMAR_POLL_S)
+        result = self.runner.finish(previous[1]) if previous is not None else None
+        if so.total_num_scheduled_tokens:
+            self._in_flight = (so, self.runner.launch(so))  # step k+1 computes from here on ...
+        if previous is not None and result is not None:
+            outputs += self.scheduler.update_from_output(previous[0], result)  # ... while k's outputs are made
+        if not so.total_num_scheduled_tokens:
+            outputs += self.scheduler.update_from_output(so, self.runner.execute_model(so))
+        return outputs
+
+    def _has_structured(self) -> bool:
+        return any(r.structured is not None for r in self.scheduler.requests.values())
 
     def check_thread(self) -> None:
         """Refuse a step on another thread than the one that built the core: the model's lazy arrays
@@ -165,7 +206,7 @@ class EngineCore:
             )
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self._in_flight is not None or self.scheduler.has_unfinished_requests()
 
     def make_stats(self) -> SchedulerStats:
         return self.scheduler.make_stats()
@@ -174,6 +215,22 @@ class EngineCore:
         """Finish the KV connector's queued saves and stop its threads."""
         if self.runner.connector is not None:
             self.runner.connector.close()
+
+
+def async_scheduling_for(config: EngineConfig, speculation: SpeculativeConfig | None) -> bool:
+    """Async scheduling as configured, off (with a start-up line) where it cannot be correct yet."""
+    if not config.async_scheduling:
+        logger.info("async scheduling: off (--no-async-scheduling)")
+        return False
+    if speculation is not None:
+        logger.info("async scheduling: off, speculative decoding needs each step's accepted drafts "
+                    "before it schedules the next")  # fmt: skip
+        return False
+    if config.kv_disk_dir is not None:
+        logger.info("async scheduling: off, the KV disk tier matches its loads and saves to steps in order")
+        return False
+    logger.info("async scheduling: on (step k+1 is scheduled while step k computes)")
+    return True
 
 
 def draft_for(
@@ -239,21 +296,49 @@ def vision_parts(loaded: LoadedModel, model: PagedModel, dtype: mx.Dtype) -> dic
     """The runner's vision tower and M-RoPE merge size for a vision-language model; {} for a text model."""
     if loaded.vision is None or not model.family.vision:
         return {}
-    from metalserve.executor.encoders.vision import VisionTower
+    from metalserve.executor.encoders.vision import vision_tower_for
 
     merge = loaded.vision.config.vision_config.spatial_merge_size if model.family.mrope else None
     logger.info("vision: %s's tower on the engine thread; images in", loaded.model_type)
-    return {"encoder": VisionTower(loaded.vision, dtype), "mrope_merge_size": merge}
+    return {"encoder": vision_tower_for(loaded.vision, dtype), "mrope_merge_size": merge}
 
 
-def resolve_max_model_len(config: EngineConfig, model_len: int) -> int:
-    if config.max_model_len is None:
+def resolve_max_model_len(
+    config: EngineConfig, model_len: int, scaled_len: int | None = None, *, warn: bool = False
+) -> int:
+    """The context to serve: --max-model-len, else the model's trained context (`model_len`). Longer than
+    that only with --allow-long-max-model-len; `scaled_len` is what a RoPE scaling from --hf-overrides
+    covers, and `warn` logs the start-up warning for a context past the trained one."""
+    wanted = config.max_model_len
+    if wanted is None:
+        if scaled_len is not None and scaled_len > model_len and warn:
+            logger.info("RoPE scaling covers %d tokens; pass --max-model-len (and --allow-long-max-model-len) "
+                        "to serve more than the trained %d", scaled_len, model_len)  # fmt: skip
         return model_len
-    if config.max_model_len > model_len:
-        raise ConfigError(
-            f"--max-model-len {config.max_model_len} is longer than the model's context ({model_len} tokens)"
+    if wanted <= model_len:
+        return wanted
+    if not config.allow_long_max_model_len:
+        hint = (
+            f"RoPE scaling from --hf-overrides covers {scaled_len} tokens"
+            if scaled_len is not None
+            else 'a RoPE scaling stretches it, e.g. --hf-overrides \'{"rope_scaling": {"rope_type": "linear", '
+            '"factor": 4.0}}\''
         )
-    return config.max_model_len
+        raise ConfigError(
+            f"--max-model-len {wanted} is longer than the model's trained context ({model_len} tokens); add "
+            f"--allow-long-max-model-len to serve it anyway ({hint})"
+        )
+    if warn:
+        if scaled_len is not None and wanted <= scaled_len:
+            logger.warning(
+                "--max-model-len %d is past the trained context (%d tokens), within what the RoPE scaling "
+                "covers (%d): expect some loss of quality", wanted, model_len, scaled_len,
+            )  # fmt: skip
+        else:
+            logger.warning("--max-model-len %d is past the trained context (%d tokens) and past what any RoPE "
+                           "scaling covers: positions beyond %d were never trained, expect degraded output",
+                           wanted, model_len, scaled_len or model_len)  # fmt: skip
+    return wanted
 
 
 def measure_step_peak(

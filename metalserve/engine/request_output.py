@@ -22,6 +22,7 @@ class RequestOutput:
     num_prompt_tokens: int
     num_cached_tokens: int
     num_output_tokens: int  # cumulative
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # sampling_params.prompt_logprobs; first output
 
     @property
     def finished(self) -> bool:
@@ -33,8 +34,9 @@ class RequestOutput:
             (self.logprobs or []) + (later.logprobs or [])
         )  # fmt: skip
         return replace(
-            later, text=self.text + later.text, token_ids=self.token_ids + later.token_ids, logprobs=logprobs
-        )
+            later, text=self.text + later.text, token_ids=self.token_ids + later.token_ids, logprobs=logprobs,
+            prompt_logprobs=self.prompt_logprobs or later.prompt_logprobs,
+        )  # fmt: skip
 
 
 @dataclass

@@ -67,6 +67,7 @@ def make_output(out: EngineCoreOutput, state: RequestState, now: float, iteratio
         num_prompt_tokens=out.num_prompt_tokens or state.num_prompt_tokens,
         num_cached_tokens=out.num_cached_tokens,
         num_output_tokens=state.num_output_tokens,
+        prompt_logprobs=out.prompt_logprobs,
     )
 
 

@@ -26,6 +26,10 @@ class CachedRequestState:
     _block_array: np.ndarray | None = field(default=None, repr=False)
 
     @property
+    def wants_prompt_logprobs(self) -> bool:
+        return self.sampling_params.prompt_logprobs is not None
+
+    @property
     def prompt_token_ids(self) -> list[int]:
         return self.token_ids[: self.num_prompt_tokens]
 

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from metalserve.executor.array_backend import Array, ArrayBackend
 from metalserve.outputs import TokenLogprob
+
+if TYPE_CHECKING:
+    from metalserve.executor.input_batch import CachedRequestState
+    from metalserve.executor.step_inputs import StepInputs
 
 
 def _log_norm(be: ArrayBackend, raw: Array) -> Array:
@@ -70,3 +75,33 @@ class PendingLogprobs:
                 top = [(int(ids[j, o]), float(values[j, o])) for o in order]
             out[row] = TokenLogprob(token_id=token_ids[row], logprob=float(sampled[j]), top=top)
         return out
+
+
+def prompt_logprobs(
+    logits: Array, step: StepInputs, requests: Mapping[str, CachedRequestState]
+) -> dict[str, tuple[int, list[TokenLogprob]]]:
+    """The prompt tokens' logprobs of `step.prompt_rows` (sampling_params.prompt_logprobs), from the raw
+    logits of those rows in order: (first position, entries) per request, each with its top-k."""
+    be = ArrayBackend()
+    targets: list[int] = []
+    top_n: list[int] = []
+    for rid, first, n in step.prompt_rows:
+        state = requests[rid]
+        targets += state.token_ids[first : first + n]
+        top_n += [state.sampling_params.prompt_logprobs or 0] * n
+    tokens = be.asarray(targets, "int32")
+    pending = PendingLogprobs(be, logits.astype(be.xp.float32), range(len(targets)), tokens, top_n)
+    raw = logits.astype(be.xp.float32)
+    own = be.xp.take_along_axis(raw, tokens[:, None], axis=-1)
+    ranks = be.xp.sum(raw > own, axis=-1) + 1  # vLLM reports each prompt token's rank
+    be.evaluate(ranks, *pending.arrays())
+    entries = pending.resolve(targets, len(targets))
+    for entry, rank in zip(entries, np.array(ranks).tolist(), strict=True):
+        if entry is not None:
+            entry.rank = int(rank)
+    out: dict[str, tuple[int, list[TokenLogprob]]] = {}
+    i = 0
+    for rid, first, n in step.prompt_rows:
+        out[rid] = (first, [e for e in entries[i : i + n] if e is not None])
+        i += n
+    return out

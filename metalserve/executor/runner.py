@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import mlx.core as mx
@@ -16,6 +18,7 @@ from metalserve.executor.context import ForwardContext, GroupStep, forward_conte
 from metalserve.executor.encoders.cache import EncoderOutputs, RequestSpan, StepImages
 from metalserve.executor.group_tables import GroupTables, group_step
 from metalserve.executor.input_batch import CachedRequestState
+from metalserve.executor.logprobs import prompt_logprobs
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.state_cache import RecurrentStates
 from metalserve.executor.step_inputs import StepInputs, pack_step
@@ -28,6 +31,17 @@ from metalserve.spec_decode.controller import DraftController
 from metalserve.spec_decode.proposer import Proposer
 from metalserve.spec_decode.rollback import num_rejected
 from metalserve.spec_decode.verify import Window, verify_windows
+
+
+@dataclass(frozen=True)
+class InFlightStep:
+    """A launched step: its forward runs (or has run) while the engine thread does other work."""
+
+    so: SchedulerOutput
+    step: StepInputs | None  # None: nothing was scheduled
+    started: float  # when the forward began (perf_counter), for the draft controller
+    logits: mx.array | None  # the MLX forward's logits (lazy, being evaluated)
+    host: Future[np.ndarray] | None  # the host forward's logits, from the forward thread
 
 
 class SamplerFn(Protocol):
@@ -57,12 +71,15 @@ class ModelRunner:
         proposer: Proposer | None = None,
         encoder: Callable[[MultiModalInput], mx.array] | None = None,
         mrope_merge_size: int | None = None,
+        async_eval: bool = False,
     ) -> None:
         """`backend`: how attention runs (executor/attention/), chosen by the engine from the Platform;
         `state_group`: the KV manager's recurrent-state group (hybrid models); `proposer`: drafts for
         speculative decoding (spec_decode/), None: off; `encoder`: a vision-language model's tower, one
         image to its placeholder embeddings (executor/encoders/vision.py); `mrope_merge_size`: set for a
-        model with multimodal RoPE (positions [3, T]), its vision patch merge."""
+        model with multimodal RoPE (positions [3, T]), its vision patch merge; `async_eval`: overlapped
+        steps run through `mx.async_eval` (the engine sets it on Metal only: on MLX's CPU backend, mlx
+        0.32.4, evaluating quantized matmuls asynchronously and then sampling from them died with SIGFPE)."""
         self.model = model
         self.spec = spec
         self.eos_token_ids = eos_token_ids
@@ -84,6 +101,8 @@ class ModelRunner:
         self.num_tables = self.num_attention_groups - 1 + (self.states is not None)
         self.proposer = proposer
         self.drafting = DraftController()  # how many drafts pay (spec_decode/controller.py)
+        self._forward_pool: ThreadPoolExecutor | None = None
+        self.async_eval = async_eval
         self.encoder_outputs = EncoderOutputs(encoder) if encoder is not None else None
         self.mrope_merge_size = mrope_merge_size
         self.connector: KVConnectorWorker | None = None  # a KV connector's worker half (the disk tier)
@@ -188,6 +207,16 @@ class ModelRunner:
         return ForwardContext(self._positions(step), self.backend, self.kv, groups, states, self._images(step))
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        """One step, start to end."""
+        return self.finish(self.launch(so, overlap=False))
+
+    def launch(self, so: SchedulerOutput, overlap: bool = True) -> InFlightStep:
+        """Apply the step's diffs, pack it and start its forward; `finish` waits for it and samples.
+
+        `overlap`: let the forward run while this thread goes on (async scheduling): `mx.async_eval` on
+        Metal, or, where the whole decoder runs in numba (which releases the GIL), on the forward thread;
+        elsewhere the graph is built here and evaluated in `finish`. Sampling waits for `finish`, so it
+        sees every token and grammar step that came before."""
         if so.num_kv_blocks > self.spec.num_blocks:
             self.grow_kv(so.num_kv_blocks)
         self._update_states(so)
@@ -195,15 +224,36 @@ class ModelRunner:
         if connector is not None:
             connector.start_load_kv(so.kv_connector_metadata, self.kv)
         if so.total_num_scheduled_tokens == 0:
+            return InFlightStep(so, None, 0.0, None, None)
+        drafts = so.scheduled_spec_decode_tokens
+        step = pack_step(self.requests, so.num_scheduled_tokens, self.spec.block_size, drafts,
+                         bidirectional_images=self.model.family.bidirectional_images)  # fmt: skip
+        started = time.perf_counter()
+        host: Future[np.ndarray] | None = None
+        logits: mx.array | None = None
+        with forward_context(self._context(step)):
+            job = self.model.host_job(step.token_ids, step.logits_indices) if overlap else None
+            if job is None:
+                logits = self.model(step.token_ids, step.logits_indices)
+        if job is not None:
+            host = self._forward_thread().submit(job)
+        elif overlap and self.async_eval:
+            mx.async_eval(logits, *self._kv_arrays())
+        return InFlightStep(so, step, started, logits, host)
+
+    def finish(self, flight: InFlightStep) -> ModelRunnerOutput:
+        """Wait for the step's logits, sample, and advance each request's state."""
+        so, step = flight.so, flight.step
+        connector = self.connector
+        if step is None:
             finished = connector.get_finished() if connector is not None else None
             return ModelRunnerOutput(sampled_token_ids={}, kv_connector_output=finished)
+        logits = mx.array(flight.host.result()) if flight.host is not None else flight.logits
+        assert logits is not None
         drafts = so.scheduled_spec_decode_tokens
-        step = pack_step(self.requests, so.num_scheduled_tokens, self.spec.block_size, drafts)
-        started = time.perf_counter()
-        with forward_context(self._context(step)):
-            logits = self.model(step.token_ids, step.logits_indices)
         sampling = [self.requests[step.request_ids[i]] for i in step.sampling_rows]
-        windows = self._sample(logits, sampling, drafts)
+        prompt = prompt_logprobs(logits[step.num_sampling_logits :], step, self.requests) if step.prompt_rows else {}
+        windows = self._sample(logits[: step.num_sampling_logits] if step.prompt_rows else logits, sampling, drafts)
         # Evaluate the pools with the logits so the scatters run now and release the old buffers.
         mx.eval(self._kv_arrays())
         if connector is not None:  # the step's full blocks are computed now: copy them out
@@ -222,10 +272,19 @@ class ModelRunner:
             if num_drafted:  # the rejected drafts' KV is stale: the next step overwrites it
                 state.num_computed_tokens -= num_rejected(num_drafted, len(window.token_ids))
                 self.drafting.record_window(rid, num_drafted, len(window.token_ids) - 1)
-        spec = self._propose(sampling, step, time.perf_counter() - started, drafts) if self.proposer else {}
+        spec: dict[str, list[int]] = {}
+        if self.proposer:
+            spec = self._propose(sampling, step, time.perf_counter() - flight.started, drafts)
         finished = connector.get_finished() if connector is not None else None
         return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, spec_token_ids=spec,
-                                 kv_connector_output=finished)  # fmt: skip
+                                 kv_connector_output=finished, prompt_logprobs=prompt)  # fmt: skip
+
+    def _forward_thread(self) -> ThreadPoolExecutor:
+        """The thread a host (numba) forward runs on while the engine thread prepares the next step; it
+        touches NumPy only: the logits become an MLX array back on the engine thread."""
+        if self._forward_pool is None:
+            self._forward_pool = ThreadPoolExecutor(1, thread_name_prefix="metalserve-forward")
+        return self._forward_pool
 
     def _propose(
         self, sampling: list[CachedRequestState], step: StepInputs, seconds: float, drafts: dict[str, list[int]]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,6 +22,16 @@ class StepInputs:
     block_rows: list[np.ndarray]  # each request's block ids (ragged)
     sampling_rows: list[int]  # indices into request_ids of requests that sample this step
     logits_indices: np.ndarray  # [S] each sampling request's last query row (its whole window if drafted)
+    # Requests that want prompt logprobs: (request id, first target position, rows), their rows' logits
+    # following the sampling rows' in logits_indices (row j predicts prompt token `first + j`).
+    prompt_rows: list[tuple[str, int, int]] = field(default_factory=list)
+    # Request row -> the [start, end) positions of each of its images this step touches, whose tokens
+    # attend to each other both ways (Gemma 3); empty for causal models.
+    image_spans: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+
+    @property
+    def num_sampling_logits(self) -> int:
+        return len(self.logits_indices) - sum(n for _, _, n in self.prompt_rows)
 
     def padded_block_tables(self) -> np.ndarray:
         width = max(len(r) for r in self.block_rows)
@@ -36,12 +46,14 @@ def pack_step(
     num_scheduled: dict[str, int],
     block_size: int,
     drafts: dict[str, list[int]] | None = None,
+    bidirectional_images: bool = False,
 ) -> StepInputs:
     """Lay out the step: requests with one query first (they form the batched decode group).
 
     `drafts`: speculative tokens that follow a request's known tokens; its window (last token plus
     drafts) gets a logits row per query, so one forward verifies every draft."""
     drafts = drafts or {}
+    image_spans: dict[int, list[tuple[int, int]]] = {}
     # Single-query requests first, shortest context first, so the attention can bucket them by length.
     order = sorted(
         num_scheduled,
@@ -52,6 +64,8 @@ def pack_step(
     seq_lens: list[int] = []
     sampling_rows: list[int] = []
     logits_indices: list[int] = []
+    prompt_rows: list[tuple[str, int, int]] = []
+    prompt_indices: list[int] = []
     for i, rid in enumerate(order):
         state, n = states[rid], num_scheduled[rid]
         start = state.num_computed_tokens
@@ -70,9 +84,18 @@ def pack_step(
         rows.append(blocks)
         cu.append(cu[-1] + n)
         seq_lens.append(end)
+        if bidirectional_images and state.mm_inputs:
+            spans = [(mm.offset, mm.offset + mm.length) for mm in state.mm_inputs if mm.offset < end]
+            if any(e > start for _, e in spans):
+                image_spans[i] = spans
         if end == known:  # caught up with every known token: sample the next one (and verify drafts)
             sampling_rows.append(i)
             logits_indices.extend(range(cu[-1] - 1 - len(spec), cu[-1]))
+        if state.wants_prompt_logprobs:  # rows before the prompt's last predict prompt tokens
+            last_row = min(end, state.num_prompt_tokens - 1)
+            if start < last_row:
+                prompt_rows.append((rid, start + 1, last_row - start))
+                prompt_indices.extend(range(cu[-2], cu[-2] + last_row - start))
     return StepInputs(
         request_ids=order,
         token_ids=np.fromiter((t for chunk in tokens for t in chunk), dtype=np.int32),
@@ -82,5 +105,7 @@ def pack_step(
         seq_lens=np.asarray(seq_lens, dtype=np.int32),
         block_rows=rows,
         sampling_rows=sampling_rows,
-        logits_indices=np.asarray(logits_indices, dtype=np.int32),
+        logits_indices=np.asarray(logits_indices + prompt_indices, dtype=np.int32),
+        prompt_rows=prompt_rows,
+        image_spans=image_spans,
     )

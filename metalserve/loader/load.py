@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -18,7 +20,8 @@ from metalserve.loader.errors import ModelLoadError
 from metalserve.loader.gguf_loader import load_gguf
 from metalserve.loader.hub import download, looks_like_repo_id
 from metalserve.loader.loaded import LoadedModel, RawModel
-from metalserve.loader.vision import is_vision_directory, load_vision_directory
+from metalserve.loader.overrides import apply_hf_overrides, scaled_context
+from metalserve.loader.vision import is_vision_directory, language_model_of, load_vision_directory
 from metalserve.loader.weights_mode import WEIGHTS_MODES, cast_floats, dequantize_model, fp32_bytes, should_dequantize
 from metalserve.platform import Platform, current_platform
 
@@ -80,6 +83,7 @@ def load(
     dequantize_max_bytes: int,
     chat_template: str | None,
     prepare: Callable[[nn.Module], None] | None = None,
+    hf_overrides: Mapping[str, Any] | None = None,
     check_model_type: Callable[[str], None] | None = None,
 ) -> LoadedModel:
     """See metalserve.loader.load_model."""
@@ -92,6 +96,12 @@ def load(
             check_model_type(raw.config["model_type"])
         except ValueError as exc:
             raise ModelLoadError(f"{str(exc)[:1].upper()}{str(exc)[1:]}.") from exc
+    scaled_len = None
+    if hf_overrides:
+        trained = int(raw.config.get("max_position_embeddings") or 4096)
+        raw.config = apply_hf_overrides(raw.config, hf_overrides)
+        scaled_len = scaled_context(raw.config, trained)  # checks the scaling before the model is built
+        logger.info("config overrides (--hf-overrides): %s", json.dumps(dict(hf_overrides)))
     built = raw.prebuilt if raw.prebuilt is not None else build_model(raw.config, raw.weights)
     if prepare is not None:
         prepare(built)  # e.g. a pipeline rank drops the layers it does not hold: lazy weights never load
@@ -103,11 +113,12 @@ def load(
         raw.tokenizer.chat_template = chat_template
     vision = built if raw.prebuilt is not None else None  # mlx-vlm's model: its language model is served
     loaded = LoadedModel(
-        model=built.language_model if vision is not None else built,
+        model=language_model_of(built) if vision is not None else built,
         tokenizer=raw.tokenizer,
         model_type=raw.config["model_type"],
         config=raw.config,
         max_model_len=int(raw.config.get("max_position_embeddings") or 4096),
+        rope_scaled_len=scaled_len,
         eos_token_ids=eos_token_ids(raw.tokenizer, raw.config, template),
         chat_template=template,
         source=source,

@@ -12,6 +12,7 @@ if TYPE_CHECKING:  # keep `import metalserve.loader` free of MLX (the BLAS must 
 
     from metalserve.kernels.cpu.affine_codes import AffineCodes
 
+
 @dataclass
 class LoadedModel:
     """An mlx-lm model with its tokenizer, chat template, EOS ids and config: what was read, nothing more.
@@ -36,6 +37,8 @@ class LoadedModel:
     # that turns images into pixels and placeholder tokens (metalserve/multimodal/processor.py); else None.
     vision: nn.Module | None = None
     image_processor: Any = None
+    # The context a RoPE scaling from --hf-overrides stretches max_model_len (the trained one) to; None: none.
+    rope_scaled_len: int | None = None
 
     def describe(self) -> str:
         """One line for the start-up log: which model, which weights path, which BLAS."""

@@ -12,6 +12,8 @@ import json
 import os
 from pathlib import Path
 
+import mlx.nn as nn
+
 from metalserve.loader.errors import ModelLoadError
 from metalserve.loader.loaded import RawModel
 
@@ -22,6 +24,15 @@ def is_vision_directory(path: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
+
+
+def language_model_of(vlm: nn.Module) -> nn.Module:
+    """The language model the paged step serves. Gemma 3's (mlx-vlm) keeps its config as `config`, where
+    the attention traits read `args` as mlx-lm's models name it: the same object under both names."""
+    language = vlm.language_model
+    if not hasattr(language, "args"):
+        language.args = language.config
+    return language
 
 
 def load_vision_directory(path: Path) -> RawModel:

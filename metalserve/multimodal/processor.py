@@ -10,7 +10,7 @@ patch. It runs in the API's tokenizer thread and makes no MLX arrays.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -86,9 +86,73 @@ class QwenVLImageProcessor:
         return tokens, inputs
 
 
+class Gemma3ImageProcessor:
+    """Gemma 3 (SigLIP): every image resized to the tower's square `image_size`, scaled to [0, 1] and
+    normalised; `mm_tokens_per_image` placeholders each (the tower's patches average-pooled).
+
+    The chat template puts one `<start_of_image>` token per image; it becomes `<start_of_image>`, the
+    placeholders, `<end_of_image>` (HF's processor does this on the text, with blank lines around it that
+    the template's own newlines already give). Pan-and-scan crops are not made."""
+
+    def __init__(self, image_token_id: int, boi_token_id: int, eoi_token_id: int, size: int, tokens: int,
+                 mean: Sequence[float], std: Sequence[float]) -> None:  # fmt: skip
+        self.image_token_id = image_token_id
+        self.boi_token_id, self.eoi_token_id = boi_token_id, eoi_token_id
+        self.size, self.tokens_per_image = size, tokens
+        self.mean = np.asarray(mean, dtype=np.float32)[:, None, None]
+        self.std = np.asarray(std, dtype=np.float32)[:, None, None]
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], directory: Path | None = None) -> Gemma3ImageProcessor:
+        pre: dict[str, Any] = {}
+        path = directory / "preprocessor_config.json" if directory is not None else None
+        if path is not None and path.is_file():
+            pre = json.loads(path.read_text())
+        text, vision = config.get("text_config") or {}, config.get("vision_config") or {}
+        return cls(
+            int(config.get("image_token_index", 262144)), int(config.get("boi_token_index", 255999)),
+            int(config.get("eoi_token_index", 256000)), int(vision.get("image_size", 224)),
+            int(text.get("mm_tokens_per_image", 256)),
+            pre.get("image_mean", [0.5] * 3), pre.get("image_std", [0.5] * 3),
+        )  # fmt: skip
+
+    def pixels(self, image: DecodedImage) -> np.ndarray:
+        """`[1, 3, size, size]` float32, as the tower takes them (channels first)."""
+        from PIL import Image
+
+        resized = image.image.convert("RGB").resize((self.size, self.size), Image.Resampling.BILINEAR)
+        chw = np.asarray(resized, dtype=np.float32).transpose(2, 0, 1) / 255.0
+        return ((chw - self.mean) / self.std)[None].astype(np.float32)
+
+    def process(self, prompt: Sequence[int], images: Sequence[DecodedImage]) -> tuple[list[int], list[MultiModalInput]]:
+        slots = [i for i, token in enumerate(prompt) if token == self.boi_token_id]
+        if len(slots) != len(images):
+            raise ImageError(f"the chat template placed {len(slots)} image placeholders for {len(images)} images")
+        tokens: list[int] = []
+        inputs: list[MultiModalInput] = []
+        previous = 0
+        for slot, image in zip(slots, images, strict=True):
+            tokens += prompt[previous : slot + 1]
+            data = {"pixel_values": self.pixels(image)}
+            inputs.append(MultiModalInput(image.content_hash, len(tokens), self.tokens_per_image, data))
+            tokens += [self.image_token_id] * self.tokens_per_image + [self.eoi_token_id]
+            previous = slot + 1
+        tokens += prompt[previous:]
+        return tokens, inputs
+
+
+_PROCESSORS: dict[str, Callable[[dict[str, Any], Path | None], ImageProcessor]] = {
+    "qwen2_vl": QwenVLImageProcessor.from_config,
+    "qwen2_5_vl": QwenVLImageProcessor.from_config,
+    "gemma3": Gemma3ImageProcessor.from_config,
+}
+
+
 def image_processor_for(config: dict[str, Any], directory: Path | None = None) -> ImageProcessor:
     """The image processor of a vision-language model's config; ImageError for a family without one."""
-    model_type = config.get("model_type")
-    if model_type in ("qwen2_vl", "qwen2_5_vl"):
-        return QwenVLImageProcessor.from_config(config, directory)
-    raise ImageError(f"images are not supported for model type {model_type!r} (supported: qwen2_vl, qwen2_5_vl)")
+    model_type = str(config.get("model_type"))
+    make = _PROCESSORS.get(model_type)
+    if make is None:
+        supported = ", ".join(_PROCESSORS)
+        raise ImageError(f"images are not supported for model type {model_type!r} (supported: {supported})")
+    return make(config, directory)

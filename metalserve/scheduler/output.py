@@ -70,3 +70,5 @@ class ModelRunnerOutput:
     logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
     kv_connector_output: ConnectorOutput | None = None  # a KV connector's finished transfers
+    # sampling_params.prompt_logprobs: (the first prompt position they are for, their logprobs) per request.
+    prompt_logprobs: dict[str, tuple[int, list[TokenLogprob]]] = field(default_factory=dict)

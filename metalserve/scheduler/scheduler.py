@@ -6,6 +6,11 @@ is cut to it (chunked prefill). When a running request cannot grow, the lowest-p
 latest-arrived running request is preempted by recompute and put back at the head of the queue.
 After the runner's step, `update_from_output` appends the sampled tokens, checks stops, rolls back
 rejected drafts and frees what finished.
+
+With `lookahead` (async scheduling, engine/core.py) the next step is scheduled before this one's tokens
+are known: a request whose sampled token is still on its way gets one placeholder token (the runner
+fills it in when the token arrives), unless that token is already its last. A request that then stops
+on the token wasted one token of work; one preempted meanwhile still keeps the token it was owed.
 """
 
 from __future__ import annotations
@@ -77,6 +82,8 @@ class Scheduler:
         self._pending_outputs: list[EngineCoreOutput] = []
         self._stop_hints: dict[str, tuple[frozenset[int], int]] = {}
         self.num_waiting_for_grammar = 0  # skipped by the last schedule(): their grammars still compile
+        self.lookahead = False  # async scheduling: placeholders for tokens not sampled yet (see above)
+        self.num_placeholders = 0  # tokens scheduled before their input was sampled (lookahead)
         self.kv_loads: KVLoads | None = None  # a KV connector's loads (set_connector)
         if config.scheduling_policy == "priority":
             self._victim_key = lambda r: (r.priority, r.arrival_time)
@@ -215,7 +222,10 @@ class Scheduler:
             n = len(request.prompt_token_ids) + len(request.output_token_ids) - computed
             k = 0  # draft tokens verified after the decode token
             # A decode token (n == 1) is always within the budget, the threshold and the context.
-            if n != 1:
+            if n == 0 and self._placeholder_fits(request):
+                n = 1  # the token being sampled now is this step's input (a placeholder until it arrives)
+                self.num_placeholders += 1
+            elif n != 1:
                 n = self._num_new_tokens(request, computed, budget, step)
                 if n <= 0:  # its last token was scheduled but not yet sampled
                     i += 1
@@ -248,6 +258,14 @@ class Scheduler:
             request.num_computed_tokens = computed + n
             i += 1
         step.budget = budget
+
+    def _placeholder_fits(self, request: Request) -> bool:
+        """Lookahead: a request past its prompt whose pending token may not be its last output."""
+        return (
+            self.lookahead
+            and request.num_computed_tokens >= len(request.prompt_token_ids)
+            and len(request.output_token_ids) + 1 < self._stop_hints[request.request_id][1]
+        )
 
     def _num_drafts(self, request: Request, budget: int) -> int:
         """How many of the request's drafts fit the budget and its output limit (max_tokens or the
@@ -369,6 +387,8 @@ class Scheduler:
         sampled, requests, hints = runner_output.sampled_token_ids, self.requests, self._stop_hints
         if scheduler_output.scheduled_spec_decode_tokens or runner_output.spec_token_ids:
             self._update_drafts(scheduler_output, runner_output)
+        if runner_output.prompt_logprobs:
+            self._add_prompt_logprobs(runner_output)
         plain = not runner_output.logprobs
         running = RequestStatus.RUNNING
         append = outputs.append
@@ -379,10 +399,14 @@ class Scheduler:
         for request_id in scheduler_output.num_scheduled_tokens:
             token_ids = get(request_id)
             request = requests.get(request_id)
-            if not token_ids or request is None or request.status is not running:
+            if not token_ids or request is None:
+                continue
+            if request.status is not running:
+                if request.status is RequestStatus.PREEMPTED:  # by a lookahead schedule(), after sampling
+                    append(self._append_preempted(request, token_ids, runner_output))
                 continue
             out_ids, n_prompt = request.output_token_ids, len(request.prompt_token_ids)
-            if plain and len(token_ids) == 1 and request.structured is None:
+            if plain and len(token_ids) == 1 and request.structured is None and request.prompt_logprobs is None:
                 # The decode fast path: one token that cannot stop the request and no logprobs.
                 stop_ids, max_out = hints[request_id]
                 token_id = token_ids[0]
@@ -403,6 +427,15 @@ class Scheduler:
         if any_finished:
             self.running = [r for r in self.running if r.status is running]
         return outputs
+
+    def _add_prompt_logprobs(self, runner_output: ModelRunnerOutput) -> None:
+        """Extend each request's prompt logprobs (a recomputed chunk after preemption adds nothing new)."""
+        for request_id, (first, entries) in runner_output.prompt_logprobs.items():
+            request = self.requests.get(request_id)
+            if request is None or request.prompt_logprobs is None:
+                continue
+            have = request.prompt_logprobs
+            have += entries[len(have) - first :] if len(have) >= first else []
 
     def _release_encoded(self, scheduler_output: SchedulerOutput) -> None:
         """Images whose placeholder tokens this step computed in full need their encoder output no more."""
@@ -464,8 +497,39 @@ class Scheduler:
             len(request.prompt_token_ids),
             request.num_cached_tokens or 0,
         )
+        if request.prompt_logprobs is not None:  # the first output: the prompt is computed whole by now
+            output.prompt_logprobs, request.prompt_logprobs = request.prompt_logprobs, None
         if status is not None:
             request.status = status
+            self._free_request(request)
+            output.finish_reason = status.finish_reason
+            output.stop_reason = request.stop_reason
+        return output
+
+    def _append_preempted(
+        self, request: Request, token_ids: list[int], runner_output: ModelRunnerOutput
+    ) -> EngineCoreOutput:
+        """The token a request was sampled before a lookahead schedule() preempted it: it is kept (it
+        was computed from the whole context), and the request recomputes with it when it resumes."""
+        status = None
+        num_new = 0
+        for token_id in token_ids:
+            request.output_token_ids.append(token_id)
+            num_new += 1
+            if request.structured is not None and request.structured.accept(token_id):
+                status = RequestStatus.FINISHED_STOPPED
+                break
+            status = check_stop(request, self.max_model_len)
+            if status is not None:
+                break
+        logprobs = runner_output.logprobs.get(request.request_id) if runner_output.logprobs else None
+        output = EngineCoreOutput(
+            request.request_id, token_ids[:num_new], logprobs[:num_new] if logprobs is not None else None,
+            None, None, len(request.prompt_token_ids), request.num_cached_tokens or 0,
+        )  # fmt: skip
+        if status is not None:
+            request.status = status
+            self.waiting.remove({request.request_id})
             self._free_request(request)
             output.finish_reason = status.finish_reason
             output.stop_reason = request.stop_reason

@@ -37,6 +37,7 @@ class _View:
     token_ids: list[int]
     num_computed_tokens: int
     block_array: np.ndarray
+    wants_prompt_logprobs = False  # the draft's forwards report none
 
 
 class DraftModelProposer:

@@ -12,6 +12,7 @@ from typing import Any
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from metalserve.kvcache.connector.base import ConnectorStats
 from metalserve.outputs import EngineCoreOutput, TokenLogprob
 from metalserve.request import Request
 
@@ -73,6 +74,7 @@ class FakeStats:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_pos: tuple[int, ...] = ()
+    connector: ConnectorStats | None = None  # the disk tier's counters; none in the fake
 
 
 @dataclass

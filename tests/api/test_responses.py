@@ -129,7 +129,8 @@ def test_function_call_output_reaches_the_template(server: Served) -> None:
 
 def test_incomplete_and_sampling_fields(server: Served) -> None:
     body = _post(server, input="Hi", max_output_tokens=2, temperature=0.5, top_p=0.9, metadata={"k": "v"}).json()
-    assert body["status"] == "incomplete" and body["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert body["status"] == "incomplete" and body["incomplete_details"] == {
+        "reason": "max_output_tokens", "cause": "max_output_tokens"}
     assert body["metadata"] == {"k": "v"} and body["temperature"] == 0.5
     params = server.core.added[-1].sampling_params
     assert (params.temperature, params.top_p, params.max_tokens) == (0.5, 0.9, 2)

@@ -54,6 +54,12 @@ def test_flags_map_onto_configs(tmp_path: Path) -> None:
     assert default_model_name(defaults, "embedded default: /a/b/Small.Q4_1.gguf") == "Small.Q4_1"
 
 
+def test_async_scheduling_is_on_by_default_and_can_be_turned_off() -> None:
+    assert config_from_args(_parse())[0].async_scheduling is True
+    assert config_from_args(_parse("--no-async-scheduling"))[0].async_scheduling is False
+    assert config_from_args(_parse("--async-scheduling"))[0].async_scheduling is True
+
+
 def test_bad_flags_are_clear_errors() -> None:
     with pytest.raises(ConfigError, match="--max-num-seqs"):
         config_from_args(_parse("--max-num-seqs", "0"))

@@ -43,6 +43,12 @@ def test_targets_compare_metalserve_to_each_peer() -> None:
     assert "failed: 'not built'" in md and "| 2.50 | >= 2.0 | True |" in md
 
 
+def test_the_async_ab_server_is_metalserve_with_async_scheduling_off() -> None:
+    on, off = spec_for("metalserve", 8).command(0), spec_for("metalserve-no-async", 8).command(0)
+    assert "--no-async-scheduling" in off and "--no-async-scheduling" not in on
+    assert [x for x in off if x != "--no-async-scheduling"] == on
+
+
 def test_plot_writes_a_png(tmp_path: Path) -> None:
     path = tmp_path / "p.png"
     compare_peers.plot([_row("metalserve", 1, 10.0, 1.0, 5.0), _row("metalserve", 2, 18.0, 1.2, 6.0)], path)

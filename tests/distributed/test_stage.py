@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
+import pytest
 
 from metalserve.distributed.stage import Stage, keep_layers, run_layers
 from metalserve.distributed.wire import StepMeta
@@ -12,7 +13,7 @@ from metalserve.executor.attention.mlx import MlxAttention
 from metalserve.executor.context import forward_context
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.compute import MlxCompute
-from metalserve.kvcache.specs import KVCacheSpec
+from metalserve.kvcache.specs import KVCacheDtype, KVCacheSpec
 from tests.executor.tiny_models import tiny_model
 
 
@@ -24,10 +25,10 @@ def _meta(positions: list[int], blocks: list[int], bs: int) -> StepMeta:
                     np.array([len(pos) - 1], np.int32))  # fmt: skip
 
 
-def _stage(layers: range, first: bool, blocks: int) -> Stage:
+def _stage(layers: range, first: bool, blocks: int, storage: KVCacheDtype = "auto") -> Stage:
     model = tiny_model("llama", seed=3, num_hidden_layers=4)
     keep_layers(model, layers, first)
-    spec = KVCacheSpec.uniform(len(layers), 2, 16, "float32", 4, 8, blocks)
+    spec = KVCacheSpec.uniform(len(layers), 2, 16, "float32", 4, 8, blocks, storage)
     return Stage(PagedModel(model, "llama", MlxCompute()), spec, MlxAttention())
 
 
@@ -39,9 +40,11 @@ def _two_stage_logits(first: Stage, second: Stage, tokens: list[int], meta: Step
     return first.model.mlx_logits(first.model.backbone.norm(out))
 
 
-def test_two_stages_equal_the_whole_model_across_a_pool_growth() -> None:
-    whole = _stage(range(0, 4), True, 4)
-    first, second = _stage(range(0, 1), True, 4), _stage(range(1, 4), False, 4)
+@pytest.mark.parametrize("storage", ["auto", "int8"])
+def test_two_stages_equal_the_whole_model_across_a_pool_growth(storage: KVCacheDtype) -> None:
+    """Also on int8 pages: each stage quantizes its own layers' K/V exactly as the whole model does."""
+    whole = _stage(range(0, 4), True, 4, storage)
+    first, second = _stage(range(0, 1), True, 4, storage), _stage(range(1, 4), False, 4, storage)
     prompt, blocks = [5, 9, 2, 7, 1, 3, 8, 4, 6, 11], [3, 1]
     meta = _meta(list(range(10)), blocks, 8)
     expected = _two_stage_logits(whole, _stage(range(4, 4), False, 4), prompt, meta)
@@ -51,4 +54,5 @@ def test_two_stages_equal_the_whole_model_across_a_pool_growth() -> None:
     decode = _meta([10], blocks, 8)
     expected = _two_stage_logits(whole, _stage(range(4, 4), False, 6), [12], decode)
     assert second.spec.num_blocks == 6 and second.kv[0].pool.shape[2] == 6 * 8
+    assert second.spec.page.storage == storage
     assert mx.allclose(_two_stage_logits(first, second, [12], decode), expected, atol=1e-4)

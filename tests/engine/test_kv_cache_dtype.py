@@ -50,7 +50,7 @@ def test_int8_pages_serve_exactly_the_model_over_dequantized_kv(arch: str, monke
     """The int8 engine is the float engine whose K/V went through the NumPy reference's round trip:
     same tokens, same logprobs (so what differs from `auto` is the storage's rounding, nothing else)."""
     batch = golden.prompts([golden.SHORT, 40, golden.LONG], VOCAB, seed=3)
-    core = core_of(arch, "int8")
+    core = core_of(arch, "int8", attention_backend="mlx")
     assert all(isinstance(c.pool, QuantPool) for c in core.runner.kv)  # the MLX-ops backend's int8 pages
     got = golden.serve(core, batch)
     write = mlx_backend.write_kv_portable
@@ -99,7 +99,7 @@ def test_q4_pages_serve_the_model_over_dequantized_kv(monkeypatch: pytest.Monkey
                               attention_backend=backend)  # type: ignore[arg-type]  # fmt: skip
         return EngineCore.from_loaded(config, golden.loaded_of(build("qwen3", head_dim=32), "qwen3"))
 
-    q4 = core("q4")
+    q4 = core("q4", "mlx")
     assert isinstance(q4.runner.kv[0].pool, QuantPool) and q4.runner.spec.page.group_size == 32
     got = golden.serve(q4, batch)
     write = mlx_backend.write_kv_portable
@@ -137,12 +137,27 @@ def test_the_memory_plan_counts_quantized_pages_and_says_which_dtype(caplog: pyt
     assert fits["int8"] / fits["auto"] == pytest.approx(64 / 18, rel=0.02)
 
 
-def test_auto_attention_takes_the_backend_that_reads_quantized_pages(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="metalserve.engine"):
-        core = core_of("llama", "int8")
-    assert core.runner.backend.name == "mlx"
-    with pytest.raises(ConfigError, match="--attention-backend cpu cannot read int8 KV pages"):
-        core_of("llama", "int8", attention_backend="cpu")
+@pytest.mark.parametrize("storage", ["int8", "q4"])
+def test_the_numba_kernel_serves_quantized_pages_like_mlx_ops(storage: str) -> None:
+    """`auto` takes the numba kernel for a float32 model here, on quantized pages too; it gives MLX ops'
+    tokens (the same formats; only float rounding differs). The Metal kernel is refused for now."""
+    arch, kw = ("llama", {}) if storage == "int8" else ("qwen3", {"head_dim": 32})
+    batch = golden.prompts([golden.SHORT, 40, 100], VOCAB, seed=4)
+
+    def core(backend: str) -> EngineCore:
+        config = EngineConfig(kv_cache_memory=1 << 24, block_size=16, max_num_seqs=8, max_num_batched_tokens=64,
+                              kv_cache_dtype=storage, attention_backend=backend)  # type: ignore[arg-type]  # fmt: skip
+        return EngineCore.from_loaded(config, golden.loaded_of(build(arch, **kw), arch))
+
+    numba_core = core("auto")
+    assert numba_core.runner.backend.name == "cpu"
+    got, want = golden.serve(numba_core, batch), golden.serve(core("mlx"), batch)
+    for g, w in zip(got, want, strict=True):
+        assert g.tokens == w.tokens
+        np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-2, rtol=0)  # a code may round the other way
+    with pytest.raises(ConfigError, match="--attention-backend metal cannot read int8 KV pages"):
+        core_of("llama", "int8", attention_backend="metal")
+    mx.clear_cache()
 
 
 def test_mla_latents_keep_their_dtype_and_say_so(caplog: pytest.LogCaptureFixture) -> None:

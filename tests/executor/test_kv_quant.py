@@ -3,6 +3,7 @@ against the reference attending the dequantized ones."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import mlx.core as mx
@@ -10,12 +11,14 @@ import numpy as np
 import pytest
 
 from metalserve.executor.attention import kv_quant, reference
-from metalserve.executor.attention.base import AttentionCall, LayerCacheSpec
+from metalserve.executor.attention.base import AttentionBackend, AttentionCall, LayerCacheSpec
+from metalserve.executor.attention.cpu import CpuAttention
 from metalserve.executor.attention.kv_quant import QuantPool
 from metalserve.executor.attention.mlx import MlxAttention
 from metalserve.executor.attention.reference import AttentionOptions
+from metalserve.executor.step_inputs import StepInputs
 from metalserve.kernels.cpu import kv_quant as np_quant
-from metalserve.kvcache.specs import PageDtype
+from metalserve.kvcache.specs import PageDtype, SlidingWindow
 from tests.executor.test_attention_backends import mixed_step
 
 STORAGES = ["int8", "q4"]
@@ -157,3 +160,43 @@ def test_a_quantized_pool_grows_keeping_its_pages_and_costs_what_the_spec_says(s
         np.testing.assert_array_equal(np.array(new)[:, :, : spec.num_slots], old)
         assert not np.array(new)[:, :, spec.num_slots :].any()
     assert grown.pool.shape == (2, 2, 16 * 8, 32)
+
+
+def _filled_step(spec: LayerCacheSpec) -> StepInputs:
+    """One request owning every block, one step over every slot (fills the pages)."""
+    t = spec.num_slots
+    ramp = np.arange(t, dtype=np.int32)
+    return StepInputs(["x"], ramp, ramp, ramp, np.array([0, t], np.int32), np.array([t], np.int32),
+                      [np.arange(spec.num_blocks)], [], np.array([], np.int32))  # fmt: skip
+
+
+@pytest.mark.parametrize("storage", STORAGES)
+@pytest.mark.parametrize("backend", [MlxAttention(), CpuAttention()], ids=["mlx", "cpu"])
+@pytest.mark.parametrize("opts", OPTIONS.values(), ids=OPTIONS.keys())
+def test_each_backend_attends_its_quantized_pages_like_the_reference_attends_them_dequantized(
+    storage: str, backend: AttentionBackend[Any, Any], opts: AttentionOptions
+) -> None:
+    spec = quant_spec(storage)
+    if opts.sliding_window is not None:  # the MLX-ops plan masks by the group's spec, the kernels by opts
+        window = SlidingWindow(opts.sliding_window, num_kv_heads=2, head_dim=32, page=spec.page)
+        spec = LayerCacheSpec(window, spec.block_size, spec.num_blocks)
+    rng = np.random.default_rng(11)
+    cache = backend.allocate(spec)
+    fill = _filled_step(spec)
+    kv = mx.array(rng.standard_normal((spec.num_slots, 2, 32)).astype(np.float32))
+    backend.forward(AttentionCall(mx.zeros((spec.num_slots, 6, 32)), kv, -kv, mx.array(fill.slot_mapping), cache,
+                                  backend.build_metadata(fill, spec), AttentionOptions(1.0)))  # fmt: skip
+    step = mixed_step()
+    total = len(step.slot_mapping)
+    q = mx.array(rng.standard_normal((total, 6, 32)).astype(np.float32))
+    k, v = (mx.array(rng.standard_normal((total, 2, 32)).astype(np.float32)) for _ in range(2))
+    call = AttentionCall(q, k, v, mx.array(step.slot_mapping), cache, backend.build_metadata(step, spec), opts)
+    got = np.array(backend.forward(call))
+    arrays = [np.array(a) for a in call.cache.arrays()]
+    dense = np_quant.dequantize(arrays[0], arrays[1], arrays[2] if len(arrays) > 2 else None, storage)
+    written = dense[:, :, step.slot_mapping].transpose(0, 2, 1, 3)  # this step's K/V, as stored
+    bound = 0.05 if storage == "int8" else 0.5
+    assert np.abs(written[0] - np.array(k)).max() < bound and np.abs(written[1] - np.array(v)).max() < bound
+    plan = MlxAttention().build_metadata(step, LayerCacheSpec(replace(spec.attn, page=PageDtype()), 8, 12))
+    want = np.array(reference.paged_attention_planned(q, mx.array(dense), plan, opts))
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)

@@ -7,9 +7,10 @@ and message_stop. A failure after the stream began is an `error` event.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeVar
 
 from metalserve.api.anthropic.errors import anthropic_error_body
 from metalserve.api.anthropic.render import message_shell, stop_reason, tool_use_id, usage
@@ -65,14 +66,57 @@ def _delta(seg: Segment) -> dict[str, Any] | None:
     return {"type": "input_json_delta", "partial_json": seg.text} if seg.text else None
 
 
-async def message_events(gen: Generation, model: str, omit_thinking: bool) -> AsyncIterator[dict[str, str]]:
+# A long prefill sends nothing for minutes; Claude Code drops a stream idle for 5 minutes. So after this
+# many seconds without output the stream starts and `ping` events keep it alive, as Anthropic's API does.
+HEARTBEAT_SECONDS = 10.0
+
+T = TypeVar("T")
+
+
+async def with_heartbeat(items: AsyncIterator[T], interval: float) -> AsyncIterator[T | None]:
+    """The items, with a None each time `interval` seconds pass without one."""
+    pending: asyncio.Future[T] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(items.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=interval)
+            if not done:
+                yield None
+                continue
+            try:
+                item = pending.result()
+            except StopAsyncIteration:
+                return
+            finally:
+                pending = None
+            yield item
+    finally:
+        if pending is not None:
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
+        closing = getattr(items, "aclose", None)  # so the engine requests behind it are aborted now
+        if closing is not None:
+            await closing()
+
+
+async def message_events(
+    gen: Generation, model: str, omit_thinking: bool
+) -> AsyncIterator[dict[str, str]]:
     """The whole event stream of one Messages request."""
     parser = gen.parsing.streamer(0)
     blocks = _Blocks(omit_thinking)
     started = False
     try:
-        async for _, out in merge_streams(gen.streams):
-            delta = parser.feed(out)
+        async for item in with_heartbeat(merge_streams(gen.streams), HEARTBEAT_SECONDS):
+            if item is None:
+                if not started:  # still prefilling: the cached share is told by message_delta's usage
+                    started = True
+                    shell = message_shell(gen.request_id, model, usage(len(gen.prompt), 0, 0))
+                    yield sse("message_start", {"message": shell})
+                yield sse("ping", {})
+                continue
+            delta = parser.feed(item[1])
             if not started:  # after the first output, so the usage knows the cached prompt tokens
                 started = True
                 yield sse("message_start", {"message": message_shell(gen.request_id, model, _usage(delta, 0))})

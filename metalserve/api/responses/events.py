@@ -14,6 +14,7 @@ from typing import Any
 
 from metalserve.api.deltas import ChoiceDelta, Segment, segments
 from metalserve.api.responses import render
+from metalserve.api.responses.errors import responses_error_body
 from metalserve.api.serving_chat import Generation
 from metalserve.api.serving_common import engine_error, merge_streams
 
@@ -126,4 +127,5 @@ async def response_events(gen: Generation, renderer: ResponseEvents, finish: Fin
                 yield renderer.event(kind, response=body)
     except Exception as exc:
         error = engine_error(exc)
-        yield renderer.event("error", code=str(error.status), message=error.message, param=error.param)
+        body = responses_error_body(error)["error"]
+        yield renderer.event("error", code=body["code"], message=body["message"], param=body["param"])

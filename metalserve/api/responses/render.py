@@ -49,7 +49,8 @@ def _is_json(text: str) -> bool:
 def usage(prompt_tokens: int, cached_tokens: int, output_tokens: int, reasoning_tokens: int) -> dict[str, Any]:
     return {
         "input_tokens": prompt_tokens,
-        "input_tokens_details": {"cached_tokens": cached_tokens},
+        # metalserve writes no separate cache entries: every computed block is cached as it goes.
+        "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
         "output_tokens": output_tokens,
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": prompt_tokens + output_tokens,
@@ -65,8 +66,11 @@ def response_object(
     status: str,
     output: list[dict[str, Any]],
     usage: dict[str, Any] | None,
+    cause: str | None = None,
 ) -> dict[str, Any]:
-    """The response object; `status` incomplete carries the reason (the output budget ran out)."""
+    """The response object; `status` incomplete carries the reason (the output budget ran out) and, as
+    `cause`, which budget: the client's max_output_tokens, the server's --default-max-tokens, or the end
+    of the context window (the SDK's `reason` has no word for the last two)."""
     fmt = req.text.format.model_dump(exclude_none=True, by_alias=True) if req.text and req.text.format else None
     tool_choice = req.tool_choice
     return {
@@ -75,7 +79,7 @@ def response_object(
         "created_at": created_at,
         "status": status,
         "error": None,
-        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "incomplete_details": {"reason": "max_output_tokens", "cause": cause} if status == "incomplete" else None,
         "instructions": req.instructions,
         "max_output_tokens": req.max_output_tokens,
         "model": model,

@@ -15,7 +15,7 @@ from metalserve.api.responses.events import ResponseEvents, response_events
 from metalserve.api.responses.protocol import ResponsesRequest
 from metalserve.api.responses.store import ResponseStore, StoredResponse
 from metalserve.api.responses.translate import conversation, namespaces, to_chat
-from metalserve.api.serving_chat import ChatServing
+from metalserve.api.serving_chat import ChatServing, Generation
 from metalserve.api.serving_common import cancel_on_disconnect, collect, now
 
 
@@ -43,8 +43,12 @@ class ResponsesServing:
         rid, created = gen.request_id, now()
         model = self.chat.ctx.served_model_name
 
-        def finish(status: str, output: list[dict[str, Any]], usage: dict[str, Any]) -> dict[str, Any]:
-            body = render.response_object(rid, created, req, model, status=status, output=output, usage=usage)
+        def finish(finish_reason: str | None, output: list[dict[str, Any]], usage: dict[str, Any]) -> dict[str, Any]:
+            status = "incomplete" if finish_reason == "length" else "completed"
+            cause = _incomplete_cause(gen, req, usage["output_tokens"]) if status == "incomplete" else None
+            body = render.response_object(
+                rid, created, req, model, status=status, output=output, usage=usage, cause=cause
+            )
             if req.store:
                 self.store.put(rid, StoredResponse(body, items))
             return body
@@ -57,7 +61,7 @@ class ResponsesServing:
                 usage = self._usage(
                     delta.num_prompt_tokens, delta.num_cached_tokens, delta.num_output_tokens, reasoning
                 )
-                return finish(_status(delta.finish_reason), output, usage)
+                return finish(delta.finish_reason, output, usage)
 
             events = response_events(gen, ResponseEvents(shell, summary, namespaces(req)), finish_stream)
             return EventSourceResponse(events, sep="\n")
@@ -65,7 +69,7 @@ class ResponsesServing:
         final = gen.parsing.final(state.text, state.finish_reason)
         usage = self._usage(state.num_prompt_tokens, state.num_cached_tokens, state.num_tokens, final.reasoning or "")
         output = _output(final, summary, namespaces(req))
-        return JSONResponse(finish(_status(final.finish_reason), output, usage))
+        return JSONResponse(finish(final.finish_reason, output, usage))
 
     def retrieve(self, response_id: str) -> dict[str, Any]:
         return self.retrieve_from(self.store, response_id)
@@ -93,8 +97,12 @@ class ResponsesServing:
         return render.usage(prompt, cached, output, min(reasoning_tokens, output))
 
 
-def _status(finish_reason: str | None) -> str:
-    return "incomplete" if finish_reason == "length" else "completed"
+def _incomplete_cause(gen: Generation, req: ResponsesRequest, num_output_tokens: int) -> str:
+    """Which budget ended the output: the context window, the client's max_output_tokens, or the server's
+    --default-max-tokens (for a request that set none)."""
+    if gen.length_reason(num_output_tokens) == "context_length":
+        return "context_window"
+    return "max_output_tokens" if req.max_output_tokens is not None else "default_max_tokens"
 
 
 def _output(final: FinalOutput, summary: bool, namespaces: dict[str, str]) -> list[dict[str, Any]]:

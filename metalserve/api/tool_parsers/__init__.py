@@ -12,6 +12,7 @@ from metalserve.api.tool_parsers.base import (
     ToolParser,
 )
 from metalserve.api.tool_parsers.deepseek_v3 import DeepSeekV3ToolParser
+from metalserve.api.tool_parsers.generic import GenericToolParser
 from metalserve.api.tool_parsers.hermes import HermesToolParser
 from metalserve.api.tool_parsers.llama3 import Llama3JsonToolParser
 from metalserve.api.tool_parsers.mistral import MistralToolParser
@@ -29,6 +30,7 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "pythonic": PythonicToolParser,
     "deepseek_v3": DeepSeekV3ToolParser,
     "openai": HarmonyToolParser,
+    "generic": GenericToolParser,  # the form of the server's own tool prompt (api/generic_tools.py)
 }
 
 
@@ -44,6 +46,7 @@ __all__ = [
     "TOOL_PARSERS",
     "DeltaMessage",
     "ExtractedToolCalls",
+    "GenericToolParser",
     "ParsedToolCall",
     "Segment",
     "StreamingToolParser",

@@ -1,6 +1,7 @@
 """The CPU backend (`--attention-backend cpu`): the float32 pool `[2, Hkv, num_slots, D]`, written in
 place through a NumPy view of its MLX buffer and attended by the numba kernel (metalserve/kernels/cpu/paged.py).
-The backend owns those views: it makes them when it allocates a pool and again when a pool grows."""
+The backend owns those views: it makes them when it allocates a pool and again when a pool grows.
+Quantized pages (int8, q4: kv_quant.QuantPool) are written and read through views of their arrays alike."""
 
 from __future__ import annotations
 
@@ -10,9 +11,17 @@ import mlx.core as mx
 import numpy as np
 
 from metalserve.executor.attention.base import AttentionBackend, AttentionCall, LayerCacheSpec
+from metalserve.executor.attention.kv_quant import QuantPool
 from metalserve.executor.attention.mlx import zeros_pool
 from metalserve.executor.step_inputs import StepInputs
-from metalserve.kernels.cpu.paged import CpuStepPlan, build_cpu_plan, cpu_paged_attention, host_view
+from metalserve.kernels.cpu.paged import (
+    CpuStepPlan,
+    build_cpu_plan,
+    cpu_paged_attention,
+    cpu_quantized_attention,
+    host_view,
+    host_views,
+)
 
 
 @dataclass
@@ -30,21 +39,51 @@ class HostKV:
         return HostKV(pool, host_view(pool))  # host_view evaluates the pool first
 
 
-class CpuAttention(AttentionBackend[HostKV, CpuStepPlan]):
+@dataclass
+class HostQuantKV:
+    """Quantized pages (codes, float16 scales, q4's biases) and the host views of their buffers."""
+
+    pool: QuantPool
+    host: list[np.ndarray]
+
+    def arrays(self) -> list[mx.array]:
+        return self.pool.arrays()
+
+    @staticmethod
+    def of(pool: QuantPool) -> HostQuantKV:
+        return HostQuantKV(pool, host_views(pool.arrays()))
+
+
+CpuKV = HostKV | HostQuantKV
+
+
+class CpuAttention(AttentionBackend[CpuKV, CpuStepPlan]):
     name = "cpu"
     description = "the numba CPU kernel (metalserve/kernels/cpu/attention.py)"
 
-    def allocate(self, spec: LayerCacheSpec) -> HostKV:
+    def allocate(self, spec: LayerCacheSpec) -> CpuKV:
         if spec.dtype != mx.float32:
             raise ValueError(f"the CPU attention path needs a float32 pool (dtype {spec.dtype})")
+        if spec.page.quantized:
+            return HostQuantKV.of(_quant_zeros(spec))
         return HostKV.of(zeros_pool(spec))
 
-    def extend(self, cache: HostKV, spec: LayerCacheSpec) -> HostKV:
+    def extend(self, cache: CpuKV, spec: LayerCacheSpec) -> CpuKV:
+        if isinstance(cache, HostQuantKV):
+            return HostQuantKV.of(cache.pool.concatenate(_quant_zeros(spec)))
         return HostKV.of(mx.concatenate([cache.pool, zeros_pool(spec)], axis=2))
 
     def build_metadata(self, step: StepInputs, spec: LayerCacheSpec) -> CpuStepPlan:
         return build_cpu_plan(step.padded_block_tables(), step.cu_seqlens_q, step.seq_lens, step.slot_mapping,
                               spec.block_size)  # fmt: skip
 
-    def forward(self, call: AttentionCall[HostKV, CpuStepPlan]) -> mx.array:
-        return cpu_paged_attention(call.q, call.k, call.v, call.cache.host, call.meta, call.options)
+    def forward(self, call: AttentionCall[CpuKV, CpuStepPlan]) -> mx.array:
+        cache = call.cache
+        if isinstance(cache, HostQuantKV):
+            assert call.v is not None  # MLA latents are never quantized (kvcache/specs.MLALatent)
+            return cpu_quantized_attention(call.q, call.k, call.v, cache.host, call.meta, call.options)
+        return cpu_paged_attention(call.q, call.k, call.v, cache.host, call.meta, call.options)
+
+
+def _quant_zeros(spec: LayerCacheSpec) -> QuantPool:
+    return QuantPool.zeros(spec.num_planes, spec.num_kv_heads, spec.num_slots, spec.head_dim, spec.page, spec.dtype)

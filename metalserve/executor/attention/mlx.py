@@ -53,7 +53,8 @@ class MlxAttention(AttentionBackend[PortableKV, AttentionPlan]):
 
     def build_metadata(self, step: StepInputs, spec: LayerCacheSpec) -> AttentionPlan:
         return build_plan(step.block_rows, step.cu_seqlens_q, step.seq_lens, spec.block_size,
-                          sliding_window=spec.sliding_window, num_kv_heads=spec.num_kv_heads)  # fmt: skip
+                          sliding_window=spec.sliding_window, num_kv_heads=spec.num_kv_heads,
+                          image_spans=step.image_spans)  # fmt: skip
 
     def forward(self, call: AttentionCall[PortableKV, AttentionPlan]) -> mx.array:
         cache = call.cache

@@ -74,13 +74,20 @@ def _slots(block_row: np.ndarray, length: int, block_size: int) -> np.ndarray:
     return np.asarray(block_row)[pages] * block_size + positions % block_size
 
 
-def _window_mask(q_positions: np.ndarray, length: int, window: int | None, key_start: int = 0) -> np.ndarray:
-    """Additive mask over keys `key_start .. length - 1`: causal, and a sliding window when one is given."""
+def _window_mask(
+    q_positions: np.ndarray, length: int, window: int | None, key_start: int = 0,
+    spans: Sequence[tuple[int, int]] = (),
+) -> np.ndarray:  # fmt: skip
+    """Additive mask over keys `key_start .. length - 1`: causal, and a sliding window when one is given.
+    `spans`: images whose tokens also see each other both ways, whatever the window (HF's Gemma 3 ORs
+    this onto the causal and the sliding masks)."""
     keys = np.arange(key_start, length)[None, :]
     q = q_positions[:, None]
     allowed = keys <= q
     if window is not None:
         allowed &= keys > q - window
+    for start, end in spans:
+        allowed |= (q >= start) & (q < end) & (keys >= start) & (keys < end)
     return np.where(allowed, 0.0, -np.inf).astype(np.float32)
 
 
@@ -110,15 +117,18 @@ def _decode_group(
 
 
 def _prefill_chunk(
-    block_row: np.ndarray, start: int, end: int, length: int, block_size: int, window: int | None
-) -> PrefillChunk:
+    block_row: np.ndarray, start: int, end: int, length: int, block_size: int, window: int | None,
+    spans: Sequence[tuple[int, int]] = (),
+) -> PrefillChunk:  # fmt: skip
     q_first = length - (end - start)
-    # With a window, keys start at the page of the first query's oldest key: no page behind it is read.
-    key_start = 0 if window is None else max(0, q_first - window + 1) // block_size * block_size
+    # With a window, keys start at the page of the first query's oldest key: no page behind it is read
+    # (an image's tokens read their whole image, so keys start no later than its first).
+    oldest = min([max(0, q_first - window + 1), *(s for s, _ in spans)]) if window is not None else 0
+    key_start = oldest // block_size * block_size
     slots = mx.array(_slots(block_row, length, block_size)[key_start:].astype(np.int32))
     mask: mx.array | str = "causal"
-    if window is not None:
-        mask = mx.array(_window_mask(np.arange(q_first, length), length, window, key_start))
+    if window is not None or spans:
+        mask = mx.array(_window_mask(np.arange(q_first, length), length, window, key_start, spans))
     return PrefillChunk(start, end, slots, mask)
 
 
@@ -129,8 +139,11 @@ def build_plan(
     block_size: int,
     sliding_window: int | None = None,
     num_kv_heads: int = 1,
+    image_spans: dict[int, list[tuple[int, int]]] | None = None,
 ) -> AttentionPlan:
-    """Group the step's requests: leading single-query requests form the decode group.
+    """Group the step's requests: leading single-query requests form the decode group. `image_spans`:
+    request row -> its images' positions, attended both ways within each image (StepInputs.image_spans);
+    a single query needs nothing (it sees every earlier key already).
 
     `block_tables` rows may be ragged (each request's own block ids) or a padded 2-D array.
     """
@@ -145,7 +158,7 @@ def build_plan(
     )
     prefills = [
         _prefill_chunk(block_tables[i], int(cu_seqlens_q[i]), int(cu_seqlens_q[i + 1]), int(seq_lens[i]),
-                       block_size, sliding_window)
+                       block_size, sliding_window, (image_spans or {}).get(i, ()))
         for i in range(num_decodes, num_reqs)
     ]  # fmt: skip
     return AttentionPlan(decodes, tuple(prefills))

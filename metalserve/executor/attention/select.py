@@ -17,6 +17,8 @@ from metalserve.platform import Platform
 logger = logging.getLogger("metalserve.engine")
 
 
+# Why only MLX ops serve Gemma 3's images (executor/attention/reference.py: _window_mask's spans).
+NO_IMAGE_MASKS = "it has no per-request mask for image tokens that attend to each other both ways (Gemma 3)"
 # Why the Metal kernel is not chosen for MLA models (executor/models/mla.py).
 METAL_NO_LATENT = "the Metal kernel has no MLA latent layout (V a slice of K, one KV head of width kv_lora + rope)"
 
@@ -29,15 +31,22 @@ def select_attention(
     *,
     latent_kv: bool = False,
     kv_storage: str = "auto",
+    image_masks: bool = False,
 ) -> AttentionBackend[Any, Any]:
     """`auto`: the Metal kernel where Metal exists and takes the model's head dims (`head_dims`, every
     attention layer's), else the CPU backend for float32 KV, else MLX ops. Every backend honours sliding
     windows, sinks and the logit soft-cap; only the Metal kernel is limited, to its head dims and to
     separate K and V (`latent_kv`: the model keeps MLA's latent pages, LayerCacheSpec.value_dim).
-    `kv_storage`: the pages' storage (--kv-cache-dtype); a backend that cannot read it is not chosen."""
+    `kv_storage`: the pages' storage (--kv-cache-dtype); a backend that cannot read it is not chosen.
+    `image_masks`: the model's image tokens attend to each other both ways (Gemma 3): MLX ops only."""
     if name not in ATTENTION_BACKEND_NAMES:
         raise ConfigError(f"--attention-backend must be one of {', '.join(ATTENTION_BACKEND_NAMES)}, got {name!r}")
     if name == "mlx":
+        return MlxAttention()
+    if image_masks:  # only the MLX-ops plan masks per request (an image's tokens see each other both ways)
+        if name != "auto":
+            raise ConfigError(f"--attention-backend {name}: {NO_IMAGE_MASKS}; use 'auto' or 'mlx'")
+        logger.info("attention: MLX ops, the backend that attends an image's tokens both ways")
         return MlxAttention()
     if kv_storage not in QUANTIZED_PAGE_BACKENDS.get(name, ("auto",)) and name != "auto":
         raise ConfigError(f"--attention-backend {name} cannot read {kv_storage} KV pages; use 'auto' or 'mlx'")
@@ -72,8 +81,8 @@ def select_attention(
 
 
 # The page storages each backend reads besides the model's dtype (kvcache/specs.PageDtype).
-QUANTIZED_PAGE_BACKENDS: dict[str, tuple[str, ...]] = {"mlx": ("auto", "int8", "q4"), "cpu": ("auto",),
-                                                       "metal": ("auto",)}  # fmt: skip
+QUANTIZED_PAGE_BACKENDS: dict[str, tuple[str, ...]] = {"mlx": ("auto", "int8", "q4"),
+                                                       "cpu": ("auto", "int8", "q4"), "metal": ("auto",)}  # fmt: skip
 
 
 def _auto_reads(storage: str, platform: Platform, dtype: mx.Dtype) -> bool:

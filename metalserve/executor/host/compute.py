@@ -8,7 +8,7 @@ that the host forward takes stays in NumPy from the token ids to the logits.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -69,12 +69,23 @@ class HostCompute:
         # The whole decoder on the host for small steps, where every block has a host twin.
         self.forward_on_host = HostForward.build(model.backbone) if self.linears else None
 
-    def forward(self, model: PagedModel, token_ids: np.ndarray, logits_indices: np.ndarray) -> mx.array:
+    def host_job(
+        self, model: PagedModel, token_ids: np.ndarray, logits_indices: np.ndarray
+    ) -> Callable[[], np.ndarray] | None:
+        """Attention on the CPU backend and a small step: NumPy (and numba, GIL released) from the ids
+        to the logits, as one call that reads the step's context given now."""
         host = self.forward_on_host
-        if host is not None and token_ids.size <= HOST_LINEAR_MAX_TOKENS:
-            ctx = current_context()
-            if host.applies_to(ctx):  # attention on the CPU backend: NumPy from the ids to the logits
-                return mx.array(self.head_logits(host(token_ids, ctx)[logits_indices]))
+        if host is None or token_ids.size > HOST_LINEAR_MAX_TOKENS or self.head is None:
+            return None
+        ctx = current_context()
+        if not host.applies_to(ctx):
+            return None
+        return lambda: self.head_logits(host(token_ids, ctx)[logits_indices])
+
+    def forward(self, model: PagedModel, token_ids: np.ndarray, logits_indices: np.ndarray) -> mx.array:
+        job = self.host_job(model, token_ids, logits_indices)
+        if job is not None:
+            return mx.array(job())
         hidden = model.mlx_hidden_states(mx.array(token_ids))[mx.array(logits_indices)]
         if self.head is None:
             return model.mlx_logits(hidden)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import mlx.core as mx
@@ -35,6 +36,11 @@ class ModelCompute(Protocol):
 
     def forward(self, model: PagedModel, token_ids: np.ndarray, logits_indices: np.ndarray) -> mx.array:
         """Packed token ids `[T]` -> the logits `[S, vocab]` of the rows `logits_indices`."""
+
+    def host_job(
+        self, model: PagedModel, token_ids: np.ndarray, logits_indices: np.ndarray
+    ) -> Callable[[], np.ndarray] | None:
+        """The forward as a call that touches NumPy only (None: part of it runs in MLX)."""
 
     def description(self) -> str:
         """What runs on the host instead of MLX, for the start-up log."""
@@ -141,6 +147,11 @@ class PagedModel:
         if self.final_softcap:
             logits = mx.tanh(logits / self.final_softcap) * self.final_softcap
         return logits
+
+    def host_job(self, token_ids: np.ndarray, logits_indices: np.ndarray) -> Callable[[], np.ndarray] | None:
+        """The step's whole forward as a NumPy-only call (the host decoder), to run on another thread;
+        None where any of it runs in MLX. Call it inside the step's forward context."""
+        return self.compute.host_job(self, np.asarray(token_ids), np.asarray(logits_indices))
 
     def __call__(self, token_ids: np.ndarray, logits_indices: np.ndarray) -> mx.array:
         """Forward the packed tokens `[T]`; project only the rows `logits_indices` to the vocabulary."""

@@ -6,6 +6,7 @@ itself never asks which device it runs on.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import mlx.core as mx
@@ -29,6 +30,11 @@ class MlxCompute:
     def forward(self, model: MlxForward, token_ids: np.ndarray, logits_indices: np.ndarray) -> mx.array:
         hidden = model.mlx_hidden_states(mx.array(token_ids))
         return model.mlx_logits(hidden[mx.array(logits_indices)])
+
+    def host_job(
+        self, model: MlxForward, token_ids: np.ndarray, logits_indices: np.ndarray
+    ) -> Callable[[], np.ndarray] | None:
+        return None
 
     def description(self) -> str:
         return "nothing (all in MLX)"

@@ -40,11 +40,14 @@ SUPPORTED_MODEL_TYPES = (
     # MLA, latent pages:
     "deepseek_v2", "deepseek_v3", "glm4_moe_lite",
     # Vision-language models (mlx-vlm's classes): the language model here, the tower in executor/encoders/.
-    "qwen2_vl", "qwen2_5_vl",
+    "qwen2_vl", "qwen2_5_vl", "gemma3",
 )  # fmt: skip
 # Images in (metalserve/multimodal/); these also take multimodal RoPE positions [3, T] (models/mrope_attention.py).
-VISION_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl"})
+VISION_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "gemma3"})
 MROPE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl"})
+# The tokens of one image attend to each other both ways (HF's Gemma 3 token_type_ids mask): the MLX-ops
+# attention honours it, and the scheduler never splits an image across prefill chunks.
+BIDIRECTIONAL_IMAGE_MODEL_TYPES = frozenset({"gemma3"})
 MLA_MODEL_TYPES = frozenset({"deepseek_v2", "deepseek_v3", "glm4_moe_lite"})
 # The dense llama-family models whose blocks the host twins reproduce (executor/host/); every other
 # family runs mlx-lm's own modules on MLX.
@@ -76,6 +79,7 @@ class ModelFamily:
     host_path: bool  # the host fast path may run it (where the Platform has one)
     vision: bool = False  # takes images: a vision tower beside the language model (mlx-vlm's classes)
     mrope: bool = False  # multimodal RoPE: three position rows per token (Qwen2-VL)
+    bidirectional_images: bool = False  # an image's tokens attend to each other both ways (Gemma 3)
 
     def embedding(self, model: nn.Module) -> nn.Module:
         return embedding_of(model, self.model_type) if self.hybrid else model.model.embed_tokens
@@ -154,6 +158,7 @@ def model_family(model_type: str) -> ModelFamily:
         host_path=model_type in HOST_MODEL_TYPES,
         vision=model_type in VISION_MODEL_TYPES,
         mrope=model_type in MROPE_MODEL_TYPES,
+        bidirectional_images=model_type in BIDIRECTIONAL_IMAGE_MODEL_TYPES,
     )
 
 

@@ -219,3 +219,136 @@ def write_kv(pool: np.ndarray, k: np.ndarray, v: np.ndarray | None, slot_mapping
     pool[0][:, slot_mapping] = k.transpose(1, 0, 2)
     if v is not None:
         pool[1][:, slot_mapping] = v.transpose(1, 0, 2)
+
+
+@numba.njit(fastmath=True, cache=True, nogil=True)
+def _half(bits):  # noqa: ANN001, ANN202
+    """A float16 given as its uint16 bits, as float32 (numba has no float16): the page scales."""
+    b = np.int32(bits)
+    exponent, mantissa = (b >> 10) & 0x1F, b & 0x3FF
+    if exponent == 0:
+        value = np.float32(mantissa) * np.float32(2.0**-24)
+    elif exponent == 31:
+        value = np.float32(np.inf)
+    else:
+        value = np.float32(1024 + mantissa) * np.float32(2.0) ** np.float32(exponent - 25)
+    return -value if b & 0x8000 else value
+
+
+@numba.njit(fastmath=True, cache=True, nogil=True)
+def _dequantize_slots(codes, scales, biases, q4, slots, out):  # noqa: ANN001, ANN202
+    """out[j] = the float32 vector in slot slots[j] of one plane and head (kv_quant.py's formats)."""
+    dim = out.shape[1]
+    if q4:
+        group = dim // scales.shape[1]
+        for j in range(slots.shape[0]):
+            s = slots[j]
+            for g in range(scales.shape[1]):
+                scale, bias = _half(scales[s, g]), _half(biases[s, g])
+                for c in range(g * group, (g + 1) * group, 2):
+                    byte = np.int32(codes[s, c // 2])
+                    out[j, c] = np.float32(byte & 0xF) * scale + bias
+                    out[j, c + 1] = np.float32(byte >> 4) * scale + bias
+    else:
+        for j in range(slots.shape[0]):
+            s = slots[j]
+            scale = _half(scales[s, 0])
+            for c in range(dim):
+                out[j, c] = np.float32(codes[s, c]) * scale
+
+
+@numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def _quantized_attention_kernel(  # numba infers the types
+    q, codes, scales, biases, q4, block_tables, row_req, row_pos, block_size, scale, window, softcap, sinks, use_sinks,
+    out,
+):
+    """`_attention_kernel` over quantized pages: each work item dequantizes the keys and values its row
+    reads (one KV head) into its own buffers, then runs the same score / softmax / value loops."""
+    total_q, num_q_heads = q.shape[0], q.shape[1]
+    num_kv_heads, dim = codes.shape[1], q.shape[2]
+    group = num_q_heads // num_kv_heads
+    items = total_q * num_kv_heads
+    for k in numba.prange(items):
+        idx = k // 2 if k % 2 == 0 else items - 1 - k // 2
+        row, h = idx // num_kv_heads, idx % num_kv_heads
+        r, last = row_req[row], row_pos[row]
+        first = max(0, last + 1 - window) if window > 0 else 0
+        n = last + 1 - first
+        slots = np.empty(n, np.int64)
+        block, offset = first // block_size, first % block_size
+        for j in range(n):
+            slots[j] = block_tables[r, block] * block_size + offset
+            offset += 1
+            if offset == block_size:
+                block, offset = block + 1, 0
+        keys = np.empty((n, dim), np.float32)
+        values = np.empty((n, dim), np.float32)
+        _dequantize_slots(codes[0, h], scales[0, h], biases[0, h], q4, slots, keys)
+        _dequantize_slots(codes[1, h], scales[1, h], biases[1, h], q4, slots, values)
+        local = np.arange(n)
+        scores = np.empty((group, n), np.float32)
+        pow2 = np.empty(n, np.int32)
+        tops = np.empty(group, np.float32)
+        _scores(q[row], keys, local, h * group, scores)
+        for g in range(group):
+            for j in range(n):
+                s = scores[g, j] * scale
+                if softcap > 0:
+                    s = softcap * np.tanh(s / softcap)
+                scores[g, j] = s
+        for g in range(group):
+            top = scores[g, 0]
+            for j in range(1, n):
+                top = max(top, scores[g, j])
+            if use_sinks:
+                top = max(top, sinks[h * group + g])
+            tops[g] = top
+            for j in range(n):
+                scores[g, j] -= top
+        _exp_rows(scores, n, pow2)
+        for g in range(group):
+            total = np.float32(0.0)
+            for j in range(n):
+                total += scores[g, j]
+            if use_sinks:
+                total += np.exp(sinks[h * group + g] - tops[g])
+            inv = np.float32(1.0) / total
+            for j in range(n):
+                scores[g, j] *= inv
+        _weighted_values(scores, values, local, out[row, h * group : (h + 1) * group])
+
+
+def attend_quantized_rows(
+    q: np.ndarray,
+    codes: np.ndarray,
+    scales: np.ndarray,
+    biases: np.ndarray | None,
+    block_tables: np.ndarray,
+    row_req: np.ndarray,
+    row_pos: np.ndarray,
+    *,
+    block_size: int,
+    scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    sinks: np.ndarray | None = None,
+) -> np.ndarray:
+    """`attend_rows` over int8 or q4 pages (kernels/cpu/kv_quant.py): `codes` `[2, Hkv, slots, D or D/2]`,
+    `scales` (and q4's `biases`) `[2, Hkv, slots, groups]` float16."""
+    if q.dtype != np.float32:
+        raise TypeError(f"the CPU attention kernel takes float32 queries, got {q.dtype}")
+    num_q_heads = q.shape[1]
+    if num_q_heads % codes.shape[1]:
+        raise ValueError(f"{num_q_heads} query heads are not a multiple of {codes.shape[1]} KV heads")
+    q4 = codes.dtype == np.uint8
+    half = scales.view(np.uint16)
+    bias_bits = biases.view(np.uint16) if biases is not None else half
+    out = np.empty(q.shape, np.float32)
+    sink_logits = np.zeros(num_q_heads, np.float32) if sinks is None else np.ascontiguousarray(sinks, np.float32)
+    with launch_lock:
+        _quantized_attention_kernel(
+            np.ascontiguousarray(q), codes, half, bias_bits, q4, np.ascontiguousarray(block_tables, np.int32),
+            row_req, row_pos, block_size, np.float32(scale), sliding_window or 0, np.float32(softcap or 0.0),
+            sink_logits, sinks is not None, out,
+        )  # fmt: skip
+    return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 
-def quantize(x: np.ndarray, storage: str, group_size: int = 64) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def quantize(x: np.ndarray, storage: str, group_size: int = 32) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """`x` `[..., D]` -> (codes, scales, biases): int8 `[..., D]` and float16 `[..., 1]`; or uint8
     `[..., D/2]` and float16 `[..., D/group_size]` scales and biases."""
     x = np.asarray(x, np.float32)

@@ -14,6 +14,7 @@ import numpy as np
 
 from metalserve.executor.attention.reference import AttentionOptions
 from metalserve.kernels.cpu import attention as cpu_attention
+from metalserve.kernels.cpu import kv_quant
 
 
 class CpuStepPlan(NamedTuple):
@@ -47,6 +48,43 @@ def host_view(pool: mx.array) -> np.ndarray:
         writeable = view.flags.writeable
         raise RuntimeError(f"the CPU path needs a writable float32 pool, got {view.dtype} (writeable={writeable})")
     return view
+
+
+def host_views(arrays: list[mx.array]) -> list[np.ndarray]:
+    """Writable NumPy arrays over quantized pages' own buffers (codes, float16 scales, biases; no copy)."""
+    mx.eval(arrays)
+    views = [np.asarray(a) for a in arrays]
+    if not all(v.flags.writeable for v in views):
+        raise RuntimeError("the CPU path needs writable quantized pages")
+    return views
+
+
+def write_quantized(views: list[np.ndarray], k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray) -> None:
+    """Quantize new K/V `[T, Hkv, D]` (kv_quant.py's formats) into the pages' host views at `slot_mapping`."""
+    storage = "int8" if views[0].dtype == np.int8 else "q4"
+    group = 2 * views[0].shape[-1] // views[1].shape[-1]
+    for plane, x in enumerate((k, v)):
+        codes, scales, biases = kv_quant.quantize(x, storage, group)
+        views[0][plane][:, slot_mapping] = codes.transpose(1, 0, 2)
+        views[1][plane][:, slot_mapping] = scales.reshape(*scales.shape[:2], -1).transpose(1, 0, 2)
+        if biases is not None:
+            views[2][plane][:, slot_mapping] = biases.transpose(1, 0, 2)
+
+
+def cpu_quantized_attention(
+    q: mx.array, k: mx.array, v: mx.array, views: list[np.ndarray], step: CpuStepPlan, opts: AttentionOptions
+) -> mx.array:
+    """`cpu_paged_attention` over int8 or q4 pages: quantize this step's K/V as they are written, and let
+    the kernel dequantize what each query row reads."""
+    mx.eval(q, k, v)
+    write_quantized(views, np.asarray(k), np.asarray(v), step.slot_mapping)
+    sinks = None if opts.sinks is None else np.asarray(opts.sinks.astype(mx.float32))
+    out = cpu_attention.attend_quantized_rows(
+        np.asarray(q), views[0], views[1], views[2] if len(views) > 2 else None, step.block_tables, step.row_req,
+        step.row_pos, block_size=step.block_size, scale=opts.scale, sliding_window=opts.sliding_window,
+        softcap=opts.softcap, sinks=sinks,
+    )  # fmt: skip
+    return mx.array(out)
 
 
 def cpu_paged_attention(

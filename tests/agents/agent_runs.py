@@ -1,0 +1,116 @@
+"""Running the real coding agents (Claude Code, Codex) from `make agents` against a server, through the
+recording proxy, and summarising what went over the wire."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.agents.proxy import Exchange
+
+ROOT = Path(__file__).resolve().parents[2]
+AGENTS_BIN = ROOT / ".agents" / "node_modules" / ".bin"
+SECRET = "pineapple"
+TASK = "Read the file hello.txt and tell me the secret word in it."
+
+
+def missing_agent(binary: str) -> str | None:
+    """Why an agent cannot run here (None when it can)."""
+    if shutil.which("node") is None:
+        return "node is not installed (apt-get install -y nodejs npm)"
+    if not (AGENTS_BIN / binary).exists():
+        return f"{binary} is not installed: run `make agents` (npm, into .agents/)"
+    return None
+
+
+@dataclass
+class Turn:
+    """One model request of an agent's run."""
+
+    path: str
+    status: int
+    seconds: float
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    tool_calls: list[str] = field(default_factory=list)  # names the answer called
+
+
+@dataclass
+class AgentRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    wall_seconds: float
+    turns: list[Turn]
+    exchanges: list[Exchange]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "returncode": self.returncode,
+            "wall_seconds": round(self.wall_seconds, 1),
+            "requests": len(self.turns),
+            "turns": [t.__dict__ for t in self.turns],
+        }
+
+
+def run_agent(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, str, str, float]:
+    start = time.monotonic()
+    done = subprocess.run(cmd, cwd=cwd, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout)
+    return done.returncode, done.stdout, done.stderr, time.monotonic() - start
+
+
+def messages_turn(exchange: Exchange) -> Turn:
+    """Usage and tool calls of a /v1/messages answer (streamed or not)."""
+    turn = Turn(exchange.path, exchange.status, exchange.seconds)
+    events = exchange.events() or ([exchange.body()] if isinstance(exchange.body(), dict) else [])
+    for event in events:
+        usage = event.get("usage") or (event.get("message") or {}).get("usage")
+        if usage:
+            cached = usage.get("cache_read_input_tokens") or 0
+            turn.cached_tokens = cached
+            turn.prompt_tokens = (usage.get("input_tokens") or 0) + cached
+            turn.output_tokens = usage.get("output_tokens") or 0
+        blocks = [event.get("content_block") or {}] + list(event.get("content") or [])
+        turn.tool_calls += [b["name"] for b in blocks if b.get("type") == "tool_use"]
+    return turn
+
+
+def responses_turn(exchange: Exchange) -> Turn:
+    """Usage and function calls of a /v1/responses answer (streamed or not)."""
+    turn = Turn(exchange.path, exchange.status, exchange.seconds)
+    events = exchange.events()
+    ends = ("response.completed", "response.incomplete")
+    final = next((e["response"] for e in events if e.get("type") in ends), None)
+    body = final or exchange.body() or {}
+    usage = body.get("usage") or {}
+    turn.prompt_tokens = usage.get("input_tokens") or 0
+    turn.cached_tokens = (usage.get("input_tokens_details") or {}).get("cached_tokens") or 0
+    turn.output_tokens = usage.get("output_tokens") or 0
+    turn.tool_calls = [i["name"] for i in body.get("output") or [] if i.get("type") == "function_call"]
+    return turn
+
+
+def sent_tool_result(exchanges: list[Exchange]) -> bool:
+    """Whether a request carried a tool's result back (a tool_result block or a function_call_output item)."""
+    for exchange in exchanges:
+        body = exchange.request if isinstance(exchange.request, dict) else {}
+        for message in body.get("messages") or []:
+            content = message.get("content")
+            if isinstance(content, list) and any(b.get("type") == "tool_result" for b in content):
+                return True
+        items = body.get("input")
+        if isinstance(items, list) and any(i.get("type") == "function_call_output" for i in items):
+            return True
+    return False
+
+
+def write_json(path: Path, value: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value, indent=1))
