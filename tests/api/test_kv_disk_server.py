@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 
 from metalserve.api.app import build_app
 from metalserve.api.metrics import StatLogState
@@ -24,9 +25,9 @@ from tests.engine.test_kv_disk import PROMPT, make_core
 
 
 @contextmanager
-def disk_server(directory: Path) -> Iterator[Served]:
+def disk_server(directory: Path, kv_dtype: str = "auto") -> Iterator[Served]:
     thread = EngineThread()  # as the server does: the core is built on the thread that steps it
-    core = thread.call(make_core, directory)
+    core = thread.call(lambda: make_core(directory, kv_dtype=kv_dtype))
     engine = AsyncEngine(core, tiny_tokenizer(), model_name="tiny", max_model_len=64, eos_token_ids=set(),
                          thread=thread)  # fmt: skip
     app = build_app(engine, ServerSettings(log_stats_interval=0))
@@ -44,12 +45,13 @@ def metric(served: Served, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
-def test_a_restarted_server_serves_the_prefix_from_disk(tmp_path: Path) -> None:
-    with disk_server(tmp_path) as first:
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8"])  # int8: codes and scales come back together
+def test_a_restarted_server_serves_the_prefix_from_disk(tmp_path: Path, kv_dtype: str) -> None:
+    with disk_server(tmp_path, kv_dtype) as first:
         cold = complete(first)
         assert metric(first, "vllm:external_prefix_cache_hits_total") == 0
     assert len(list(tmp_path.glob("*.safetensors"))) == 5  # written through; shutdown finished the queue
-    with disk_server(tmp_path) as second:  # the first one's shutdown finished its queued saves
+    with disk_server(tmp_path, kv_dtype) as second:  # the first one's shutdown finished its queued saves
         warm = complete(second)
         assert metric(second, "vllm:external_prefix_cache_hits_total") == 32
         assert metric(second, "vllm:external_prefix_cache_queries_total") == 40
