@@ -22,6 +22,7 @@ serve: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check metalserve tests bench tools
+	$(BIN)/ruff format --check metalserve tests bench tools
 	$(BIN)/mypy
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 

@@ -32,8 +32,12 @@ from metalserve.loader import load_model
 def projections(paged: PagedModel) -> list[HostLinear]:
     found = []
     for layer in paged.backbone.layers:
-        for owner, name in [(layer.self_attn, "qkv_proj"), (layer.self_attn.inner, "o_proj"),
-                            (layer.mlp, "gate_up_proj"), (layer.mlp.inner, "down_proj")]:  # fmt: skip
+        for owner, name in [
+            (layer.self_attn, "qkv_proj"),
+            (layer.self_attn.inner, "o_proj"),
+            (layer.mlp, "gate_up_proj"),
+            (layer.mlp.inner, "down_proj"),
+        ]:
             module = getattr(owner, name, None)
             if isinstance(module, HostLinear):
                 found.append(module)
@@ -61,8 +65,10 @@ def main() -> None:
     if not layers:
         raise SystemExit("no projection kept its codes (is this a Q4/Q8 model, dequantized on MLX's CPU backend?)")
     weights = sum(layer.codes.codes.size for layer in layers)
-    print(f"{len(layers)} projections, {weights / 1e6:.0f}M weights: fp32 {4 * weights / 1e6:.0f} MB, "
-          f"codes {weights / 1e6:.0f} MB\n")  # fmt: skip
+    print(
+        f"{len(layers)} projections, {weights / 1e6:.0f}M weights: fp32 {4 * weights / 1e6:.0f} MB, "
+        f"codes {weights / 1e6:.0f} MB\n"
+    )
     print("| batch | MLX fp32 (ms) | codes kernel (ms) | MLX / codes |\n|---|---|---|---|")
     for batch in args.batches:
         a, b = compare(layers, batch, args.repeats)

@@ -28,12 +28,28 @@ def _bench_args(a: argparse.Namespace, c: int, level_index: int) -> list[str]:
     # Without the converted MLX directory the client asks the server's /tokenize.
     tokenizer = ["--tokenizer", str(MLX_DIR)] if (MLX_DIR / "config.json").exists() else []
     return [
-        "--endpoint", "completions", *tokenizer, "--dataset-name", "random",
-        "--input-len", str(a.input_len), "--output-len", str(a.output_len), "--ignore-eos",
-        "--temperature", "0", "--num-prompts", str(max(a.min_prompts, a.prompts_per_client * c)),
-        "--max-concurrency", str(c), "--seed", str(a.seed + 1000 * level_index),
-        "--num-warmups", str(a.warmups), "--disable-tqdm",
-    ]  # fmt: skip
+        "--endpoint",
+        "completions",
+        *tokenizer,
+        "--dataset-name",
+        "random",
+        "--input-len",
+        str(a.input_len),
+        "--output-len",
+        str(a.output_len),
+        "--ignore-eos",
+        "--temperature",
+        "0",
+        "--num-prompts",
+        str(max(a.min_prompts, a.prompts_per_client * c)),
+        "--max-concurrency",
+        str(c),
+        "--seed",
+        str(a.seed + 1000 * level_index),
+        "--num-warmups",
+        str(a.warmups),
+        "--disable-tqdm",
+    ]
 
 
 def run_level(name: str, c: int, level_index: int, a: argparse.Namespace) -> dict[str, Any]:
@@ -49,17 +65,19 @@ def run_level(name: str, c: int, level_index: int, a: argparse.Namespace) -> dic
         return row | {"error": str(exc)}
     m = doc["metrics"]
     return row | {
-        "completed": m["completed"], "failed": m["failed"],
-        "mean_ttft_s": m["ttft_ms"]["mean"] / 1000, "median_ttft_s": m["ttft_ms"]["median"] / 1000,
-        "mean_tpot_ms": m["tpot_ms"]["mean"], "mean_itl_ms": m["itl_ms"]["mean"],
-        "output_tok_s": m["output_throughput"], "total_tok_s": m["total_token_throughput"],
-    }  # fmt: skip
+        "completed": m["completed"],
+        "failed": m["failed"],
+        "mean_ttft_s": m["ttft_ms"]["mean"] / 1000,
+        "median_ttft_s": m["ttft_ms"]["median"] / 1000,
+        "mean_tpot_ms": m["tpot_ms"]["mean"],
+        "mean_itl_ms": m["itl_ms"]["mean"],
+        "output_tok_s": m["output_throughput"],
+        "total_tok_s": m["total_token_throughput"],
+    }
 
 
 def _find(rows: list[dict[str, Any]], server: str, c: int) -> dict[str, Any] | None:
-    return next(
-        (r for r in rows if r["server"] == server and r["concurrency"] == c and "error" not in r), None
-    )
+    return next((r for r in rows if r["server"] == server and r["concurrency"] == c and "error" not in r), None)
 
 
 def _ratio(rows: list[dict[str, Any]], key: str, c: int, other: str) -> float | None:
@@ -98,15 +116,15 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for what, value, op, bound in checks:
         ok = None if value is None or bound is None else (value >= bound if op == ">=" else value <= bound)
-        out.append(
-            {"target": what, "ratio": value, "bound": f"{op} {bound}" if bound else "report", "pass": ok}
-        )
+        out.append({"target": what, "ratio": value, "bound": f"{op} {bound}" if bound else "report", "pass": ok})
     return out
 
 
 def markdown(rows: list[dict[str, Any]], checks: list[dict[str, Any]], status: dict[str, str]) -> str:
-    lines = ["| server | concurrency | mean TTFT s | mean TPOT ms | output tok/s | completed/failed |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| server | concurrency | mean TTFT s | mean TPOT ms | output tok/s | completed/failed |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['server']} | {r['concurrency']} | failed: {r['error'][:80]!r} | | | |")
@@ -158,8 +176,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--metalserve-args", default="", help="extra `metalserve serve` flags, e.g. a token budget")
     p.add_argument("--out", default="compare_peers", help="folder under bench/results for this sweep")
-    p.add_argument("--alternate", type=int, default=0,
-                   help="N rounds with the servers alternated within each level (an A/B of settings)")
+    p.add_argument(
+        "--alternate",
+        type=int,
+        default=0,
+        help="N rounds with the servers alternated within each level (an A/B of settings)",
+    )
     return p.parse_args(argv)
 
 
@@ -185,8 +207,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({k: v for k, v in row.items() if k != "command"}), flush=True)
         rows.append(row)
     checks = targets(rows)
-    doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "settings": vars(a), "servers": status, "rows": rows,
-           "targets": checks}  # fmt: skip
+    doc = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "settings": vars(a),
+        "servers": status,
+        "rows": rows,
+        "targets": checks,
+    }
     (out / "compare_peers.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     md = markdown(rows, checks, status)
     (out / "compare_peers.md").write_text(md, encoding="utf-8")

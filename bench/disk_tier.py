@@ -89,8 +89,14 @@ def server(flags: list[str], log: Path) -> Iterator[str]:
 
 def chat(base: str, messages: list[Message], max_tokens: int) -> tuple[float, str, int]:
     """Stream one greedy chat completion: (TTFT seconds, text, prompt tokens)."""
-    body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     started = time.perf_counter()
     ttft, parts, prompt_tokens = None, [], 0
     with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=900) as response:
@@ -142,8 +148,9 @@ def arm_restart(args: argparse.Namespace, work: Path, log: Path) -> dict[str, An
 
 def alternate(base: str, rounds: int, chars: int, out: int) -> list[tuple[str, int, float, str, int]]:
     """X1 Y1 X2 Y2 ...: (conversation, turn, TTFT, text, prompt tokens) per request."""
-    histories = {name: [{"role": "system", "content": system_prompt(chars, offset)}]
-                 for name, offset in (("X", 0), ("Y", chars))}  # fmt: skip
+    histories = {
+        name: [{"role": "system", "content": system_prompt(chars, offset)}] for name, offset in (("X", 0), ("Y", chars))
+    }
     results = []
     for k, question in enumerate(turns(rounds)):
         for name, history in histories.items():
@@ -161,8 +168,16 @@ def arm_pressure(args: argparse.Namespace, work: Path, log: Path) -> dict[str, A
     returning_disk = [r[2] for r in disk if r[1] > 1]
     returning_ram = [r[2] for r in ram if r[1] > 1]
     return {
-        "requests": [{"conv": d[0], "turn": d[1], "prompt_tokens": d[4], "ttft_disk_s": round(d[2], 3),
-                      "ttft_recompute_s": round(r[2], 3)} for d, r in zip(disk, ram, strict=True)],  # fmt: skip
+        "requests": [
+            {
+                "conv": d[0],
+                "turn": d[1],
+                "prompt_tokens": d[4],
+                "ttft_disk_s": round(d[2], 3),
+                "ttft_recompute_s": round(r[2], 3),
+            }
+            for d, r in zip(disk, ram, strict=True)
+        ],
         "returning_ttft_disk_s": round(mean(returning_disk), 3),
         "returning_ttft_recompute_s": round(mean(returning_ram), 3),
         "ratio": round(mean(returning_disk) / mean(returning_ram), 3),
@@ -205,12 +220,16 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     if "restart" in results:
         r = results["restart"]
-        print(f"| 6th turn after a restart ({r['sixth_prompt_tokens']} prompt tokens) | {r['sixth_ttft_disk_s']} | "
-              f"{r['sixth_ttft_recompute_s']} | {r['ratio']} | <= 0.3 | {r['texts_equal']} |")  # fmt: skip
+        print(
+            f"| 6th turn after a restart ({r['sixth_prompt_tokens']} prompt tokens) | {r['sixth_ttft_disk_s']} | "
+            f"{r['sixth_ttft_recompute_s']} | {r['ratio']} | <= 0.3 | {r['texts_equal']} |"
+        )
     if "pressure" in results:
         p = results["pressure"]
-        print(f"| returning conversation, pool for one | {p['returning_ttft_disk_s']} | "
-              f"{p['returning_ttft_recompute_s']} | {p['ratio']} | <= 0.4 | {p['texts_equal']} |")  # fmt: skip
+        print(
+            f"| returning conversation, pool for one | {p['returning_ttft_disk_s']} | "
+            f"{p['returning_ttft_recompute_s']} | {p['ratio']} | <= 0.4 | {p['texts_equal']} |"
+        )
 
 
 if __name__ == "__main__":

@@ -33,11 +33,14 @@ from metalserve.structured.state import GrammarState
 # Long enough that no request completes its grammar within the measured steps.
 SCHEMA = {
     "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 30},
-                   "facts": {"type": "array", "items": {"type": "string", "maxLength": 60}, "minItems": 20},
-                   "population": {"type": "integer"}},
-    "required": ["city", "facts", "population"], "additionalProperties": False,
-}  # fmt: skip
+    "properties": {
+        "city": {"type": "string", "maxLength": 30},
+        "facts": {"type": "array", "items": {"type": "string", "maxLength": 60}, "minItems": 20},
+        "population": {"type": "integer"},
+    },
+    "required": ["city", "facts", "population"],
+    "additionalProperties": False,
+}
 QUESTION = "Describe city number {i} as JSON: its name, twenty facts, and its population."
 
 
@@ -62,17 +65,26 @@ class Timer:
         return total
 
 
-def summarize(step_free_s: list[float], step_json_s: list[float], mask_s: list[float], advance_s: list[float]) -> dict[str, float]:  # noqa: E501
+def summarize(
+    step_free_s: list[float], step_json_s: list[float], mask_s: list[float], advance_s: list[float]
+) -> dict[str, float]:  # noqa: E501
     """Per-step times in ms (median steps: other work on the machine lands on a few of them), and the
     grammar work as a share of the constrained step and of the unconstrained one, in percent."""
     free, step = statistics.median(step_free_s) * 1e3, statistics.median(step_json_s) * 1e3
     grammar = (statistics.fmean(mask_s) + statistics.fmean(advance_s)) * 1e3
-    return {"step_free_ms": free, "step_json_ms": step, "mask_ms": statistics.fmean(mask_s) * 1e3,
-            "advance_ms": statistics.fmean(advance_s) * 1e3, "share_pct": 100 * grammar / step,
-            "share_of_free_pct": 100 * grammar / free}  # fmt: skip
+    return {
+        "step_free_ms": free,
+        "step_json_ms": step,
+        "mask_ms": statistics.fmean(mask_s) * 1e3,
+        "advance_ms": statistics.fmean(advance_s) * 1e3,
+        "share_pct": 100 * grammar / step,
+        "share_of_free_pct": 100 * grammar / free,
+    }
 
 
-def decode(core: EngineCore, requests: list[Request], steps: int, timers: tuple[Timer, Timer]) -> tuple[list[float], list[float], list[float]]:  # noqa: E501
+def decode(
+    core: EngineCore, requests: list[Request], steps: int, timers: tuple[Timer, Timer]
+) -> tuple[list[float], list[float], list[float]]:  # noqa: E501
     """Run until every request has `steps` outputs; per pure decode step: its time, mask and advance time."""
     for r in requests:
         core.add_request(r)
@@ -119,14 +131,18 @@ def main() -> None:
     sampler_module.apply_grammar_masks = mask_timer.wrap(sampler_module.apply_grammar_masks)  # type: ignore[assignment]
     GrammarState.accept = accept_timer.wrap(GrammarState.accept)  # type: ignore[method-assign]
     timers = (mask_timer, accept_timer)
-    print(f"{'batch':>5} {'step free ms':>12} {'step json ms':>12} {'mask ms':>8} {'advance ms':>10} "
-          f"{'share (json step)':>17} {'share (free step)':>17}")  # fmt: skip
+    print(
+        f"{'batch':>5} {'step free ms':>12} {'step json ms':>12} {'mask ms':>8} {'advance ms':>10} "
+        f"{'share (json step)':>17} {'share (free step)':>17}"
+    )
     for batch in a.batches:
         free, _, _ = decode(core, requests_for(loaded, batch, a.steps, "free", None), a.steps, timers)
         json_s, mask_s, accept_s = decode(core, requests_for(loaded, batch, a.steps, "json", compiler), a.steps, timers)
         s = summarize(free, json_s, mask_s, accept_s)
-        print(f"{batch:>5} {s['step_free_ms']:>12.1f} {s['step_json_ms']:>12.1f} {s['mask_ms']:>8.2f} "
-              f"{s['advance_ms']:>10.2f} {s['share_pct']:>16.1f}% {s['share_of_free_pct']:>16.1f}%")  # fmt: skip
+        print(
+            f"{batch:>5} {s['step_free_ms']:>12.1f} {s['step_json_ms']:>12.1f} {s['mask_ms']:>8.2f} "
+            f"{s['advance_ms']:>10.2f} {s['share_pct']:>16.1f}% {s['share_of_free_pct']:>16.1f}%"
+        )
 
 
 if __name__ == "__main__":

@@ -46,8 +46,10 @@ def bench(model_type: str, prompt: int, batch: int, steps: int) -> str:
         core.add_request(Request(f"d{i}", p, params))
     timed_steps(core, 2)
     decode = statistics.median(timed_steps(core, steps))
-    return (f"{model_type:11s} prefill {prompt} tokens {prefill * 1e3:7.1f} ms"
-            f" | decode x{batch} {decode * 1e3:6.1f} ms/step")  # fmt: skip
+    return (
+        f"{model_type:11s} prefill {prompt} tokens {prefill * 1e3:7.1f} ms"
+        f" | decode x{batch} {decode * 1e3:6.1f} ms/step"
+    )
 
 
 def main() -> None:

@@ -74,7 +74,8 @@ def bench_shape(num_reqs: int, q_len: int, ctx: int, iters: int, dtype: mx.Dtype
     mx.eval(kd, vd)
     rows = {
         "sdpa (dense copy)": timed(
-            lambda: mx.fast.scaled_dot_product_attention(qd, kd, vd, scale=scale, mask=mask), iters),
+            lambda: mx.fast.scaled_dot_product_attention(qd, kd, vd, scale=scale, mask=mask), iters
+        ),
         "gather + sdpa": timed(gathered_sdpa, iters),
     }
     args = (q, k_pool, v_pool, bt, cu, lens)
@@ -83,7 +84,8 @@ def bench_shape(num_reqs: int, q_len: int, ctx: int, iters: int, dtype: mx.Dtype
     if mx.metal.is_available():
         for name in ("tiled", "decode"):
             rows[f"metal {name}"] = timed(
-                lambda name=name: metal_paged_attention(*args, block_size=BLOCK, scale=scale, kernel=name), iters)
+                lambda name=name: metal_paged_attention(*args, block_size=BLOCK, scale=scale, kernel=name), iters
+            )
     else:
         portable = reference.paged_attention
         rows["reference.py"] = timed(lambda: portable(*args, block_size=BLOCK, scale=scale), iters)
@@ -94,13 +96,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16")
-    parser.add_argument("--shapes", choices=["all", "small"], default=None,
-                        help="default: all on Metal, small elsewhere")
+    parser.add_argument(
+        "--shapes", choices=["all", "small"], default=None, help="default: all on Metal, small elsewhere"
+    )
     args = parser.parse_args()
     dtype = getattr(mx, args.dtype)
     small = (args.shapes or ("all" if mx.metal.is_available() else "small")) == "small"
-    print(f"device: {'Metal' if mx.metal.is_available() else 'CPU (no Metal: kernel rows skipped)'}, "
-          f"{args.dtype}, Hq={HQ} Hkv={HKV} D={D} block={BLOCK}; median ms of {args.iters}")
+    print(
+        f"device: {'Metal' if mx.metal.is_available() else 'CPU (no Metal: kernel rows skipped)'}, "
+        f"{args.dtype}, Hq={HQ} Hkv={HKV} D={D} block={BLOCK}; median ms of {args.iters}"
+    )
     for label, num_reqs, q_len, ctx in SHAPES:
         if small and label not in SMALL:
             continue

@@ -54,19 +54,25 @@ def gib(n: int) -> str:
 
 def report(heads: Heads) -> None:
     t = tiling(heads.group, heads.head_dim)
-    print(f"Hq={heads.num_q_heads} Hkv={heads.num_kv_heads} D={heads.head_dim} {heads.itemsize}-byte K/V; "
-          f"tiled kernel: {t.tile_q if t else '-'} tokens x {heads.group} heads per tile; bytes per layer "
-          "(GiB, or M = MiB)")
-    print(f"{'shape':28s} {'old':>10s} {'new':>10s} {'kernel':>7s} {'old/new':>8s} {'minimum':>10s} "
-          f"{'new/min':>8s} {'floor':>10s}")
+    print(
+        f"Hq={heads.num_q_heads} Hkv={heads.num_kv_heads} D={heads.head_dim} {heads.itemsize}-byte K/V; "
+        f"tiled kernel: {t.tile_q if t else '-'} tokens x {heads.group} heads per tile; bytes per layer "
+        "(GiB, or M = MiB)"
+    )
+    print(
+        f"{'shape':28s} {'old':>10s} {'new':>10s} {'kernel':>7s} {'old/new':>8s} {'minimum':>10s} "
+        f"{'new/min':>8s} {'floor':>10s}"
+    )
     for label, reqs in shapes():
         old = kv_bytes(reqs, heads, "decode")
         kernel = auto_kernel(reqs, heads)
         new = kv_bytes(reqs, heads, kernel)
         minimum = kv_bytes(reqs, heads, "tiled")
         floor = kv_bytes(reqs, heads, "once")
-        print(f"{label:28s} {gib(old):>10s} {gib(new):>10s} {kernel:>7s} {old / new:8.2f} {gib(minimum):>10s} "
-              f"{new / minimum:8.2f} {gib(floor):>10s}")
+        print(
+            f"{label:28s} {gib(old):>10s} {gib(new):>10s} {kernel:>7s} {old / new:8.2f} {gib(minimum):>10s} "
+            f"{new / minimum:8.2f} {gib(floor):>10s}"
+        )
 
 
 def exact(heads: Heads, dtype: mx.Dtype) -> None:

@@ -46,8 +46,14 @@ class Row:
 
 def engine(storage: str, backend: str, max_model_len: int) -> tuple[EngineCore, LoadedModel]:
     loaded = load_model(None)  # a fresh copy: installing paged attention changes the model in place
-    config = EngineConfig(kv_cache_memory=1 << 30, max_model_len=max_model_len, max_num_seqs=32,
-                          max_num_batched_tokens=512, kv_cache_dtype=storage, attention_backend=backend)  # type: ignore[arg-type]  # fmt: skip
+    config = EngineConfig(
+        kv_cache_memory=1 << 30,
+        max_model_len=max_model_len,
+        max_num_seqs=32,
+        max_num_batched_tokens=512,
+        kv_cache_dtype=storage,
+        attention_backend=backend,
+    )  # type: ignore[arg-type]
     return EngineCore.from_loaded(config, loaded), loaded
 
 
@@ -128,25 +134,35 @@ def main() -> None:
         mlx_row.prefill_s, mlx_row.tpot_ms = long_context(core, ids, args.context, steps)
         del core
     heads, dim = tensors[0].shape
-    fp16 = {s: KVCacheSpec.uniform(len(tensors), heads, dim, "float16", 2, 16, storage=s)  # type: ignore[arg-type]
-            for s in STORAGES}  # fmt: skip
+    fp16 = {
+        s: KVCacheSpec.uniform(len(tensors), heads, dim, "float16", 2, 16, storage=s)  # type: ignore[arg-type]
+        for s in STORAGES
+    }
     base = rows["auto"]
-    print(f"\ndefault model, {len(ids)}-token text ({TEXT.name}); ppl over {min(windows, len(ids) // args.window)} "
-          f"windows of {args.window}; agreement of {prompts_n} x {new}-token greedy continuations; "
-          f"TPOT over {steps} steps after a {args.context}-token prompt")  # fmt: skip
-    print("| KV dtype | attention | perplexity | vs auto | greedy agreement | tokens/GiB here | vs fp16 pages "
-          "| prefill 4k s | decode TPOT ms |")
+    print(
+        f"\ndefault model, {len(ids)}-token text ({TEXT.name}); ppl over {min(windows, len(ids) // args.window)} "
+        f"windows of {args.window}; agreement of {prompts_n} x {new}-token greedy continuations; "
+        f"TPOT over {steps} steps after a {args.context}-token prompt"
+    )
+    print(
+        "| KV dtype | attention | perplexity | vs auto | greedy agreement | tokens/GiB here | vs fp16 pages "
+        "| prefill 4k s | decode TPOT ms |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for storage in STORAGES:
         r = rows[storage]
         ratio16 = tokens_per_gib(fp16[storage]) / tokens_per_gib(fp16["auto"])
         backend = r.backend
-        print(f"| {storage} | {backend} | {r.ppl:.3f} | {100 * (r.ppl / base.ppl - 1):+.2f}% | "
-              f"{100 * r.agreement:.0f}% | {r.tokens_per_gib:,.0f} | {ratio16:.2f}x | {r.prefill_s:.1f} | "
-              f"{r.tpot_ms:.1f} |")  # fmt: skip
+        print(
+            f"| {storage} | {backend} | {r.ppl:.3f} | {100 * (r.ppl / base.ppl - 1):+.2f}% | "
+            f"{100 * r.agreement:.0f}% | {r.tokens_per_gib:,.0f} | {ratio16:.2f}x | {r.prefill_s:.1f} | "
+            f"{r.tpot_ms:.1f} |"
+        )
     print(f"| auto | MLX ops | | | | | | {mlx_row.prefill_s:.1f} | {mlx_row.tpot_ms:.1f} |")
-    print(f"\nbytes per 16-token block here ({tensors[0].page.dtype} model): "
-          + ", ".join(f"{s} {rows[s].bytes_per_block:,}" for s in STORAGES))
+    print(
+        f"\nbytes per 16-token block here ({tensors[0].page.dtype} model): "
+        + ", ".join(f"{s} {rows[s].bytes_per_block:,}" for s in STORAGES)
+    )
 
 
 if __name__ == "__main__":

@@ -42,9 +42,17 @@ def decode_step(batch: int, context: int) -> StepInputs:
     rows = [np.arange(1 + r * pages, 1 + (r + 1) * pages, dtype=np.int32) for r in range(batch)]
     pos = context - 1
     slots = np.array([row[pos // BLOCK] * BLOCK + pos % BLOCK for row in rows], np.int32)
-    return StepInputs([f"r{r}" for r in range(batch)], np.zeros(batch, np.int32), np.full(batch, pos, np.int32),
-                      slots, np.arange(batch + 1, dtype=np.int32), np.full(batch, context, np.int32), rows, [],
-                      np.zeros(0, np.int32))  # fmt: skip
+    return StepInputs(
+        [f"r{r}" for r in range(batch)],
+        np.zeros(batch, np.int32),
+        np.full(batch, pos, np.int32),
+        slots,
+        np.arange(batch + 1, dtype=np.int32),
+        np.full(batch, context, np.int32),
+        rows,
+        [],
+        np.zeros(0, np.int32),
+    )
 
 
 def timed(fn: Callable[[], mx.array], iters: int) -> float:

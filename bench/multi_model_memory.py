@@ -22,8 +22,12 @@ from tests.loader.tiny_models import write_mlx_dir  # noqa: E402
 
 
 def chat(base: str, model: str) -> None:
-    body = {"model": model, "messages": [{"role": "user", "content": "What is the capital of France?"}],
-            "max_tokens": 16, "temperature": 0}  # fmt: skip
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 16,
+        "temperature": 0,
+    }
     response = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=600)
     response.raise_for_status()
     print(f"  {model}: {response.json()['choices'][0]['message']['content']!r}")
@@ -35,8 +39,10 @@ def report(label: str, base: str, pid: int) -> None:
         f"{m['id']} {m['state']}" + (f" {m['memory_bytes'] / 2**20:.1f} MiB" if m["state"] == "loaded" else "")
         for m in status["models"]
     )
-    print(f"{label:<28} RSS {rss_mib(pid):8.1f} MiB   budget held {status['memory']['models_bytes'] / 2**20:7.1f} MiB"
-          f"   ({sizes})")  # fmt: skip
+    print(
+        f"{label:<28} RSS {rss_mib(pid):8.1f} MiB   budget held {status['memory']['models_bytes'] / 2**20:7.1f} MiB"
+        f"   ({sizes})"
+    )
 
 
 def main() -> None:
@@ -48,8 +54,20 @@ def main() -> None:
         models = [{"name": "smollm2", "kv_cache_memory": 512 * 2**20}, {"model": str(tiny), "name": "tiny"}]
         (Path(tmp) / "models.json").write_text(json.dumps(models))
         port = free_port()
-        cmd = [sys.executable, "-m", "metalserve.cli", "serve", "--port", str(port), "--log-stats-interval", "0",
-               "--models", str(Path(tmp) / "models.json"), "--model-idle-timeout", str(args.idle_timeout)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "metalserve.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--log-stats-interval",
+            "0",
+            "--models",
+            str(Path(tmp) / "models.json"),
+            "--model-idle-timeout",
+            str(args.idle_timeout),
+        ]
         print("$", " ".join(cmd))
         server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         base = f"http://127.0.0.1:{port}"

@@ -59,9 +59,7 @@ async def _metalserve_once(base_url: str, model: str, prompts: list[str], out_le
     return wall
 
 
-def time_metalserve(
-    base_url: str, batches: dict[str, list[list[str]]], out_len: int
-) -> dict[str, list[float]]:
+def time_metalserve(base_url: str, batches: dict[str, list[list[str]]], out_len: int) -> dict[str, list[float]]:
     model = httpx.get(base_url + "/v1/models", timeout=30).json()["data"][0]["id"]
     times: dict[str, list[float]] = {k: [] for k in batches}
     for rep in range(len(batches["A"])):
@@ -79,9 +77,7 @@ def time_mlx_lm(token_batches: dict[str, list[list[list[int]]]], out_len: int) -
     times: dict[str, list[float]] = {k: [] for k in token_batches}
     for rep in range(len(token_batches["A"])):
         for kind, reps in token_batches.items():
-            gen = BatchGenerator(
-                model, stop_tokens=None, prefill_batch_size=BATCH, completion_batch_size=BATCH
-            )
+            gen = BatchGenerator(model, stop_tokens=None, prefill_batch_size=BATCH, completion_batch_size=BATCH)
             start = time.perf_counter()
             gen.insert(reps[rep], [out_len] * BATCH)
             done = 0
@@ -116,10 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = a.warmups + a.repeats
     lengths = {k: batch_lengths(k, a.total_tokens, a.short_len) for k in ("A", "B")}
     # Fresh prompts for every run: no prefix cache or reused state can help.
-    texts = {
-        k: [make_prompts(tok, n, a.seed + 100 * r + (k == "B")) for r in range(runs)]
-        for k, n in lengths.items()
-    }
+    texts = {k: [make_prompts(tok, n, a.seed + 100 * r + (k == "B")) for r in range(runs)] for k, n in lengths.items()}
     results: dict[str, Any] = {}
     engines = a.engines.split(",")
     if "metalserve" in engines:

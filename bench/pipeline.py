@@ -56,8 +56,14 @@ def decode_meta(batch: int, context: int) -> StepMeta:
     rows = [np.arange(i * per, (i + 1) * per) for i in range(batch)]
     pos = np.full(batch, context - 1, np.int32)
     slots = np.array([r[-1] * BLOCK + (context - 1) % BLOCK for r in rows], np.int32)
-    return StepMeta(pos, slots, np.arange(batch + 1, dtype=np.int32), np.full(batch, context, np.int32), rows,
-                    np.arange(batch, dtype=np.int32))  # fmt: skip
+    return StepMeta(
+        pos,
+        slots,
+        np.arange(batch + 1, dtype=np.int32),
+        np.full(batch, context, np.int32),
+        rows,
+        np.arange(batch, dtype=np.int32),
+    )
 
 
 def build_stage(args: argparse.Namespace, rank: int) -> tuple[Stage, PagedModel, range, int]:

@@ -55,12 +55,31 @@ def run_mode(caching: bool, a: argparse.Namespace) -> dict[str, Any]:
     flags = [] if caching else ["--no-enable-prefix-caching"]
     name = "on" if caching else "off"
     args = [
-        "--endpoint", "chat", "--dataset-name", "agent", "--agent-turns", str(a.turns),
-        "--agent-system-len", str(a.system_len), "--input-len", str(a.turn_len),
-        "--output-len", str(a.output_len),
-        "--num-prompts", str(a.conversations), "--max-concurrency", str(a.concurrency), "--ignore-eos",
-        "--temperature", "0", "--seed", str(a.seed), "--num-warmups", "1", "--disable-tqdm",
-    ]  # fmt: skip
+        "--endpoint",
+        "chat",
+        "--dataset-name",
+        "agent",
+        "--agent-turns",
+        str(a.turns),
+        "--agent-system-len",
+        str(a.system_len),
+        "--input-len",
+        str(a.turn_len),
+        "--output-len",
+        str(a.output_len),
+        "--num-prompts",
+        str(a.conversations),
+        "--max-concurrency",
+        str(a.concurrency),
+        "--ignore-eos",
+        "--temperature",
+        "0",
+        "--seed",
+        str(a.seed),
+        "--num-warmups",
+        "1",
+        "--disable-tqdm",
+    ]
     with RunningServer(spec_for("metalserve", a.concurrency, flags), OUT / f"metalserve-{name}.log") as srv:
         before = scrape(srv.base_url)
         doc = run_bench(srv.base_url, OUT / f"caching-{name}.json", args, {})
@@ -87,9 +106,7 @@ def report(on: dict[str, Any], off: dict[str, Any]) -> str:
     for name, mode in (("on", on), ("off", off)):
         rate = "n/a" if mode["hit_rate"] is None else f"{mode['hit_rate']:.1%}"
         counts = f"{mode['prefix_cache_hits']:.0f} / {mode['prefix_cache_queries']:.0f} tokens"
-        lines.append(
-            f"\ncaching {name}: hit rate {rate} ({counts}, warm-up included), failed {mode['failed']}"
-        )
+        lines.append(f"\ncaching {name}: hit rate {rate} ({counts}, warm-up included), failed {mode['failed']}")
     return "\n".join(lines) + "\n"
 
 

@@ -103,10 +103,16 @@ def ours_decode_step(
     rng = np.random.default_rng(1)
     params = SamplingParams(temperature=0, max_tokens=1 << 20, ignore_eos=True)
     news = [
-        NewRequestData(f"r{i}", rng.integers(0, 1000, size=context).tolist(), context, params,
-                       (list(range(i * per_req, (i + 1) * per_req)),), 0)
+        NewRequestData(
+            f"r{i}",
+            rng.integers(0, 1000, size=context).tolist(),
+            context,
+            params,
+            (list(range(i * per_req, (i + 1) * per_req)),),
+            0,
+        )
         for i in range(batch)
-    ]  # fmt: skip
+    ]
     runner.execute_model(SchedulerOutput(news, [], {n.request_id: context for n in news}, batch * context))
     computed = {n.request_id: context for n in news}
 

@@ -85,7 +85,8 @@ def run_continuous(jobs: list[Job], batch: int, a: float, b: float, budget: int)
         out = sched.schedule()
         clock += a + b * out.total_num_scheduled_tokens
         sampled = {
-            rid: [7] for rid in out.num_scheduled_tokens
+            rid: [7]
+            for rid in out.num_scheduled_tokens
             if sched.requests[rid].num_computed_tokens == sched.requests[rid].num_tokens
         }
         for o in sched.update_from_output(out, ModelRunnerOutput(sampled)):
@@ -115,9 +116,11 @@ def main() -> None:
     static = run_static(jobs, args.batch, args.a, args.b)
     cont = run_continuous(jobs, args.batch, args.a, args.b, args.budget)
     assert static.output_tokens == cont.output_tokens
-    print(f"{args.requests} requests, Poisson {args.rate}/s, batch cap {args.batch}, "
-          f"step = {args.a} + {args.b} x tokens s, outputs log-normal(median {args.median_out}, "
-          f"sigma {args.sigma})")
+    print(
+        f"{args.requests} requests, Poisson {args.rate}/s, batch cap {args.batch}, "
+        f"step = {args.a} + {args.b} x tokens s, outputs log-normal(median {args.median_out}, "
+        f"sigma {args.sigma})"
+    )
     print(f"{'policy':<12} {'output tok/s':>12} {'p50 lat s':>10} {'p95 lat s':>10} {'makespan s':>10}")
     print(static.row())
     print(cont.row())

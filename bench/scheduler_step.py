@@ -18,8 +18,9 @@ from metalserve.scheduler.scheduler import Scheduler
 
 
 def build(num_reqs: int, prompt_len: int, block_size: int) -> Scheduler:
-    cfg = EngineConfig(block_size=block_size, max_num_seqs=num_reqs, max_num_batched_tokens=8192,
-                       enable_prefix_caching=True)
+    cfg = EngineConfig(
+        block_size=block_size, max_num_seqs=num_reqs, max_num_batched_tokens=8192, enable_prefix_caching=True
+    )
     max_model_len = 4096
     num_blocks = num_reqs * (max_model_len // block_size) // 2 + 1
     sched = Scheduler(cfg, num_blocks, max_model_len)
@@ -37,7 +38,8 @@ def build(num_reqs: int, prompt_len: int, block_size: int) -> Scheduler:
 def step(sched: Scheduler) -> None:
     out = sched.schedule()
     sampled = {
-        rid: [7] for rid in out.num_scheduled_tokens
+        rid: [7]
+        for rid in out.num_scheduled_tokens
         if sched.requests[rid].num_computed_tokens == sched.requests[rid].num_tokens
     }
     sched.update_from_output(out, ModelRunnerOutput(sampled))
@@ -66,11 +68,15 @@ def main() -> None:
         sched_times.append(t1 - t0)
     ms = sorted(t * 1e3 for t in times)
     stats = sched.make_stats()
-    print(f"{args.requests} running requests, ~{args.prompt_len + args.steps // 2} tokens each, "
-          f"block_size {args.block_size}, prefix caching on ({stats.prefix_cache_hits} hit tokens)")
-    print(f"schedule+update CPU time per step: median {statistics.median(ms):.3f} ms, "
-          f"p95 {ms[int(0.95 * len(ms))]:.3f} ms, mean {statistics.mean(ms):.3f} ms over {len(ms)} steps "
-          f"(schedule alone: median {statistics.median(sched_times) * 1e3:.3f} ms)")
+    print(
+        f"{args.requests} running requests, ~{args.prompt_len + args.steps // 2} tokens each, "
+        f"block_size {args.block_size}, prefix caching on ({stats.prefix_cache_hits} hit tokens)"
+    )
+    print(
+        f"schedule+update CPU time per step: median {statistics.median(ms):.3f} ms, "
+        f"p95 {ms[int(0.95 * len(ms))]:.3f} ms, mean {statistics.mean(ms):.3f} ms over {len(ms)} steps "
+        f"(schedule alone: median {statistics.median(sched_times) * 1e3:.3f} ms)"
+    )
 
 
 if __name__ == "__main__":

@@ -31,11 +31,25 @@ import httpx
 COLUMNS = ("rss", "weights", "kv_pool", "grammar_cache", "responses_store", "other")
 HEADERS = {"grammar_cache": "grammars", "responses_store": "store"}
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}},
-    {"type": "function", "function": {"name": "get_time", "parameters": {
-        "type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"]}}},
-]  # fmt: skip
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 20}},
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {"type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"]},
+        },
+    },
+]
 
 
 class Traffic:
@@ -61,25 +75,44 @@ class Traffic:
 
     async def schema(self) -> None:
         n = self.rng.randrange(1_000_000)  # a new schema nearly every time: the grammar cache churns
-        schema = {"type": "object", "properties": {f"field_{n}": {"type": "string", "maxLength": 8 + n % 16},
-                                                   "count": {"type": "integer", "minimum": 0, "maximum": n}},
-                  "required": [f"field_{n}", "count"], "additionalProperties": False}  # fmt: skip
-        body = {"model": self.model, "messages": self._messages("Describe a city as JSON."), "max_tokens": 24,
-                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}  # fmt: skip
+        schema = {
+            "type": "object",
+            "properties": {
+                f"field_{n}": {"type": "string", "maxLength": 8 + n % 16},
+                "count": {"type": "integer", "minimum": 0, "maximum": n},
+            },
+            "required": [f"field_{n}", "count"],
+            "additionalProperties": False,
+        }
+        body = {
+            "model": self.model,
+            "messages": self._messages("Describe a city as JSON."),
+            "max_tokens": 24,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+        }
         response = await self.client.post("/v1/chat/completions", json=body)
         self._count(f"schema:{response.status_code}")
 
     async def tools(self) -> None:
         choice = self.rng.choice(["auto", "required", {"type": "function", "function": {"name": "get_time"}}])
-        body = {"model": self.model, "messages": self._messages("Weather in Paris?"), "tools": TOOLS,
-                "tool_choice": choice, "max_tokens": 24}  # fmt: skip
+        body = {
+            "model": self.model,
+            "messages": self._messages("Weather in Paris?"),
+            "tools": TOOLS,
+            "tool_choice": choice,
+            "max_tokens": 24,
+        }
         response = await self.client.post("/v1/chat/completions", json=body)
         self._count(f"tools:{response.status_code}")
 
     async def responses(self) -> None:
         metadata = {f"key_{i}_{self.rng.randrange(10**6)}": self.rng.choice("abcdef") * 512 for i in range(16)}
-        body: dict[str, Any] = {"model": self.model, "input": "Say hello.", "max_output_tokens": 16,
-                                "metadata": metadata}  # fmt: skip
+        body: dict[str, Any] = {
+            "model": self.model,
+            "input": "Say hello.",
+            "max_output_tokens": 16,
+            "metadata": metadata,
+        }
         if self.last_response_id is not None and self.rng.random() < 0.5:
             body["previous_response_id"] = self.last_response_id
         response = await self.client.post("/v1/responses", json=body)
@@ -90,8 +123,12 @@ class Traffic:
         self._count(f"responses:{response.status_code}")
 
     async def abort_stream(self) -> None:
-        body = {"model": self.model, "messages": self._messages("Tell a long story."), "max_tokens": 200,
-                "stream": True}  # fmt: skip
+        body = {
+            "model": self.model,
+            "messages": self._messages("Tell a long story."),
+            "max_tokens": 200,
+            "stream": True,
+        }
         async with self.client.stream("POST", "/v1/chat/completions", json=body) as response:
             n = 0
             async for _ in response.aiter_lines():
@@ -157,8 +194,18 @@ def start_server(flags: list[str]) -> tuple[subprocess.Popen[bytes], str]:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     defaults = ["--max-model-len", "2048", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
-    cmd = [sys.executable, "-m", "metalserve.cli", "serve", "--port", str(port), "--log-stats-interval", "0",
-           *defaults, *flags]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "metalserve.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--log-stats-interval",
+        "0",
+        *defaults,
+        *flags,
+    ]
     log = open(os.devnull, "wb")  # noqa: SIM115
     process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -200,8 +247,10 @@ def main() -> None:
     print(_row("start", start))
     print(_row("end", end))
     growth = (end["rss"] - end["kv_pool"]) - (start["rss"] - start["kv_pool"])
-    print(f"RSS growth beyond the KV pool's own: {growth / 2**20:.1f} MiB = {100 * growth / start['rss']:.1f} % "
-          f"of the starting {start['rss'] / 2**20:.1f} MiB (target: under 10 %)")  # fmt: skip
+    print(
+        f"RSS growth beyond the KV pool's own: {growth / 2**20:.1f} MiB = {100 * growth / start['rss']:.1f} % "
+        f"of the starting {start['rss'] / 2**20:.1f} MiB (target: under 10 %)"
+    )
 
 
 if __name__ == "__main__":

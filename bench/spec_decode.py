@@ -25,12 +25,32 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILTINS = set(dir(builtins)) | {"self", "cls"}
-SOURCES = ("metalserve/scheduler/stop.py", "metalserve/kvcache/hashing.py", "metalserve/executor/seeding.py",
-           "metalserve/scheduler/step.py", "metalserve/spec_decode/ngram.py",
-           "metalserve/engine/request_state.py")  # fmt: skip
-TOPICS = ("the ocean", "volcanoes", "the history of tea", "how bicycles work", "a good breakfast", "winter in Oslo",
-          "learning the piano", "why cats purr", "the moon landing", "growing tomatoes", "jazz", "paper making",
-          "the Roman roads", "sleep", "honey bees", "trains in Japan")  # fmt: skip
+SOURCES = (
+    "metalserve/scheduler/stop.py",
+    "metalserve/kvcache/hashing.py",
+    "metalserve/executor/seeding.py",
+    "metalserve/scheduler/step.py",
+    "metalserve/spec_decode/ngram.py",
+    "metalserve/engine/request_state.py",
+)
+TOPICS = (
+    "the ocean",
+    "volcanoes",
+    "the history of tea",
+    "how bicycles work",
+    "a good breakfast",
+    "winter in Oslo",
+    "learning the piano",
+    "why cats purr",
+    "the moon landing",
+    "growing tomatoes",
+    "jazz",
+    "paper making",
+    "the Roman roads",
+    "sleep",
+    "honey bees",
+    "trains in Japan",
+)
 
 
 def functions(max_lines: int = 28) -> list[str]:
@@ -113,14 +133,19 @@ def run_cell(
     tpots = [(last[r] - first[r]) / (counts[r] - 1) for r in counts if counts[r] > 1]
     cpu_tpots = [(cpu_last[r] - cpu_first[r]) / (counts[r] - 1) for r in counts if counts[r] > 1]
     return {
-        "requests": len(prompts), "output_tokens": sum(counts.values()), "wall_s": wall, "cpu_s": cpu,
-        "output_tok_s": sum(counts.values()) / wall, "output_tok_per_cpu_s": sum(counts.values()) / cpu,
-        "mean_tpot_ms": 1000 * statistics.mean(tpots), "mean_cpu_tpot_ms": 1000 * statistics.mean(cpu_tpots),
+        "requests": len(prompts),
+        "output_tokens": sum(counts.values()),
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "output_tok_s": sum(counts.values()) / wall,
+        "output_tok_per_cpu_s": sum(counts.values()) / cpu,
+        "mean_tpot_ms": 1000 * statistics.mean(tpots),
+        "mean_cpu_tpot_ms": 1000 * statistics.mean(cpu_tpots),
         "mean_ttft_s": statistics.mean(first[r] - arrival[r] for r in first),
         "acceptance_rate": accepted / drafted if drafted else None,
         "mean_acceptance_length": 1 + accepted / windows if windows else None,
         "draft_tokens": drafted,
-    }  # fmt: skip
+    }
 
 
 def workloads(loaded: Any, args: argparse.Namespace) -> dict[str, tuple[list[list[int]], list[Any]]]:
@@ -199,16 +224,21 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         drafted = sum(r["draft_tokens"] for r in rs)
         rates = [r["acceptance_rate"] * r["draft_tokens"] for r in rs if r["acceptance_rate"] is not None]
         lengths = [r["mean_acceptance_length"] for r in rs if r["mean_acceptance_length"] is not None]
-        out.append({
-            "workload": workload, "concurrency": c, "speculation": arm, "draft_tokens": drafted,
-            "output_tok_s": sum(r["output_tokens"] for r in rs) / sum(r["wall_s"] for r in rs),
-            "output_tok_per_cpu_s": sum(r["output_tokens"] for r in rs) / sum(r["cpu_s"] for r in rs),
-            "mean_tpot_ms": statistics.mean(r["mean_tpot_ms"] for r in rs),
-            "mean_cpu_tpot_ms": statistics.mean(r["mean_cpu_tpot_ms"] for r in rs),
-            "mean_ttft_s": statistics.mean(r["mean_ttft_s"] for r in rs),
-            "acceptance_rate": sum(rates) / drafted if drafted else None,
-            "mean_acceptance_length": statistics.mean(lengths) if lengths else None,
-        })  # fmt: skip
+        out.append(
+            {
+                "workload": workload,
+                "concurrency": c,
+                "speculation": arm,
+                "draft_tokens": drafted,
+                "output_tok_s": sum(r["output_tokens"] for r in rs) / sum(r["wall_s"] for r in rs),
+                "output_tok_per_cpu_s": sum(r["output_tokens"] for r in rs) / sum(r["cpu_s"] for r in rs),
+                "mean_tpot_ms": statistics.mean(r["mean_tpot_ms"] for r in rs),
+                "mean_cpu_tpot_ms": statistics.mean(r["mean_cpu_tpot_ms"] for r in rs),
+                "mean_ttft_s": statistics.mean(r["mean_ttft_s"] for r in rs),
+                "acceptance_rate": sum(rates) / drafted if drafted else None,
+                "mean_acceptance_length": statistics.mean(lengths) if lengths else None,
+            }
+        )
     return out
 
 
@@ -216,9 +246,11 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     """The table; speed-ups against the same cell's off arm: output tokens per wall second and per CPU
     second of this process (steadier where other programs share the cores), both with the prefill that
     speculation cannot change, and time per output token after the first (what speculation speeds up)."""
-    lines = ["| workload | c | spec | output tok/s | tok per CPU-s | mean TPOT ms | CPU TPOT ms | mean TTFT s | "
-             "acceptance | mean accepted length | speed-up (wall) | speed-up (CPU) | speed-up (TPOT) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| workload | c | spec | output tok/s | tok per CPU-s | mean TPOT ms | CPU TPOT ms | mean TTFT s | "
+        "acceptance | mean accepted length | speed-up (wall) | speed-up (CPU) | speed-up (TPOT) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     off: dict[tuple[str, int], dict[str, Any]] = {}
     for r in rows:
         key = (r["workload"], r["concurrency"])

@@ -38,8 +38,17 @@ def measure(code: Path, extra: list[str]) -> tuple[float, float, float, int]:
     """(seconds to healthy, RSS MiB when healthy, RSS MiB after a chat request, exit status on SIGTERM)."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(code)}
-    cmd = [sys.executable, "-c", "from metalserve.cli import main; main()", "serve", "--port", str(port),
-           "--log-stats-interval", "0", *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-c",
+        "from metalserve.cli import main; main()",
+        "serve",
+        "--port",
+        str(port),
+        "--log-stats-interval",
+        "0",
+        *extra,
+    ]
     start = time.monotonic()
     # cwd too: `python -c` puts the working directory first on sys.path.
     proc = subprocess.Popen(cmd, env=env, cwd=code, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -106,9 +106,14 @@ def measure(engine: AsyncEngine, clock: ForwardClock, batch: int, tokens: int, s
     forward = sum(clock.seconds)
     # In order, the engine thread runs the forward itself; ahead, it waits for it on the forward thread.
     blocked = sum(clock.waits) if clock.waits else forward
-    return {"wall_ms_per_step": 1000 * wall / steps, "forward_ms_per_step": 1000 * forward / steps,
-            "host_ms_per_step": 1000 * (wall - blocked) / steps, "outside_share": 1 - forward / wall,
-            "tok_s": produced / wall, "steps": steps}  # fmt: skip
+    return {
+        "wall_ms_per_step": 1000 * wall / steps,
+        "forward_ms_per_step": 1000 * forward / steps,
+        "host_ms_per_step": 1000 * (wall - blocked) / steps,
+        "outside_share": 1 - forward / wall,
+        "tok_s": produced / wall,
+        "steps": steps,
+    }
 
 
 def main() -> None:
@@ -131,14 +136,18 @@ def main() -> None:
                 rows.setdefault((mode, batch), []).append(measure(engine, clock, batch, a.tokens, seed=1 + r))
     print("host work: the engine thread's time not spent in (or waiting for) the forward; exposed: the part of")
     print("a step's wall time outside the forward, which async scheduling hides behind it.")
-    print("| async scheduling | batch | steps | wall ms/step | forward ms/step | host work ms/step | exposed |"
-          " output tok/s |")  # fmt: skip
+    print(
+        "| async scheduling | batch | steps | wall ms/step | forward ms/step | host work ms/step | exposed |"
+        " output tok/s |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for (mode, batch), runs in sorted(rows.items(), key=lambda kv: (kv[0][1], not kv[0][0])):
         med = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
-        print(f"| {'on' if mode else 'off'} | {batch} | {med['steps']:.0f} | {med['wall_ms_per_step']:.1f} | "
-              f"{med['forward_ms_per_step']:.1f} | {med['host_ms_per_step']:.1f} | "
-              f"{100 * med['outside_share']:.0f} % | {med['tok_s']:.1f} |")  # fmt: skip
+        print(
+            f"| {'on' if mode else 'off'} | {batch} | {med['steps']:.0f} | {med['wall_ms_per_step']:.1f} | "
+            f"{med['forward_ms_per_step']:.1f} | {med['host_ms_per_step']:.1f} | "
+            f"{100 * med['outside_share']:.0f} % | {med['tok_s']:.1f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -37,9 +37,12 @@ def ttft(client: openai.OpenAI, model: str, image: bytes) -> float:
     content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "Describe it."}]
     started = time.perf_counter()
     stream = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": content}],  # type: ignore[misc,list-item]
-        max_tokens=4, temperature=0, stream=True,
-    )  # fmt: skip
+        model=model,
+        messages=[{"role": "user", "content": content}],  # type: ignore[misc,list-item]
+        max_tokens=4,
+        temperature=0,
+        stream=True,
+    )
     first = None
     for chunk in stream:
         if first is None and chunk.choices and chunk.choices[0].delta.content:
@@ -73,12 +76,18 @@ def main() -> None:
     processor = engine.image_processor
     slot = getattr(processor, "boi_token_id", processor.image_token_id)  # where the template puts an image
     _, [image] = processor.process([slot], [open_image(png(1, size), ImageLimits())])
-    print(f"{args.model_type}, encode: {args.size} image ({image.length} placeholder tokens), "
-          f"{per_image * 1e3:.0f} ms per image")  # fmt: skip
-    print(f"TTFT one image, uncached: {statistics.median(cold) * 1e3:.0f} ms median "
-          f"({', '.join(f'{t * 1e3:.0f}' for t in cold)})")  # fmt: skip
-    print(f"TTFT same image again (prefix cache): {statistics.median(warm) * 1e3:.0f} ms median "
-          f"({', '.join(f'{t * 1e3:.0f}' for t in warm)})")  # fmt: skip
+    print(
+        f"{args.model_type}, encode: {args.size} image ({image.length} placeholder tokens), "
+        f"{per_image * 1e3:.0f} ms per image"
+    )
+    print(
+        f"TTFT one image, uncached: {statistics.median(cold) * 1e3:.0f} ms median "
+        f"({', '.join(f'{t * 1e3:.0f}' for t in cold)})"
+    )
+    print(
+        f"TTFT same image again (prefix cache): {statistics.median(warm) * 1e3:.0f} ms median "
+        f"({', '.join(f'{t * 1e3:.0f}' for t in warm)})"
+    )
 
 
 if __name__ == "__main__":

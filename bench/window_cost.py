@@ -30,8 +30,9 @@ from metalserve.platform import current_platform
 BLOCK = 16
 
 
-def step_ms(compute: HostCompute, pools: tuple[np.ndarray, ...], context: int, shape: str,
-            repeats: int) -> tuple[float, float]:  # fmt: skip
+def step_ms(
+    compute: HostCompute, pools: tuple[np.ndarray, ...], context: int, shape: str, repeats: int
+) -> tuple[float, float]:
     """Median ms of the decoder and of the vocabulary projection for `shape` ("RxT")."""
     host, codes = compute.forward_on_host, compute.head_codes
     assert host is not None and codes is not None
@@ -62,8 +63,9 @@ def main() -> None:
     blocks = args.context // BLOCK + 2
     rng = np.random.default_rng(0)
     kv = kv_shape(loaded)
-    pools = tuple(rng.random((2, kv.num_kv_heads, blocks * BLOCK, kv.head_dim), dtype=np.float32)
-                  for _ in range(kv.num_layers))  # fmt: skip
+    pools = tuple(
+        rng.random((2, kv.num_kv_heads, blocks * BLOCK, kv.head_dim), dtype=np.float32) for _ in range(kv.num_layers)
+    )
     print(f"context {args.context}\n\n| requests x tokens | decoder ms | head ms | step ms |\n|---|---|---|---|")
     for shape in args.shapes:
         decoder, head = step_ms(compute, pools, args.context, shape, args.repeats)

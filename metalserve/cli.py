@@ -40,10 +40,15 @@ def run_generate(args: argparse.Namespace) -> int:
         return 2
     try:
         params = SamplingParams(
-            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-            max_tokens=args.max_tokens, min_tokens=args.min_tokens, stop_token_ids=args.stop_token_id,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            seed=args.seed,
+            max_tokens=args.max_tokens,
+            min_tokens=args.min_tokens,
+            stop_token_ids=args.stop_token_id,
             ignore_eos=args.ignore_eos,
-        )  # fmt: skip
+        )
         config = EngineConfig(model=args.model, weights=args.weights, max_model_len=args.max_model_len)
         loaded = load_model(args.model, weights=args.weights, check_model_type=check_supported)
         prompts = [loaded.tokenizer.encode(p) for p in args.prompt] + [encode_chat(loaded, m) for m in args.chat]

@@ -24,8 +24,6 @@ AttentionBackendName = Literal["auto", "metal", "cpu", "mlx"]  # mlx: the MLX-op
 ATTENTION_BACKEND_NAMES: tuple[str, ...] = get_args(AttentionBackendName)
 
 
-
-
 DEFAULT_KV_DISK_SIZE = 16 * 1024**3
 
 
@@ -49,7 +47,7 @@ def _json_object(text: str) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise ValueError(f"--hf-overrides: not JSON ({exc})") from None
     if not isinstance(value, dict):
-        raise ValueError('--hf-overrides takes a JSON object, e.g. \'{"rope_scaling": {...}}\'')
+        raise ValueError("--hf-overrides takes a JSON object, e.g. '{\"rope_scaling\": {...}}'")
     return value
 
 
@@ -68,12 +66,15 @@ class EngineConfig:
     served_model_name: str | None = flag(None, "the model id clients send and see")
     max_model_len: int | None = flag(None, "context length (default: the model's)")
     allow_long_max_model_len: bool = flag(
-        False, "allow --max-model-len above the model's trained context (as vLLM's "
-        "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1), with a start-up warning; pair it with a RoPE scaling in --hf-overrides"
+        False,
+        "allow --max-model-len above the model's trained context (as vLLM's "
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1), with a start-up warning; pair it with a RoPE scaling in --hf-overrides",
     )
     hf_overrides: Mapping[str, Any] | None = flag(
-        None, 'JSON merged into the model\'s config before it is built, e.g. \'{"rope_scaling": {"rope_type": '
-        '"yarn", "factor": 4.0, "original_max_position_embeddings": 8192}}\' (docs/agents.md)', parse=_json_object
+        None,
+        'JSON merged into the model\'s config before it is built, e.g. \'{"rope_scaling": {"rope_type": '
+        '"yarn", "factor": 4.0, "original_max_position_embeddings": 8192}}\' (docs/agents.md)',
+        parse=_json_object,
     )
     block_size: int = flag(16, "tokens per KV cache block", choices=(8, 16, 32))
     max_num_seqs: int = flag(64, "most requests in one batch")
@@ -95,8 +96,9 @@ class EngineConfig:
     gpu_memory_utilization: float = flag(0.5, "fraction of the device's memory for weights and KV cache")
     kv_cache_memory: int | None = flag(None, "KV cache bytes (overrides the fraction)")
     kv_cache_dtype: KVCacheDtype = flag(
-        "auto", "how K/V pages are stored: auto (the model's dtype), int8 (a scale per token and head) or q4 "
-        "(4-bit groups with a scale and bias each); about 2x / 3.5x the tokens of fp16 in the same memory"
+        "auto",
+        "how K/V pages are stored: auto (the model's dtype), int8 (a scale per token and head) or q4 "
+        "(4-bit groups with a scale and bias each); about 2x / 3.5x the tokens of fp16 in the same memory",
     )
     weights: WeightsMode = flag("auto", "quantized weights: keep them packed, or dequantize (auto: by size)")
     dequantize_max_bytes: int = 4 * 1024**3  # "auto": dequantize to fp32 only below this size
@@ -107,27 +109,33 @@ class EngineConfig:
     tool_call_parser: str | None = None  # the flag is ServerSettings' (api/settings.py)
     seed: int = flag(0, "seeds the random stream that requests without a seed draw from")
     pipeline_parallel_size: int = flag(
-        1, "split the layers over N ranks (MLX distributed); alone it starts N-1 local ranks, under "
-        "mlx.launch each host runs one rank and rank 0 serves HTTP", aliases=("-pp",)
+        1,
+        "split the layers over N ranks (MLX distributed); alone it starts N-1 local ranks, under "
+        "mlx.launch each host runs one rank and rank 0 serves HTTP",
+        aliases=("-pp",),
     )
     pipeline_layer_partition: tuple[int, ...] | None = flag(
-        None, "layers per rank, comma-separated (e.g. 12,18); default: balanced by weight bytes",
+        None,
+        "layers per rank, comma-separated (e.g. 12,18); default: balanced by weight bytes",
         parse=parse_partition,
     )
     pipeline_step_timeout: float = flag(
         120.0, "seconds to wait for a step's result from the last rank before failing open requests and exiting"
     )
     speculative_config: SpeculativeConfig | None = flag(
-        None, 'speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, '
-        '"prompt_lookup_min": 2, "prompt_lookup_max": 4}', parse=SpeculativeConfig.from_json
+        None,
+        'speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, '
+        '"prompt_lookup_min": 2, "prompt_lookup_max": 4}',
+        parse=SpeculativeConfig.from_json,
     )
     kv_disk_dir: str | None = flag(
         None, "a directory of KV blocks that outlives memory pressure and restarts (docs/disk-tier.md); default: off"
     )
     kv_disk_size: int | None = flag(None, "bytes --kv-disk-dir may hold, least recently used blocks go first (16 GiB)")
     async_scheduling: bool = flag(
-        True, "schedule and prepare the next step while this one computes (vLLM's --async-scheduling); "
-        "speculative decoding and pipeline stages turn it off with a start-up line"
+        True,
+        "schedule and prepare the next step while this one computes (vLLM's --async-scheduling); "
+        "speculative decoding and pipeline stages turn it off with a start-up line",
     )
 
     def __post_init__(self) -> None:
@@ -143,7 +151,7 @@ class EngineConfig:
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError("--max-model-len must be at least 1")
         if self.hf_overrides is not None and not isinstance(self.hf_overrides, Mapping):
-            raise ConfigError('--hf-overrides takes a JSON object, e.g. \'{"rope_scaling": {...}}\'')
+            raise ConfigError("--hf-overrides takes a JSON object, e.g. '{\"rope_scaling\": {...}}'")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError("--gpu-memory-utilization must be in (0, 1]")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

@@ -50,8 +50,10 @@ def mlx_lm_surface() -> set[tuple[str, str, str]]:
     for model_type in SUPPORTED_MODEL_TYPES:
         where = f"model type {model_type}"
         if model_type in VISION_MODEL_TYPES:  # built by mlx-vlm (loader/vision.py), which names its config so
-            surface |= {(f"mlx_vlm.models.{model_type}", "Model", where),
-                        (f"mlx_vlm.models.{model_type}", "ModelConfig", where)}  # fmt: skip
+            surface |= {
+                (f"mlx_vlm.models.{model_type}", "Model", where),
+                (f"mlx_vlm.models.{model_type}", "ModelConfig", where),
+            }
             continue
         module = f"mlx_lm.models.{_MLX_LM_MODULES.get(model_type, model_type)}"
         surface |= {(module, "Model", f"model type {model_type}"), (module, "ModelArgs", f"model type {model_type}")}
@@ -79,9 +81,11 @@ def test_every_mlx_lm_name_metalserve_reads_exists() -> None:
     names = {f"{m}.{a}" for m, a, _ in surface}
     # The collection itself works: names from each kind of read are in it.
     assert {
-        "mlx_lm.models.cache.ArraysCache", "mlx_lm.models.llama.TransformerBlock",
-        "mlx_lm.models.rope_utils.DynamicNTKScalingRoPE", "mlx_lm.models.gemma3_text.ModelArgs",
-    } <= names  # fmt: skip
+        "mlx_lm.models.cache.ArraysCache",
+        "mlx_lm.models.llama.TransformerBlock",
+        "mlx_lm.models.rope_utils.DynamicNTKScalingRoPE",
+        "mlx_lm.models.gemma3_text.ModelArgs",
+    } <= names
     problems = missing(surface)
     assert not problems, f"mlx-lm {version('mlx-lm')} lacks what metalserve reads:\n" + "\n".join(problems)
 

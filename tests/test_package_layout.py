@@ -17,12 +17,14 @@ def test_the_package_imports_nothing_from_tools_or_tests() -> None:
     assert [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if outside.search(p.read_text())] == []
 
 
-def test_package_data_is_the_metal_sources_only() -> None:
+def test_package_data_is_the_metal_sources_and_the_web_page() -> None:
     with warnings.catch_warnings():  # setuptools calls its [tool.setuptools] table beta
         warnings.simplefilter("ignore")
         config = read_configuration(ROOT / "pyproject.toml")
     data = config["tool"]["setuptools"]["package-data"]["metalserve"]
     shipped = {p.relative_to(PACKAGE).as_posix() for pattern in data for p in PACKAGE.glob(pattern)}
     metal = {p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "kernels" / "metal").glob("*.metal")}
-    assert metal and shipped == metal | {"py.typed"}
+    web = {p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "api" / "web").iterdir() if p.is_file()}
+    assert metal and {"api/web/index.html"} <= web
+    assert shipped == metal | web | {"py.typed"}
     assert not list(PACKAGE.rglob("*.h")) and not list(PACKAGE.rglob("*.cpp"))

@@ -61,11 +61,7 @@ def test_the_server_start_up_probes_the_machine_once(monkeypatch: pytest.MonkeyP
 
 
 def test_no_other_module_probes_the_device() -> None:
-    found = [
-        name
-        for name, text in _sources().items()
-        if PROBE.search(text) and name not in PROBE_EXCEPTIONS
-    ]
+    found = [name for name, text in _sources().items() if PROBE.search(text) and name not in PROBE_EXCEPTIONS]
     assert found == []
 
 

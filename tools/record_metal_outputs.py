@@ -37,9 +37,18 @@ def record(out_path: Path) -> None:
         x = make_inputs(case)
         for kernel in (k for k in KERNELS if k in case.kernels):
             out = metal_paged_attention(
-                x.q, x.k_pool, x.v_pool, x.block_tables, x.cu_seqlens_q, x.seq_lens,
-                block_size=case.block_size, scale=x.scale, sliding_window=case.sliding_window,
-                softcap=case.softcap, sinks=x.sinks, kernel=kernel,
+                x.q,
+                x.k_pool,
+                x.v_pool,
+                x.block_tables,
+                x.cu_seqlens_q,
+                x.seq_lens,
+                block_size=case.block_size,
+                scale=x.scale,
+                sliding_window=case.sliding_window,
+                softcap=case.softcap,
+                sinks=x.sinks,
+                kernel=kernel,
                 partition_size=None if kernel == "tiled" else case.partition_size,
             )
             results[recording_key(case.name, kernel)] = np.array(out.astype(mx.float32))

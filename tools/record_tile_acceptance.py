@@ -38,8 +38,19 @@ def _args(group: int, head_dim: int, dtype: mx.Dtype, tile_q: int) -> PagedArgs:
     q = mx.random.normal((q_len, group, head_dim)).astype(dtype)
     pool = mx.random.normal((128, 1, head_dim)).astype(dtype)
     tables = mx.arange(8, dtype=mx.int32)[None]
-    return PagedArgs(q, pool, pool, tables, mx.array([0, q_len], mx.int32), mx.array([64], mx.int32), block,
-                     head_dim**-0.5, None, None, None)  # fmt: skip
+    return PagedArgs(
+        q,
+        pool,
+        pool,
+        tables,
+        mx.array([0, q_len], mx.int32),
+        mx.array([64], mx.int32),
+        block,
+        head_dim**-0.5,
+        None,
+        None,
+        None,
+    )
 
 
 def probe(execute: Executor) -> list[dict[str, Any]]:
@@ -53,9 +64,15 @@ def probe(execute: Executor) -> list[dict[str, Any]]:
                     t = tiling(group, head_dim, threads // 4)
                     if t is None or t.threads != threads:
                         continue
-                    row: dict[str, Any] = dict(dtype=str(dtype).removeprefix("mlx.core."), head_dim=head_dim,
-                                               group=group, threads=threads, rows=t.rows, key_tile=t.key_tile,
-                                               planned=threads <= max_threads(head_dim))  # fmt: skip
+                    row: dict[str, Any] = dict(
+                        dtype=str(dtype).removeprefix("mlx.core."),
+                        head_dim=head_dim,
+                        group=group,
+                        threads=threads,
+                        rows=t.rows,
+                        key_tile=t.key_tile,
+                        planned=threads <= max_threads(head_dim),
+                    )
                     try:
                         LaunchGuard(execute)(tiled_launch(_args(group, head_dim, dtype, t.tile_q), t))
                         row["accepted"] = True
@@ -76,8 +93,10 @@ def main() -> None:
     rows = probe(run_metal)
     print(f"{'dtype':9} {'D':>4} {'G':>2} {'threads':>7} {'BK':>3}  planned  accepted")
     for r in rows:
-        print(f"{r['dtype']:9} {r['head_dim']:4} {r['group']:2} {r['threads']:7} {r['key_tile']:3}  "
-              f"{'yes' if r['planned'] else 'no':7}  {'yes' if r['accepted'] else 'NO: ' + r['error']}")  # fmt: skip
+        print(
+            f"{r['dtype']:9} {r['head_dim']:4} {r['group']:2} {r['threads']:7} {r['key_tile']:3}  "
+            f"{'yes' if r['planned'] else 'no':7}  {'yes' if r['accepted'] else 'NO: ' + r['error']}"
+        )
     bad = [r for r in rows if r["planned"] and not r["accepted"]]
     device = {"machine": platform.platform(), "device": {k: str(v) for k, v in mx.metal.device_info().items()}}
     out.parent.mkdir(parents=True, exist_ok=True)

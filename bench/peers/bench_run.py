@@ -11,9 +11,7 @@ from metalserve.benchmarks.serve import main as bench_main
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
-def run_bench(
-    base_url: str, result_file: Path, args: list[str], extra_body: dict[str, Any]
-) -> dict[str, Any]:
+def run_bench(base_url: str, result_file: Path, args: list[str], extra_body: dict[str, Any]) -> dict[str, Any]:
     """`args` are bench-serve flags; raises RuntimeError when the client itself fails (bad flags)."""
     argv = ["--base-url", base_url, "--result-file", str(result_file), "--save-detailed", *args]
     if extra_body:

@@ -24,14 +24,33 @@ from peers.bench_run import RESULTS, run_bench  # noqa: E402
 from peers.launch import MLX_DIR, PEERS  # noqa: E402
 
 OUT = RESULTS / "client_agreement"
-KEYS = (("ttft_ms", "mean_ttft_ms"), ("tpot_ms", "mean_tpot_ms"), ("itl_ms", "mean_itl_ms"),
-        ("e2el_ms", "mean_e2el_ms"))  # fmt: skip
+KEYS = (
+    ("ttft_ms", "mean_ttft_ms"),
+    ("tpot_ms", "mean_tpot_ms"),
+    ("itl_ms", "mean_itl_ms"),
+    ("e2el_ms", "mean_e2el_ms"),
+)
 
 
 def ours(url: str, a: argparse.Namespace) -> dict[str, float]:
-    args = ["--endpoint", "completions", "--tokenizer", a.tokenizer, "--input-len", str(a.input_len),
-            "--output-len", str(a.output_len), "--num-prompts", str(a.num_prompts), "--max-concurrency",
-            str(a.concurrency), "--ignore-eos", "--seed", str(a.seed), "--disable-tqdm"]  # fmt: skip
+    args = [
+        "--endpoint",
+        "completions",
+        "--tokenizer",
+        a.tokenizer,
+        "--input-len",
+        str(a.input_len),
+        "--output-len",
+        str(a.output_len),
+        "--num-prompts",
+        str(a.num_prompts),
+        "--max-concurrency",
+        str(a.concurrency),
+        "--ignore-eos",
+        "--seed",
+        str(a.seed),
+        "--disable-tqdm",
+    ]
     if a.model:
         args += ["--model", a.model]
     m = run_bench(url, OUT / "ours.json", args, {})["metrics"]
@@ -39,13 +58,43 @@ def ours(url: str, a: argparse.Namespace) -> dict[str, float]:
 
 
 def vllms(url: str, model: str, a: argparse.Namespace) -> dict[str, float]:
-    cmd = [a.vllm, "bench", "serve", "--backend", "openai", "--base-url", url,
-           "--endpoint", "/v1/completions",
-           "--model", model, "--tokenizer", a.tokenizer, "--dataset-name", "random",
-           "--random-input-len", str(a.input_len), "--random-output-len", str(a.output_len),
-           "--num-prompts", str(a.num_prompts), "--max-concurrency", str(a.concurrency), "--ignore-eos",
-           "--temperature", "0", "--seed", str(a.seed), "--percentile-metrics", "ttft,tpot,itl,e2el",
-           "--save-result", "--result-dir", str(OUT), "--result-filename", "vllm.json"]  # fmt: skip
+    cmd = [
+        a.vllm,
+        "bench",
+        "serve",
+        "--backend",
+        "openai",
+        "--base-url",
+        url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        model,
+        "--tokenizer",
+        a.tokenizer,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(a.input_len),
+        "--random-output-len",
+        str(a.output_len),
+        "--num-prompts",
+        str(a.num_prompts),
+        "--max-concurrency",
+        str(a.concurrency),
+        "--ignore-eos",
+        "--temperature",
+        "0",
+        "--seed",
+        str(a.seed),
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--save-result",
+        "--result-dir",
+        str(OUT),
+        "--result-filename",
+        "vllm.json",
+    ]
     subprocess.run(cmd, check=True)
     doc: dict[str, Any] = json.loads((OUT / "vllm.json").read_text(encoding="utf-8"))
     return {k: float(doc[k]) for _, k in KEYS} | {"output_throughput": float(doc["output_throughput"])}

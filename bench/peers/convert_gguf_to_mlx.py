@@ -48,9 +48,7 @@ def check(out: Path, prompt: str = "What is the capital of France?") -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gguf", default=None, help="GGUF file (default: the embedded default model)")
     parser.add_argument("--out", default=DEFAULT_OUT, help="output model directory (outside the repo)")
     parser.add_argument("--no-check", action="store_true", help="skip the greedy check with mlx_lm")

@@ -69,9 +69,7 @@ class RunningServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("wb")
         env = {**os.environ, **self.spec.env}
-        self.proc = subprocess.Popen(
-            self.spec.command(self.port), stdout=log, stderr=subprocess.STDOUT, env=env
-        )
+        self.proc = subprocess.Popen(self.spec.command(self.port), stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             self._wait_ready()
         except BaseException:
@@ -84,9 +82,7 @@ class RunningServer:
         deadline = time.monotonic() + self.spec.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise ServerStartError(
-                    f"{self.spec.name} exited ({self.proc.returncode}):\n{_tail(self.log_path)}"
-                )
+                raise ServerStartError(f"{self.spec.name} exited ({self.proc.returncode}):\n{_tail(self.log_path)}")
             if self._answers():
                 return
             time.sleep(0.5)

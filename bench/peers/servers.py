@@ -60,11 +60,7 @@ def _run(argv: list[str]) -> str:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"error: {exc}"
-    return (
-        (out.stdout + out.stderr).strip().splitlines()[-1]
-        if out.returncode == 0
-        else f"error: {out.stderr[-300:]}"
-    )
+    return (out.stdout + out.stderr).strip().splitlines()[-1] if out.returncode == 0 else f"error: {out.stderr[-300:]}"
 
 
 def availability(name: str) -> tuple[bool, str]:

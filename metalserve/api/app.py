@@ -91,9 +91,14 @@ def build_app(engine: AsyncEngine | ModelRegistry[ModelServing], settings: Serve
     if isinstance(engine, AsyncEngine):
         name = settings.served_model_name or engine.model_name
         options = ServingOptions(
-            (name,), settings.tool_call_parser, settings.reasoning_parser, settings.enable_auto_tool_choice,
-            settings.image_limits(), settings.default_max_tokens, settings.generic_tool_prompt,
-        )  # fmt: skip
+            (name,),
+            settings.tool_call_parser,
+            settings.reasoning_parser,
+            settings.enable_auto_tool_choice,
+            settings.image_limits(),
+            settings.default_max_tokens,
+            settings.generic_tool_prompt,
+        )
         engine.grammar_limits = grammar_limits(settings)
         serving = make_model_serving(engine, options, store, series, recorder)
         registry: ModelRegistry[ModelServing] = ModelRegistry.of_engine(

@@ -47,9 +47,7 @@ class OpenAIError(Exception):
     `param` names the request field in the chat API's words; other API families map it (see ErrorShapes).
     """
 
-    def __init__(
-        self, message: str, status: int = 400, *, param: str | None = None, code: str | None = None
-    ) -> None:
+    def __init__(self, message: str, status: int = 400, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
@@ -60,9 +58,7 @@ class OpenAIError(Exception):
         return error_body(self.message, self.status, param=self.param, code=self.code)
 
 
-def error_body(
-    message: str, status: int, *, param: str | None = None, code: str | None = None
-) -> dict[str, Any]:
+def error_body(message: str, status: int, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     err_type = _TYPES.get(status, "invalid_request_error" if status < 500 else "internal_server_error")
     return {"error": {"message": message, "type": err_type, "param": param, "code": code or str(status)}}
 

@@ -16,18 +16,25 @@ class KVDiskMetrics:
     def __init__(self, registry: CollectorRegistry, labels: list[str]) -> None:
         r = registry
         self._counters = {
-            "queries": Counter("vllm:external_prefix_cache_queries",
-                               "Prompt tokens looked up in the KV disk tier (past the RAM prefix cache).", labels,
-                               registry=r),
-            "hits": Counter("vllm:external_prefix_cache_hits", "Prompt tokens loaded from the KV disk tier.", labels,
-                            registry=r),
-            "bytes_loaded": Counter("vllm:kv_disk_bytes_loaded", "Bytes of KV blocks read from disk.", labels,
-                                    registry=r),
-            "bytes_saved": Counter("vllm:kv_disk_bytes_saved", "Bytes of KV blocks written to disk.", labels,
-                                   registry=r),
-            "load_seconds": Counter("vllm:kv_disk_load_seconds", "Seconds spent reading and checking KV blocks.",
-                                    labels, registry=r),
-        }  # fmt: skip
+            "queries": Counter(
+                "vllm:external_prefix_cache_queries",
+                "Prompt tokens looked up in the KV disk tier (past the RAM prefix cache).",
+                labels,
+                registry=r,
+            ),
+            "hits": Counter(
+                "vllm:external_prefix_cache_hits", "Prompt tokens loaded from the KV disk tier.", labels, registry=r
+            ),
+            "bytes_loaded": Counter(
+                "vllm:kv_disk_bytes_loaded", "Bytes of KV blocks read from disk.", labels, registry=r
+            ),
+            "bytes_saved": Counter(
+                "vllm:kv_disk_bytes_saved", "Bytes of KV blocks written to disk.", labels, registry=r
+            ),
+            "load_seconds": Counter(
+                "vllm:kv_disk_load_seconds", "Seconds spent reading and checking KV blocks.", labels, registry=r
+            ),
+        }
         self._usage = Gauge("vllm:kv_disk_usage_bytes", "Bytes the KV disk directory holds.", labels, registry=r)
         self._capacity = Gauge("vllm:kv_disk_capacity_bytes", "--kv-disk-size.", labels, registry=r)
         self._last: dict[str, ConnectorStats] = {}  # per model: the counters at the previous step

@@ -48,10 +48,7 @@ def chat_logprobs(entries: list[TokenLogprob], top_n: int, text: TokenText | Tok
         token = text(token_id)
         return {"token": token, "logprob": safe_logprob(logprob), "bytes": list(token.encode("utf-8"))}
 
-    return [
-        {**item(e.token_id, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top[:top_n]]}
-        for e in entries
-    ]
+    return [{**item(e.token_id, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top[:top_n]]} for e in entries]
 
 
 def completion_logprobs(

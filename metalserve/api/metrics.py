@@ -85,14 +85,19 @@ class MetricSeries:
             "vllm:inter_token_latency_seconds", "Inter-token latency.", labels, buckets=_LATENCY_BUCKETS, registry=r
         )
         self.e2e = Histogram(
-            "vllm:e2e_request_latency_seconds", "End-to-end request latency.", labels, buckets=_E2E_BUCKETS,
+            "vllm:e2e_request_latency_seconds",
+            "End-to-end request latency.",
+            labels,
+            buckets=_E2E_BUCKETS,
             registry=r,
-        )  # fmt: skip
+        )
         self.loaded = Gauge("metalserve:model_loaded", "1 while the model is loaded, else 0.", labels, registry=r)
         self.memory = Gauge(
-            "metalserve:model_memory_bytes", "Weights plus the KV pool at its largest, while loaded.", labels,
+            "metalserve:model_memory_bytes",
+            "Weights plus the KV pool at its largest, while loaded.",
+            labels,
             registry=r,
-        )  # fmt: skip
+        )
         self.spec = SpecDecodeMetrics(r, labels)
         self.kv_disk = KVDiskMetrics(r, labels)
 
@@ -176,9 +181,7 @@ class StatLogState:
         waiting = stats.num_waiting if stats else 0
         usage = 100 * stats.kv_cache_usage if stats else 0.0
         hit_rate = (
-            100 * stats.prefix_cache_hits / stats.prefix_cache_queries
-            if stats and stats.prefix_cache_queries
-            else 0.0
+            100 * stats.prefix_cache_hits / stats.prefix_cache_queries if stats and stats.prefix_cache_queries else 0.0
         )
         return (
             f"Avg prompt throughput: {prompt / elapsed:.1f} tokens/s, "

@@ -66,15 +66,22 @@ def make_model_serving(
     if engine.observer is None:
         engine.observer = metrics
     ctx = ServingContext(
-        engine, name, options.image_limits, aliases=options.names[1:], recorder=recorder,
+        engine,
+        name,
+        options.image_limits,
+        aliases=options.names[1:],
+        recorder=recorder,
         default_max_tokens=options.default_max_tokens,
-    )  # fmt: skip
+    )
     tools = get_tool_parser(options.tool_call_parser) if options.tool_call_parser else None
     reasoning = get_reasoning_parser(options.reasoning_parser) if options.reasoning_parser else None
     chat = ChatServing(
-        ctx, tools, reasoning, auto_tools=options.enable_auto_tool_choice,
+        ctx,
+        tools,
+        reasoning,
+        auto_tools=options.enable_auto_tool_choice,
         generic_tool_prompt=options.generic_tool_prompt,
-    )  # fmt: skip
+    )
     return ModelServing(
         ctx, chat, CompletionServing(ctx), MessagesServing(chat), ResponsesServing(chat, store), metrics
     )

@@ -19,8 +19,13 @@ from metalserve.engine.registry import ModelRegistry
 
 def openai_card(info: dict[str, Any], root: str, created: int) -> dict[str, Any]:
     card = {"id": info["id"], "object": "model", "created": created, "owned_by": "metalserve", "root": root}
-    return {**card, "max_model_len": info["max_model_len"], "state": info["state"],
-            "aliases": info["aliases"], "pinned": info["pinned"]}  # fmt: skip
+    return {
+        **card,
+        "max_model_len": info["max_model_len"],
+        "state": info["state"],
+        "aliases": info["aliases"],
+        "pinned": info["pinned"],
+    }
 
 
 def anthropic_card(info: dict[str, Any], created: int) -> dict[str, Any]:
@@ -61,8 +66,12 @@ def add_model_routes(app: FastAPI, registry: ModelRegistry[ModelServing]) -> Non
         for card in cards(anthropic):
             if card["id"] == model_id:
                 return JSONResponse(card)
-        error = OpenAIError(f"model: {model_id}" if anthropic else f"The model `{model_id}` does not exist.",
-                            404, param="model", code="model_not_found")  # fmt: skip
+        error = OpenAIError(
+            f"model: {model_id}" if anthropic else f"The model `{model_id}` does not exist.",
+            404,
+            param="model",
+            code="model_not_found",
+        )
         log_client_error(raw.url.path, error)
         body = anthropic_error_body(error) if anthropic else error.to_dict()
         return JSONResponse(body, status_code=404, headers=retry_headers(404))

@@ -55,13 +55,19 @@ def build_registry(config: EngineConfig, settings: ServerSettings) -> ModelRegis
     for s in specs:
         aliases = f" (aliases: {', '.join(s.aliases)})" if s.aliases else ""
         logger.info(
-            "model %s%s: %s, KV pool up to %s%s", s.name, aliases, s.config.model or "embedded default",
-            format_bytes(s.config.kv_cache_memory or 0), ", pinned" if s.pinned else "",
-        )  # fmt: skip
+            "model %s%s: %s, KV pool up to %s%s",
+            s.name,
+            aliases,
+            s.config.model or "embedded default",
+            format_bytes(s.config.kv_cache_memory or 0),
+            ", pinned" if s.pinned else "",
+        )
     logger.info(
-        "%d models within a memory budget of %s; idle ones unload after %s", len(specs), format_bytes(budget),
+        "%d models within a memory budget of %s; idle ones unload after %s",
+        len(specs),
+        format_bytes(budget),
         f"{settings.model_idle_timeout:.0f} s" if settings.model_idle_timeout else "never (only to make room)",
-    )  # fmt: skip
+    )
     return ModelRegistry(
         specs,
         load_engine,

@@ -47,8 +47,9 @@ def config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerSett
     if settings.tool_call_parser and not settings.enable_auto_tool_choice:
         logger.warning(
             "--tool-call-parser %s without --enable-auto-tool-choice: tool_choice 'auto' (and tools without a "
-            "tool_choice) get a 400, as in vLLM", settings.tool_call_parser,
-        )  # fmt: skip
+            "tool_choice) get a 400, as in vLLM",
+            settings.tool_call_parser,
+        )
     return config, settings
 
 

@@ -154,9 +154,7 @@ class ChatServing:
         requested = req.max_completion_tokens or req.max_tokens
         max_tokens = resolve_max_tokens(requested, len(prompt), engine.max_model_len, self.ctx.default_max_tokens)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = build_sampling_params(
-            req, max_tokens=max_tokens, logprobs=logprobs, vocab_size=len(engine.tokenizer)
-        )
+        params = build_sampling_params(req, max_tokens=max_tokens, logprobs=logprobs, vocab_size=len(engine.tokenizer))
         params.structured_outputs, source = chat_structured(req)
         if parse_tools is not None and parse_tools.keeps_special_tokens:
             params.skip_special_tokens = False  # the call markers are special tokens
@@ -170,9 +168,7 @@ class ChatServing:
         context_bound = max_tokens == engine.max_model_len - len(prompt) and max_tokens != requested
         return Generation(request_id, prompt, streams, parsing, max_tokens, context_bound)
 
-    def _parsing(
-        self, req: ChatCompletionRequest, prompt: list[int], parse_tools: ToolParser | None
-    ) -> OutputParsing:
+    def _parsing(self, req: ChatCompletionRequest, prompt: list[int], parse_tools: ToolParser | None) -> OutputParsing:
         tail = ""
         if self.reasoning_parser is not None:
             tail = str(self.ctx.engine.tokenizer.decode(prompt[-8:], skip_special_tokens=False))
@@ -229,9 +225,7 @@ class ChatServing:
         messages = [message_dict(m) for m in req.messages]
         if self.generic_tools:
             messages, tools = with_generic_tools(messages, tools), None
-        extra = {
-            k: v for k, v in (req.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS
-        }
+        extra = {k: v for k, v in (req.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS}
         try:
             text = tokenizer.apply_chat_template(
                 messages,

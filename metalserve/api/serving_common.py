@@ -25,6 +25,8 @@ from metalserve.sampling_params import SamplingParams
 
 T = TypeVar("T")
 _DONE = object()
+
+
 def random_id(prefix: str) -> str:
     """A response id in the API's own shape: `chatcmpl-...`, `cmpl-...`; Anthropic's `msg_...` and the
     Responses API's `resp_...` take an underscore. It is also the engine request id (start_generations)."""

@@ -215,4 +215,3 @@ class CompletionServing:
             "stop_reason": out.stop_reason,
             **extra,
         }
-

@@ -39,9 +39,7 @@ class ServingContext:
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.served_model_name and model not in self.aliases:
-            raise OpenAIError(
-                f"The model `{model}` does not exist.", 404, param="model", code="model_not_found"
-            )
+            raise OpenAIError(f"The model `{model}` does not exist.", 404, param="model", code="model_not_found")
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """Run tokenizer or template work in the tokenizer thread, so a huge prompt never stalls HTTP."""

@@ -58,15 +58,16 @@ class ServerSettings:
     log_stats_interval: float = flag(10.0, "seconds between throughput log lines; 0: off")
     tool_call_parser: str | None = flag(None, "how tool calls are read from the model's text", choices=_tool_parsers)
     reasoning_parser: str | None = flag(
-        None, "split the model's reasoning out: reasoning_content (chat), thinking blocks, reasoning items",
+        None,
+        "split the model's reasoning out: reasoning_content (chat), thinking blocks, reasoning items",
         choices=_reasoning_parsers,
     )
     responses_store_size: int = flag(
         1000, "responses kept in memory (LRU) for GET /v1/responses/{id} and previous_response_id; 0: none"
     )
     responses_store_bytes: int = flag(
-        64 * 1024 * 1024, "most bytes (JSON, conversation included) the stored responses hold together; "
-        "the oldest go first"
+        64 * 1024 * 1024,
+        "most bytes (JSON, conversation included) the stored responses hold together; the oldest go first",
     )
     max_grammar_bytes: int = flag(
         256 * 1024, "largest structured-output spec (JSON schema, regex, choices, grammar); 400 above it"
@@ -79,16 +80,19 @@ class ServerSettings:
         30.0, "seconds a request body may take to arrive after its headers (408 past it, connection closed)"
     )
     default_max_tokens: int = flag(
-        4096, "output cap for requests that set none (chat, completions with max_tokens null, Responses: Codex "
-        "sends none); 0: up to the end of the context"
+        4096,
+        "output cap for requests that set none (chat, completions with max_tokens null, Responses: Codex "
+        "sends none); 0: up to the end of the context",
     )
     generic_tool_prompt: bool = flag(
-        True, "where the chat template ignores `tools`, describe them in the system message and read calls "
-        "back as <tool_call> JSON blocks (docs/agents.md)"
+        True,
+        "where the chat template ignores `tools`, describe them in the system message and read calls "
+        "back as <tool_call> JSON blocks (docs/agents.md)",
     )
     enable_auto_tool_choice: bool = flag(
-        False, "vLLM's flag: serve tool_choice 'auto' (given, or implied by tools) through --tool-call-parser, "
-        "which it needs; without it such requests get a 400. Forced calls (required, named) need neither"
+        False,
+        "vLLM's flag: serve tool_choice 'auto' (given, or implied by tools) through --tool-call-parser, "
+        "which it needs; without it such requests get a 400. Forced calls (required, named) need neither",
     )
     graceful_shutdown_timeout: float = flag(
         30.0, "seconds running requests get to finish after SIGTERM/SIGINT; then they end with an error"
@@ -123,8 +127,9 @@ class ServerSettings:
     )
     model_load_timeout: float = flag(600.0, "seconds a request waits for its model to load before a 503")
     memory_budget: int | None = flag(
-        None, "bytes for every model's weights and KV pool (several models; default: --gpu-memory-utilization "
-        "of the machine's memory, less what other programs use)"
+        None,
+        "bytes for every model's weights and KV pool (several models; default: --gpu-memory-utilization "
+        "of the machine's memory, less what other programs use)",
     )
 
     @property

@@ -58,8 +58,9 @@ class GracefulServer(uvicorn.Server):
             return
         logger.info(
             "shutting down: no new requests; %d running get %.0f s to finish",
-            self.engine.num_active_requests, self.grace_s,
-        )  # fmt: skip
+            self.engine.num_active_requests,
+            self.grace_s,
+        )
         self.engine.begin_drain()
         self.should_exit = True
         timer = threading.Timer(self.grace_s, self.engine.fail_open_requests, ("the server is shutting down",))

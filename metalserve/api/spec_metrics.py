@@ -12,15 +12,11 @@ class SpecDecodeMetrics:
 
     def __init__(self, registry: CollectorRegistry, labels: list[str]) -> None:
         r = registry
-        self._drafts = Counter(
-            "vllm:spec_decode_num_drafts", "Verified draft windows.", labels, registry=r
-        )
+        self._drafts = Counter("vllm:spec_decode_num_drafts", "Verified draft windows.", labels, registry=r)
         self._draft_tokens = Counter(
             "vllm:spec_decode_num_draft_tokens", "Draft tokens proposed and verified.", labels, registry=r
         )
-        self._accepted = Counter(
-            "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.", labels, registry=r
-        )
+        self._accepted = Counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.", labels, registry=r)
         self._per_pos = Counter(
             "vllm:spec_decode_num_accepted_tokens_per_pos",
             "Accepted draft tokens at each position of the window.",

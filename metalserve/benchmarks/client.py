@@ -97,9 +97,7 @@ async def send_request(
         async with client.stream("POST", settings.path, json=payload) as resp:
             if resp.status_code != 200:
                 body = (await resp.aread()).decode("utf-8", "replace")
-                return RequestOutcome(
-                    False, start, clock() - start, error=f"HTTP {resp.status_code}: {body[:300]}"
-                )
+                return RequestOutcome(False, start, clock() - start, error=f"HTTP {resp.status_code}: {body[:300]}")
             async for line in resp.aiter_lines():
                 if not timer.feed_line(clock(), line):
                     break

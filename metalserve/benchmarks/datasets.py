@@ -44,9 +44,7 @@ def random_sessions(spec: DatasetSpec, tok: TokenCounter, num: int, seed: int) -
     if not 0.0 <= spec.range_ratio < 1.0:
         raise DatasetError(f"--random-range-ratio must be in [0, 1), got {spec.range_ratio}")
     rng = random.Random(seed)
-    prefix, prefix_len = (
-        random_text(tok, random.Random(seed ^ 0x5EED), spec.prefix_len) if spec.prefix_len else ("", 0)
-    )
+    prefix, prefix_len = random_text(tok, random.Random(seed ^ 0x5EED), spec.prefix_len) if spec.prefix_len else ("", 0)
     sessions = []
     for _ in range(num):
         text, n = random_text(tok, rng, _scaled(rng, spec.input_len, spec.range_ratio))

@@ -46,9 +46,7 @@ def format_table(m: BenchMetrics, title: str = "Serving Benchmark Result") -> st
     return "\n".join(lines)
 
 
-def result_dict(
-    m: BenchMetrics, settings: dict[str, Any], records: list[RequestRecord] | None
-) -> dict[str, Any]:
+def result_dict(m: BenchMetrics, settings: dict[str, Any], records: list[RequestRecord] | None) -> dict[str, Any]:
     """The JSON document: when, the settings, the metrics and (optionally) every request."""
     doc: dict[str, Any] = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

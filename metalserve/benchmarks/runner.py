@@ -43,9 +43,7 @@ class RunOptions:
 class _Run:
     """Shared state of one run: the HTTP client, the concurrency gate, the records and the bar."""
 
-    def __init__(
-        self, client: httpx.AsyncClient, settings: RequestSettings, tok: TokenCounter, bar: tqdm
-    ) -> None:
+    def __init__(self, client: httpx.AsyncClient, settings: RequestSettings, tok: TokenCounter, bar: tqdm) -> None:
         self.client, self.settings, self.tok, self.bar = client, settings, tok, bar
         self.records: list[RequestRecord] = []
         self.gate: asyncio.Semaphore | None = None

@@ -28,9 +28,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     srv.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root, without /v1")
     srv.add_argument("--endpoint", default="completions", help="chat, completions, or a path")
     srv.add_argument("--model", default=None, help="model name to send (default: the server's first model)")
-    srv.add_argument(
-        "--tokenizer", default=None, help="local tokenizer path (default: the server's /tokenize)"
-    )
+    srv.add_argument("--tokenizer", default=None, help="local tokenizer path (default: the server's /tokenize)")
     srv.add_argument("--request-timeout", type=float, default=3600.0, help="seconds per request")
     srv.add_argument("--extra-body", type=json.loads, default={}, help="JSON merged into every request body")
     data = parser.add_argument_group("dataset")
@@ -54,9 +52,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--disable-tqdm", action="store_true")
     out = parser.add_argument_group("results")
     out.add_argument("--percentiles", default="99", help="comma-separated latency percentiles")
-    out.add_argument(
-        "--result-file", default=None, help="JSON path (default: bench/results/serve-<time>.json)"
-    )
+    out.add_argument("--result-file", default=None, help="JSON path (default: bench/results/serve-<time>.json)")
     out.add_argument("--save-detailed", action="store_true", help="also save every request")
     out.add_argument("--label", default=None, help="a name stored with the results")
 
@@ -68,9 +64,7 @@ def discover_model(base_url: str, timeout: float = 30.0) -> str:
         resp.raise_for_status()
         return str(resp.json()["data"][0]["id"])
     except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
-        raise TokenizerError(
-            f"cannot list the server's models at {base_url}/v1/models ({exc}); pass --model"
-        ) from exc
+        raise TokenizerError(f"cannot list the server's models at {base_url}/v1/models ({exc}); pass --model") from exc
 
 
 def _spec(args: argparse.Namespace) -> DatasetSpec:
@@ -97,17 +91,13 @@ def _percentiles(text: str) -> list[float]:
 def _run(args: argparse.Namespace) -> dict[str, Any]:
     model = args.model or discover_model(args.base_url)
     tok = make_tokenizer(args.tokenizer, args.base_url, model)
-    settings = RequestSettings(
-        model, endpoint_path(args.endpoint), args.temperature, args.ignore_eos, args.extra_body
-    )
+    settings = RequestSettings(model, endpoint_path(args.endpoint), args.temperature, args.ignore_eos, args.extra_body)
     spec, percentiles = _spec(args), _percentiles(args.percentiles)
     sessions = build_sessions(spec, tok, args.num_prompts, args.seed)
     warmups = build_sessions(spec, tok, args.num_warmups, args.seed + _WARMUP_SEED_OFFSET)
     if warmups and (failed := asyncio.run(warm_up(args.base_url, settings, warmups, args.request_timeout))):
         print(f"warning: {failed} of {len(warmups)} warm-up requests failed", file=sys.stderr)
-    opts = RunOptions(
-        args.request_rate, args.max_concurrency, args.seed, args.request_timeout, not args.disable_tqdm
-    )
+    opts = RunOptions(args.request_rate, args.max_concurrency, args.seed, args.request_timeout, not args.disable_tqdm)
     records, duration = asyncio.run(run_sessions(args.base_url, settings, sessions, tok, opts))
     metrics = compute_metrics(records, duration, percentiles)
     print(format_table(metrics))

@@ -33,8 +33,17 @@ class RankReport(NamedTuple):
 
     def encode(self) -> mx.array:
         kv = self.kv_bytes_per_block
-        fixed = [int(self.ok), *self.fingerprint, self.blocks_fit, self.layers.start, self.layers.stop,
-                 self.weight_mib, kv & 0x7FFFFFFF, kv >> 31, self.block_size]  # fmt: skip
+        fixed = [
+            int(self.ok),
+            *self.fingerprint,
+            self.blocks_fit,
+            self.layers.start,
+            self.layers.stop,
+            self.weight_mib,
+            kv & 0x7FFFFFFF,
+            kv >> 31,
+            self.block_size,
+        ]
         text = self.message.encode()[:MESSAGE_CHARS].ljust(MESSAGE_CHARS, b"\0")
         return mx.array(fixed + list(text), dtype=mx.int32)
 
@@ -52,8 +61,12 @@ class RankReport(NamedTuple):
 
 # Tensors every rank reads to tell checkpoints apart: the norms and the first layer's query projection
 # (one matrix: reading a lazy weight loads all of it, so not the embedding).
-_SAMPLED = ("input_layernorm.weight", "post_attention_layernorm.weight", "model.norm.weight",
-            "model.layers.0.self_attn.q_proj.weight")  # fmt: skip
+_SAMPLED = (
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+    "model.norm.weight",
+    "model.layers.0.self_attn.q_proj.weight",
+)
 
 
 def fingerprint(model: nn.Module, config: dict[str, object]) -> tuple[int, ...]:

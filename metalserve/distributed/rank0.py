@@ -82,8 +82,16 @@ class PipelineRunner(ModelRunner):
         meta, width = StepMeta.from_step(step).encode()
         payload = pack_payload(meta, hidden)
         assert payload is not None
-        header = Header(Kind.STEP, len(step.token_ids), len(step.request_ids), len(step.logits_indices), width,
-                        self.spec.num_blocks, self._next_id, payload.nbytes)  # fmt: skip
+        header = Header(
+            Kind.STEP,
+            len(step.token_ids),
+            len(step.request_ids),
+            len(step.logits_indices),
+            width,
+            self.spec.num_blocks,
+            self._next_id,
+            payload.nbytes,
+        )
         send_message(header, payload, 1, self.group)
         mx.eval(self._kv_arrays())
         states = [self.requests[rid] for rid in step.request_ids]

@@ -36,8 +36,7 @@ def start_pipeline(config: EngineConfig) -> tuple[PipelineEngineCore, LoadedMode
     """Rank 0's side (on a rank other than 0, started by mlx.launch, this serves and exits)."""
     children = [] if launched_externally() else spawn_local_ranks(config)
     core_ref: list[PipelineEngineCore] = []
-    watchdog = Watchdog(children, config.pipeline_step_timeout,
-                        lambda: core_ref[0].waiting_since if core_ref else None)  # fmt: skip
+    watchdog = Watchdog(children, config.pipeline_step_timeout, lambda: core_ref[0].waiting_since if core_ref else None)
     watchdog.start()  # from here a local rank that dies during start-up ends this process too
     group = init_group(config.pipeline_parallel_size)
     if group.rank() != 0:
@@ -69,12 +68,22 @@ def run_rank_in_group(config: EngineConfig, group: mx.distributed.Group) -> int:
 def build_core(config: EngineConfig, setup: RankSetup, group: mx.distributed.Group) -> PipelineEngineCore:
     loaded = setup.loaded
     spec = kv_cache_spec(setup.loaded, config.block_size, config.kv_cache_dtype, setup.initial_blocks)
-    runner = PipelineRunner(setup.model, spec, group, eos_token_ids=loaded.eos_token_ids,
-                            sampler=Sampler(config.seed), backend=setup.backend)  # fmt: skip
+    runner = PipelineRunner(
+        setup.model,
+        spec,
+        group,
+        eos_token_ids=loaded.eos_token_ids,
+        sampler=Sampler(config.seed),
+        backend=setup.backend,
+    )
     mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * setup.num_blocks * spec.bytes_per_block))
     scheduler = build_scheduler(config, spec, setup.num_blocks, setup.max_model_len, setup.initial_blocks)
-    logger.info("pipeline: %d ranks, %d steps in flight; every rank runs the generic MLX path, attention %s",
-                setup.size, 2, setup.backend.description)  # fmt: skip
+    logger.info(
+        "pipeline: %d ranks, %d steps in flight; every rank runs the generic MLX path, attention %s",
+        setup.size,
+        2,
+        setup.backend.description,
+    )
     if config.async_scheduling:
         logger.info("async scheduling: off, the pipeline keeps its own 2 steps in flight through the ranks")
     return PipelineEngineCore(scheduler, runner, setup.max_model_len, depth=2)

@@ -62,10 +62,14 @@ def _load_slice(config: EngineConfig, rank: int, size: int) -> tuple[LoadedModel
         keep_layers(model, slices[rank], first=rank == 0)
 
     loaded = load_model(
-        config.model, weights=config.weights, dequantize_max_bytes=config.dequantize_max_bytes,
-        chat_template=config.chat_template, prepare=prepare, check_model_type=check_supported,
+        config.model,
+        weights=config.weights,
+        dequantize_max_bytes=config.dequantize_max_bytes,
+        chat_template=config.chat_template,
+        prepare=prepare,
+        check_model_type=check_supported,
         hf_overrides=config.hf_overrides,
-    )  # fmt: skip
+    )
     mx.clear_cache()
     # The generic MLX path on every rank: the host fast path (executor/host/) runs whole models only.
     model = PagedModel(loaded.model, loaded.model_type, MlxCompute())
@@ -127,8 +131,9 @@ def setup_rank(config: EngineConfig, group: mx.distributed.Group) -> RankSetup:
     try:
         loaded, model, layers, fp = _load_slice(config, rank, size)
         max_model_len = resolve_max_model_len(config, loaded.max_model_len, loaded.rope_scaled_len, warn=rank == 0)
-        backend = select_attention(config.attention_backend, kv_shape(loaded).dtype, current_platform(),
-                                   kv_storage=config.kv_cache_dtype)  # fmt: skip
+        backend = select_attention(
+            config.attention_backend, kv_shape(loaded).dtype, current_platform(), kv_storage=config.kv_cache_dtype
+        )
         fits, per_block = _blocks_fit(config, loaded, layers, rank, config.max_num_seqs)
         weight_mib = param_bytes(model.model) >> 20
         report = RankReport(True, fp, fits, layers, weight_mib, per_block, "", config.block_size)
@@ -141,8 +146,18 @@ def setup_rank(config: EngineConfig, group: mx.distributed.Group) -> RankSetup:
     num_blocks = min(min(r.blocks_fit for r in reports), cap)
     if rank == 0:
         log_ranks(reports, num_blocks, config.block_size)
-    return RankSetup(rank, size, loaded, model, layers, backend, max_model_len, num_blocks,
-                     min(num_blocks, INITIAL_POOL_BLOCKS), reports)  # fmt: skip
+    return RankSetup(
+        rank,
+        size,
+        loaded,
+        model,
+        layers,
+        backend,
+        max_model_len,
+        num_blocks,
+        min(num_blocks, INITIAL_POOL_BLOCKS),
+        reports,
+    )
 
 
 def log_ranks(reports: list[RankReport], num_blocks: int, block_size: int) -> None:
@@ -150,9 +165,13 @@ def log_ranks(reports: list[RankReport], num_blocks: int, block_size: int) -> No
     for rank, r in enumerate(reports):
         logger.info(
             "pipeline rank %d: layers %d-%d (%d), weights %d MiB, KV %s per block, room for %d blocks%s",
-            rank, r.layers.start, r.layers.stop - 1, len(r.layers), r.weight_mib,
-            format_bytes(r.kv_bytes_per_block), r.blocks_fit,
+            rank,
+            r.layers.start,
+            r.layers.stop - 1,
+            len(r.layers),
+            r.weight_mib,
+            format_bytes(r.kv_bytes_per_block),
+            r.blocks_fit,
             " (the smallest: it sets the pool)" if r.blocks_fit == smallest else "",
-        )  # fmt: skip
+        )
     logger.info("pipeline KV pool: up to %d blocks of %d tokens on every rank", num_blocks, block_size)
-

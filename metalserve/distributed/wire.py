@@ -50,14 +50,24 @@ class StepMeta(NamedTuple):
 
     @classmethod
     def from_step(cls, step: StepInputs) -> StepMeta:
-        return cls(step.positions, step.slot_mapping, step.cu_seqlens_q, step.seq_lens, step.block_rows,
-                   step.logits_indices)  # fmt: skip
+        return cls(
+            step.positions, step.slot_mapping, step.cu_seqlens_q, step.seq_lens, step.block_rows, step.logits_indices
+        )
 
     def step_inputs(self) -> StepInputs:
         """A StepInputs for the attention backend's `build_metadata` (request and token ids left empty)."""
         r = len(self.seq_lens)
-        return StepInputs([""] * r, np.zeros(0, np.int32), self.positions, self.slot_mapping, self.cu_seqlens_q,
-                          self.seq_lens, self.block_rows, [], self.logits_indices)  # fmt: skip
+        return StepInputs(
+            [""] * r,
+            np.zeros(0, np.int32),
+            self.positions,
+            self.slot_mapping,
+            self.cu_seqlens_q,
+            self.seq_lens,
+            self.block_rows,
+            [],
+            self.logits_indices,
+        )
 
     def encode(self) -> tuple[np.ndarray, int]:
         """int32 vector: positions, slots, cu_seqlens, seq_lens, row lengths, padded table, logits rows."""
@@ -66,8 +76,15 @@ class StepMeta(NamedTuple):
         for i, row in enumerate(self.block_rows):
             table[i, : len(row)] = row
         lens = np.fromiter((len(row) for row in self.block_rows), np.int32, len(self.block_rows))
-        parts = [self.positions, self.slot_mapping, self.cu_seqlens_q, self.seq_lens, lens, table.ravel(),
-                 self.logits_indices]  # fmt: skip
+        parts = [
+            self.positions,
+            self.slot_mapping,
+            self.cu_seqlens_q,
+            self.seq_lens,
+            lens,
+            table.ravel(),
+            self.logits_indices,
+        ]
         return np.concatenate([np.asarray(p, np.int32) for p in parts]), width
 
     @classmethod

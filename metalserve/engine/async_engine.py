@@ -34,9 +34,14 @@ if TYPE_CHECKING:
     from metalserve.multimodal.processor import ImageProcessor
 
 __all__ = [
-    "AsyncEngine", "ClientTooSlowError", "EngineDeadError", "EngineDrainingError", "EngineObserver",
-    "IterationStats", "RequestOutput",
-]  # fmt: skip
+    "AsyncEngine",
+    "ClientTooSlowError",
+    "EngineDeadError",
+    "EngineDrainingError",
+    "EngineObserver",
+    "IterationStats",
+    "RequestOutput",
+]
 
 logger = logging.getLogger(__name__)
 

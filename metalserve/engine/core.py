@@ -102,8 +102,15 @@ class EngineCore:
         latent = model.kv_layout.value_dim is not None
         dtype = model.family.activation_dtype(loaded.model)
         image_masks = model.family.bidirectional_images and loaded.vision is not None
-        attention = select_attention(config.attention_backend, dtype, platform, head_dims, latent_kv=latent,
-                                     kv_storage=spec.page.storage, image_masks=image_masks)  # fmt: skip
+        attention = select_attention(
+            config.attention_backend,
+            dtype,
+            platform,
+            head_dims,
+            latent_kv=latent,
+            kv_storage=spec.page.storage,
+            image_masks=image_masks,
+        )
         note = spec.kept_dtype_note(storage)
         if note:
             logger.info("%s", note)
@@ -120,13 +127,22 @@ class EngineCore:
             peak = measure_step_peak(model, spec, config, attention, states) + host
         for g in spec.groups:
             if isinstance(g, RecurrentState):
-                logger.info("recurrent state: %d layers, %s per request, a slot in every KV block (counted in "
-                            "its size)", len(g.layers), format_bytes(g.state_bytes))  # fmt: skip
+                logger.info(
+                    "recurrent state: %d layers, %s per request, a slot in every KV block (counted in its size)",
+                    len(g.layers),
+                    format_bytes(g.state_bytes),
+                )
         draft_bytes = kv_cache_spec(draft, config.block_size, storage).bytes_per_block if draft is not None else 0
         plan = plan_kv_pool(config, spec, max_model_len, peak, held, draft_bytes)
         spec = spec.with_blocks(plan.initial_blocks)
-        scheduler = build_scheduler(config, spec, plan.num_blocks, max_model_len, plan.initial_blocks,
-                                    mm_splittable=not model.family.bidirectional_images)  # fmt: skip
+        scheduler = build_scheduler(
+            config,
+            spec,
+            plan.num_blocks,
+            max_model_len,
+            plan.initial_blocks,
+            mm_splittable=not model.family.bidirectional_images,
+        )
         runner = ModelRunner(
             model,
             spec,
@@ -223,8 +239,9 @@ def async_scheduling_for(config: EngineConfig, speculation: SpeculativeConfig | 
         logger.info("async scheduling: off (--no-async-scheduling)")
         return False
     if speculation is not None:
-        logger.info("async scheduling: off, speculative decoding needs each step's accepted drafts "
-                    "before it schedules the next")  # fmt: skip
+        logger.info(
+            "async scheduling: off, speculative decoding needs each step's accepted drafts before it schedules the next"
+        )
         return False
     if config.kv_disk_dir is not None:
         logger.info("async scheduling: off, the KV disk tier matches its loads and saves to steps in order")
@@ -242,8 +259,12 @@ def draft_for(
     if spec is None or spec.method != "draft_model":
         return spec, None
     if draft is None:
-        draft = load_model(spec.model, weights=config.weights, dequantize_max_bytes=config.dequantize_max_bytes,
-                           check_model_type=check_supported)  # fmt: skip
+        draft = load_model(
+            spec.model,
+            weights=config.weights,
+            dequantize_max_bytes=config.dequantize_max_bytes,
+            check_model_type=check_supported,
+        )
     return spec, draft
 
 
@@ -272,7 +293,13 @@ def build_proposer(
     vocab = int(loaded.model.args.vocab_size)
     attention = config.attention_backend
     return build_draft_proposer(
-        draft, vocab, platform, attention, config.block_size, num_blocks, spec.num_speculative_tokens,
+        draft,
+        vocab,
+        platform,
+        attention,
+        config.block_size,
+        num_blocks,
+        spec.num_speculative_tokens,
         config.kv_cache_dtype,
     )
 
@@ -312,8 +339,12 @@ def resolve_max_model_len(
     wanted = config.max_model_len
     if wanted is None:
         if scaled_len is not None and scaled_len > model_len and warn:
-            logger.info("RoPE scaling covers %d tokens; pass --max-model-len (and --allow-long-max-model-len) "
-                        "to serve more than the trained %d", scaled_len, model_len)  # fmt: skip
+            logger.info(
+                "RoPE scaling covers %d tokens; pass --max-model-len (and --allow-long-max-model-len) "
+                "to serve more than the trained %d",
+                scaled_len,
+                model_len,
+            )
         return model_len
     if wanted <= model_len:
         return wanted
@@ -332,12 +363,19 @@ def resolve_max_model_len(
         if scaled_len is not None and wanted <= scaled_len:
             logger.warning(
                 "--max-model-len %d is past the trained context (%d tokens), within what the RoPE scaling "
-                "covers (%d): expect some loss of quality", wanted, model_len, scaled_len,
-            )  # fmt: skip
+                "covers (%d): expect some loss of quality",
+                wanted,
+                model_len,
+                scaled_len,
+            )
         else:
-            logger.warning("--max-model-len %d is past the trained context (%d tokens) and past what any RoPE "
-                           "scaling covers: positions beyond %d were never trained, expect degraded output",
-                           wanted, model_len, scaled_len or model_len)  # fmt: skip
+            logger.warning(
+                "--max-model-len %d is past the trained context (%d tokens) and past what any RoPE "
+                "scaling covers: positions beyond %d were never trained, expect degraded output",
+                wanted,
+                model_len,
+                scaled_len or model_len,
+            )
     return wanted
 
 

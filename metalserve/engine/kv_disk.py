@@ -25,8 +25,10 @@ def disk_tier_problem(groups: Sequence[LayerGroupSpec], spec: KVCacheSpec | None
     (int8/q4) are served: their codes, scales and biases are stored, keyed by the storage dtype."""
     if len(groups) != 1 or not isinstance(groups[0], FullAttention):
         kinds = ", ".join(type(g).__name__ for g in groups)
-        return (f"the disk tier serves models of one full-attention layer group for now; this model has "
-                f"{kinds} (sliding windows and recurrent-state snapshots are not stored yet)")  # fmt: skip
+        return (
+            f"the disk tier serves models of one full-attention layer group for now; this model has "
+            f"{kinds} (sliding windows and recurrent-state snapshots are not stored yet)"
+        )
     return None
 
 

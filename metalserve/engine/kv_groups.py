@@ -17,7 +17,11 @@ def state_group(groups: tuple[LayerGroupSpec, ...] | list[LayerGroupSpec]) -> in
 
 
 def build_scheduler(
-    config: EngineConfig, spec: KVCacheSpec, num_blocks: int, max_model_len: int, initial_blocks: int | None,
+    config: EngineConfig,
+    spec: KVCacheSpec,
+    num_blocks: int,
+    max_model_len: int,
+    initial_blocks: int | None,
     mm_splittable: bool = True,
 ) -> Scheduler:
     groups = list(spec.groups)
@@ -25,5 +29,6 @@ def build_scheduler(
     if problem and config.enable_prefix_caching:
         logger.warning("prefix caching: %s", problem)
     logger.info("KV cache layer groups: %s", ", ".join(f"{type(g).__name__} x{len(g.layers)}" for g in groups))
-    return Scheduler(config, num_blocks, max_model_len, initial_blocks=initial_blocks, kv_groups=groups,
-                     mm_splittable=mm_splittable)  # fmt: skip
+    return Scheduler(
+        config, num_blocks, max_model_len, initial_blocks=initial_blocks, kv_groups=groups, mm_splittable=mm_splittable
+    )

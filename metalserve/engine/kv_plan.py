@@ -37,9 +37,7 @@ def plan_kv_pool(
     if config.kv_cache_memory is not None:
         budget, why = config.kv_cache_memory, "--kv-cache-memory"
     else:
-        limit, why = memory_limit(
-            config.gpu_memory_utilization, total_memory_bytes(), available_memory_bytes(), held
-        )
+        limit, why = memory_limit(config.gpu_memory_utilization, total_memory_bytes(), available_memory_bytes(), held)
         budget = limit - peak
         why = f"{why} - {format_bytes(peak)} weights and a warm-up step"
     fits = num_blocks_for_budget(budget, per_block, config.block_size, max_model_len, per_request)
@@ -51,9 +49,18 @@ def plan_kv_pool(
         "KV budget %s (%s); KV cache dtype %s, %s per block; pool up to %d blocks of %d tokens (%s, %d tokens "
         "fit%s), %d allocated now (%s), growing as requests need them; max concurrency at %d tokens/request: "
         "%.1fx",
-        format_bytes(budget), why, spec.page.describe(), format_bytes(per_block), num_blocks, config.block_size,
-        format_bytes(per_block * num_blocks), num_blocks * config.block_size, capped, initial,
-        format_bytes(per_block * initial), max_model_len,
+        format_bytes(budget),
+        why,
+        spec.page.describe(),
+        format_bytes(per_block),
+        num_blocks,
+        config.block_size,
+        format_bytes(per_block * num_blocks),
+        num_blocks * config.block_size,
+        capped,
+        initial,
+        format_bytes(per_block * initial),
+        max_model_len,
         num_blocks / per_request,  # over every layer group a request holds blocks in
-    )  # fmt: skip
+    )
     return KVPoolPlan(num_blocks, initial)

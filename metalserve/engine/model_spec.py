@@ -15,10 +15,21 @@ from metalserve.spec_decode.config import SpeculativeConfig
 
 # Per-model engine options a models file may set (EngineConfig's fields of the same names).
 ENGINE_KEYS = (
-    "max_model_len", "block_size", "max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold",
-    "enable_prefix_caching", "scheduling_policy", "kv_cache_memory", "weights", "attention_backend",
-    "chat_template", "tool_call_parser", "seed", "speculative_config",
-)  # fmt: skip
+    "max_model_len",
+    "block_size",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "long_prefill_token_threshold",
+    "enable_prefix_caching",
+    "scheduling_policy",
+    "kv_cache_memory",
+    "weights",
+    "attention_backend",
+    "chat_template",
+    "tool_call_parser",
+    "seed",
+    "speculative_config",
+)
 # Per-model serving options (what ServerSettings holds for one model).
 SERVING_KEYS = ("reasoning_parser", "enable_auto_tool_choice")
 _NAME_KEYS = ("model", "path", "served_model_name", "name", "aliases", "pinned")

@@ -167,8 +167,9 @@ class ModelRegistry(Generic[S]):
                 except asyncio.TimeoutError:
                     raise ModelRegistryError(
                         f"the model `{slot.spec.name}` is not loaded after {self.load_timeout:.0f} s (it is "
-                        "loading, or waiting for other models' requests to end to make room); try again later", 503,
-                    ) from None  # fmt: skip
+                        "loading, or waiting for other models' requests to end to make room); try again later",
+                        503,
+                    ) from None
         except BaseException:
             slot.leases -= 1
             raise
@@ -198,10 +199,13 @@ class ModelRegistry(Generic[S]):
                     raise ModelRegistryError(f"the model `{slot.spec.name}` could not be loaded: {exc}", 503) from exc
                 self._install(slot, loaded)
                 logger.info(
-                    "model %s loaded in %.1f s (%s: weights %s + KV pool %s)", slot.spec.name,
-                    time.monotonic() - started, format_bytes(loaded.footprint), format_bytes(loaded.weight_bytes),
+                    "model %s loaded in %.1f s (%s: weights %s + KV pool %s)",
+                    slot.spec.name,
+                    time.monotonic() - started,
+                    format_bytes(loaded.footprint),
+                    format_bytes(loaded.weight_bytes),
                     format_bytes(loaded.kv_bytes),
-                )  # fmt: skip
+                )
                 if self.memory_budget is not None and self.used_bytes() > self.memory_budget:
                     try:  # the estimate was low: the measured size must fit too, else undo
                         await self._make_room(slot, 0)
@@ -240,9 +244,7 @@ class ModelRegistry(Generic[S]):
             raise self._no_room(slot, f"it needs {format_bytes(slot.bytes_needed)}, more than the whole budget")
         deadline = time.monotonic() + self.load_timeout
         while self.used_bytes() + needed > budget:
-            candidates = [
-                s for s in self.slots if s is not slot and s.state is ModelState.LOADED and not s.spec.pinned
-            ]  # fmt: skip
+            candidates = [s for s in self.slots if s is not slot and s.state is ModelState.LOADED and not s.spec.pinned]
             idle = [s for s in candidates if s.idle]
             if idle:
                 victim = min(idle, key=lambda s: s.last_used)
@@ -257,8 +259,9 @@ class ModelRegistry(Generic[S]):
         loaded = [
             f"{s.spec.name} ({format_bytes(s.bytes_needed)}, "
             f"{'pinned' if s.spec.pinned else 'in use' if not s.idle else s.state.value})"
-            for s in self.slots if s is not slot and s.state is not ModelState.UNLOADED
-        ]  # fmt: skip
+            for s in self.slots
+            if s is not slot and s.state is not ModelState.UNLOADED
+        ]
         return ModelRegistryError(
             f"cannot load the model `{slot.spec.name}`: {why} and the memory budget is "
             f"{format_bytes(self.memory_budget or 0)}; loaded: {', '.join(loaded) or 'nothing'}; "
@@ -358,9 +361,15 @@ class ModelRegistry(Generic[S]):
         """Every model's names, state and sizes (for /v1/models and the status page)."""
         return [
             {
-                "id": s.spec.name, "aliases": list(s.spec.aliases), "state": s.state.value, "pinned": s.spec.pinned,
-                "max_model_len": s.max_model_len or s.spec.config.max_model_len, "memory_bytes": s.bytes_needed,
-                "loads": s.loads, "requests_in_use": s.leases, "idle_s": round(time.monotonic() - s.last_used, 1),
+                "id": s.spec.name,
+                "aliases": list(s.spec.aliases),
+                "state": s.state.value,
+                "pinned": s.spec.pinned,
+                "max_model_len": s.max_model_len or s.spec.config.max_model_len,
+                "memory_bytes": s.bytes_needed,
+                "loads": s.loads,
+                "requests_in_use": s.leases,
+                "idle_s": round(time.monotonic() - s.last_used, 1),
             }
             for s in self.slots
-        ]  # fmt: skip
+        ]

@@ -30,13 +30,18 @@ class RequestOutput:
 
     def merged_with(self, later: RequestOutput) -> RequestOutput:
         """This delta followed by `later` as one delta (a reader that fell behind gets them at once)."""
-        logprobs = None if self.logprobs is None and later.logprobs is None else (
-            (self.logprobs or []) + (later.logprobs or [])
-        )  # fmt: skip
+        logprobs = (
+            None
+            if self.logprobs is None and later.logprobs is None
+            else ((self.logprobs or []) + (later.logprobs or []))
+        )
         return replace(
-            later, text=self.text + later.text, token_ids=self.token_ids + later.token_ids, logprobs=logprobs,
+            later,
+            text=self.text + later.text,
+            token_ids=self.token_ids + later.token_ids,
+            logprobs=logprobs,
             prompt_logprobs=self.prompt_logprobs or later.prompt_logprobs,
-        )  # fmt: skip
+        )
 
 
 @dataclass

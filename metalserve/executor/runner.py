@@ -141,8 +141,10 @@ class ModelRunner:
                 self.proposer.forget(rid)
         for new in so.scheduled_new_reqs:
             if len(new.block_ids) != self.num_tables + 1:
-                raise ValueError(f"request {new.request_id}: {len(new.block_ids)} block tables for "
-                                 f"a model of {self.num_tables + 1} layer groups")  # fmt: skip
+                raise ValueError(
+                    f"request {new.request_id}: {len(new.block_ids)} block tables for "
+                    f"a model of {self.num_tables + 1} layer groups"
+                )
             self.group_tables[new.request_id] = GroupTables(new.block_ids[1 : self.num_attention_groups])
             self.requests[new.request_id] = CachedRequestState(
                 request_id=new.request_id,
@@ -226,8 +228,13 @@ class ModelRunner:
         if so.total_num_scheduled_tokens == 0:
             return InFlightStep(so, None, 0.0, None, None)
         drafts = so.scheduled_spec_decode_tokens
-        step = pack_step(self.requests, so.num_scheduled_tokens, self.spec.block_size, drafts,
-                         bidirectional_images=self.model.family.bidirectional_images)  # fmt: skip
+        step = pack_step(
+            self.requests,
+            so.num_scheduled_tokens,
+            self.spec.block_size,
+            drafts,
+            bidirectional_images=self.model.family.bidirectional_images,
+        )
         started = time.perf_counter()
         host: Future[np.ndarray] | None = None
         logits: mx.array | None = None
@@ -276,8 +283,13 @@ class ModelRunner:
         if self.proposer:
             spec = self._propose(sampling, step, time.perf_counter() - flight.started, drafts)
         finished = connector.get_finished() if connector is not None else None
-        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, spec_token_ids=spec,
-                                 kv_connector_output=finished, prompt_logprobs=prompt)  # fmt: skip
+        return ModelRunnerOutput(
+            sampled_token_ids=sampled,
+            logprobs=logprobs,
+            spec_token_ids=spec,
+            kv_connector_output=finished,
+            prompt_logprobs=prompt,
+        )
 
     def _forward_thread(self) -> ThreadPoolExecutor:
         """The thread a host (numba) forward runs on while the engine thread prepares the next step; it

@@ -137,8 +137,11 @@ class RecurrentStates:
         def flush() -> None:
             if batch:
                 rows = [b[0] for b in batch]
-                runs.append(StateRun(rows[0], rows[-1] + 1, True, mx.array([b[1] for b in batch]),
-                                     mx.array([b[2] for b in batch])))  # fmt: skip
+                runs.append(
+                    StateRun(
+                        rows[0], rows[-1] + 1, True, mx.array([b[1] for b in batch]), mx.array([b[2] for b in batch])
+                    )
+                )
                 batch.clear()
 
         for i, rid in enumerate(step.request_ids):

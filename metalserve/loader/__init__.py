@@ -44,6 +44,11 @@ def load_model(
     from metalserve.loader.load import load  # heavy (MLX, transformers): only when a model is loaded
 
     return load(
-        model, weights=weights, dequantize_max_bytes=dequantize_max_bytes, chat_template=chat_template,
-        prepare=prepare, check_model_type=check_model_type, hf_overrides=hf_overrides,
-    )  # fmt: skip
+        model,
+        weights=weights,
+        dequantize_max_bytes=dequantize_max_bytes,
+        chat_template=chat_template,
+        prepare=prepare,
+        check_model_type=check_model_type,
+        hf_overrides=hf_overrides,
+    )

@@ -26,9 +26,7 @@ def _load_tokenizer(path: Path) -> object:
     try:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, TypeError) as exc:
-        raise ModelLoadError(
-            f"No usable tokenizer in {path} (tokenizer.json / tokenizer_config.json): {exc}"
-        ) from exc
+        raise ModelLoadError(f"No usable tokenizer in {path} (tokenizer.json / tokenizer_config.json): {exc}") from exc
 
 
 def load_directory(path: Path) -> RawModel:

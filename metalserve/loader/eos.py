@@ -7,9 +7,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 # End-of-turn markers chat templates close a turn with; generation stops at them when the template uses them.
-_TURN_END_TOKENS = (
-    "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|end|>", "<end_of_turn>", "<|endoftext|>"
-)  # fmt: skip
+_TURN_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
 
 
 def _ids(value: Any) -> set[int]:

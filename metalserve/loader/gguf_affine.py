@@ -70,5 +70,8 @@ def q5_1(blocks: np.ndarray) -> Packed:
 
 # type -> (block bytes, values per block, bits, repacker)
 AFFINE: dict[str, tuple[int, int, int, Callable[[np.ndarray], Packed]]] = {
-    "Q4_K": (144, 256, 4, q4_k), "Q5_K": (176, 256, 5, q5_k), "Q5_0": (22, 32, 5, q5_0), "Q5_1": (24, 32, 5, q5_1),
-}  # fmt: skip
+    "Q4_K": (144, 256, 4, q4_k),
+    "Q5_K": (176, 256, 5, q5_k),
+    "Q5_0": (22, 32, 5, q5_0),
+    "Q5_1": (24, 32, 5, q5_1),
+}

@@ -26,9 +26,13 @@ MODEL_TYPES = {
 }
 # The `{arch}.rope.scaling.type` values each mlx-lm class honours (qwen3_moe's uses plain RoPE).
 ROPE_SCALING_KINDS: dict[str, tuple[str, ...]] = {
-    "llama": ("linear", "yarn"), "qwen2": ("linear", "yarn"), "qwen3": ("linear", "yarn"), "qwen3moe": (),
-    "gemma3": ("linear",), "phi3": ("linear",),
-}  # fmt: skip
+    "llama": ("linear", "yarn"),
+    "qwen2": ("linear", "yarn"),
+    "qwen3": ("linear", "yarn"),
+    "qwen3moe": (),
+    "gemma3": ("linear",),
+    "phi3": ("linear",),
+}
 # The rope factor tensors each architecture's config takes (gguf_weights.ROPE_FACTOR_TENSORS).
 FACTOR_TENSORS = {"llama": ("rope_freqs.weight",), "phi3": ("rope_factors_long.weight", "rope_factors_short.weight")}
 _LLAMA3_BOUNDS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
@@ -49,8 +53,9 @@ def _llama3_factors(scaling: dict[str, Any], dims: int, base: float) -> np.ndarr
     return np.where((wavelens > old / high) & (wavelens < old / low), medium, out)
 
 
-def _llama(metadata: dict[str, Any], arch: str, config: dict[str, Any], names: set[str],
-           factors: dict[str, list[float]]) -> dict[str, Any]:  # fmt: skip
+def _llama(
+    metadata: dict[str, Any], arch: str, config: dict[str, Any], names: set[str], factors: dict[str, list[float]]
+) -> dict[str, Any]:
     """llama-3.1-style rope: the file stores only the resulting factors; llama 3.1 to 3.3 all use these
     smoothing bounds, so they are checked against the factors rather than assumed."""
     stored = factors.get("rope_freqs.weight")
@@ -58,8 +63,9 @@ def _llama(metadata: dict[str, Any], arch: str, config: dict[str, Any], names: s
         return {}
     scaling = {"type": "llama3", "factor": max(stored), **_LLAMA3_BOUNDS}
     dims = int(get(metadata, f"{arch}.rope.dimension_count", config["head_dim"]))
-    if len(stored) != dims // 2 or not np.allclose(_llama3_factors(scaling, dims, config["rope_theta"]), stored,
-                                                    rtol=1e-4):  # fmt: skip
+    if len(stored) != dims // 2 or not np.allclose(
+        _llama3_factors(scaling, dims, config["rope_theta"]), stored, rtol=1e-4
+    ):
         raise ModelLoadError(
             "The GGUF's rope frequency factors (rope_freqs) are not llama-3's with factor "
             f"{scaling['factor']} and bounds {_LLAMA3_BOUNDS}; this rope scaling is not supported."
@@ -67,13 +73,15 @@ def _llama(metadata: dict[str, Any], arch: str, config: dict[str, Any], names: s
     return {"rope_scaling": scaling}
 
 
-def _plain(metadata: dict[str, Any], arch: str, config: dict[str, Any], names: set[str],
-           factors: dict[str, list[float]]) -> dict[str, Any]:  # fmt: skip
+def _plain(
+    metadata: dict[str, Any], arch: str, config: dict[str, Any], names: set[str], factors: dict[str, list[float]]
+) -> dict[str, Any]:
     return {}
 
 
-def _qwen3moe(metadata: dict[str, Any], arch: str, config: dict[str, Any], names: set[str],
-              factors: dict[str, list[float]]) -> dict[str, Any]:  # fmt: skip
+def _qwen3moe(
+    metadata: dict[str, Any], arch: str, config: dict[str, Any], names: set[str], factors: dict[str, list[float]]
+) -> dict[str, Any]:
     expert_ffn = int(require(metadata, f"{arch}.expert_feed_forward_length"))
     return {
         "num_experts": int(require(metadata, f"{arch}.expert_count")),
@@ -99,8 +107,9 @@ def _window_pattern(value: Any, layers: int) -> int:
     return int(value)
 
 
-def _gemma3(metadata: dict[str, Any], arch: str, config: dict[str, Any], names: set[str],
-            factors: dict[str, list[float]]) -> dict[str, Any]:  # fmt: skip
+def _gemma3(
+    metadata: dict[str, Any], arch: str, config: dict[str, Any], names: set[str], factors: dict[str, list[float]]
+) -> dict[str, Any]:
     layers, head_dim = config["num_hidden_layers"], config["head_dim"]
     scalar = config["hidden_size"] // config["num_attention_heads"] if layers == _GEMMA3_27B_LAYERS else head_dim
     pattern = metadata.get(f"{arch}.attention.sliding_window_pattern")
@@ -113,8 +122,9 @@ def _gemma3(metadata: dict[str, Any], arch: str, config: dict[str, Any], names: 
     }
 
 
-def _phi3(metadata: dict[str, Any], arch: str, config: dict[str, Any], names: set[str],
-          factors: dict[str, list[float]]) -> dict[str, Any]:  # fmt: skip
+def _phi3(
+    metadata: dict[str, Any], arch: str, config: dict[str, Any], names: set[str], factors: dict[str, list[float]]
+) -> dict[str, Any]:
     head_dim = config["hidden_size"] // config["num_attention_heads"]  # mlx-lm's phi3 derives it so
     rotary = int(get(metadata, f"{arch}.rope.dimension_count", head_dim))
     original = int(get(metadata, f"{arch}.rope.scaling.original_context_length", config["max_position_embeddings"]))
@@ -128,5 +138,10 @@ def _phi3(metadata: dict[str, Any], arch: str, config: dict[str, Any], names: se
 
 
 ARCH_EXTRAS: dict[str, Extras] = {
-    "llama": _llama, "qwen2": _plain, "qwen3": _plain, "qwen3moe": _qwen3moe, "gemma3": _gemma3, "phi3": _phi3,
-}  # fmt: skip
+    "llama": _llama,
+    "qwen2": _plain,
+    "qwen3": _plain,
+    "qwen3moe": _qwen3moe,
+    "gemma3": _gemma3,
+    "phi3": _phi3,
+}

@@ -65,4 +65,4 @@ def q6_k(blocks: np.ndarray, out: np.ndarray) -> None:
 # type -> (block bytes, dequantizer writing (n, 256) fp32 into its `out`)
 FAST: dict[str, tuple[int, Callable[[np.ndarray, np.ndarray], None]]] = {
     "Q6_K": (210, q6_k),
-}  # fmt: skip
+}

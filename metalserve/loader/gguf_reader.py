@@ -19,8 +19,19 @@ from metalserve.loader.gguf_header import GGML_TYPE_NAMES, GGUFFormatError
 _MAGIC = b"GGUF"
 _STRING, _ARRAY, _BOOL = 8, 9, 7
 # Metadata value type id -> numpy dtype (GGUF is little-endian).
-_NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8",
-          12: "<f8"}  # fmt: skip
+_NUMPY = {
+    0: "<u1",
+    1: "<i1",
+    2: "<u2",
+    3: "<i2",
+    4: "<u4",
+    5: "<i4",
+    6: "<f4",
+    7: "<u1",
+    10: "<u8",
+    11: "<i8",
+    12: "<f8",
+}
 _DEFAULT_ALIGNMENT = 32
 
 

@@ -28,8 +28,12 @@ _TOKENIZER_KEYS = {
     "padding_token_id": "pad_token_id",
     "add_space_prefix": "add_prefix_space",
 }
-_SPECIALS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unk_token_id",
-             "pad_token": "pad_token_id"}  # fmt: skip
+_SPECIALS = {
+    "bos_token": "bos_token_id",
+    "eos_token": "eos_token_id",
+    "unk_token": "unk_token_id",
+    "pad_token": "pad_token_id",
+}
 
 
 def _tokenizer_dict(metadata: dict[str, Any]) -> dict[str, Any]:

@@ -57,8 +57,14 @@ _PHI3 = {
     "ffn_up": "mlp.gate_up_proj",  # llama.cpp stores phi3's fused gate/up under ffn_up
     "ffn_down": "mlp.down_proj",
 }
-LAYER_NAMES = {"llama": _LLAMA, "qwen2": _LLAMA, "qwen3": _LLAMA, "qwen3moe": _QWEN3MOE, "gemma3": _GEMMA3,
-               "phi3": _PHI3}  # fmt: skip
+LAYER_NAMES = {
+    "llama": _LLAMA,
+    "qwen2": _LLAMA,
+    "qwen3": _LLAMA,
+    "qwen3moe": _QWEN3MOE,
+    "gemma3": _GEMMA3,
+    "phi3": _PHI3,
+}
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|scales|biases|bias)$")
 _GLOBAL_RE = re.compile(r"^([a-z_]+)\.(weight|scales|biases|bias)$")
 

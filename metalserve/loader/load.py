@@ -47,8 +47,7 @@ def _read(model: str | None, weights: str, platform: Platform) -> tuple[RawModel
     if looks_like_repo_id(model):
         return load_directory(download(model)), model
     raise ModelLoadError(
-        f"{model!r} is neither an existing file or directory nor a Hugging Face repo id (org/name); "
-        "check the path."
+        f"{model!r} is neither an existing file or directory nor a Hugging Face repo id (org/name); check the path."
     )
 
 

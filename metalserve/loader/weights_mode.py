@@ -118,4 +118,3 @@ def cast_floats(model: nn.Module, dtype: mx.Dtype) -> None:
         return p.astype(dtype) if mx.issubdtype(p.dtype, mx.floating) else p
 
     model.update(tree_map(cast, model.parameters()))
-

@@ -20,8 +20,7 @@ from metalserve.multimodal.images import DecodedImage, ImageError
 from metalserve.multimodal.inputs import MultiModalInput
 
 # Qwen2-VL's preprocessor_config.json keys the processor takes (the rest are HF bookkeeping).
-_QWEN_KEYS = ("patch_size", "temporal_patch_size", "merge_size", "min_pixels", "max_pixels", "image_mean",
-              "image_std")  # fmt: skip
+_QWEN_KEYS = ("patch_size", "temporal_patch_size", "merge_size", "min_pixels", "max_pixels", "image_mean", "image_std")
 
 
 class ImageProcessor(Protocol):
@@ -48,8 +47,10 @@ class QwenVLImageProcessor:
     def from_config(cls, config: dict[str, Any], directory: Path | None = None) -> QwenVLImageProcessor:
         """From the model's config.json (and the directory's preprocessor_config.json, when there is one)."""
         vision = config.get("vision_config") or {}
-        options: dict[str, Any] = {"patch_size": vision.get("patch_size", 14),
-                                   "temporal_patch_size": vision.get("temporal_patch_size", 2)}  # fmt: skip
+        options: dict[str, Any] = {
+            "patch_size": vision.get("patch_size", 14),
+            "temporal_patch_size": vision.get("temporal_patch_size", 2),
+        }
         pre = directory / "preprocessor_config.json" if directory is not None else None
         if pre is not None and pre.is_file():
             raw = json.loads(pre.read_text())
@@ -94,8 +95,16 @@ class Gemma3ImageProcessor:
     placeholders, `<end_of_image>` (HF's processor does this on the text, with blank lines around it that
     the template's own newlines already give). Pan-and-scan crops are not made."""
 
-    def __init__(self, image_token_id: int, boi_token_id: int, eoi_token_id: int, size: int, tokens: int,
-                 mean: Sequence[float], std: Sequence[float]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        image_token_id: int,
+        boi_token_id: int,
+        eoi_token_id: int,
+        size: int,
+        tokens: int,
+        mean: Sequence[float],
+        std: Sequence[float],
+    ) -> None:
         self.image_token_id = image_token_id
         self.boi_token_id, self.eoi_token_id = boi_token_id, eoi_token_id
         self.size, self.tokens_per_image = size, tokens
@@ -110,11 +119,14 @@ class Gemma3ImageProcessor:
             pre = json.loads(path.read_text())
         text, vision = config.get("text_config") or {}, config.get("vision_config") or {}
         return cls(
-            int(config.get("image_token_index", 262144)), int(config.get("boi_token_index", 255999)),
-            int(config.get("eoi_token_index", 256000)), int(vision.get("image_size", 224)),
+            int(config.get("image_token_index", 262144)),
+            int(config.get("boi_token_index", 255999)),
+            int(config.get("eoi_token_index", 256000)),
+            int(vision.get("image_size", 224)),
             int(text.get("mm_tokens_per_image", 256)),
-            pre.get("image_mean", [0.5] * 3), pre.get("image_std", [0.5] * 3),
-        )  # fmt: skip
+            pre.get("image_mean", [0.5] * 3),
+            pre.get("image_std", [0.5] * 3),
+        )
 
     def pixels(self, image: DecodedImage) -> np.ndarray:
         """`[1, 3, size, size]` float32, as the tower takes them (channels first)."""

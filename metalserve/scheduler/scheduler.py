@@ -183,8 +183,9 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         self._apply_pending_finishes()
-        step = StepBuilder(budget=self.config.max_num_batched_tokens,
-                           encoder_budget=self.config.max_num_encoder_input_tokens)  # fmt: skip
+        step = StepBuilder(
+            budget=self.config.max_num_batched_tokens, encoder_budget=self.config.max_num_encoder_input_tokens
+        )
         self._schedule_running(step)
         # After a preemption the pool is tight: admitting new work would only thrash.
         if not step.preempted:
@@ -274,9 +275,7 @@ class Scheduler:
         room = min(budget - 1, max_out - request.num_output_tokens - 1)
         return max(0, min(len(request.spec_token_ids), room))
 
-    def _preempt_until_fits(
-        self, request: Request, n: int, i: int, step: StepBuilder
-    ) -> tuple[BlockIds | None, int]:
+    def _preempt_until_fits(self, request: Request, n: int, i: int, step: StepBuilder) -> tuple[BlockIds | None, int]:
         """Preempt victims until `request` (at running[i]) fits; returns its new block ids and new i."""
         while True:
             victim = max(self.running, key=self._victim_key)
@@ -411,11 +410,7 @@ class Scheduler:
                 stop_ids, max_out = hints[request_id]
                 token_id = token_ids[0]
                 n_out = len(out_ids)
-                if (
-                    token_id not in stop_ids
-                    and n_out + 1 < max_out
-                    and request.num_computed_tokens >= n_prompt + n_out
-                ):
+                if token_id not in stop_ids and n_out + 1 < max_out and request.num_computed_tokens >= n_prompt + n_out:
                     out_ids.append(token_id)
                     cached = request.num_cached_tokens or 0
                     append(EngineCoreOutput(request_id, token_ids, None, None, None, n_prompt, cached))
@@ -465,9 +460,7 @@ class Scheduler:
     ) -> EngineCoreOutput:
         out_ids = request.output_token_ids
         if request.num_computed_tokens < len(request.prompt_token_ids) + len(out_ids):
-            raise ValueError(
-                f"the runner sampled for {request.request_id!r} before its prompt was fully computed"
-            )
+            raise ValueError(f"the runner sampled for {request.request_id!r} before its prompt was fully computed")
         stop_ids, max_out = self._stop_hints[request.request_id]
         status = None
         num_new = 0
@@ -524,9 +517,14 @@ class Scheduler:
                 break
         logprobs = runner_output.logprobs.get(request.request_id) if runner_output.logprobs else None
         output = EngineCoreOutput(
-            request.request_id, token_ids[:num_new], logprobs[:num_new] if logprobs is not None else None,
-            None, None, len(request.prompt_token_ids), request.num_cached_tokens or 0,
-        )  # fmt: skip
+            request.request_id,
+            token_ids[:num_new],
+            logprobs[:num_new] if logprobs is not None else None,
+            None,
+            None,
+            len(request.prompt_token_ids),
+            request.num_cached_tokens or 0,
+        )
         if status is not None:
             request.status = status
             self.waiting.remove({request.request_id})

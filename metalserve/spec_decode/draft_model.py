@@ -98,6 +98,7 @@ class DraftModelProposer:
         mx.eval(self.runner._kv_arrays())
         return {step.request_ids[i]: int(t) for i, t in zip(step.sampling_rows, tokens, strict=True)}
 
+
 def build_draft_proposer(
     draft: LoadedModel,
     target_vocab: int,

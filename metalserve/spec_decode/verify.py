@@ -54,9 +54,7 @@ class SampleResult(Protocol):
     logprobs: list[TokenLogprob | None]
 
 
-def window_rows(
-    requests: Sequence[SamplingRequest], drafts: Sequence[Sequence[int]], vocab: int = 0
-) -> list[Any]:
+def window_rows(requests: Sequence[SamplingRequest], drafts: Sequence[Sequence[int]], vocab: int = 0) -> list[Any]:
     """The sampler's rows, in logits order: each request's positions 0..k (a draft-less request: itself).
     `vocab`: the logits' width, for the grammar masks of constrained windows."""
     rows: list[Any] = []

@@ -36,10 +36,15 @@ logger = logging.getLogger("metalserve.structured")
 DEFAULT_CACHE_SIZE = 256
 # Fixed separators and no free whitespace: a small model left free to emit whitespace inside JSON tends
 # to loop on newlines until max_tokens. A schema's own "x-guidance" options override these.
-JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ",
-                                               "key_separator": ": "}  # fmt: skip
-_FIELD_NAMES = {"json": "JSON schema", "json_object": "JSON object", "regex": "regex", "choice": "choice",
-                "grammar": "grammar", "structural_tag": "structural tag"}  # fmt: skip
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_FIELD_NAMES = {
+    "json": "JSON schema",
+    "json_object": "JSON object",
+    "regex": "regex",
+    "choice": "choice",
+    "grammar": "grammar",
+    "structural_tag": "structural tag",
+}
 
 
 class GrammarLimits(NamedTuple):
@@ -182,9 +187,15 @@ class GrammarCompiler:
         key = params.cache_key()
         if len(key) > self.limits.max_spec_bytes:  # refused before any work: a done, failed future
             failed: Future[CompiledGrammar] = Future()
-            failed.set_exception(GrammarError(params.kind, (
-                f"the spec is {len(key)} bytes; the server's limit (--max-grammar-bytes) is "
-                f"{self.limits.max_spec_bytes}")))  # fmt: skip
+            failed.set_exception(
+                GrammarError(
+                    params.kind,
+                    (
+                        f"the spec is {len(key)} bytes; the server's limit (--max-grammar-bytes) is "
+                        f"{self.limits.max_spec_bytes}"
+                    ),
+                )
+            )
             return failed
         with self._lock:
             future = self._cache.get(key)

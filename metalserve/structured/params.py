@@ -27,9 +27,10 @@ class StructuredOutputsParams:
         given = [name for name in SPEC_FIELDS if _is_set(getattr(self, name))]
         if len(given) != 1:
             raise ValueError(
-                "structured_outputs must set exactly one of " + ", ".join(SPEC_FIELDS)
+                "structured_outputs must set exactly one of "
+                + ", ".join(SPEC_FIELDS)
                 + (f"; got {', '.join(given)}" if given else "; got none")
-            )  # fmt: skip
+            )
         if self.choice is not None:
             if not self.choice or not all(isinstance(c, str) for c in self.choice):
                 raise ValueError("structured_outputs.choice must be a non-empty list of strings")

@@ -21,7 +21,6 @@ class CompiledGrammar(NamedTuple):
     num_bytes: int = 0  # the grammar text's size, charged to the compile cache
 
 
-
 class GrammarState:
     """Waits for its compile, then advances one sampled token at a time (`accept`)."""
 

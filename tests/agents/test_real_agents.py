@@ -36,11 +36,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2 * AGENT_TIMEOUT)]
 # Read tool only (~2,200 tokens; all its tools make ~20,400, which needs factor 4, and a linear factor 4
 # leaves this 135M model incoherent).
 SERVER_FLAGS = (
-    "--hf-overrides", '{"rope_scaling": {"rope_type": "linear", "factor": 2.0}}',
-    "--max-model-len", "16384", "--allow-long-max-model-len",
-    "--enable-auto-tool-choice", "--tool-call-parser", "generic",
-    "--kv-cache-memory", str(2 << 30),
-)  # fmt: skip
+    "--hf-overrides",
+    '{"rope_scaling": {"rope_type": "linear", "factor": 2.0}}',
+    "--max-model-len",
+    "16384",
+    "--allow-long-max-model-len",
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    "generic",
+    "--kv-cache-memory",
+    str(2 << 30),
+)
 IDLE_MS = str(int(AGENT_TIMEOUT * 1000))
 
 
@@ -93,8 +99,19 @@ def test_claude_code_completes(server: RunningServer, tmp_path: Path) -> None:
             "API_TIMEOUT_MS": IDLE_MS,
             "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256",  # a 135M model rambles; keep each turn short
         }
-        cmd = [str(AGENTS_BIN / "claude"), "-p", TASK, "--tools", "Read", "--allowedTools", "Read",
-               "--output-format", "json", "--max-turns", "4"]  # fmt: skip
+        cmd = [
+            str(AGENTS_BIN / "claude"),
+            "-p",
+            TASK,
+            "--tools",
+            "Read",
+            "--allowedTools",
+            "Read",
+            "--output-format",
+            "json",
+            "--max-turns",
+            "4",
+        ]
         code, out, err, wall = run_agent(cmd, work, env, AGENT_TIMEOUT)
     exchanges = [e for e in recorder.exchanges if e.path.startswith("/v1/messages") and "count_tokens" not in e.path]
     run = AgentRun(code, out, err, wall, [messages_turn(e) for e in exchanges], exchanges)
@@ -115,8 +132,13 @@ def test_codex_completes(server: RunningServer, tmp_path: Path) -> None:
             f"stream_idle_timeout_ms = {IDLE_MS}\nrequest_max_retries = 0\nstream_max_retries = 0\n"
         )
         env = {"CODEX_HOME": str(home), "HOME": str(tmp_path)}
-        cmd = [str(AGENTS_BIN / "codex"), "exec", "--skip-git-repo-check",
-               "--dangerously-bypass-approvals-and-sandbox", TASK]  # fmt: skip
+        cmd = [
+            str(AGENTS_BIN / "codex"),
+            "exec",
+            "--skip-git-repo-check",
+            "--dangerously-bypass-approvals-and-sandbox",
+            TASK,
+        ]
         code, out, err, wall = run_agent(cmd, work, env, AGENT_TIMEOUT)
     exchanges = [e for e in recorder.exchanges if e.path.startswith("/v1/responses")]
     run = AgentRun(code, out, err, wall, [responses_turn(e) for e in exchanges], exchanges)

@@ -83,8 +83,12 @@ def test_claude_code_tool_result_turn(server: Served) -> None:
     """The recorded first turn continued with a Read call and its result, as Claude Code sends them."""
     body = copy.deepcopy(_load("claude_code_messages.json"))
     use = {"type": "tool_use", "id": "toolu_01", "name": "Read", "input": {"file_path": "/tmp/work/hello.txt"}}
-    result = {"type": "tool_result", "tool_use_id": "toolu_01",
-              "content": "     1\tThe secret word is pineapple.\n", "cache_control": {"type": "ephemeral"}}  # fmt: skip
+    result = {
+        "type": "tool_result",
+        "tool_use_id": "toolu_01",
+        "content": "     1\tThe secret word is pineapple.\n",
+        "cache_control": {"type": "ephemeral"},
+    }
     body["messages"] += [{"role": "assistant", "content": [use]}, {"role": "user", "content": [result]}]
     client = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
     fields = {k: body[k] for k in ("messages", "system", "tools", "metadata", "thinking")}

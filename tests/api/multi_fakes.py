@@ -66,9 +66,13 @@ def make_registry(
     fakes: FakeModels, specs: list[ModelSpec], budget: int | None, idle_timeout: float = 0.0, load_timeout: float = 30
 ) -> ModelRegistry[Any]:
     return ModelRegistry(
-        specs, fakes.load, memory_budget=budget, idle_timeout=idle_timeout, load_timeout=load_timeout,
+        specs,
+        fakes.load,
+        memory_budget=budget,
+        idle_timeout=idle_timeout,
+        load_timeout=load_timeout,
         estimate=lambda s: fakes.footprints[s.name],
-    )  # fmt: skip
+    )
 
 
 @contextmanager

@@ -30,13 +30,19 @@ def _spec(server: Served) -> Any:
     return server.core.added[-1].sampling_params.structured_outputs
 
 
-@pytest.mark.parametrize(("choice", "reply"), [({"type": "tool", "name": "get_weather"}, '{"city": "Paris"}'),
-                                               ({"type": "any"}, REQUIRED)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("choice", "reply"), [({"type": "tool", "name": "get_weather"}, '{"city": "Paris"}'), ({"type": "any"}, REQUIRED)]
+)
 @pytest.mark.parametrize("stream", [False, True])
 def test_messages_forced_tool_use(server: Served, choice: dict[str, Any], reply: str, stream: bool) -> None:
     client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
-    kwargs: Any = {"model": MODEL, "max_tokens": 64, "tools": A_TOOLS, "tool_choice": choice,
-                   "messages": [{"role": "user", "content": f"say:{reply}"}]}  # fmt: skip
+    kwargs: Any = {
+        "model": MODEL,
+        "max_tokens": 64,
+        "tools": A_TOOLS,
+        "tool_choice": choice,
+        "messages": [{"role": "user", "content": f"say:{reply}"}],
+    }
     if stream:
         with client.messages.stream(**kwargs) as s:
             message = s.get_final_message()
@@ -51,8 +57,12 @@ def test_messages_forced_tool_use(server: Served, choice: dict[str, Any], reply:
 
 
 def test_messages_output_config_format(server: Served) -> None:
-    body = {"model": MODEL, "max_tokens": 64, "messages": [{"role": "user", "content": 'say:{"city": "Oslo"}'}],
-            "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": 'say:{"city": "Oslo"}'}],
+        "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}},
+    }
     reply = httpx.post(f"{server.url}/v1/messages", json=body, timeout=30).json()
     assert json.loads(reply["content"][0]["text"]) == {"city": "Oslo"} and _spec(server).json == SCHEMA
     bad = {**body, "output_config": {"format": {"type": "json_schema", "schema": {"type": "objec"}}}}

@@ -53,8 +53,16 @@ def test_text_reply_with_usage(client: anthropic.Anthropic) -> None:
 
 
 def test_event_sequence_in_order(server: Served) -> None:
-    events = _events(_post(server, max_tokens=64, stream=True, system="Be brief.", tools=TOOLS,
-                           messages=[{"role": "user", "content": f"say:{CALL}"}]))  # fmt: skip
+    events = _events(
+        _post(
+            server,
+            max_tokens=64,
+            stream=True,
+            system="Be brief.",
+            tools=TOOLS,
+            messages=[{"role": "user", "content": f"say:{CALL}"}],
+        )
+    )
     names = [name for name, _ in events]
     assert names[:2] == ["message_start", "ping"] and names[-2:] == ["message_delta", "message_stop"]
     blocks = [d["content_block"]["type"] for n, d in events if n == "content_block_start"]
@@ -100,10 +108,13 @@ def _round_trip(client: anthropic.Anthropic, stream: bool) -> None:
     history = [
         *ask,
         {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": use.id, "content": "say:22 C and sunny"},  # type: ignore[union-attr]
-        ]},
-    ]  # fmt: skip
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": use.id, "content": "say:22 C and sunny"},  # type: ignore[union-attr]
+            ],
+        },
+    ]
     second = client.messages.create(model=MODEL, max_tokens=64, messages=history, tools=TOOLS)  # type: ignore[arg-type]
     assert second.stop_reason == "end_turn" and second.content[0].text == "22 C and sunny"  # type: ignore[union-attr]
 
@@ -119,11 +130,18 @@ def test_tool_use_round_trip_streamed(client: anthropic.Anthropic) -> None:
 def test_tool_result_reaches_the_template(server: Served) -> None:
     history = [
         {"role": "user", "content": "Weather?"},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
-                                           "input": {"city": "Paris"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [
-            {"type": "text", "text": "22 C"}]}, {"type": "text", "text": "Thanks"}]},
-    ]  # fmt: skip
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "22 C"}]},
+                {"type": "text", "text": "Thanks"},
+            ],
+        },
+    ]
     assert _post(server, max_tokens=4, messages=history, tools=TOOLS).status_code == 200
     prompt = server.engine.tokenizer.decode(server.core.added[-1].prompt_token_ids)
     assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>' in prompt
@@ -140,8 +158,14 @@ def test_stop_sequences_and_max_tokens(client: anthropic.Anthropic) -> None:
 
 
 def test_sampling_fields_reach_the_engine(server: Served) -> None:
-    body = {"max_tokens": 3, "temperature": 0.5, "top_p": 0.9, "top_k": 7, "metadata": {"user_id": "u1"},
-            "system": [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}]}  # fmt: skip
+    body = {
+        "max_tokens": 3,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "top_k": 7,
+        "metadata": {"user_id": "u1"},
+        "system": [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}],
+    }
     assert _post(server, **body).status_code == 200
     params = server.core.added[-1].sampling_params
     assert (params.temperature, params.top_p, params.top_k, params.max_tokens) == (0.5, 0.9, 7, 3)
@@ -153,21 +177,46 @@ ERRORS: list[tuple[str, dict[str, Any], int, str]] = [
     ("no max_tokens", {"messages": HI}, 400, "max_tokens"),
     ("unknown field", {"max_tokens": 5, "messages": HI, "bogus": 1}, 400, "bogus"),
     ("image", {"max_tokens": 5, "messages": [{"role": "user", "content": [IMAGE]}]}, 400, "image"),
-    ("unknown tool in tool_choice",
-     {"max_tokens": 5, "messages": HI, "tools": TOOLS, "tool_choice": {"type": "tool", "name": "nope"}}, 400, "nope"),
-    ("tool_result for an unknown id", {"max_tokens": 5, "messages": [
-        {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "ok"},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x", "content": "1"}]}]},
-     400, "toolu_x"),
+    (
+        "unknown tool in tool_choice",
+        {"max_tokens": 5, "messages": HI, "tools": TOOLS, "tool_choice": {"type": "tool", "name": "nope"}},
+        400,
+        "nope",
+    ),
+    (
+        "tool_result for an unknown id",
+        {
+            "max_tokens": 5,
+            "messages": [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x", "content": "1"}]},
+            ],
+        },
+        400,
+        "toolu_x",
+    ),
     ("unknown model", {"model": "claude-nope", "max_tokens": 5, "messages": HI}, 404, "claude-nope"),
-    ("server tool",
-     {"max_tokens": 5, "messages": HI, "tools": [{"type": "web_search_20250305", "name": "w"}]}, 400, ""),
-    ("assistant prefill",
-     {"max_tokens": 5, "messages": [*HI, {"role": "assistant", "content": "Sure"}]}, 400, "prefill"),
+    (
+        "server tool",
+        {"max_tokens": 5, "messages": HI, "tools": [{"type": "web_search_20250305", "name": "w"}]},
+        400,
+        "",
+    ),
+    (
+        "assistant prefill",
+        {"max_tokens": 5, "messages": [*HI, {"role": "assistant", "content": "Sure"}]},
+        400,
+        "prefill",
+    ),
     ("temperature above 1", {"max_tokens": 5, "messages": HI, "temperature": 1.5}, 400, "temperature"),
-    ("thinking without a reasoning parser",
-     {"max_tokens": 4096, "messages": HI, "thinking": {"type": "enabled", "budget_tokens": 1024}}, 400, "reasoning"),
-]  # fmt: skip
+    (
+        "thinking without a reasoning parser",
+        {"max_tokens": 4096, "messages": HI, "thinking": {"type": "enabled", "budget_tokens": 1024}},
+        400,
+        "reasoning",
+    ),
+]
 
 
 @pytest.mark.parametrize(("case", "body", "status", "needle"), ERRORS, ids=[c[0] for c in ERRORS])
@@ -185,8 +234,9 @@ def test_sdk_raises_typed_errors(client: anthropic.Anthropic, server: Served) ->
     with pytest.raises(anthropic.BadRequestError) as info:
         client.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": [IMAGE]}])  # type: ignore[list-item]
     assert "vision" in str(info.value)
-    malformed = httpx.post(f"{server.url}/v1/messages/count_tokens", content="{nope",
-                           headers={"content-type": "application/json"})  # fmt: skip
+    malformed = httpx.post(
+        f"{server.url}/v1/messages/count_tokens", content="{nope", headers={"content-type": "application/json"}
+    )
     assert malformed.status_code == 400 and malformed.json()["error"]["type"] == "invalid_request_error"
 
 

@@ -86,8 +86,9 @@ def test_prompts_times_n_is_capped(server: Served) -> None:
 def test_health_answers_while_a_10_mb_prompt_is_refused(server: Served) -> None:
     big = {"messages": [{"role": "user", "content": "word " * 2_000_000}], "max_tokens": 1}
     result: dict[str, httpx.Response] = {}
-    sender = threading.Thread(target=lambda: result.update(r=httpx.post(
-        f"{server.url}/v1/chat/completions", json=big, timeout=60)))  # fmt: skip
+    sender = threading.Thread(
+        target=lambda: result.update(r=httpx.post(f"{server.url}/v1/chat/completions", json=big, timeout=60))
+    )
     sender.start()
     latencies = []
     while sender.is_alive():

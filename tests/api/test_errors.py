@@ -32,8 +32,12 @@ CASES: list[tuple[str, Any, int, str | None]] = [
     # Fields that are not honoured are refused, never dropped silently.
     ("chat", {"messages": MSG, "no_such_field": 1}, 400, "no_such_field"),
     ("completions", {"prompt": "Hi", "store": True}, 400, "store"),
-    ("chat", {"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, 400,
-     "response_format"),
+    (
+        "chat",
+        {"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+        400,
+        "response_format",
+    ),
     (
         "chat",
         {"messages": MSG, "stream": True, "stream_options": {"continuous_usage_stats": True}},

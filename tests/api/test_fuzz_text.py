@@ -17,24 +17,36 @@ from tests.api.conftest import make_served
 MSG = [{"role": "user", "content": "Hi"}]
 TEMPLATES: dict[str, dict[str, Any]] = {
     "/v1/chat/completions": {
-        "model": "tiny-model", "messages": MSG, "max_tokens": 3, "stop": ["x"], "user": "u",
-        "cache_salt": "s", "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        "model": "tiny-model",
+        "messages": MSG,
+        "max_tokens": 3,
+        "stop": ["x"],
+        "user": "u",
+        "cache_salt": "s",
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
         "logit_bias": {"5": 1},
     },
     "/v1/completions": {"model": "tiny-model", "prompt": "Hi", "max_tokens": 3, "stop": "x", "cache_salt": "s"},
     "/tokenize": {"model": "tiny-model", "prompt": "Hi"},
     "/detokenize": {"model": "tiny-model", "tokens": [5, 6]},
     "/v1/messages": {
-        "model": "tiny-model", "max_tokens": 3, "system": [{"type": "text", "text": "Be brief."}],
-        "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}], "stop_sequences": ["x"],
-        "tools": [{"name": "f", "input_schema": {"type": "object"}}], "metadata": {"user_id": "u"},
+        "model": "tiny-model",
+        "max_tokens": 3,
+        "system": [{"type": "text", "text": "Be brief."}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+        "stop_sequences": ["x"],
+        "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+        "metadata": {"user_id": "u"},
     },
     "/v1/messages/count_tokens": {"model": "tiny-model", "messages": [{"role": "user", "content": "Hi"}]},
     "/v1/responses": {
-        "model": "tiny-model", "input": [{"role": "user", "content": "Hi"}], "instructions": "Be brief.",
-        "max_output_tokens": 3, "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+        "model": "tiny-model",
+        "input": [{"role": "user", "content": "Hi"}],
+        "instructions": "Be brief.",
+        "max_output_tokens": 3,
+        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
     },
-}  # fmt: skip
+}
 
 # Text from every category, surrogates (Cs) and controls (Cc) included, which st.text leaves out by default.
 any_text = st.text(st.characters(codec=None, categories=["Cs", "Cc", "Cf", "Co", "L", "N", "P", "S", "Z"]))

@@ -37,8 +37,14 @@ ASK_CALL = [{"role": "user", "content": f"say:{CALL}"}]
 def _served(generic: bool) -> Served:
     tok = tiny_tokenizer()
     core = FakeCore(tok, say_reply(tok))
-    engine = AsyncEngine(core, tok, model_name=MODEL, max_model_len=core.max_model_len * 8,
-                         eos_token_ids={2}, chat_template=NO_TOOLS_TEMPLATE)  # fmt: skip
+    engine = AsyncEngine(
+        core,
+        tok,
+        model_name=MODEL,
+        max_model_len=core.max_model_len * 8,
+        eos_token_ids={2},
+        chat_template=NO_TOOLS_TEMPLATE,
+    )
     core.max_model_len *= 8  # the tool list takes room
     settings = ServerSettings(
         tool_call_parser="hermes", enable_auto_tool_choice=True, log_stats_interval=0, generic_tool_prompt=generic
@@ -111,10 +117,12 @@ def test_messages_and_responses_calls_and_counts(generic: Served) -> None:
     # The call and its result go back as text the template keeps.
     follow = [
         *ASK_CALL,
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
-                                           "input": {"city": "Paris"}}]},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}],
+        },
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "22 C"}]},
-    ]  # fmt: skip
+    ]
     claude.messages.create(model=MODEL, max_tokens=4, messages=follow, tools=[tool])  # type: ignore[arg-type]
     prompt = _prompt(generic)
     assert '"arguments": {"city": "Paris"}}\n</tool_call>' in prompt

@@ -27,9 +27,12 @@ CYCLIC = {"$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}}, "$r
 @pytest.fixture(scope="module")
 def server() -> Iterator[Served]:
     settings = ServerSettings(
-        tool_call_parser="hermes", enable_auto_tool_choice=True, log_stats_interval=0,
-        responses_store_bytes=20_000, grammar_compile_timeout=8.0,
-    )  # fmt: skip
+        tool_call_parser="hermes",
+        enable_auto_tool_choice=True,
+        log_stats_interval=0,
+        responses_store_bytes=20_000,
+        grammar_compile_timeout=8.0,
+    )
     with live(make_served(settings, max_model_len=2048)) as served:
         yield served
 
@@ -123,9 +126,12 @@ ANTHROPIC_TOOLS = [{"name": "get_weather", "input_schema": {"type": "object"}}]
 def test_a_forced_anthropic_call_cut_by_max_tokens_is_a_tool_use_block(server: Served, stream: bool) -> None:
     client = anthropic.Anthropic(base_url=server.url, api_key="unused")
     kwargs: Any = {
-        "model": MODEL, "max_tokens": 6, "messages": say('{"city": "Paris", "days": 3}'),
-        "tools": ANTHROPIC_TOOLS, "tool_choice": {"type": "tool", "name": "get_weather"},
-    }  # fmt: skip
+        "model": MODEL,
+        "max_tokens": 6,
+        "messages": say('{"city": "Paris", "days": 3}'),
+        "tools": ANTHROPIC_TOOLS,
+        "tool_choice": {"type": "tool", "name": "get_weather"},
+    }
     if stream:
         with client.messages.stream(**kwargs) as events:
             message = events.get_final_message()
@@ -139,8 +145,12 @@ def test_a_forced_anthropic_call_cut_by_max_tokens_is_a_tool_use_block(server: S
 
 
 def test_a_forced_openai_call_cut_by_max_tokens_says_length_streamed_and_not(server: Served) -> None:
-    body = {"messages": say('{"city": "Paris", "days": 3}'), "tools": TOOLS, "max_tokens": 6,
-            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}  # fmt: skip
+    body = {
+        "messages": say('{"city": "Paris", "days": 3}'),
+        "tools": TOOLS,
+        "max_tokens": 6,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    }
     whole = post(server, "chat/completions", body).json()["choices"][0]
     assert whole["finish_reason"] == "length"
     (call,) = whole["message"]["tool_calls"]
@@ -161,8 +171,9 @@ def test_a_forced_openai_call_cut_by_max_tokens_says_length_streamed_and_not(ser
         ({"k": "v" * 513}, "at most 512"),
     ],
 )
-def test_responses_metadata_is_limited_as_openai_limits_it(server: Served, metadata: dict[str, str],
-                                                           words: str) -> None:  # fmt: skip
+def test_responses_metadata_is_limited_as_openai_limits_it(
+    server: Served, metadata: dict[str, str], words: str
+) -> None:
     response = post(server, "responses", {"input": "say:hi", "metadata": metadata})
     assert response.status_code == 400
     error = response.json()["error"]
@@ -192,9 +203,13 @@ def test_memory_is_reported_by_component(server: Served) -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_forced_responses_call_cut_short_is_an_incomplete_function_call(server: Served, stream: bool) -> None:
-    body = {"input": 'say:{"city": "Paris", "days": 3}', "max_output_tokens": 6, "stream": stream,
-            "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}],
-            "tool_choice": {"type": "function", "name": "get_weather"}}  # fmt: skip
+    body = {
+        "input": 'say:{"city": "Paris", "days": 3}',
+        "max_output_tokens": 6,
+        "stream": stream,
+        "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}],
+        "tool_choice": {"type": "function", "name": "get_weather"},
+    }
     response = post(server, "responses", body)
     if stream:
         events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")]

@@ -73,8 +73,9 @@ def test_client_disconnects_log_no_error_tracebacks(keyed: Served, caplog: pytes
         ("/v1/messages", {"messages": messages, "max_tokens": 200}),
         ("/v1/responses", {"input": "Hi", "max_output_tokens": 200}),
     ):
-        with httpx.stream("POST", f"{keyed.url}{path}", json={"model": MODEL, "stream": True, **body},
-                          headers=headers) as response:  # fmt: skip
+        with httpx.stream(
+            "POST", f"{keyed.url}{path}", json={"model": MODEL, "stream": True, **body}, headers=headers
+        ) as response:
             for n, _ in enumerate(response.iter_lines()):
                 if n > 3:
                     break
@@ -104,8 +105,9 @@ MESSAGES = [{"role": "user", "content": "say:hi"}]
         ("/v1/responses", "max_output_tokens", {"input": "hi"}),
     ],
 )
-def test_integers_must_be_integers(keyed: Served, path: str, field: str, extra: dict[str, object],
-                                   value: object) -> None:  # fmt: skip
+def test_integers_must_be_integers(
+    keyed: Served, path: str, field: str, extra: dict[str, object], value: object
+) -> None:
     body = {"model": MODEL, **extra, field: value}
     if path == "/v1/messages" and field != "max_tokens":
         body["max_tokens"] = 4

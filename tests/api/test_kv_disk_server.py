@@ -28,8 +28,9 @@ from tests.engine.test_kv_disk import PROMPT, make_core
 def disk_server(directory: Path, kv_dtype: str = "auto") -> Iterator[Served]:
     thread = EngineThread()  # as the server does: the core is built on the thread that steps it
     core = thread.call(lambda: make_core(directory, kv_dtype=kv_dtype))
-    engine = AsyncEngine(core, tiny_tokenizer(), model_name="tiny", max_model_len=64, eos_token_ids=set(),
-                         thread=thread)  # fmt: skip
+    engine = AsyncEngine(
+        core, tiny_tokenizer(), model_name="tiny", max_model_len=64, eos_token_ids=set(), thread=thread
+    )
     app = build_app(engine, ServerSettings(log_stats_interval=0))
     with live(Served(app, core, engine)) as served:  # type: ignore[arg-type]
         yield served

@@ -143,7 +143,11 @@ def test_a_request_in_flight_is_never_cut_by_an_unload() -> None:
     with serving(make_registry(fakes, TWO, budget=150 * MB)) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
         stream = client.chat.completions.create(
-            model="alpha", messages=HI, stream=True, max_tokens=40, extra_body={"ignore_eos": True}  # type: ignore[arg-type]
+            model="alpha",
+            messages=HI,
+            stream=True,
+            max_tokens=40,
+            extra_body={"ignore_eos": True},  # type: ignore[arg-type]
         )
         first = next(iter(stream))
         assert first.choices[0].delta.role == "assistant"

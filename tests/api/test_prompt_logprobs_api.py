@@ -27,8 +27,9 @@ PROMPT = [17, 250, 3, 96, 311, 45, 45, 120, 7, 260, 33, 18]
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[openai.OpenAI]:
-    config = EngineConfig(kv_cache_memory=1 << 22, block_size=16, max_num_seqs=4, max_model_len=256,
-                          kv_cache_dtype="int8")  # fmt: skip
+    config = EngineConfig(
+        kv_cache_memory=1 << 22, block_size=16, max_num_seqs=4, max_model_len=256, kv_cache_dtype="int8"
+    )
     thread = EngineThread()  # as the server does: the core is built on the thread that steps it
     loaded = golden.loaded_of(build("llama", vocab_size=VOCAB), "llama", 256)
     core = thread.call(EngineCore.from_loaded, config, loaded)
@@ -46,8 +47,9 @@ def _reference() -> np.ndarray:
 
 
 def test_prompt_logprobs_in_vllm_s_format(client: openai.OpenAI) -> None:
-    r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, temperature=0,
-                                  extra_body={"prompt_logprobs": 2})  # fmt: skip
+    r = client.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=2, temperature=0, extra_body={"prompt_logprobs": 2}
+    )
     items = r.choices[0].model_extra["prompt_logprobs"]  # type: ignore[index]
     assert len(items) == len(PROMPT) and items[0] is None
     got = []
@@ -74,8 +76,11 @@ def test_echo_with_logprobs_puts_the_prompt_first(client: openai.OpenAI) -> None
 
 
 def test_streamed_prompt_logprobs_come_with_the_first_chunk(client: openai.OpenAI) -> None:
-    chunks = list(client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, temperature=0, stream=True,
-                                            extra_body={"prompt_logprobs": 0}))  # fmt: skip
+    chunks = list(
+        client.completions.create(
+            model="tiny", prompt=PROMPT, max_tokens=3, temperature=0, stream=True, extra_body={"prompt_logprobs": 0}
+        )
+    )
     firsts = [c for c in chunks if c.choices and (c.choices[0].model_extra or {}).get("prompt_logprobs")]
     assert len(firsts) == 1 and firsts[0] is chunks[0]
     items = firsts[0].choices[0].model_extra["prompt_logprobs"]  # type: ignore[index]

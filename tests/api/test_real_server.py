@@ -37,8 +37,11 @@ def client() -> Iterator[openai.OpenAI]:
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-c", SERVE, str(port)],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 600
         while True:
@@ -68,10 +71,14 @@ def test_streamed_equals_non_streamed_and_usage(client: openai.OpenAI) -> None:
     assert "Paris" in (whole.choices[0].message.content or "")
     chunks = list(
         client.chat.completions.create(
-            model=model, messages=ASK, temperature=0, max_tokens=16, stream=True,  # type: ignore[arg-type]
+            model=model,
+            messages=ASK,
+            temperature=0,
+            max_tokens=16,
+            stream=True,  # type: ignore[arg-type]
             stream_options={"include_usage": True},
         )
-    )  # fmt: skip
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
     details = chunks[-1].usage.prompt_tokens_details

@@ -28,9 +28,14 @@ CASES = [
     ("deepseek_r1", "", "cut off while thinking", "cut off while thinking", ""),
     ("gpt_oss", "", HARMONY, "User wants the capital.", "Paris."),
     ("gpt_oss", "", "plain answer", "", "plain answer"),
-    ("gpt_oss", "", "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>", "",
-     "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>"),
-]  # fmt: skip
+    (
+        "gpt_oss",
+        "",
+        "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>",
+        "",
+        "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>",
+    ),
+]
 
 
 @pytest.mark.parametrize(("name", "tail", "text", "reasoning", "answer"), CASES)
@@ -91,8 +96,9 @@ def test_parallel_tool_calls_false_keeps_the_first(server: Served) -> None:
         assert [c["function"]["name"] for c in message["tool_calls"]] == names
         lines = _chat(server, f"say:{calls}", stream=True, **body).text.splitlines()
         chunks = [json.loads(ln[6:]) for ln in lines if ln.startswith("data: {")]
-        streamed = [t["function"]["name"] for c in chunks for t in c["choices"][0]["delta"].get("tool_calls", [])
-                    if "id" in t]  # fmt: skip
+        streamed = [
+            t["function"]["name"] for c in chunks for t in c["choices"][0]["delta"].get("tool_calls", []) if "id" in t
+        ]
         assert streamed == names
 
 
@@ -141,8 +147,12 @@ def test_harmony_reasoning_leaves_calls_to_the_openai_tool_parser() -> None:
 def test_structured_requests_are_gated_on_the_reasoning_end(qwen3_server: Served) -> None:
     ask = [{"role": "user", "content": 'say:<think>hm</think>{"a": 1}'}]
     chat = {"model": MODEL, "messages": ask, "response_format": {"type": "json_object"}}
-    messages = {"model": MODEL, "max_tokens": 32, "messages": ask,
-                "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}  # fmt: skip
+    messages = {
+        "model": MODEL,
+        "max_tokens": 32,
+        "messages": ask,
+        "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}},
+    }
     for route, body in (("chat/completions", chat), ("messages", messages)):
         response = httpx.post(f"{qwen3_server.url}/v1/{route}", json=body, timeout=30)
         assert response.status_code == 200, response.text

@@ -56,14 +56,20 @@ def test_event_sequence_in_order(server: Served) -> None:
     arg_deltas = names.count("response.function_call_arguments.delta")
     assert text_deltas > 0 and arg_deltas > 0
     assert names == [
-        "response.created", "response.in_progress",
-        "response.output_item.added", "response.content_part.added",
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
         *["response.output_text.delta"] * text_deltas,
-        "response.output_text.done", "response.content_part.done", "response.output_item.done",
-        "response.output_item.added", *["response.function_call_arguments.delta"] * arg_deltas,
-        "response.function_call_arguments.done", "response.output_item.done",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        *["response.function_call_arguments.delta"] * arg_deltas,
+        "response.function_call_arguments.done",
+        "response.output_item.done",
         "response.completed",
-    ]  # fmt: skip
+    ]
     assert events[0]["response"]["status"] == "in_progress" and events[0]["response"]["output"] == []
     done = events[-1]["response"]
     assert done["status"] == "completed" and [i["type"] for i in done["output"]] == ["message", "function_call"]
@@ -130,7 +136,9 @@ def test_function_call_output_reaches_the_template(server: Served) -> None:
 def test_incomplete_and_sampling_fields(server: Served) -> None:
     body = _post(server, input="Hi", max_output_tokens=2, temperature=0.5, top_p=0.9, metadata={"k": "v"}).json()
     assert body["status"] == "incomplete" and body["incomplete_details"] == {
-        "reason": "max_output_tokens", "cause": "max_output_tokens"}
+        "reason": "max_output_tokens",
+        "cause": "max_output_tokens",
+    }
     assert body["metadata"] == {"k": "v"} and body["temperature"] == 0.5
     params = server.core.added[-1].sampling_params
     assert (params.temperature, params.top_p, params.max_tokens) == (0.5, 0.9, 2)
@@ -148,16 +156,24 @@ def test_store_false_and_unknown_ids(server: Served) -> None:
 
 ERRORS: list[tuple[str, dict[str, Any], int, str]] = [
     ("unknown call_id", {"input": [{"type": "function_call_output", "call_id": "nope", "output": "1"}]}, 400, "nope"),
-    ("unknown tool in tool_choice",
-     {"input": "Hi", "tools": TOOLS, "tool_choice": {"type": "function", "name": "nope"}}, 400, "nope"),
-    ("image input",
-     {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]}, 400, "vision"),
+    (
+        "unknown tool in tool_choice",
+        {"input": "Hi", "tools": TOOLS, "tool_choice": {"type": "function", "name": "nope"}},
+        400,
+        "nope",
+    ),
+    (
+        "image input",
+        {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
+        400,
+        "vision",
+    ),
     ("non-function tool", {"input": "Hi", "tools": [{"type": "web_search"}]}, 400, "tools"),
     ("unknown field", {"input": "Hi", "bogus": 1}, 400, "bogus"),
     ("no input", {}, 400, "input"),
     ("unknown model", {"input": "Hi", "model": "gpt-nope"}, 404, "gpt-nope"),
     ("reasoning without a parser", {"input": "Hi", "reasoning": {"effort": "high"}}, 400, "reasoning"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("case", "body", "status", "needle"), ERRORS, ids=[c[0] for c in ERRORS])
@@ -246,12 +262,20 @@ def test_what_codex_sends(big_server: Served) -> None:
     }
     later = {"type": "function", "name": "later", "parameters": {"type": "object"}, "defer_loading": True}
     body = {
-        "input": [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be safe."}]},
-                  {"type": "message", "role": "user", "content": [{"type": "input_text", "text": ASK}]}],
-        "tools": [*TOOLS, agents, later], "tool_choice": "auto", "parallel_tool_calls": True, "store": False,
-        "reasoning": {"summary": "auto"}, "include": ["reasoning.encrypted_content"], "prompt_cache_key": "k",
-        "client_metadata": {"session_id": "s"}, "stream": True,
-    }  # fmt: skip
+        "input": [
+            {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be safe."}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": ASK}]},
+        ],
+        "tools": [*TOOLS, agents, later],
+        "tool_choice": "auto",
+        "parallel_tool_calls": True,
+        "store": False,
+        "reasoning": {"summary": "auto"},
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "k",
+        "client_metadata": {"session_id": "s"},
+        "stream": True,
+    }
     events = _events(_post(big_server, **body))
     prompt = big_server.engine.tokenizer.decode(big_server.core.added[-1].prompt_token_ids)
     assert "[agents] Sub-agents.: Start one." in prompt and "later" not in prompt

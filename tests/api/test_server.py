@@ -34,15 +34,38 @@ def test_flags_map_onto_configs(tmp_path: Path) -> None:
     template = tmp_path / "t.jinja"
     template.write_text("{{ messages[0].content }}")
     args = _parse(
-        "model.gguf", "--host", "0.0.0.0", "--port", "9001", "--api-key", "k", "--served-model-name", "m",
-        "--max-model-len", "512", "--max-num-seqs", "4", "--max-num-batched-tokens", "256",
-        "--no-enable-prefix-caching", "--scheduling-policy", "priority", "--block-size", "32",
-        "--chat-template", str(template), "--tool-call-parser", "llama3_json",
-    )  # fmt: skip
+        "model.gguf",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "9001",
+        "--api-key",
+        "k",
+        "--served-model-name",
+        "m",
+        "--max-model-len",
+        "512",
+        "--max-num-seqs",
+        "4",
+        "--max-num-batched-tokens",
+        "256",
+        "--no-enable-prefix-caching",
+        "--scheduling-policy",
+        "priority",
+        "--block-size",
+        "32",
+        "--chat-template",
+        str(template),
+        "--tool-call-parser",
+        "llama3_json",
+    )
     config, settings = config_from_args(args)
     assert (config.model, config.max_model_len, config.max_num_seqs, config.max_num_batched_tokens) == (
-        "model.gguf", 512, 4, 256,
-    )  # fmt: skip
+        "model.gguf",
+        512,
+        4,
+        256,
+    )
     assert not config.enable_prefix_caching and config.scheduling_policy == "priority" and config.block_size == 32
     assert config.chat_template == "{{ messages[0].content }}" and config.tool_call_parser == "llama3_json"
     assert (settings.host, settings.port, settings.api_key, settings.served_model_name) == ("0.0.0.0", 9001, "k", "m")
@@ -90,8 +113,12 @@ def test_signal_shuts_down_cleanly(sig: signal.Signals) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.api.serve_fake", str(port)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:

@@ -38,8 +38,9 @@ def test_status_reports_models_speed_and_recent_requests() -> None:
         assert status["memory"]["budget_bytes"] == 64 * MB and status["memory"]["process_rss_bytes"] > 0
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
         client.chat.completions.create(model="a", messages=HI, max_tokens=20)  # type: ignore[arg-type]
-        stream = client.chat.completions.create(model="alpha", messages=HI, stream=True, max_tokens=50,
-                                                extra_body={"ignore_eos": True})  # type: ignore[arg-type]
+        stream = client.chat.completions.create(
+            model="alpha", messages=HI, stream=True, max_tokens=50, extra_body={"ignore_eos": True}
+        )  # type: ignore[arg-type]
         next(iter(stream))
         next(iter(stream))
         stream.close()  # the page's stop button does this: the request is aborted

@@ -17,10 +17,15 @@ from metalserve.structured.state import GrammarState
 from tests.api.conftest import MODEL, Served, live, make_served
 
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    },
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}},
-]  # fmt: skip
+]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 ARGS = '{"city": "Paris"}'
 REQUIRED = '[{"name": "get_weather", "parameters": {"city": "Paris"}}, {"name": "get_time", "parameters": {}}]'
@@ -37,20 +42,25 @@ def post(server: Served, body: dict[str, Any], route: str = "chat/completions") 
 @pytest.mark.parametrize(
     ("body", "param", "words"),
     [
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objec"}}}},
-         "response_format", "invalid JSON schema"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objec"}}}},
+            "response_format",
+            "invalid JSON schema",
+        ),
         ({"structured_outputs": {"regex": "[0-9"}}, "structured_outputs.regex", "invalid regex"),
         ({"structured_outputs": {"grammar": "start: foo"}}, "structured_outputs.grammar", "invalid grammar"),
         ({"structured_outputs": {"json": "{not json"}}, "structured_outputs.json", "invalid JSON schema"),
         ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "exactly one"),
         ({"structured_outputs": {"whitespace_pattern": " "}}, "whitespace_pattern", ""),
-        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
-         "'nope'"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "'nope'"),
         ({"tool_choice": "required"}, "tool_choice", "no tools"),
-        ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
-         "give only one"),
+        (
+            {"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+            "tool_choice",
+            "give only one",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_specs_are_400s_naming_the_field_and_the_server_goes_on(
     server: Served, body: dict[str, Any], param: str, words: str
 ) -> None:
@@ -70,17 +80,32 @@ def test_completions_refuse_a_bad_regex(server: Served) -> None:
     ("body", "expected"),
     [
         ({"response_format": {"type": "json_object"}}, StructuredOutputsParams(json_object=True)),
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"},
-                                                                     "strict": True}}},
-         StructuredOutputsParams(json={"type": "object"})),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": True},
+                }
+            },
+            StructuredOutputsParams(json={"type": "object"}),
+        ),
         ({"structured_outputs": {"choice": ["a", "b"]}}, StructuredOutputsParams(choice=("a", "b"))),
-        ({"structured_outputs": {"structural_tag": {"structures": [{"begin": "<f>", "schema": {}, "end": "</f>"}],
-                                                    "triggers": ["<f"]}}},
-         StructuredOutputsParams(structural_tag='{"structures": [{"begin": "<f>", "schema": {}, "end": "</f>"}], '
-                                                '"triggers": ["<f"]}')),
+        (
+            {
+                "structured_outputs": {
+                    "structural_tag": {
+                        "structures": [{"begin": "<f>", "schema": {}, "end": "</f>"}],
+                        "triggers": ["<f"],
+                    }
+                }
+            },
+            StructuredOutputsParams(
+                structural_tag='{"structures": [{"begin": "<f>", "schema": {}, "end": "</f>"}], "triggers": ["<f"]}'
+            ),
+        ),
         ({"tools": TOOLS, "tool_choice": NAMED}, StructuredOutputsParams(json=TOOLS[0]["function"]["parameters"])),
     ],
-)  # fmt: skip
+)
 def test_fields_reach_the_engine_as_one_grammar(
     server: Served, body: dict[str, Any], expected: StructuredOutputsParams
 ) -> None:
@@ -115,7 +140,10 @@ def test_required_maps_each_array_element_to_a_call(server: Served) -> None:
 def test_forced_calls_stream_through_the_sdk(server: Served, reply: str, tool_choice: Any) -> None:
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
     with client.chat.completions.stream(
-        model=MODEL, messages=say(reply), tools=TOOLS, tool_choice=tool_choice  # type: ignore[arg-type]
+        model=MODEL,
+        messages=say(reply),
+        tools=TOOLS,
+        tool_choice=tool_choice,  # type: ignore[arg-type]
     ) as stream:
         for _ in stream:
             pass

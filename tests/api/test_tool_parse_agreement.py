@@ -79,6 +79,8 @@ def calls_for(name: str) -> list[str]:
             if cls is base and known in CALLS:
                 return CALLS[known]
     raise AssertionError(f"no fragments for the tool parser {name!r}: add its format's calls to CALLS")
+
+
 TEXTS = ["Hello", " ", "\n", "text before ", " text after", "a{b}c", "<", "[", "{"]
 
 

@@ -37,9 +37,7 @@ def _prompt_text(body: dict[str, Any]) -> str:
 async def _events(body: dict[str, Any], chat: bool, b: FakeBehaviour) -> AsyncIterator[str]:
     n = int(body["max_tokens"])
     if chat and b.role_chunk:
-        yield "data: " + json.dumps(
-            {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
-        )
+        yield "data: " + json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
         yield "\n\n"
     for i in range(n):
         await asyncio.sleep(b.ttft_s if i == 0 else b.itl_s)

@@ -79,10 +79,7 @@ def test_prometheus_parsing_and_ttft_by_turn() -> None:
 
 def test_server_specs_and_a_failed_start_is_reported(tmp_path: Path) -> None:
     assert "--parallel" in spec_for("llama-server", 8).command(1234)
-    assert (
-        spec_for("metalserve", 1, ["--no-enable-prefix-caching"]).command(99)[-1]
-        == "--no-enable-prefix-caching"
-    )
+    assert spec_for("metalserve", 1, ["--no-enable-prefix-caching"]).command(99)[-1] == "--no-enable-prefix-caching"
     with pytest.raises(ValueError, match="unknown server"):
         spec_for("nope", 1)
     spec = ServerSpec("broken", [sys.executable, "-c", "import sys; print('bad flag'); sys.exit(3)"])

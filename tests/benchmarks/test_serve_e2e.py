@@ -73,9 +73,7 @@ def test_failures_are_counted(server: FakeServer, tmp_path: Path) -> None:
 
 
 def test_poisson_requests_wait_for_their_arrival(server: FakeServer, tmp_path: Path) -> None:
-    rc, doc = _run(
-        server, tmp_path, "--num-prompts", "8", "--output-len", "2", "--request-rate", "40", "--seed", "5"
-    )
+    rc, doc = _run(server, tmp_path, "--num-prompts", "8", "--output-len", "2", "--request-rate", "40", "--seed", "5")
     assert rc == 0
     reqs = doc["requests"]
     arrivals = sorted(r["arrival_s"] for r in reqs)
@@ -114,9 +112,7 @@ def test_agent_conversation_grows_by_turns(server: FakeServer, tmp_path: Path) -
     assert prompt_lens[0] < prompt_lens[1] < prompt_lens[2]
 
 
-def test_bad_input_is_a_clear_error(
-    server: FakeServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_bad_input_is_a_clear_error(server: FakeServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--base-url", server.url, "--endpoint", "embeddings", "--disable-tqdm"]) == 2
     assert "--endpoint must be" in capsys.readouterr().err
     assert main(["--base-url", server.url, "--dataset-name", "sonnet", "--disable-tqdm"]) == 2

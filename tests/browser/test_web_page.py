@@ -125,9 +125,10 @@ def test_chat_stop_switch_and_server_view(server: RunningServer, browser: WebDri
     # random weights: the text may be invisible bytes, but the usage says 12 tokens came
     assert box.find_element(By.CSS_SELECTOR, ".note").text.startswith("12 tokens")
     assert _state(server, "tiny-llama") == "loaded"
-    assert json.loads(driver.execute_script("return localStorage.getItem('metalserve-conversation')"))[-1][
-        "model"
-    ] == "tiny-llama"  # fmt: skip
+    assert (
+        json.loads(driver.execute_script("return localStorage.getItem('metalserve-conversation')"))[-1]["model"]
+        == "tiny-llama"
+    )
 
     # 4. the server view: its numbers follow what the server does
     driver.find_element(By.ID, "tab-server").click()

@@ -23,8 +23,10 @@ from metalserve.sampling_params import SamplingParams
 def workload(spec: dict[str, Any]) -> list[list[int]]:
     """Prompts of token ids: a shared prefix, then a per-request tail of varied length."""
     prefix = [(7 * i + 3) % 250 + 5 for i in range(spec["prefix_len"])]
-    return [prefix[: spec["prefix_len"] - 3 * j] + [(11 * j + i) % 250 + 5 for i in range(4 + 5 * j)]
-            for j in range(spec["num_requests"])]  # fmt: skip
+    return [
+        prefix[: spec["prefix_len"] - 3 * j] + [(11 * j + i) % 250 + 5 for i in range(4 + 5 * j)]
+        for j in range(spec["num_requests"])
+    ]
 
 
 def run_core(core: EngineCore, prompts: list[list[int]], max_tokens: int, stagger: int) -> dict[str, list[int]]:
@@ -47,10 +49,16 @@ def run_core(core: EngineCore, prompts: list[list[int]], max_tokens: int, stagge
 
 def config_of(spec: dict[str, Any]) -> EngineConfig:
     return EngineConfig(
-        model=spec["model"], block_size=8, max_num_batched_tokens=spec["budget"], enable_prefix_caching=True,
-        kv_cache_memory=64 << 20, pipeline_parallel_size=spec.get("pp", 1), attention_backend="mlx",
-        pipeline_step_timeout=60.0, max_model_len=512,
-    )  # fmt: skip
+        model=spec["model"],
+        block_size=8,
+        max_num_batched_tokens=spec["budget"],
+        enable_prefix_caching=True,
+        kv_cache_memory=64 << 20,
+        pipeline_parallel_size=spec.get("pp", 1),
+        attention_backend="mlx",
+        pipeline_step_timeout=60.0,
+        max_model_len=512,
+    )
 
 
 def reference_tokens(spec: dict[str, Any]) -> dict[str, list[int]]:
@@ -69,8 +77,7 @@ def reference_tokens(spec: dict[str, Any]) -> dict[str, list[int]]:
     model = PagedModel(loaded.model, loaded.model_type, MlxCompute())
     blocks = 512
     kv_spec = kv_cache_spec(loaded, config.block_size, num_blocks=blocks)
-    runner = ModelRunner(model, kv_spec,
-                         eos_token_ids=loaded.eos_token_ids, sampler=Sampler(0), backend=MlxAttention())  # fmt: skip
+    runner = ModelRunner(model, kv_spec, eos_token_ids=loaded.eos_token_ids, sampler=Sampler(0), backend=MlxAttention())
     scheduler = build_scheduler(config, kv_spec, blocks, 512, None)
     core = EngineCore(scheduler, runner, 512)
     return run_core(core, workload(spec), spec["max_tokens"], spec["stagger"])

@@ -81,8 +81,11 @@ def launched_ranks(models: list[Path], tmp_path: Path, timeout: float = 120) -> 
     for rank, model in enumerate(models):
         env = {**os.environ, "MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile)}
         flags = ["--port", str(free_port()), "--pipeline-parallel-size", str(len(models))]
-        procs.append(subprocess.Popen(serve_cmd(model, *flags), env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                serve_cmd(model, *flags), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
     done = []
     for p in procs:
         try:

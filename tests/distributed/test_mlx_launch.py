@@ -31,9 +31,28 @@ def _completion_tokens(base: str) -> int:
 def test_mlx_launch_runs_every_rank(tiny_llama: Path) -> None:
     launcher = Path(sys.executable).parent / "mlx.launch"
     port = free_port()
-    cmd = [str(launcher), "--backend", "ring", "-n", "2", "--starting-port", str(free_port()),
-           "--python", sys.executable, "--", "-m", "metalserve.cli", "serve", str(tiny_llama),
-           "--pipeline-parallel-size", "2", "--port", str(port), "--log-stats-interval", "0"]  # fmt: skip
+    cmd = [
+        str(launcher),
+        "--backend",
+        "ring",
+        "-n",
+        "2",
+        "--starting-port",
+        str(free_port()),
+        "--python",
+        sys.executable,
+        "--",
+        "-m",
+        "metalserve.cli",
+        "serve",
+        str(tiny_llama),
+        "--pipeline-parallel-size",
+        "2",
+        "--port",
+        str(port),
+        "--log-stats-interval",
+        "0",
+    ]
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:

@@ -20,8 +20,9 @@ SPEC = {"prefix_len": 40, "num_requests": 5, "max_tokens": 12, "budget": 24, "st
 def run_pipeline(spec: dict[str, Any], tmp_path: Path, timeout: float = 240) -> dict[str, Any]:
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec))
-    proc = subprocess.run([sys.executable, "-m", "tests.distributed.drive", str(path)],
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.distributed.drive", str(path)], capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     result["log"] = proc.stderr

@@ -45,8 +45,14 @@ def test_speculation_with_pipeline_stages_is_refused_not_ignored() -> None:
 
 def test_step_meta_round_trip() -> None:
     rows = [np.array([3, 4, 5]), np.array([9])]
-    meta = StepMeta(np.arange(5, dtype=np.int32), np.arange(10, 15, dtype=np.int32), np.array([0, 1, 5], np.int32),
-                    np.array([17, 4], np.int32), rows, np.array([0, 4], np.int32))  # fmt: skip
+    meta = StepMeta(
+        np.arange(5, dtype=np.int32),
+        np.arange(10, 15, dtype=np.int32),
+        np.array([0, 1, 5], np.int32),
+        np.array([17, 4], np.int32),
+        rows,
+        np.array([0, 4], np.int32),
+    )
     flat, width = meta.encode()
     header = Header(Kind.STEP, 5, 2, 2, width, 64, 7, 0)
     assert flat.nbytes == meta_bytes(header)

@@ -21,8 +21,14 @@ def _meta(positions: list[int], blocks: list[int], bs: int) -> StepMeta:
     pos = np.asarray(positions, np.int32)
     rows = np.asarray(blocks)
     slots = (rows[pos // bs] * bs + pos % bs).astype(np.int32)
-    return StepMeta(pos, slots, np.array([0, len(pos)], np.int32), np.array([pos[-1] + 1], np.int32), [rows],
-                    np.array([len(pos) - 1], np.int32))  # fmt: skip
+    return StepMeta(
+        pos,
+        slots,
+        np.array([0, len(pos)], np.int32),
+        np.array([pos[-1] + 1], np.int32),
+        [rows],
+        np.array([len(pos) - 1], np.int32),
+    )
 
 
 def _stage(layers: range, first: bool, blocks: int, storage: KVCacheDtype = "auto") -> Stage:

@@ -23,8 +23,15 @@ TOOLS = [{"name": "get_weather", "description": "Current weather in a city", "in
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
-    flags = ("--max-model-len", "2048", "--kv-cache-memory", str(96 << 20), "--tool-call-parser", "hermes",
-             "--enable-auto-tool-choice")  # fmt: skip
+    flags = (
+        "--max-model-len",
+        "2048",
+        "--kv-cache-memory",
+        str(96 << 20),
+        "--tool-call-parser",
+        "hermes",
+        "--enable-auto-tool-choice",
+    )
     with running_server(*flags) as s:
         yield s
 
@@ -74,8 +81,9 @@ def test_messages_five_turns_cache_grows(claude: anthropic.Anthropic, server: Ru
     cached = []
     for turn in range(5):
         history.append({"role": "user", "content": f"Turn {turn}: name a fruit and a colour."})
-        reply = claude.messages.create(model=server.model, max_tokens=16, system="You are a terse assistant.",
-                                       messages=history, extra_body=GREEDY)  # fmt: skip
+        reply = claude.messages.create(
+            model=server.model, max_tokens=16, system="You are a terse assistant.", messages=history, extra_body=GREEDY
+        )
         cached.append(reply.usage.cache_read_input_tokens or 0)
         history.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]})
     assert all(b > a for a, b in zip(cached, cached[1:], strict=False)), cached
@@ -85,9 +93,14 @@ def test_messages_five_turns_cache_grows(claude: anthropic.Anthropic, server: Ru
 def test_responses_five_turns_cache_grows(oai: openai.OpenAI, server: RunningServer) -> None:
     previous, cached = None, []
     for turn in range(5):
-        reply = oai.responses.create(model=server.model, input=f"Turn {turn}: name a fruit and a colour.",
-                                     instructions="You are a terse assistant.", previous_response_id=previous,
-                                     max_output_tokens=16, temperature=0)  # fmt: skip
+        reply = oai.responses.create(
+            model=server.model,
+            input=f"Turn {turn}: name a fruit and a colour.",
+            instructions="You are a terse assistant.",
+            previous_response_id=previous,
+            max_output_tokens=16,
+            temperature=0,
+        )
         assert reply.usage is not None
         cached.append(reply.usage.input_tokens_details.cached_tokens)
         previous = reply.id
@@ -98,10 +111,12 @@ def test_responses_five_turns_cache_grows(oai: openai.OpenAI, server: RunningSer
 def test_tool_history_renders_on_the_real_template(claude: anthropic.Anthropic, server: RunningServer) -> None:
     history: list[Any] = [
         {"role": "user", "content": "What is the weather in Paris?"},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
-                                           "input": {"city": "Paris"}}]},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}],
+        },
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "22 C, sunny"}]},
-    ]  # fmt: skip
+    ]
     reply = claude.messages.create(model=server.model, max_tokens=16, messages=history, tools=TOOLS)  # type: ignore[arg-type]
     assert reply.content and reply.stop_reason in ("end_turn", "max_tokens", "tool_use")
     items: list[Any] = [
@@ -125,16 +140,34 @@ def test_bad_input_is_a_4xx_and_the_server_goes_on(server: RunningServer) -> Non
     bad = [
         base,  # no max_tokens
         {**base, "max_tokens": 4, "tools": TOOLS, "tool_choice": {"type": "tool", "name": "nope"}},
-        {**base, "max_tokens": 4, "messages": [{"role": "user", "content": [
-            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]},
-        {**base, "max_tokens": 4, "messages": [{"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "toolu_unknown", "content": "x"}]}]},
-    ]  # fmt: skip
+        {
+            **base,
+            "max_tokens": 4,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
+                    ],
+                }
+            ],
+        },
+        {
+            **base,
+            "max_tokens": 4,
+            "messages": [
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_unknown", "content": "x"}]}
+            ],
+        },
+    ]
     for body in bad:
         response = httpx.post(url, json=body, timeout=60)
         assert response.status_code == 400 and response.json()["type"] == "error", response.text
-    responses = httpx.post(f"{server.v1}/responses", json={"input": [
-        {"type": "function_call_output", "call_id": "nope", "output": "x"}]}, timeout=60)  # fmt: skip
+    responses = httpx.post(
+        f"{server.v1}/responses",
+        json={"input": [{"type": "function_call_output", "call_id": "nope", "output": "x"}]},
+        timeout=60,
+    )
     assert responses.status_code == 400 and "nope" in responses.json()["error"]["message"]
     ok = httpx.post(url, json={**base, "max_tokens": 4}, timeout=120)
     assert ok.status_code == 200 and json.loads(ok.text)["content"]
@@ -144,8 +177,14 @@ def test_bad_input_is_a_4xx_and_the_server_goes_on(server: RunningServer) -> Non
 @pytest.mark.parametrize("stream", [False, True])
 def test_messages_forced_tool_use_round_trip(claude: anthropic.Anthropic, server: RunningServer, stream: bool) -> None:
     ask: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
-    kwargs: Any = {"model": server.model, "max_tokens": 48, "messages": ask, "tools": TOOLS,
-                   "tool_choice": {"type": "tool", "name": "get_weather"}, "extra_body": GREEDY}  # fmt: skip
+    kwargs: Any = {
+        "model": server.model,
+        "max_tokens": 48,
+        "messages": ask,
+        "tools": TOOLS,
+        "tool_choice": {"type": "tool", "name": "get_weather"},
+        "extra_body": GREEDY,
+    }
     if stream:
         with claude.messages.stream(**kwargs) as s:
             first = s.get_final_message()
@@ -160,8 +199,14 @@ def test_messages_forced_tool_use_round_trip(claude: anthropic.Anthropic, server
         {"role": "assistant", "content": [use.model_dump(exclude_none=True)]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "22 C, sunny"}]},
     ]
-    second = claude.messages.create(model=server.model, max_tokens=24, messages=history, tools=TOOLS,  # type: ignore[arg-type]
-                                    tool_choice={"type": "none"}, extra_body=GREEDY)  # fmt: skip
+    second = claude.messages.create(
+        model=server.model,
+        max_tokens=24,
+        messages=history,
+        tools=TOOLS,  # type: ignore[arg-type]
+        tool_choice={"type": "none"},
+        extra_body=GREEDY,
+    )
     assert second.stop_reason in ("end_turn", "max_tokens") and second.content[0].type == "text"
     assert (second.usage.cache_read_input_tokens or 0) > 0
 
@@ -170,8 +215,14 @@ def test_messages_forced_tool_use_round_trip(claude: anthropic.Anthropic, server
 @pytest.mark.parametrize("stream", [False, True])
 def test_responses_forced_function_call_round_trip(oai: openai.OpenAI, server: RunningServer, stream: bool) -> None:
     tools: Any = [{"type": "function", "name": "get_weather", "parameters": CITY, "strict": True}]
-    kwargs: Any = {"model": server.model, "input": "What is the weather in Paris?", "tools": tools,
-                   "tool_choice": "required", "max_output_tokens": 64, "temperature": 0}  # fmt: skip
+    kwargs: Any = {
+        "model": server.model,
+        "input": "What is the weather in Paris?",
+        "tools": tools,
+        "tool_choice": "required",
+        "max_output_tokens": 64,
+        "temperature": 0,
+    }
     if stream:
         with oai.responses.stream(**kwargs) as s:
             first = s.get_final_response()
@@ -182,8 +233,15 @@ def test_responses_forced_function_call_round_trip(oai: openai.OpenAI, server: R
     for call in calls:
         jsonschema.validate(json.loads(call.arguments), CITY)
     outputs: Any = [{"type": "function_call_output", "call_id": c.call_id, "output": "22 C, sunny"} for c in calls]
-    second = oai.responses.create(model=server.model, previous_response_id=first.id, input=outputs, tools=tools,
-                                  tool_choice="none", max_output_tokens=24, temperature=0)  # fmt: skip
+    second = oai.responses.create(
+        model=server.model,
+        previous_response_id=first.id,
+        input=outputs,
+        tools=tools,
+        tool_choice="none",
+        max_output_tokens=24,
+        temperature=0,
+    )
     assert second.output_text and second.usage is not None
     assert second.usage.input_tokens_details.cached_tokens > 0
 
@@ -191,10 +249,16 @@ def test_responses_forced_function_call_round_trip(oai: openai.OpenAI, server: R
 @pytest.mark.slow
 def test_json_formats_validate(claude: anthropic.Anthropic, oai: openai.OpenAI, server: RunningServer) -> None:
     ask: Any = [{"role": "user", "content": "Name a city in France as JSON."}]
-    message = claude.messages.create(model=server.model, max_tokens=48, messages=ask, extra_body=GREEDY,
-                                     output_config={"format": {"type": "json_schema", "schema": CITY}})  # fmt: skip
+    message = claude.messages.create(
+        model=server.model,
+        max_tokens=48,
+        messages=ask,
+        extra_body=GREEDY,
+        output_config={"format": {"type": "json_schema", "schema": CITY}},
+    )
     jsonschema.validate(json.loads(message.content[0].text), CITY)  # type: ignore[union-attr]
     text: Any = {"format": {"type": "json_schema", "name": "city", "schema": CITY, "strict": True}}
-    response = oai.responses.create(model=server.model, input="Name a city in France as JSON.", text=text,
-                                    max_output_tokens=48, temperature=0)  # fmt: skip
+    response = oai.responses.create(
+        model=server.model, input="Name a city in France as JSON.", text=text, max_output_tokens=48, temperature=0
+    )
     jsonschema.validate(json.loads(response.output_text), CITY)

@@ -16,8 +16,14 @@ MAX_TOKENS = 8
 
 
 async def stream_text(client: httpx.AsyncClient, server: RunningServer, prompt: str) -> str:
-    body = {"model": server.model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True,
-            "ignore_eos": True}  # fmt: skip
+    body = {
+        "model": server.model,
+        "prompt": prompt,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
     parts = []
     async with client.stream("POST", f"{server.v1}/completions", json=body) as r:
         assert r.status_code == 200
@@ -33,7 +39,6 @@ def test_32_streams_on_a_small_pool_all_complete_correctly() -> None:
     per_block = 30 * 2 * 3 * 64 * 4 * 16
     flags = ["--max-model-len", "256", "--kv-cache-memory", str(25 * per_block), "--no-enable-prefix-caching"]
     with running_server(*flags) as server:
-
         most_waiting = 0.0
 
         async def watch_waiting(client: httpx.AsyncClient) -> None:

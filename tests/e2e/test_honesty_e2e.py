@@ -23,8 +23,15 @@ ASK = [{"role": "user", "content": "Describe a city as JSON."}]
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
-    flags = ("--max-model-len", "2048", "--kv-cache-memory", str(96 << 20), "--enable-auto-tool-choice",
-             "--tool-call-parser", "hermes")  # fmt: skip
+    flags = (
+        "--max-model-len",
+        "2048",
+        "--kv-cache-memory",
+        str(96 << 20),
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+    )
     with running_server(*flags) as s:
         yield s
 
@@ -64,10 +71,15 @@ def test_a_grammar_longer_than_max_tokens_ends_with_length(server: RunningServer
 
 @pytest.mark.parametrize(
     "spec",
-    [{"regex": "a{1000000}"}, {"regex": "((a{100}){100}){100}"}, {"json": CYCLIC},
-     {"grammar": 'start: a\na: a "x"'}, {"choice": [f"option{i}" for i in range(100_000)]}],
+    [
+        {"regex": "a{1000000}"},
+        {"regex": "((a{100}){100}){100}"},
+        {"json": CYCLIC},
+        {"grammar": 'start: a\na: a "x"'},
+        {"choice": [f"option{i}" for i in range(100_000)]},
+    ],
     ids=["a{1000000}", "nested-repeat", "cyclic-ref", "empty-lark", "choice-100k"],
-)  # fmt: skip
+)
 def test_the_issue_grammars_are_400s(server: RunningServer, spec: dict[str, Any]) -> None:
     text, _, _, status = chat(server, False, max_tokens=16, structured_outputs=spec)
     assert status == 400
@@ -76,12 +88,19 @@ def test_the_issue_grammars_are_400s(server: RunningServer, spec: dict[str, Any]
 
 
 SCHEMAS = [
-    {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, "n": {"type": "integer"}},
-     "required": ["city", "n"], "additionalProperties": False},
+    {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 12}, "n": {"type": "integer"}},
+        "required": ["city", "n"],
+        "additionalProperties": False,
+    },
     {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 1, "maxItems": 4},
-    {"type": "object", "required": ["ok"],
-     "properties": {"ok": {"type": "boolean"}, "tags": {"type": "array", "items": {"enum": ["a", "b"]}}}},
-]  # fmt: skip
+    {
+        "type": "object",
+        "required": ["ok"],
+        "properties": {"ok": {"type": "boolean"}, "tags": {"type": "array", "items": {"enum": ["a", "b"]}}},
+    },
+]
 
 
 @pytest.mark.parametrize("max_tokens", [4, 40])
@@ -123,10 +142,16 @@ def test_forced_hermes_outputs_parse_the_same_streamed_and_not(
 def test_a_forced_anthropic_call_cut_by_max_tokens(server: RunningServer) -> None:
     client = anthropic.Anthropic(base_url=server.base_url, api_key="unused", timeout=300)
     message = client.messages.create(
-        model=server.model, max_tokens=5, messages=[{"role": "user", "content": "Weather in Paris?"}],
-        tools=[{"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                        "required": ["city"]}}],
+        model=server.model,
+        max_tokens=5,
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=[
+            {
+                "name": "get_weather",
+                "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            }
+        ],
         tool_choice={"type": "tool", "name": "get_weather"},
-    )  # fmt: skip
+    )
     assert message.stop_reason == "max_tokens"
     assert [b.type for b in message.content] == ["tool_use"] and isinstance(message.content[0].input, dict)  # type: ignore[union-attr]

@@ -52,8 +52,11 @@ def test_each_request_reaches_the_model_it_names(two_tiny: RunningServer) -> Non
     assert qwen != llama  # another model's weights
     cards = {m["id"]: m for m in httpx.get(f"{two_tiny.v1}/models", timeout=30).json()["data"]}
     assert cards["tiny-qwen"]["max_model_len"] == 128 and cards["tiny-llama"]["aliases"] == ["haiku"]
-    claude = httpx.post(f"{two_tiny.base_url}/v1/messages", timeout=60,
-                        json={"model": "haiku", "max_tokens": 8, "messages": HI, "temperature": 0})  # fmt: skip
+    claude = httpx.post(
+        f"{two_tiny.base_url}/v1/messages",
+        timeout=60,
+        json={"model": "haiku", "max_tokens": 8, "messages": HI, "temperature": 0},
+    )
     assert claude.status_code == 200 and claude.json()["content"][0]["text"] == llama
     metrics = httpx.get(f"{two_tiny.base_url}/metrics", timeout=30).text
     for name in ("tiny-llama", "tiny-qwen"):
@@ -84,10 +87,17 @@ def test_default_model_beside_a_tiny_one_within_a_budget(tmp_path: Path) -> None
     flags = ["--models", str(tmp_path / "models.yaml"), "--model-idle-timeout", "0"]
     with running_server(*flags) as server:
         client = openai.OpenAI(base_url=server.v1, api_key="x", max_retries=0)
-        assert "Paris" in (client.chat.completions.create(
-            model="smollm2", messages=[{"role": "user", "content": "What is the capital of France?"}],
-            max_tokens=16, temperature=0,
-        ).choices[0].message.content or "")  # fmt: skip
+        assert "Paris" in (
+            client.chat.completions.create(
+                model="smollm2",
+                messages=[{"role": "user", "content": "What is the capital of France?"}],
+                max_tokens=16,
+                temperature=0,
+            )
+            .choices[0]
+            .message.content
+            or ""
+        )
         status = httpx.get(f"{server.v1}/server/status", timeout=30).json()
         default_bytes = status["models"][0]["memory_bytes"]
     budget = default_bytes + 2**20  # the default model fits; the tiny one beside it does not

@@ -103,8 +103,13 @@ def wait_until_idle(server: RunningServer, timeout: float = 120.0) -> None:
 
 
 def test_a_client_that_disconnects_mid_stream_is_aborted_and_freed(server: RunningServer) -> None:
-    body = {"model": server.model, "prompt": "Count to one thousand:", "max_tokens": 500, "stream": True,
-            "ignore_eos": True}  # fmt: skip
+    body = {
+        "model": server.model,
+        "prompt": "Count to one thousand:",
+        "max_tokens": 500,
+        "stream": True,
+        "ignore_eos": True,
+    }
     with httpx.stream("POST", f"{server.v1}/completions", json=body, timeout=300) as r:
         lines = (line for line in r.iter_lines() if line.startswith("data: "))
         first = json.loads(next(lines)[len("data: ") :])
@@ -135,6 +140,9 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(
     assert r.status_code == status
     error = r.json()["error"]
     assert error["message"] and error["type"]
-    ok = httpx.post(f"{server.v1}/chat/completions", json={"model": server.model, "messages": QUESTION,
-                                                           "max_tokens": 2}, timeout=300)  # fmt: skip
+    ok = httpx.post(
+        f"{server.v1}/chat/completions",
+        json={"model": server.model, "messages": QUESTION, "max_tokens": 2},
+        timeout=300,
+    )
     assert ok.status_code == 200

@@ -18,24 +18,48 @@ ASK = [{"role": "user", "content": "Give the capital of France and its populatio
 WEATHER = [{"role": "user", "content": "What is the weather in Paris?"}]
 SCHEMA = {
     "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 20},
-                   "population": {"type": "integer", "minimum": 0, "maximum": 100000000}},
-    "required": ["city", "population"], "additionalProperties": False,
-}  # fmt: skip
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "population": {"type": "integer", "minimum": 0, "maximum": 100000000},
+    },
+    "required": ["city", "population"],
+    "additionalProperties": False,
+}
 TOOLS: list[Any] = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string", "maxLength": 30}}, "required": ["city"],
-        "additionalProperties": False}}},
-    {"type": "function", "function": {"name": "get_time", "parameters": {
-        "type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"]}}},
-]  # fmt: skip
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 30}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {"type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"]},
+        },
+    },
+]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
-    flags = ("--max-model-len", "2048", "--kv-cache-memory", str(96 << 20), "--enable-auto-tool-choice",
-             "--tool-call-parser", "hermes")  # fmt: skip
+    flags = (
+        "--max-model-len",
+        "2048",
+        "--kv-cache-memory",
+        str(96 << 20),
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+    )
     with running_server(*flags) as s:
         yield s
 
@@ -60,24 +84,37 @@ def _text(client: openai.OpenAI, model: str, stream: bool, **kwargs: Any) -> tup
 @pytest.mark.parametrize("stream", [False, True])
 def test_json_schema_output_validates(client: openai.OpenAI, server: RunningServer, stream: bool) -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA, "strict": True}}
-    text, reason = _text(client, server.model, stream, messages=ASK, response_format=fmt, max_tokens=60,
-                         temperature=0)  # fmt: skip
+    text, reason = _text(client, server.model, stream, messages=ASK, response_format=fmt, max_tokens=60, temperature=0)
     assert reason == "stop"
     jsonschema.validate(json.loads(text), SCHEMA)
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_json_object_output_is_an_object(client: openai.OpenAI, server: RunningServer, stream: bool) -> None:
-    text, reason = _text(client, server.model, stream, messages=ASK, response_format={"type": "json_object"},
-                         max_tokens=120, temperature=0)  # fmt: skip
+    text, reason = _text(
+        client,
+        server.model,
+        stream,
+        messages=ASK,
+        response_format={"type": "json_object"},
+        max_tokens=120,
+        temperature=0,
+    )
     assert reason == "stop" and isinstance(json.loads(text), dict)
 
 
 def test_choice_with_n_and_logprobs(client: openai.OpenAI, server: RunningServer) -> None:
     r = client.chat.completions.create(
-        model=server.model, messages=ASK, n=3, temperature=1.0, seed=3, logprobs=True, top_logprobs=2,
-        max_tokens=10, extra_body={"structured_outputs": {"choice": ["Paris", "Lyon", "Marseille"]}},
-    )  # fmt: skip
+        model=server.model,
+        messages=ASK,
+        n=3,
+        temperature=1.0,
+        seed=3,
+        logprobs=True,
+        top_logprobs=2,
+        max_tokens=10,
+        extra_body={"structured_outputs": {"choice": ["Paris", "Lyon", "Marseille"]}},
+    )
     for choice in r.choices:
         assert choice.message.content in ("Paris", "Lyon", "Marseille") and choice.finish_reason == "stop"
         assert choice.logprobs and choice.logprobs.content
@@ -86,8 +123,13 @@ def test_choice_with_n_and_logprobs(client: openai.OpenAI, server: RunningServer
 @pytest.mark.parametrize("stream", [False, True])
 def test_regex_on_completions(client: openai.OpenAI, server: RunningServer, stream: bool) -> None:
     regex = {"structured_outputs": {"regex": " ?[0-9]{4}"}}
-    kwargs: dict[str, Any] = dict(model=server.model, prompt="The Eiffel tower was built in the year", max_tokens=10,
-                                  temperature=0, extra_body=regex)  # fmt: skip
+    kwargs: dict[str, Any] = dict(
+        model=server.model,
+        prompt="The Eiffel tower was built in the year",
+        max_tokens=10,
+        temperature=0,
+        extra_body=regex,
+    )
     if stream:
         text = "".join(c.choices[0].text for c in client.completions.create(stream=True, **kwargs) if c.choices)
     else:
@@ -96,8 +138,14 @@ def test_regex_on_completions(client: openai.OpenAI, server: RunningServer, stre
 
 
 def test_regex_with_a_stop_string(client: openai.OpenAI, server: RunningServer) -> None:
-    r = client.chat.completions.create(model=server.model, messages=ASK, max_tokens=20, temperature=0, stop=["-"],
-                                       extra_body={"structured_outputs": {"regex": "[a-z]{2,5}-[0-9]{3}"}})  # fmt: skip
+    r = client.chat.completions.create(
+        model=server.model,
+        messages=ASK,
+        max_tokens=20,
+        temperature=0,
+        stop=["-"],
+        extra_body={"structured_outputs": {"regex": "[a-z]{2,5}-[0-9]{3}"}},
+    )
     assert re.fullmatch("[a-z]{2,5}", r.choices[0].message.content or "") and r.choices[0].finish_reason == "stop"
 
 
@@ -111,12 +159,14 @@ def _check_calls(calls: list[Any], names: set[str]) -> None:
 @pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
 def test_forced_tool_calls_have_valid_arguments(client: openai.OpenAI, server: RunningServer, tool_choice: Any) -> None:
     names = set(SCHEMAS) if tool_choice == "required" else {"get_time"}
-    r = client.chat.completions.create(model=server.model, messages=WEATHER, tools=TOOLS, tool_choice=tool_choice,
-                                       max_tokens=80, temperature=0)  # fmt: skip
+    r = client.chat.completions.create(
+        model=server.model, messages=WEATHER, tools=TOOLS, tool_choice=tool_choice, max_tokens=80, temperature=0
+    )
     assert r.choices[0].finish_reason == "tool_calls"
     _check_calls(r.choices[0].message.tool_calls or [], names)
-    with client.chat.completions.stream(model=server.model, messages=WEATHER, tools=TOOLS, tool_choice=tool_choice,
-                                        max_tokens=80, temperature=0) as stream:  # fmt: skip
+    with client.chat.completions.stream(
+        model=server.model, messages=WEATHER, tools=TOOLS, tool_choice=tool_choice, max_tokens=80, temperature=0
+    ) as stream:
         for _ in stream:
             pass
         final = stream.get_final_completion()

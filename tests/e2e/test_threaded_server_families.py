@@ -62,9 +62,13 @@ def _serving(path: Path) -> Iterator[str]:
 
 def _complete(v1: str, prompt: list[int] | list[list[int]]) -> list[golden.Generation]:
     body = {
-        "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True, "logprobs": 0,
+        "prompt": prompt,
+        "max_tokens": NEW_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+        "logprobs": 0,
         "return_tokens_as_token_ids": True,
-    }  # fmt: skip
+    }
     response = httpx.post(f"{v1}/completions", json=body, timeout=120)
     assert response.status_code == 200, response.text
     out = []

@@ -26,9 +26,7 @@ class _Observer:
 
 
 def _engine(core: FakeCore, observer: _Observer | None = None) -> AsyncEngine:
-    return AsyncEngine(
-        core, core.tokenizer, model_name="tiny", max_model_len=128, eos_token_ids={2}, observer=observer
-    )
+    return AsyncEngine(core, core.tokenizer, model_name="tiny", max_model_len=128, eos_token_ids={2}, observer=observer)
 
 
 def _prompt() -> list[int]:

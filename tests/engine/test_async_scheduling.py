@@ -37,8 +37,14 @@ def _params(i: int) -> SamplingParams:
     n = 10 + i % 7
     kind = i % 4
     if kind == 0:  # penalties over the request's own history (the token from the step before counts)
-        return SamplingParams(temperature=0, max_tokens=n, repetition_penalty=1.3, frequency_penalty=0.5,
-                              presence_penalty=0.3, ignore_eos=True)  # fmt: skip
+        return SamplingParams(
+            temperature=0,
+            max_tokens=n,
+            repetition_penalty=1.3,
+            frequency_penalty=0.5,
+            presence_penalty=0.3,
+            ignore_eos=True,
+        )
     if kind == 1:  # seeded sampling: one draw per (seed, output index)
         return SamplingParams(temperature=0.9, top_p=0.9, seed=1000 + i, max_tokens=n, ignore_eos=True)
     if kind == 2:
@@ -49,9 +55,13 @@ def _params(i: int) -> SamplingParams:
 
 def _run(async_scheduling: bool) -> tuple[dict[str, Result], EngineCore]:
     config = EngineConfig(
-        kv_cache_memory=40 * BLOCK_BYTES, max_model_len=128, block_size=16, max_num_batched_tokens=64,
-        max_num_seqs=NUM_REQUESTS, async_scheduling=async_scheduling,
-    )  # fmt: skip
+        kv_cache_memory=40 * BLOCK_BYTES,
+        max_model_len=128,
+        block_size=16,
+        max_num_batched_tokens=64,
+        max_num_seqs=NUM_REQUESTS,
+        async_scheduling=async_scheduling,
+    )
     core = EngineCore.from_loaded(config, golden.loaded_of(build("llama"), "llama", max_model_len=128))
     assert core.async_scheduling is async_scheduling
     rng = np.random.default_rng(7)

@@ -17,9 +17,17 @@ from tests.executor.tiny_models import tiny_model
 def tiny_loaded(seed: int = 0) -> LoadedModel:
     model = tiny_model("llama", seed=seed)
     return LoadedModel(
-        model=model, tokenizer=None, model_type="llama", config={}, max_model_len=256,  # type: ignore[arg-type]
-        eos_token_ids=frozenset(), chat_template=None, source="tiny", weights_desc="fp32", blas_desc="-",
-    )  # fmt: skip
+        model=model,
+        tokenizer=None,
+        model_type="llama",
+        config={},
+        max_model_len=256,  # type: ignore[arg-type]
+        eos_token_ids=frozenset(),
+        chat_template=None,
+        source="tiny",
+        weights_desc="fp32",
+        blas_desc="-",
+    )
 
 
 def run_all(core: EngineCore, prompts: list[list[int]], max_tokens: int) -> tuple[dict[str, list[int]], int]:
@@ -53,9 +61,7 @@ def test_a_pool_too_small_for_all_requests_preempts_or_queues_and_stays_correct(
     expected = [mlx_lm_greedy(loaded.model, p, 24) for p in prompts]
     per_block = 2 * 2 * 2 * 16 * 4 * 8  # layers * (K, V) * kv heads * head_dim * fp32 * block size
     # 40 usable blocks of 8 tokens: enough for max_model_len, far from 8 x 54 tokens at once.
-    config = EngineConfig(
-        kv_cache_memory=41 * per_block, max_model_len=256, block_size=8, max_num_batched_tokens=64
-    )
+    config = EngineConfig(kv_cache_memory=41 * per_block, max_model_len=256, block_size=8, max_num_batched_tokens=64)
     core = EngineCore.from_loaded(config, loaded)
     got, most_waiting = run_all(core, prompts, 24)
     assert [got[f"r{i}"] for i in range(len(prompts))] == expected
@@ -71,7 +77,10 @@ def test_the_pool_grows_under_load_and_outputs_stay_exact(monkeypatch: pytest.Mo
     prompts = prompts_of([30, 45, 12, 60, 33, 20], loaded.model.args.vocab_size, seed=9)
     expected = [mlx_lm_greedy(loaded.model, p, 20) for p in prompts]
     config = EngineConfig(
-        kv_cache_memory=1 << 22, block_size=8, max_num_batched_tokens=64, attention_backend=backend  # type: ignore[arg-type]
+        kv_cache_memory=1 << 22,
+        block_size=8,
+        max_num_batched_tokens=64,
+        attention_backend=backend,  # type: ignore[arg-type]
     )
     core = EngineCore.from_loaded(config, loaded)
     assert core.runner.spec.num_blocks == 4

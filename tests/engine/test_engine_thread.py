@@ -58,8 +58,12 @@ def test_a_lazy_array_made_on_another_thread_fails_in_mlx(gemma4_dir: Path) -> N
     from metalserve.loader import load_model
 
     loaded = load_model(str(gemma4_dir))
-    tables = [a for _, m in loaded.model.named_modules() for k, a in m.items()
-              if k.startswith("_") and isinstance(a, mx.array)]  # fmt: skip
+    tables = [
+        a
+        for _, m in loaded.model.named_modules()
+        for k, a in m.items()
+        if k.startswith("_") and isinstance(a, mx.array)
+    ]
     assert tables, "gemma4_text keeps its RoPE table outside the parameters"
     errors: list[BaseException] = []
 

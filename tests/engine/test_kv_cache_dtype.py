@@ -28,8 +28,14 @@ ARCHS = ["llama", "qwen3", "qwen3_moe", "gemma3_text", "gpt_oss", "gemma2", "gem
 
 
 def core_of(arch: str, storage: str, *, memory: int = 1 << 24, budget: int = 2048, **kw: object) -> EngineCore:
-    config = EngineConfig(kv_cache_memory=memory, block_size=16, max_num_batched_tokens=budget, max_num_seqs=8,
-                          kv_cache_dtype=storage, **kw)  # type: ignore[arg-type]  # fmt: skip
+    config = EngineConfig(
+        kv_cache_memory=memory,
+        block_size=16,
+        max_num_batched_tokens=budget,
+        max_num_seqs=8,
+        kv_cache_dtype=storage,
+        **kw,
+    )  # type: ignore[arg-type]
     return EngineCore.from_loaded(config, golden.loaded_of(build(arch), arch))
 
 
@@ -95,8 +101,9 @@ def test_q4_pages_serve_the_model_over_dequantized_kv(monkeypatch: pytest.Monkey
     batch = golden.prompts([golden.SHORT, 60], VOCAB, seed=5)
 
     def core(storage: str, backend: str = "auto") -> EngineCore:
-        config = EngineConfig(kv_cache_memory=1 << 24, block_size=16, max_num_seqs=8, kv_cache_dtype=storage,
-                              attention_backend=backend)  # type: ignore[arg-type]  # fmt: skip
+        config = EngineConfig(
+            kv_cache_memory=1 << 24, block_size=16, max_num_seqs=8, kv_cache_dtype=storage, attention_backend=backend
+        )  # type: ignore[arg-type]
         return EngineCore.from_loaded(config, golden.loaded_of(build("qwen3", head_dim=32), "qwen3"))
 
     q4 = core("q4", "mlx")
@@ -145,8 +152,14 @@ def test_the_numba_kernel_serves_quantized_pages_like_mlx_ops(storage: str) -> N
     batch = golden.prompts([golden.SHORT, 40, 100], VOCAB, seed=4)
 
     def core(backend: str) -> EngineCore:
-        config = EngineConfig(kv_cache_memory=1 << 24, block_size=16, max_num_seqs=8, max_num_batched_tokens=64,
-                              kv_cache_dtype=storage, attention_backend=backend)  # type: ignore[arg-type]  # fmt: skip
+        config = EngineConfig(
+            kv_cache_memory=1 << 24,
+            block_size=16,
+            max_num_seqs=8,
+            max_num_batched_tokens=64,
+            kv_cache_dtype=storage,
+            attention_backend=backend,
+        )  # type: ignore[arg-type]
         return EngineCore.from_loaded(config, golden.loaded_of(build(arch, **kw), arch))
 
     numba_core = core("auto")
@@ -175,10 +188,16 @@ def test_prefix_hits_and_preemption_on_int8_pages_keep_the_tokens() -> None:
     want = golden.serve(core_of("gemma3_text", "int8"), batch, 16)
     spec_bytes = core_of("gemma3_text", "int8").runner.spec.bytes_per_block
     tight = EngineCore.from_loaded(
-        EngineConfig(kv_cache_memory=31 * spec_bytes, max_model_len=200, block_size=16, max_num_batched_tokens=64,
-                     max_num_seqs=4, kv_cache_dtype="int8"),
+        EngineConfig(
+            kv_cache_memory=31 * spec_bytes,
+            max_model_len=200,
+            block_size=16,
+            max_num_batched_tokens=64,
+            max_num_seqs=4,
+            kv_cache_dtype="int8",
+        ),
         golden.loaded_of(build("gemma3_text"), "gemma3_text"),
-    )  # fmt: skip
+    )
     got = golden.serve(tight, batch, 16)
     assert tight.scheduler.num_preemptions > 0
     assert [g.tokens for g in got] == [w.tokens for w in want]

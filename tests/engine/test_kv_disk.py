@@ -34,9 +34,15 @@ PER_BLOCK = 2 * 2 * 2 * 16 * 4 * BLOCK  # layers * (K, V) * kv heads * head_dim 
 def make_core(
     directory: Path | str | None, *, blocks: int = 64, size: int | None = None, kv_dtype: str = "auto"
 ) -> EngineCore:
-    config = EngineConfig(kv_cache_memory=blocks * PER_BLOCK, block_size=BLOCK, max_num_batched_tokens=64,
-                          max_model_len=64, kv_disk_dir=None if directory is None else str(directory),
-                          kv_disk_size=size, kv_cache_dtype=kv_dtype)  # type: ignore[arg-type]  # fmt: skip
+    config = EngineConfig(
+        kv_cache_memory=blocks * PER_BLOCK,
+        block_size=BLOCK,
+        max_num_batched_tokens=64,
+        max_model_len=64,
+        kv_disk_dir=None if directory is None else str(directory),
+        kv_disk_size=size,
+        kv_cache_dtype=kv_dtype,
+    )  # type: ignore[arg-type]
     return EngineCore.from_loaded(config, tiny_loaded())
 
 

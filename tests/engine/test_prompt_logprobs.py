@@ -35,8 +35,9 @@ def run(core: EngineCore, rid: str, prompt: list[int], top: int = 3) -> list[Eng
 @pytest.mark.parametrize(("arch", "storage"), [("llama", "auto"), ("gemma3_text", "auto"), ("llama", "int8")])
 def test_prompt_logprobs_match_the_full_forward_over_chunks_and_a_warm_prefix_cache(arch: str, storage: str) -> None:
     (prompt,) = golden.prompts([70], VOCAB, seed=2)
-    config = EngineConfig(kv_cache_memory=1 << 24, block_size=16, max_num_batched_tokens=32, max_num_seqs=4,
-                          kv_cache_dtype=storage)  # type: ignore[arg-type]  # fmt: skip
+    config = EngineConfig(
+        kv_cache_memory=1 << 24, block_size=16, max_num_batched_tokens=32, max_num_seqs=4, kv_cache_dtype=storage
+    )  # type: ignore[arg-type]
     core = EngineCore.from_loaded(config, golden.loaded_of(build(arch), arch))
     plain = Request("warm", list(prompt), SamplingParams(temperature=0, max_tokens=1))
     core.add_request(plain)  # publishes the prompt's blocks: the next request must not take them

@@ -44,8 +44,11 @@ def test_a_salt_that_cannot_be_hashed_fails_its_request_only() -> None:
 
     async def main() -> None:
         engine, prompts, expected = _real_engine()
-        runs = [_tokens(engine, prompts[0], "a"), _tokens(engine, prompts[1], "b", "\ud800"),
-                _tokens(engine, prompts[2], "c")]  # fmt: skip
+        runs = [
+            _tokens(engine, prompts[0], "a"),
+            _tokens(engine, prompts[1], "b", "\ud800"),
+            _tokens(engine, prompts[2], "c"),
+        ]
         a, b, c = await asyncio.gather(*runs, return_exceptions=True)
         assert isinstance(b, ValueError) and "not valid Unicode" in str(b)
         assert [a, c] == [expected[0], expected[2]]

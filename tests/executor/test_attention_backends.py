@@ -29,10 +29,16 @@ def mixed_step() -> StepInputs:
     owner = np.repeat(np.arange(3), q_lens)
     slots = np.array([rows[r][p // 8] * 8 + p % 8 for r, p in zip(owner, positions, strict=True)], np.int32)
     return StepInputs(
-        request_ids=["a", "b", "c"], token_ids=np.zeros(8, np.int32), positions=positions.astype(np.int32),
-        slot_mapping=slots, cu_seqlens_q=np.cumsum([0, *q_lens]).astype(np.int32), seq_lens=seq_lens,
-        block_rows=rows, sampling_rows=[0, 1, 2], logits_indices=np.array([0, 1, 7], np.int32),
-    )  # fmt: skip
+        request_ids=["a", "b", "c"],
+        token_ids=np.zeros(8, np.int32),
+        positions=positions.astype(np.int32),
+        slot_mapping=slots,
+        cu_seqlens_q=np.cumsum([0, *q_lens]).astype(np.int32),
+        seq_lens=seq_lens,
+        block_rows=rows,
+        sampling_rows=[0, 1, 2],
+        logits_indices=np.array([0, 1, 7], np.int32),
+    )
 
 
 def k_of(backend: AttentionBackend[Any, Any], cache: Any) -> np.ndarray:
@@ -46,8 +52,17 @@ def filled(backend: AttentionBackend[Any, Any], rng: np.random.Generator) -> Any
     cache = backend.allocate(SPEC)
     t = SPEC.num_slots
     ramp = np.arange(t, dtype=np.int32)
-    step = StepInputs(["x"], ramp, ramp, ramp, np.array([0, t], np.int32), np.array([t], np.int32),
-                      [np.arange(SPEC.num_blocks)], [], np.array([], np.int32))  # fmt: skip
+    step = StepInputs(
+        ["x"],
+        ramp,
+        ramp,
+        ramp,
+        np.array([0, t], np.int32),
+        np.array([t], np.int32),
+        [np.arange(SPEC.num_blocks)],
+        [],
+        np.array([], np.int32),
+    )
     kv = mx.array(rng.standard_normal((t, 2, 16)).astype(np.float32))
     meta = backend.build_metadata(step, SPEC)
     backend.forward(AttentionCall(mx.zeros((t, 6, 16)), kv, -kv, mx.array(ramp), cache, meta, AttentionOptions(1.0)))

@@ -30,9 +30,7 @@ def golden() -> tuple[LoadedModel, PagedModel, list[list[int]], list[list[int]]]
     loaded = load_model(None)
     rng = np.random.default_rng(7)
     text_ids = loaded.tokenizer.encode(" ".join(["the cat sat on a mat and looked at the sea"] * 12))
-    prompts = [
-        text_ids[int(o) : int(o) + n] for o, n in zip(rng.integers(0, 20, len(LENGTHS)), LENGTHS, strict=True)
-    ]
+    prompts = [text_ids[int(o) : int(o) + n] for o, n in zip(rng.integers(0, 20, len(LENGTHS)), LENGTHS, strict=True)]
     # mlx-lm first, while the model still has its own attention layers.
     expected = [mlx_lm_greedy(loaded.model, p, NUM_TOKENS) for p in prompts]
     return loaded, PagedModel.from_loaded(loaded, current_platform()), prompts, expected
@@ -71,8 +69,16 @@ def test_eight_requests_in_the_same_steps_equal_mlx_lm(golden, chunk_size: int) 
 
 
 def test_generate_command_answers_paris() -> None:
-    cmd = [sys.executable, "-m", "metalserve.cli", "generate", "--chat", "What is the capital of France?",
-           "--max-tokens", "16"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "metalserve.cli",
+        "generate",
+        "--chat",
+        "What is the capital of France?",
+        "--max-tokens",
+        "16",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "Paris" in out.stdout

@@ -61,8 +61,9 @@ def test_host_forward_decodes_like_mlx_lm(model_type: str, chunk_size: int, monk
     fresh, codes = dequantized_tiny(model_type)
     runner = make_runner(fresh, model_type, attention="cpu", codes=codes)
     assert runner.model.compute.forward_on_host is not None
-    got = run_to_completion(runner, prompts, [SamplingParams(temperature=0, max_tokens=16) for _ in prompts],
-                            chunk_size=chunk_size)  # fmt: skip
+    got = run_to_completion(
+        runner, prompts, [SamplingParams(temperature=0, max_tokens=16) for _ in prompts], chunk_size=chunk_size
+    )
     assert got == expected
     # Every token ran on the host: the 105 prompt tokens, whole or in chunks after cached context, and the 15
     # sampled tokens of each request fed back.
@@ -89,8 +90,12 @@ def test_layers_view_one_stack_of_codes() -> None:
     assert model.compute.forward_on_host is not None
     stacked = model.compute.forward_on_host.weights
     for i, layer in enumerate(model.backbone.layers):
-        pairs = [(layer.self_attn.qkv_proj, stacked.qkv), (layer.self_attn.inner.o_proj, stacked.o),
-                 (layer.mlp.gate_up_proj, stacked.gate_up), (layer.mlp.inner.down_proj, stacked.down)]  # fmt: skip
+        pairs = [
+            (layer.self_attn.qkv_proj, stacked.qkv),
+            (layer.self_attn.inner.o_proj, stacked.o),
+            (layer.mlp.gate_up_proj, stacked.gate_up),
+            (layer.mlp.inner.down_proj, stacked.down),
+        ]
         for linear, stack in pairs:
             assert np.shares_memory(linear.codes.codes, stack.codes)
             np.testing.assert_array_equal(linear.codes.codes, stack.codes[i])

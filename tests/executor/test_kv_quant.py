@@ -141,8 +141,9 @@ def test_quantized_attention_stays_near_full_precision(storage: str) -> None:
     k = mx.array(rng.standard_normal((total, 2, 32)).astype(np.float32))
     v = mx.array(rng.standard_normal((total, 2, 32)).astype(np.float32))
     meta = backend.build_metadata(step, SPEC)
-    exact = np.array(backend.forward(AttentionCall(mx.array(q), k, v, mx.array(step.slot_mapping), cache, meta,
-                                                   OPTIONS["plain"])))  # fmt: skip
+    exact = np.array(
+        backend.forward(AttentionCall(mx.array(q), k, v, mx.array(step.slot_mapping), cache, meta, OPTIONS["plain"]))
+    )
     assert np.abs(got - exact).max() < (0.05 if storage == "int8" else 0.4)
 
 
@@ -166,8 +167,17 @@ def _filled_step(spec: LayerCacheSpec) -> StepInputs:
     """One request owning every block, one step over every slot (fills the pages)."""
     t = spec.num_slots
     ramp = np.arange(t, dtype=np.int32)
-    return StepInputs(["x"], ramp, ramp, ramp, np.array([0, t], np.int32), np.array([t], np.int32),
-                      [np.arange(spec.num_blocks)], [], np.array([], np.int32))  # fmt: skip
+    return StepInputs(
+        ["x"],
+        ramp,
+        ramp,
+        ramp,
+        np.array([0, t], np.int32),
+        np.array([t], np.int32),
+        [np.arange(spec.num_blocks)],
+        [],
+        np.array([], np.int32),
+    )
 
 
 @pytest.mark.parametrize("storage", STORAGES)
@@ -184,8 +194,17 @@ def test_each_backend_attends_its_quantized_pages_like_the_reference_attends_the
     cache = backend.allocate(spec)
     fill = _filled_step(spec)
     kv = mx.array(rng.standard_normal((spec.num_slots, 2, 32)).astype(np.float32))
-    backend.forward(AttentionCall(mx.zeros((spec.num_slots, 6, 32)), kv, -kv, mx.array(fill.slot_mapping), cache,
-                                  backend.build_metadata(fill, spec), AttentionOptions(1.0)))  # fmt: skip
+    backend.forward(
+        AttentionCall(
+            mx.zeros((spec.num_slots, 6, 32)),
+            kv,
+            -kv,
+            mx.array(fill.slot_mapping),
+            cache,
+            backend.build_metadata(fill, spec),
+            AttentionOptions(1.0),
+        )
+    )
     step = mixed_step()
     total = len(step.slot_mapping)
     q = mx.array(rng.standard_normal((total, 6, 32)).astype(np.float32))

@@ -12,10 +12,17 @@ from mlx_lm.models import llama, qwen2, qwen3
 from metalserve.outputs import TokenLogprob
 
 TINY = dict(
-    hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
-    num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=97, rope_theta=10000.0,
-    max_position_embeddings=512, tie_word_embeddings=True,
-)  # fmt: skip
+    hidden_size=64,
+    num_hidden_layers=2,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-5,
+    vocab_size=97,
+    rope_theta=10000.0,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+)
 
 
 def tiny_model(model_type: str = "llama", seed: int = 0, **overrides: object) -> nn.Module:

@@ -41,25 +41,43 @@ class Case:
 CASES: tuple[Case, ...] = (
     Case("decode", ((1, 17), (1, 5), (1, 48), (1, 33)), num_q_heads=8, num_kv_heads=2, shuffled=False),
     Case("prefill", ((9, 9), (16, 16)), dtype="float16", head_dim=128, num_q_heads=2, num_kv_heads=2),
-    Case("mixed", ((1, 20), (1, 9), (7, 7), (5, 30)), dtype="bfloat16", block_size=8,
-         num_q_heads=6, num_kv_heads=2),
+    Case("mixed", ((1, 20), (1, 9), (7, 7), (5, 30)), dtype="bfloat16", block_size=8, num_q_heads=6, num_kv_heads=2),
     Case("chunked_prefix", ((6, 45), (3, 70)), head_dim=80, block_size=32, num_q_heads=8, num_kv_heads=1),
     Case("window", ((1, 40), (6, 26)), dtype="float16", head_dim=96, sliding_window=5),
     Case("softcap", ((1, 23), (4, 19)), softcap=2.0),
     Case("sinks", ((1, 12), (5, 21)), dtype="bfloat16", sinks=True),
     Case("split_boundaries", ((1, 31), (1, 32), (1, 33), (1, 64), (1, 65), (2, 3)), partition_size=32),
-    Case("split_all_options", ((1, 70), (3, 50)), dtype="float16", partition_size=32, sliding_window=40,
-         softcap=4.0, sinks=True),
+    Case(
+        "split_all_options",
+        ((1, 70), (3, 50)),
+        dtype="float16",
+        partition_size=32,
+        sliding_window=40,
+        softcap=4.0,
+        sinks=True,
+    ),
     Case("head_dim_256", ((1, 18), (4, 12)), head_dim=256, block_size=8, num_q_heads=4, num_kv_heads=2),
     # For the tiled kernel: query tiles that end inside a request and requests that start inside the
     # packed tile grid, partial key tiles, GQA 1, 4 and 8 packed into the tile, options across tiles;
     # the default model's heads (9 / 3) in a step like the runner's.
     Case("tiles_gqa4", ((40, 40), (33, 70), (1, 9), (31, 31)), num_q_heads=8, num_kv_heads=2, kernels=TILED),
-    Case("tiles_gqa1", ((70, 100), (5, 5)), dtype="float16", head_dim=128, num_q_heads=2, num_kv_heads=2,
-         kernels=TILED),
+    Case(
+        "tiles_gqa1", ((70, 100), (5, 5)), dtype="float16", head_dim=128, num_q_heads=2, num_kv_heads=2, kernels=TILED
+    ),
     Case("tiles_gqa8", ((20, 37), (17, 17)), dtype="bfloat16", num_q_heads=8, num_kv_heads=1, kernels=TILED),
-    Case("tiles_all_options", ((45, 60), (3, 3)), dtype="float16", head_dim=80, block_size=8,
-         num_q_heads=6, num_kv_heads=2, sliding_window=20, softcap=3.0, sinks=True, kernels=TILED),
+    Case(
+        "tiles_all_options",
+        ((45, 60), (3, 3)),
+        dtype="float16",
+        head_dim=80,
+        block_size=8,
+        num_q_heads=6,
+        num_kv_heads=2,
+        sliding_window=20,
+        softcap=3.0,
+        sinks=True,
+        kernels=TILED,
+    ),
     Case("model_heads_step", ((12, 30), (12, 20), (1, 40), (11, 11)), num_q_heads=9, num_kv_heads=3),
     # Fewer than 8 table entries: MLX passes the table in constant memory (another kernel instance).
     Case("model_heads_small_table", ((12, 30), (1, 9)), num_q_heads=9, num_kv_heads=3, extra_blocks=1),

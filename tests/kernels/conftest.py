@@ -12,8 +12,9 @@ from tools.msl_emulator.build import build_all
 from tools.msl_emulator.signature import generate
 
 
-def launches_of(case_list: tuple[Case, ...] = CASES,
-                kernels: tuple[str, ...] = ("tiled", "decode")) -> list[KernelLaunch]:
+def launches_of(
+    case_list: tuple[Case, ...] = CASES, kernels: tuple[str, ...] = ("tiled", "decode")
+) -> list[KernelLaunch]:
     """Every launch the cases make with each kernel, found with an executor that only records."""
     seen: list[KernelLaunch] = []
 
@@ -23,8 +24,19 @@ def launches_of(case_list: tuple[Case, ...] = CASES,
 
     for case in case_list:
         x = make_inputs(case)
-        args = PagedArgs(x.q, x.k_pool, x.v_pool, x.block_tables, x.cu_seqlens_q, x.seq_lens,
-                         case.block_size, x.scale, case.sliding_window, case.softcap, x.sinks)
+        args = PagedArgs(
+            x.q,
+            x.k_pool,
+            x.v_pool,
+            x.block_tables,
+            x.cu_seqlens_q,
+            x.seq_lens,
+            case.block_size,
+            x.scale,
+            case.sliding_window,
+            case.softcap,
+            x.sinks,
+        )
         for kernel in (k for k in kernels if k in case.kernels):
             run_paged_attention(args, record, None if kernel == "tiled" else case.partition_size, kernel)
     return seen

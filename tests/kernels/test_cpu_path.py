@@ -24,10 +24,17 @@ def test_kernel_matches_float64_reference(case: Case) -> None:
     pool = _f32(reference.portable_pool(x.k_pool, x.v_pool))
     sinks = None if x.sinks is None else _f32(x.sinks)
     got = cpu_attention.paged_attention(
-        _f32(x.q), pool, np.array(x.block_tables), np.array(x.cu_seqlens_q), np.array(x.seq_lens),
-        block_size=case.block_size, scale=x.scale, sliding_window=case.sliding_window, softcap=case.softcap,
+        _f32(x.q),
+        pool,
+        np.array(x.block_tables),
+        np.array(x.cu_seqlens_q),
+        np.array(x.seq_lens),
+        block_size=case.block_size,
+        scale=x.scale,
+        sliding_window=case.sliding_window,
+        softcap=case.softcap,
         sinks=sinks,
-    )  # fmt: skip
+    )
     np.testing.assert_allclose(got, reference_f64(case, x), atol=2e-5, rtol=0)
 
 
@@ -113,8 +120,10 @@ def test_parallel_kernels_run_on_numba_s_workqueue_layer() -> None:
     import subprocess
     import sys
 
-    code = ("import numpy as np; from metalserve.kernels.cpu import affine_linear as a; import numba;"
-            "numba.njit(parallel=True)(lambda x: x.sum())(np.ones(1000)); print(numba.threading_layer())")
+    code = (
+        "import numpy as np; from metalserve.kernels.cpu import affine_linear as a; import numba;"
+        "numba.njit(parallel=True)(lambda x: x.sum())(np.ones(1000)); print(numba.threading_layer())"
+    )
     env = {k: v for k, v in __import__("os").environ.items() if k != "NUMBA_THREADING_LAYER"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.stdout.strip().splitlines()[-1] == "workqueue", out.stderr[-500:]

@@ -18,11 +18,29 @@ from tools.msl_emulator import EmulatorError, emulate, emulate_race_checked
 from tools.msl_emulator.signature import generate
 
 
-def launch(source: str, inputs: tuple, n: int = 64, tg: int = 64, out_dtype: mx.Dtype = mx.float32,
-           out_size: int | None = None, **kw: object) -> KernelLaunch:
+def launch(
+    source: str,
+    inputs: tuple,
+    n: int = 64,
+    tg: int = 64,
+    out_dtype: mx.Dtype = mx.float32,
+    out_size: int | None = None,
+    **kw: object,
+) -> KernelLaunch:
     names = ("inp", "scale", "n")[: len(inputs)]
-    return KernelLaunch("t", source, names, ("out",), inputs, ((out_size or n,),), (out_dtype,),
-                        (("T", mx.float32),), (n, 1, 1), (tg, 1, 1), **kw)  # type: ignore[arg-type]
+    return KernelLaunch(
+        "t",
+        source,
+        names,
+        ("out",),
+        inputs,
+        ((out_size or n,),),
+        (out_dtype,),
+        (("T", mx.float32),),
+        (n, 1, 1),
+        (tg, 1, 1),
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 ROTATE = """
@@ -54,34 +72,51 @@ ZEROS = mx.zeros(64)
 X64 = mx.arange(64).astype(mx.float32)
 
 # Every launch is built at import, so conftest.py can compile them all in parallel before the tests.
-ROTATE_OK = launch(ROTATE.format(barrier="threadgroup_barrier(mem_flags::mem_threadgroup);"),
-                   (mx.arange(128).astype(mx.float32),), n=128)
+ROTATE_OK = launch(
+    ROTATE.format(barrier="threadgroup_barrier(mem_flags::mem_threadgroup);"),
+    (mx.arange(128).astype(mx.float32),),
+    n=128,
+)
 ROTATE_RACY = launch(ROTATE.format(barrier=""), (X64,))
 UNINITIALISED = launch(
-    "threadgroup float buf[64]; out[thread_position_in_grid.x] = buf[thread_index_in_threadgroup];", (ZEROS,))
-PARTIAL_BARRIER = launch("""
+    "threadgroup float buf[64]; out[thread_position_in_grid.x] = buf[thread_index_in_threadgroup];", (ZEROS,)
+)
+PARTIAL_BARRIER = launch(
+    """
     if (thread_index_in_threadgroup < 16) { threadgroup_barrier(mem_flags::mem_threadgroup); }
     out[thread_position_in_grid.x] = inp[0];
-    """, (ZEROS,))
-DIVERGENT_BARRIERS = launch("""
+    """,
+    (ZEROS,),
+)
+DIVERGENT_BARRIERS = launch(
+    """
     if (thread_index_in_threadgroup % 2) { threadgroup_barrier(mem_flags::mem_threadgroup); }
     else { threadgroup_barrier(mem_flags::mem_threadgroup); }
     out[thread_position_in_grid.x] = inp[0];
-    """, (ZEROS,))
-DIVERGENT_SIMD = launch("""
+    """,
+    (ZEROS,),
+)
+DIVERGENT_SIMD = launch(
+    """
     float v = inp[thread_position_in_grid.x];
     if (thread_index_in_simdgroup < 16) { v = simd_sum(v); }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     out[thread_position_in_grid.x] = v;
-    """, (ZEROS,))
+    """,
+    (ZEROS,),
+)
 TOO_MUCH_TG_MEMORY = launch(
-    "threadgroup float big[8193]; big[0] = 1; out[thread_position_in_grid.x] = inp[0];", (ZEROS,))
+    "threadgroup float big[8193]; big[0] = 1; out[thread_position_in_grid.x] = inp[0];", (ZEROS,)
+)
 COPY_OK = launch("out[thread_position_in_grid.x] = inp[thread_position_in_grid.x];", (X64,))
 COPY_OOB = launch("out[thread_position_in_grid.x] = inp[thread_position_in_grid.x + 1];", (X64,))
 SIMD = launch(SIMD_SOURCE, (mx.array(SIMD_INPUT),), out_size=64 * 6)
-ATTRS = KernelLaunch("attrs", ATTRS_SOURCE, ("inp",), ("out",), (mx.zeros(8),), ((64 * 4,),), (mx.float32,),
-                     (), (64, 4, 1), (32, 2, 1))
-ATOMICS = KernelLaunch("atomics", """
+ATTRS = KernelLaunch(
+    "attrs", ATTRS_SOURCE, ("inp",), ("out",), (mx.zeros(8),), ((64 * 4,),), (mx.float32,), (), (64, 4, 1), (32, 2, 1)
+)
+ATOMICS = KernelLaunch(
+    "atomics",
+    """
     threadgroup atomic_int seen;
     if (thread_index_in_threadgroup == 0) { atomic_store_explicit(&seen, 0, memory_order_relaxed); }
     threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -92,10 +127,30 @@ ATOMICS = KernelLaunch("atomics", """
                                 memory_order_relaxed);
     }
     atomic_fetch_max_explicit(&out[1], inp[thread_position_in_grid.x], memory_order_relaxed);
-    """, ("inp",), ("out",), (X64,), ((2,),), (mx.float32,), (), (64, 1, 1), (16, 1, 1),
-    atomic_outputs=True, init_value=0.0)
-LAUNCHES = (ATOMICS, ROTATE_OK, ROTATE_RACY, UNINITIALISED, PARTIAL_BARRIER, DIVERGENT_BARRIERS, DIVERGENT_SIMD,
-            TOO_MUCH_TG_MEMORY, SIMD, ATTRS)
+    """,
+    ("inp",),
+    ("out",),
+    (X64,),
+    ((2,),),
+    (mx.float32,),
+    (),
+    (64, 1, 1),
+    (16, 1, 1),
+    atomic_outputs=True,
+    init_value=0.0,
+)
+LAUNCHES = (
+    ATOMICS,
+    ROTATE_OK,
+    ROTATE_RACY,
+    UNINITIALISED,
+    PARTIAL_BARRIER,
+    DIVERGENT_BARRIERS,
+    DIVERGENT_SIMD,
+    TOO_MUCH_TG_MEMORY,
+    SIMD,
+    ATTRS,
+)
 ASAN_LAUNCHES = (COPY_OK, COPY_OOB)
 
 
@@ -171,17 +226,28 @@ def test_thread_position_attributes() -> None:
 
 def _mlx_generated(k: KernelLaunch, capfd: pytest.CaptureFixture[str], tmp_path: Path) -> str:
     """MLX's own generated source: metal_kernel traces without Metal inside export_function."""
-    kernel: Any = mx.fast.metal_kernel(name=k.name, input_names=list(k.input_names),
-                                  output_names=list(k.output_names), source=k.source,
-                                  header=k.header, atomic_outputs=k.atomic_outputs)
+    kernel: Any = mx.fast.metal_kernel(
+        name=k.name,
+        input_names=list(k.input_names),
+        output_names=list(k.output_names),
+        source=k.source,
+        header=k.header,
+        atomic_outputs=k.atomic_outputs,
+    )
     arrays = [v for v in k.inputs if isinstance(v, mx.array)]
 
     def traced(*xs: mx.array) -> Any:
         it = iter(xs)
         inputs = [next(it) if isinstance(v, mx.array) else v for v in k.inputs]
-        return kernel(inputs=inputs, template=list(k.template), grid=k.grid, threadgroup=k.threadgroup,
-                      output_shapes=[list(s) for s in k.output_shapes],
-                      output_dtypes=list(k.output_dtypes), verbose=True)
+        return kernel(
+            inputs=inputs,
+            template=list(k.template),
+            grid=k.grid,
+            threadgroup=k.threadgroup,
+            output_shapes=[list(s) for s in k.output_shapes],
+            output_dtypes=list(k.output_dtypes),
+            verbose=True,
+        )
 
     capfd.readouterr()
     mx.export_function(str(tmp_path / "kernel.mlxfn"), traced, *arrays)
@@ -191,17 +257,24 @@ def _mlx_generated(k: KernelLaunch, capfd: pytest.CaptureFixture[str], tmp_path:
     return match.group(1)
 
 
-def test_signature_matches_mlx_for_every_parameter_kind(
-    capfd: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def test_signature_matches_mlx_for_every_parameter_kind(capfd: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     src = """
     uint i = thread_position_in_grid.x + simdgroup_index_in_threadgroup * 0 + threads_per_simdgroup * 0;
     out[i] = T(inp[i] * scale + small[0] + float(n) + float(inp_ndim) + float(inp_shape[0]));
     """
-    k = KernelLaunch("sig", src, ("inp", "small", "scale", "n"), ("out", "out2"),
-                     (mx.zeros((4, 8)), mx.zeros(3, mx.float16), 0.5, 7), ((32,), (2,)),
-                     (mx.bfloat16, mx.int32), (("T", mx.bfloat16), ("N", 3), ("FLAG", True)),
-                     (32, 1, 1), (32, 1, 1), atomic_outputs=True)
+    k = KernelLaunch(
+        "sig",
+        src,
+        ("inp", "small", "scale", "n"),
+        ("out", "out2"),
+        (mx.zeros((4, 8)), mx.zeros(3, mx.float16), 0.5, 7),
+        ((32,), (2,)),
+        (mx.bfloat16, mx.int32),
+        (("T", mx.bfloat16), ("N", 3), ("FLAG", True)),
+        (32, 1, 1),
+        (32, 1, 1),
+        atomic_outputs=True,
+    )
     assert generate(k).source == _mlx_generated(k, capfd, tmp_path)
 
 
@@ -211,8 +284,9 @@ def test_signature_matches_mlx_for_the_attention_kernels(
 ) -> None:
     case = CASES[0]
     x = make_inputs(case)
-    args = PagedArgs(x.q, x.k_pool, x.v_pool, x.block_tables, x.cu_seqlens_q, x.seq_lens, case.block_size,
-                     x.scale, None, None, None)
+    args = PagedArgs(
+        x.q, x.k_pool, x.v_pool, x.block_tables, x.cu_seqlens_q, x.seq_lens, case.block_size, x.scale, None, None, None
+    )
     tiles = tiling(case.num_q_heads // case.num_kv_heads, case.head_dim)
     assert tiles is not None
     k = attention_launch(args, 1, 256) if kernel == "decode" else tiled_launch(args, tiles)

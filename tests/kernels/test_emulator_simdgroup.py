@@ -34,29 +34,49 @@ MMA_SOURCE = """
 
 
 def sg_launch(source: str, threads: int = 32, inputs: tuple = (mx.array(MMA_INPUT),)) -> KernelLaunch:
-    return KernelLaunch("sgm", source, ("inp",), ("out",), inputs, ((64 + 80,),), (mx.float32,), (),
-                        (threads, 1, 1), (threads, 1, 1))
+    return KernelLaunch(
+        "sgm", source, ("inp",), ("out",), inputs, ((64 + 80,),), (mx.float32,), (), (threads, 1, 1), (threads, 1, 1)
+    )
 
 
 MMA = sg_launch(MMA_SOURCE)
-PARTIAL_MMA = sg_launch(MMA_SOURCE.replace("simdgroup_multiply_accumulate(mc, ma, mb, mc);",
-                                           "if (l < 16) { simdgroup_multiply_accumulate(mc, ma, mb, mc); }"))
-DIVERGENT_LOADS = sg_launch(MMA_SOURCE.replace(
-    "simdgroup_load(mb, b, 8, ulong2(0, 0), true);",
-    "if (l % 2) {\n simdgroup_load(mb, b, 8);\n } else {\n simdgroup_load(mb, b, 8, ulong2(0, 0), true);\n }"))
-NON_UNIFORM = sg_launch(MMA_SOURCE.replace("simdgroup_load(ma, a, 12, ulong2(3, 0));",
-                                           "simdgroup_load(ma, a + (l % 2), 12, ulong2(3, 0));"))
-PARTIAL_SIMDGROUP = sg_launch(MMA_SOURCE.replace("out[2 * l]", "out[2 * (l % 32)]")
-                              .replace("out[2 * l + 1]", "out[2 * (l % 32) + 1]"), threads=48)
-COUNTS = KernelLaunch("counts", """
+PARTIAL_MMA = sg_launch(
+    MMA_SOURCE.replace(
+        "simdgroup_multiply_accumulate(mc, ma, mb, mc);",
+        "if (l < 16) { simdgroup_multiply_accumulate(mc, ma, mb, mc); }",
+    )
+)
+DIVERGENT_LOADS = sg_launch(
+    MMA_SOURCE.replace(
+        "simdgroup_load(mb, b, 8, ulong2(0, 0), true);",
+        "if (l % 2) {\n simdgroup_load(mb, b, 8);\n } else {\n simdgroup_load(mb, b, 8, ulong2(0, 0), true);\n }",
+    )
+)
+NON_UNIFORM = sg_launch(
+    MMA_SOURCE.replace("simdgroup_load(ma, a, 12, ulong2(3, 0));", "simdgroup_load(ma, a + (l % 2), 12, ulong2(3, 0));")
+)
+PARTIAL_SIMDGROUP = sg_launch(
+    MMA_SOURCE.replace("out[2 * l]", "out[2 * (l % 32)]").replace("out[2 * l + 1]", "out[2 * (l % 32) + 1]"), threads=48
+)
+COUNTS = KernelLaunch(
+    "counts",
+    """
     uint i = thread_position_in_grid.x;
     float4 v = *((const device float4*)(inp + 4 * i));
     float s = simd_sum(v.x + v.y + v.z + v.w);
     threadgroup_barrier(mem_flags::mem_threadgroup);
     threadgroup_barrier(mem_flags::mem_threadgroup);
     out[i] = s + small[i % 2] + float(n);
-    """, ("inp", "small", "n"), ("out",), (mx.arange(256).astype(mx.float32), mx.ones(2), 3), ((64,),),
-    (mx.float32,), (), (64, 1, 1), (32, 1, 1))
+    """,
+    ("inp", "small", "n"),
+    ("out",),
+    (mx.arange(256).astype(mx.float32), mx.ones(2), 3),
+    ((64,),),
+    (mx.float32,),
+    (),
+    (64, 1, 1),
+    (32, 1, 1),
+)
 LAUNCHES = (MMA, PARTIAL_MMA, DIVERGENT_LOADS, NON_UNIFORM, PARTIAL_SIMDGROUP, COUNTS)
 
 

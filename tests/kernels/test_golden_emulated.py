@@ -45,8 +45,7 @@ def test_emulated_kernels_give_the_portable_paths_greedy_tokens(monkeypatch: pyt
     loaded = load_model(None)
     rng = np.random.default_rng(5)
     text = loaded.tokenizer.encode(" ".join(["a quiet river runs past the old mill by the town"] * 6))
-    prompts = [text[int(o) : int(o) + n] for o, n in zip(rng.integers(0, 15, len(LENGTHS)), LENGTHS,
-                                                          strict=True)]
+    prompts = [text[int(o) : int(o) + n] for o, n in zip(rng.integers(0, 15, len(LENGTHS)), LENGTHS, strict=True)]
     model = PagedModel.from_loaded(loaded, current_platform())
     spec = kv_cache_spec(loaded, 16, num_blocks=32)
     outputs = {}

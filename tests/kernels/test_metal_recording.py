@@ -29,8 +29,18 @@ def test_emulator_matches_recorded_metal(case: Case, kernel: str) -> None:
         pytest.skip(f"{RECORDING.name} has no {key!r}: record it again with tools/record_metal_outputs.py")
     x = make_inputs(case)
     got = emulated_paged_attention(
-        x.q, x.k_pool, x.v_pool, x.block_tables, x.cu_seqlens_q, x.seq_lens, block_size=case.block_size,
-        scale=x.scale, sliding_window=case.sliding_window, softcap=case.softcap, sinks=x.sinks,
-        partition_size=None if kernel == "tiled" else case.partition_size, kernel=kernel,
+        x.q,
+        x.k_pool,
+        x.v_pool,
+        x.block_tables,
+        x.cu_seqlens_q,
+        x.seq_lens,
+        block_size=case.block_size,
+        scale=x.scale,
+        sliding_window=case.sliding_window,
+        softcap=case.softcap,
+        sinks=x.sinks,
+        partition_size=None if kernel == "tiled" else case.partition_size,
+        kernel=kernel,
     )
     np.testing.assert_allclose(as_f64(got), recorded[key], atol=TOLERANCE[case.dtype], rtol=0)

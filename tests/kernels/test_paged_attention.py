@@ -22,8 +22,19 @@ from tools.msl_emulator import emulate, emulate_race_checked
 
 
 def paged_args(case: Case, x: Inputs) -> PagedArgs:
-    return PagedArgs(x.q, x.k_pool, x.v_pool, x.block_tables, x.cu_seqlens_q, x.seq_lens, case.block_size,
-                     x.scale, case.sliding_window, case.softcap, x.sinks)
+    return PagedArgs(
+        x.q,
+        x.k_pool,
+        x.v_pool,
+        x.block_tables,
+        x.cu_seqlens_q,
+        x.seq_lens,
+        case.block_size,
+        x.scale,
+        case.sliding_window,
+        case.softcap,
+        x.sinks,
+    )
 
 
 def kernel_options(case: Case, kernel: str) -> tuple[int | None, str]:
@@ -45,10 +56,20 @@ def _metal(kernel: str) -> Callable[[Case, Inputs], mx.array]:
             pytest.skip("no Metal device here; the emulator rows run this kernel's source")
         partition_size, name = kernel_options(case, kernel)
         return metal_paged_attention(
-            x.q, x.k_pool, x.v_pool, x.block_tables, x.cu_seqlens_q, x.seq_lens, block_size=case.block_size,
-            scale=x.scale, sliding_window=case.sliding_window, softcap=case.softcap, sinks=x.sinks,
-            partition_size=partition_size, kernel=name,
-        )  # fmt: skip
+            x.q,
+            x.k_pool,
+            x.v_pool,
+            x.block_tables,
+            x.cu_seqlens_q,
+            x.seq_lens,
+            block_size=case.block_size,
+            scale=x.scale,
+            sliding_window=case.sliding_window,
+            softcap=case.softcap,
+            sinks=x.sinks,
+            partition_size=partition_size,
+            kernel=name,
+        )
 
     return run
 
@@ -72,9 +93,13 @@ def _reference(case: Case, x: Inputs) -> mx.array:
 def _reference_planned(case: Case, x: Inputs) -> mx.array:
     """The runner's form of the portable path: leading single-query requests attend as one batched group."""
     plan = reference.build_plan(
-        np.array(x.block_tables), np.array(x.cu_seqlens_q), np.array(x.seq_lens), case.block_size,
-        case.sliding_window, num_kv_heads=case.num_kv_heads,
-    )  # fmt: skip
+        np.array(x.block_tables),
+        np.array(x.cu_seqlens_q),
+        np.array(x.seq_lens),
+        case.block_size,
+        case.sliding_window,
+        num_kv_heads=case.num_kv_heads,
+    )
     opts = reference.AttentionOptions(x.scale, case.sliding_window, case.softcap, x.sinks)
     return reference.paged_attention_planned(x.q, reference.portable_pool(x.k_pool, x.v_pool), plan, opts)
 
@@ -90,8 +115,12 @@ BACKENDS: dict[str, Callable[[Case, Inputs], mx.array]] = {
 
 
 # Which kernel a backend runs; the tile-edge cases are for the tiled kernel only.
-BACKEND_KERNEL = {"emulator_tiled": "tiled", "emulator_decode": "decode", "metal_tiled": "tiled",
-                  "metal_decode": "decode"}
+BACKEND_KERNEL = {
+    "emulator_tiled": "tiled",
+    "emulator_decode": "decode",
+    "metal_tiled": "tiled",
+    "metal_decode": "decode",
+}
 PAIRS = [(b, c) for b in BACKENDS for c in CASES if BACKEND_KERNEL.get(b, c.kernels[0]) in c.kernels]
 
 
@@ -129,8 +158,13 @@ def test_cases_cover_the_tiles() -> None:
     assert {1, 4, 8} <= multi_tile_gqa
     starts = [np.cumsum([0] + [q for q, _ in c.reqs])[:-1] for c in CASES]
     assert any(any(s % 16 for s in st[1:]) for st in starts)
-    assert any(any(kv % tiling(c.num_q_heads // c.num_kv_heads, c.head_dim).key_tile  # type: ignore[union-attr]
-                   for _, kv in c.reqs) for c in CASES)
+    assert any(
+        any(
+            kv % tiling(c.num_q_heads // c.num_kv_heads, c.head_dim).key_tile  # type: ignore[union-attr]
+            for _, kv in c.reqs
+        )
+        for c in CASES
+    )
     assert any(c.sliding_window and max(q for q, _ in c.reqs) > c.sliding_window for c in CASES)
 
 
@@ -143,16 +177,20 @@ def test_split_case_straddles_partition_edges() -> None:
 
 # Decode kernel: decodes, a prefill and a chunk over partial blocks. Tiled kernel: partial blocks and
 # partial key tiles (the cheapest tiled case to run under ASan).
-ASAN_CASES = {"decode": next(c for c in CASES if c.name == "mixed"),
-              "tiled": next(c for c in CASES if c.name == "prefill")}
+ASAN_CASES = {
+    "decode": next(c for c in CASES if c.name == "mixed"),
+    "tiled": next(c for c in CASES if c.name == "prefill"),
+}
 
 
 def asan_case_launches() -> list[KernelLaunch]:
     """The launches of the ASan test, for conftest.py's parallel warm-up."""
     from tests.kernels.conftest import launches_of
 
-    return [*launches_of((ASAN_CASES["decode"],), kernels=("decode",)),
-            *launches_of((ASAN_CASES["tiled"],), kernels=("tiled",))]
+    return [
+        *launches_of((ASAN_CASES["decode"],), kernels=("decode",)),
+        *launches_of((ASAN_CASES["tiled"],), kernels=("tiled",)),
+    ]
 
 
 @pytest.mark.parametrize("kernel", ["tiled", "decode"])
@@ -160,8 +198,9 @@ def test_kernel_reads_in_bounds_under_asan(kernel: str) -> None:
     """The AddressSanitizer build of each kernel, every buffer in its own exact-size allocation."""
     case = ASAN_CASES[kernel]
     x = make_inputs(case)
-    out = run_paged_attention(paged_args(case, x), lambda launch: emulate(launch, asan=True),
-                              *kernel_options(case, kernel))
+    out = run_paged_attention(
+        paged_args(case, x), lambda launch: emulate(launch, asan=True), *kernel_options(case, kernel)
+    )
     np.testing.assert_allclose(as_f64(out), reference_f64(case, x), atol=TOLERANCE[case.dtype], rtol=0)
 
 

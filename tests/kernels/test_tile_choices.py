@@ -34,8 +34,13 @@ def test_groups_beyond_the_row_limit_have_no_tile() -> None:
 
 def test_the_script_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "tile_choices.json"
-    subprocess.run([sys.executable, str(ROOT / "tools" / "tile_choices.py"), "--out", str(out)], check=True,
-                   cwd=ROOT, capture_output=True, timeout=120)  # fmt: skip
+    subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "tile_choices.py"), "--out", str(out)],
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+        timeout=120,
+    )
     written = json.loads(out.read_text())
     assert written["tiles"] == report()["tiles"]
     assert written["device"] is None or "device_name" in written["device"]

@@ -48,8 +48,10 @@ class RefusingDevice:
     def __call__(self, launch: KernelLaunch) -> list[mx.array]:
         self.calls.append(_threads(launch))
         if _threads(launch) > self.limit:
-            raise RuntimeError(f"[metal::Device] threadgroup of {_threads(launch)} threads exceeds the pipeline's "
-                               f"maxTotalThreadsPerThreadgroup ({self.limit})")  # fmt: skip
+            raise RuntimeError(
+                f"[metal::Device] threadgroup of {_threads(launch)} threads exceeds the pipeline's "
+                f"maxTotalThreadsPerThreadgroup ({self.limit})"
+            )
         return emulate(launch)
 
 
@@ -93,8 +95,13 @@ def _extreme_cases() -> list[tuple[int, int]]:
 def _case(head_dim: int, group: int) -> Case:
     t = tiling(group, head_dim)
     assert t is not None
-    return Case(f"d{head_dim}_g{group}", ((t.tile_q + 3, t.tile_q + 10), (2, 9)), head_dim=head_dim,
-                num_q_heads=group, num_kv_heads=1)  # fmt: skip
+    return Case(
+        f"d{head_dim}_g{group}",
+        ((t.tile_q + 3, t.tile_q + 10), (2, 9)),
+        head_dim=head_dim,
+        num_q_heads=group,
+        num_kv_heads=1,
+    )
 
 
 def warm_launches() -> list[KernelLaunch]:
@@ -170,9 +177,20 @@ def test_a_gpu_that_refuses_every_launch_still_serves_mlx_lm_s_tokens(
     device = RefusingDevice(limit=0)
     guard = LaunchGuard(device)
 
-    def refused_kernel(q: mx.array, k: mx.array, v: mx.array, tables: mx.array, cu: mx.array, lens: mx.array,
-                       *, block_size: int, scale: float, sliding_window: int | None = None,
-                       softcap: float | None = None, sinks: mx.array | None = None) -> mx.array:  # fmt: skip
+    def refused_kernel(
+        q: mx.array,
+        k: mx.array,
+        v: mx.array,
+        tables: mx.array,
+        cu: mx.array,
+        lens: mx.array,
+        *,
+        block_size: int,
+        scale: float,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+        sinks: mx.array | None = None,
+    ) -> mx.array:
         args = PagedArgs(q, k, v, tables, cu, lens, block_size, scale, sliding_window, softcap, sinks)
         return run_paged_attention(args, guard)
 

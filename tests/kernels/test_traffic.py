@@ -12,15 +12,29 @@ from tests.kernels.cases import CASES, Case, make_inputs
 from tools.msl_emulator import LaunchCounts, emulate_counted
 
 # Cases of the kernel tests (their builds are shared): options, prefixes, split-KV, tile edges.
-TRAFFIC_CASES = tuple((c, k) for c in CASES for k in c.kernels
-                      if c.name in ("chunked_prefix", "window", "split_boundaries", "tiles_gqa4",
-                                    "tiles_all_options"))
+TRAFFIC_CASES = tuple(
+    (c, k)
+    for c in CASES
+    for k in c.kernels
+    if c.name in ("chunked_prefix", "window", "split_boundaries", "tiles_gqa4", "tiles_all_options")
+)
 
 
 def counted(case: Case, kernel: str) -> list[LaunchCounts]:
     x = make_inputs(case)
-    args = PagedArgs(x.q, x.k_pool, x.v_pool, x.block_tables, x.cu_seqlens_q, x.seq_lens, case.block_size,
-                     x.scale, case.sliding_window, case.softcap, x.sinks)
+    args = PagedArgs(
+        x.q,
+        x.k_pool,
+        x.v_pool,
+        x.block_tables,
+        x.cu_seqlens_q,
+        x.seq_lens,
+        case.block_size,
+        x.scale,
+        case.sliding_window,
+        case.softcap,
+        x.sinks,
+    )
     seen: list[LaunchCounts] = []
 
     def execute(launch: KernelLaunch) -> list[mx.array]:

@@ -16,9 +16,19 @@ from tools.msl_emulator import EmulatorError, emulate
 def args(**change: object) -> PagedArgs:
     case = CASES[0]
     x = make_inputs(case)
-    base = dict(q=x.q, k_pool=x.k_pool, v_pool=x.v_pool, block_tables=x.block_tables,
-                cu_seqlens_q=x.cu_seqlens_q, seq_lens=x.seq_lens, block_size=case.block_size, scale=x.scale,
-                sliding_window=None, softcap=None, sinks=None)
+    base = dict(
+        q=x.q,
+        k_pool=x.k_pool,
+        v_pool=x.v_pool,
+        block_tables=x.block_tables,
+        cu_seqlens_q=x.cu_seqlens_q,
+        seq_lens=x.seq_lens,
+        block_size=case.block_size,
+        scale=x.scale,
+        sliding_window=None,
+        softcap=None,
+        sinks=None,
+    )
     base.update(change)
     return PagedArgs(**base)  # type: ignore[arg-type]
 

@@ -51,8 +51,9 @@ def smol(block_size: int = 16, state_bytes: int = 0, layers: int = 30, heads: in
     """SmolLM2-135M's shape (30 layers, 3 KV heads, head_dim 64) in fp16, optionally with a state group."""
     spec = KVCacheSpec.uniform(layers, heads, dim, "float16", 2, block_size)
     if state_bytes:
-        spec = KVCacheSpec((*spec.groups, RecurrentState(layers=(layers,), state_bytes=state_bytes)), spec.tensors,
-                           block_size)  # fmt: skip
+        spec = KVCacheSpec(
+            (*spec.groups, RecurrentState(layers=(layers,), state_bytes=state_bytes)), spec.tensors, block_size
+        )
     return spec
 
 

@@ -24,38 +24,90 @@ from tests.loader.tiny_tokenizer import add_gguf_tokenizer, vocab_tokens
 # 256 wide, so every matrix's rows are whole K-quant super-blocks.
 HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FFN, EXPERTS = 256, 2, 4, 2, 64, 256, 4
 _BASE = {
-    "hidden_size": HIDDEN, "num_hidden_layers": LAYERS, "intermediate_size": FFN, "num_attention_heads": HEADS,
-    "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-    "max_position_embeddings": 256, "tie_word_embeddings": True,
-}  # fmt: skip
+    "hidden_size": HIDDEN,
+    "num_hidden_layers": LAYERS,
+    "intermediate_size": FFN,
+    "num_attention_heads": HEADS,
+    "num_key_value_heads": KV_HEADS,
+    "head_dim": HEAD_DIM,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": True,
+}
 _EXTRA: dict[str, dict[str, Any]] = {
     "llama": {"model_type": "llama"},
     # llama 3.1's rope (stored by llama.cpp as per-frequency factors), high factor to make it show.
-    "llama3": {"model_type": "llama", "rope_scaling": {"type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
+    "llama3": {
+        "model_type": "llama",
+        "rope_scaling": {
+            "type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    },
     "qwen2": {"model_type": "qwen2"},
     "qwen3": {"model_type": "qwen3"},
-    "qwen3moe": {"model_type": "qwen3_moe", "num_experts": EXPERTS, "num_experts_per_tok": 2,
-                 "moe_intermediate_size": FFN, "decoder_sparse_step": 1, "mlp_only_layers": [],
-                 "norm_topk_prob": True},
-    "gemma3": {"model_type": "gemma3_text", "sliding_window": 8, "sliding_window_pattern": 2,
-               "query_pre_attn_scalar": HEAD_DIM, "rope_theta": 1e6, "rope_local_base_freq": 10000.0,
-               "rms_norm_eps": 1e-6},
-    "phi3": {"model_type": "phi3", "partial_rotary_factor": 0.5, "original_max_position_embeddings": 128,
-             "tie_word_embeddings": False},
-}  # fmt: skip
-_ATTN = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-         "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-         "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-         "mlp.down_proj": "ffn_down", "post_attention_layernorm": "ffn_norm"}  # fmt: skip
+    "qwen3moe": {
+        "model_type": "qwen3_moe",
+        "num_experts": EXPERTS,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": FFN,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+    },
+    "gemma3": {
+        "model_type": "gemma3_text",
+        "sliding_window": 8,
+        "sliding_window_pattern": 2,
+        "query_pre_attn_scalar": HEAD_DIM,
+        "rope_theta": 1e6,
+        "rope_local_base_freq": 10000.0,
+        "rms_norm_eps": 1e-6,
+    },
+    "phi3": {
+        "model_type": "phi3",
+        "partial_rotary_factor": 0.5,
+        "original_max_position_embeddings": 128,
+        "tie_word_embeddings": False,
+    },
+}
+_ATTN = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "post_attention_layernorm": "ffn_norm",
+}
 _TO_GGUF: dict[str, dict[str, str]] = {
-    "llama": _ATTN, "llama3": _ATTN, "qwen2": _ATTN, "qwen3": _ATTN,
-    "qwen3moe": {**_ATTN, "mlp.gate": "ffn_gate_inp", "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
-                 "mlp.switch_mlp.up_proj": "ffn_up_exps", "mlp.switch_mlp.down_proj": "ffn_down_exps"},
-    "gemma3": {**_ATTN, "post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
-               "post_feedforward_layernorm": "post_ffw_norm"},
+    "llama": _ATTN,
+    "llama3": _ATTN,
+    "qwen2": _ATTN,
+    "qwen3": _ATTN,
+    "qwen3moe": {
+        **_ATTN,
+        "mlp.gate": "ffn_gate_inp",
+        "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
+        "mlp.switch_mlp.up_proj": "ffn_up_exps",
+        "mlp.switch_mlp.down_proj": "ffn_down_exps",
+    },
+    "gemma3": {
+        **_ATTN,
+        "post_attention_layernorm": "post_attention_norm",
+        "pre_feedforward_layernorm": "ffn_norm",
+        "post_feedforward_layernorm": "post_ffw_norm",
+    },
     "phi3": {**_ATTN, "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"},
-}  # fmt: skip
+}
 _GLOBALS = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 PHI3_LONG = [1.0 + 0.1 * i for i in range(HEAD_DIM // 4)]  # rope dims / 2 = 16 factors
 PHI3_SHORT = [1.0 + 0.05 * i for i in range(HEAD_DIM // 4)]

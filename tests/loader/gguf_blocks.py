@@ -11,8 +11,13 @@ import numpy as np
 
 T = gguf.GGMLQuantizationType
 # Byte offsets of each K-quant block's fp16 fields (d, dmin) and a scale for d giving weights of std ~0.15.
-_HALF_FIELDS = {T.Q2_K: ((80, 82), 1.5e-2), T.Q3_K: ((108,), 4.5e-3), T.Q4_K: ((0, 2), 8.5e-4),
-                T.Q5_K: ((0, 2), 4.3e-4), T.Q6_K: ((208,), 1.5e-4)}  # fmt: skip
+_HALF_FIELDS = {
+    T.Q2_K: ((80, 82), 1.5e-2),
+    T.Q3_K: ((108,), 4.5e-3),
+    T.Q4_K: ((0, 2), 8.5e-4),
+    T.Q5_K: ((0, 2), 4.3e-4),
+    T.Q6_K: ((208,), 1.5e-4),
+}
 K_QUANTS = tuple(_HALF_FIELDS)
 
 

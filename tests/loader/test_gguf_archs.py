@@ -18,11 +18,28 @@ TOKENS = [1, 40, 41, 260, 261, 7, 99, 2, 150, 33, 12, 13, 14, 200, 201, 5]  # lo
 # Each architecture through metalserve's reader and (Q8_0/F16) through mx.load; "llama3" is a llama GGUF
 # with llama-3 rope factors. Random Q4_K/Q5_K blocks have a large common offset that flattens attention,
 # so the row-order checks use the other types.
-CASES = [("llama", T.Q6_K), ("llama", T.BF16), ("llama3", T.Q8_0), ("qwen2", T.Q5_0), ("qwen3", T.Q3_K),
-         ("qwen3moe", T.Q4_K), ("qwen3moe", T.Q8_0), ("gemma3", T.Q6_K), ("gemma3", T.Q8_0), ("phi3", T.Q2_K),
-         ("phi3", T.F16)]  # fmt: skip
-MODEL_TYPES = {"llama": "llama", "llama3": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe",
-               "gemma3": "gemma3_text", "phi3": "phi3"}  # fmt: skip
+CASES = [
+    ("llama", T.Q6_K),
+    ("llama", T.BF16),
+    ("llama3", T.Q8_0),
+    ("qwen2", T.Q5_0),
+    ("qwen3", T.Q3_K),
+    ("qwen3moe", T.Q4_K),
+    ("qwen3moe", T.Q8_0),
+    ("gemma3", T.Q6_K),
+    ("gemma3", T.Q8_0),
+    ("phi3", T.Q2_K),
+    ("phi3", T.F16),
+]
+MODEL_TYPES = {
+    "llama": "llama",
+    "llama3": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "qwen3moe": "qwen3_moe",
+    "gemma3": "gemma3_text",
+    "phi3": "phi3",
+}
 
 
 def close(got: np.ndarray, want: np.ndarray) -> None:

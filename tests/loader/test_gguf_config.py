@@ -12,10 +12,17 @@ from metalserve.loader.gguf_config import config_from_gguf
 
 
 def meta(arch: str, **extra: Any) -> dict[str, Any]:
-    base = {"general.architecture": arch, f"{arch}.embedding_length": 5376, f"{arch}.block_count": 4,
-            f"{arch}.attention.head_count": 32, f"{arch}.attention.head_count_kv": 16,
-            f"{arch}.attention.key_length": 128, f"{arch}.feed_forward_length": 64, f"{arch}.context_length": 512,
-            "tokenizer.ggml.tokens": ["a", "b"]}  # fmt: skip
+    base = {
+        "general.architecture": arch,
+        f"{arch}.embedding_length": 5376,
+        f"{arch}.block_count": 4,
+        f"{arch}.attention.head_count": 32,
+        f"{arch}.attention.head_count_kv": 16,
+        f"{arch}.attention.key_length": 128,
+        f"{arch}.feed_forward_length": 64,
+        f"{arch}.context_length": 512,
+        "tokenizer.ggml.tokens": ["a", "b"],
+    }
     return {**base, **{k.replace("ARCH", arch): v for k, v in extra.items()}}
 
 
@@ -38,8 +45,11 @@ def test_gemma3_window_flags_must_be_periodic() -> None:
 
 
 def test_rope_scaling_maps_where_the_class_honours_it_and_is_refused_where_not() -> None:
-    yarn = {"ARCH.rope.scaling.type": "yarn", "ARCH.rope.scaling.factor": 4.0,
-            "ARCH.rope.scaling.original_context_length": 32768}  # fmt: skip
+    yarn = {
+        "ARCH.rope.scaling.type": "yarn",
+        "ARCH.rope.scaling.factor": 4.0,
+        "ARCH.rope.scaling.original_context_length": 32768,
+    }
     config = config_from_gguf(meta("qwen3", **yarn), {"output.weight"})
     assert config["rope_scaling"] == {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
     assert config["tie_word_embeddings"] is False
@@ -83,8 +93,13 @@ def test_llama3_rope_parameters_are_recovered_from_the_stored_factors() -> None:
     m = meta("llama", **{"ARCH.rope.freq_base": 500000.0})
     factors = {"rope_freqs.weight": converter_rope_freqs(8.0, 128, 500000.0)}
     config = config_from_gguf(m, set(), factors)
-    assert config["rope_scaling"] == {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}  # fmt: skip
+    assert config["rope_scaling"] == {
+        "type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     factors["rope_freqs.weight"][20] *= 1.5  # not llama-3's curve: refused, not approximated
     with pytest.raises(ModelLoadError, match="not llama-3's"):
         config_from_gguf(m, set(), factors)

@@ -69,9 +69,16 @@ def test_default_model_is_found_without_importing_its_package() -> None:
 
 @pytest.mark.parametrize(
     ("name", "expected"),
-    [("org/name", True), ("mlx-community/Qwen3-0.6B-4bit", True), ("a/b/c", False), ("x.gguf", False),
-     ("org/model.gguf", False), ("./rel", False), ("plain", False)],
-)  # fmt: skip
+    [
+        ("org/name", True),
+        ("mlx-community/Qwen3-0.6B-4bit", True),
+        ("a/b/c", False),
+        ("x.gguf", False),
+        ("org/model.gguf", False),
+        ("./rel", False),
+        ("plain", False),
+    ],
+)
 def test_repo_id_shape(name: str, expected: bool) -> None:
     assert looks_like_repo_id(name) is expected
 

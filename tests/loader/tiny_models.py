@@ -75,10 +75,16 @@ def _permute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 _GGUF_NAMES = {
-    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
-    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-}  # fmt: skip
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
 
 
 def _gguf_name(hf: str) -> str:
@@ -86,8 +92,11 @@ def _gguf_name(hf: str) -> str:
         _, _, layer, rest = hf.split(".", 3)
         module = rest.removesuffix(".weight")
         return f"blk.{layer}.{_GGUF_NAMES[module]}.weight"
-    return {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-            "lm_head.weight": "output.weight"}[hf]  # fmt: skip
+    return {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }[hf]
 
 
 def _add_tensor(writer: gguf.GGUFWriter, name: str, w: np.ndarray, kind: gguf.GGMLQuantizationType) -> None:

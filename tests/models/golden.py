@@ -56,22 +56,39 @@ def reference(model: nn.Module, prompt: list[int], n: int = NEW_TOKENS) -> Gener
 def loaded_of(model: nn.Module, model_type: str, max_model_len: int = 1024) -> LoadedModel:
     """The LoadedModel the loader would hand over for this in-memory model (float32, no tokenizer)."""
     return LoadedModel(
-        model=model, tokenizer=None, model_type=model_type, config={}, max_model_len=max_model_len,  # type: ignore[arg-type]
-        eos_token_ids=frozenset(), chat_template=None, source="tiny", weights_desc="fp32", blas_desc="-",
-    )  # fmt: skip
+        model=model,
+        tokenizer=None,
+        model_type=model_type,
+        config={},
+        max_model_len=max_model_len,  # type: ignore[arg-type]
+        eos_token_ids=frozenset(),
+        chat_template=None,
+        source="tiny",
+        weights_desc="fp32",
+        blas_desc="-",
+    )
 
 
 def engine(
-    model: nn.Module, model_type: str | None = None, *, budget: int = 2048, backend: str = "auto",
-    loaded: LoadedModel | None = None, **overrides: Any,
+    model: nn.Module,
+    model_type: str | None = None,
+    *,
+    budget: int = 2048,
+    backend: str = "auto",
+    loaded: LoadedModel | None = None,
+    **overrides: Any,
 ) -> EngineCore:
     """The real engine over `model` (its own `model_type` by default), pool sized by --kv-cache-memory.
     `loaded`: what the loader would hand over, when more than the model (a vision model's tower);
     `overrides`: more EngineConfig fields."""
     fields: dict[str, Any] = {
-        "kv_cache_memory": 1 << 24, "block_size": 16, "max_num_batched_tokens": budget, "max_num_seqs": 8,
-        "attention_backend": backend, "enable_prefix_caching": True,
-    }  # fmt: skip
+        "kv_cache_memory": 1 << 24,
+        "block_size": 16,
+        "max_num_batched_tokens": budget,
+        "max_num_seqs": 8,
+        "attention_backend": backend,
+        "enable_prefix_caching": True,
+    }
     config = EngineConfig(**{**fields, **overrides})
     return EngineCore.from_loaded(config, loaded or loaded_of(model, model_type or model.model_type))
 

@@ -52,9 +52,14 @@ def engine(
     """The real engine with a pool of exactly `num_blocks` blocks (the null block included); `attention`
     "auto" is the numba CPU kernel here, "mlx" the MLX-ops backend."""
     config = EngineConfig(
-        kv_cache_memory=bytes_per_block(loaded) * num_blocks, block_size=BLOCK_SIZE, max_num_batched_tokens=budget,
-        max_model_len=max_model_len, max_num_seqs=8, enable_prefix_caching=caching, attention_backend=attention,
-    )  # fmt: skip
+        kv_cache_memory=bytes_per_block(loaded) * num_blocks,
+        block_size=BLOCK_SIZE,
+        max_num_batched_tokens=budget,
+        max_model_len=max_model_len,
+        max_num_seqs=8,
+        enable_prefix_caching=caching,
+        attention_backend=attention,
+    )
     core = EngineCore.from_loaded(config, loaded)
     assert core.scheduler.kv.pool.num_blocks == num_blocks
     return core

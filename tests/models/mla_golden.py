@@ -22,15 +22,42 @@ from tests.models.golden import reference
 # Three layers: one dense MLP, then two MoE layers (sigmoid gate with grouped top-k, shared expert);
 # DeepSeek's YaRN RoPE (its own mscale, and mscale_all_dim changing the attention scale); a LoRA'd query.
 TINY_MLA: dict[str, Any] = dict(
-    vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
-    num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=4,
-    routed_scaling_factor=1.5, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8, v_head_dim=16,
-    qk_nope_head_dim=16, topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=True, n_group=2,
-    topk_group=1, num_experts_per_tok=2, moe_layer_freq=1, first_k_dense_replace=1,
-    max_position_embeddings=1024, rms_norm_eps=1e-6, rope_theta=10000.0,
-    rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128, "beta_fast": 32,
-                  "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8},
-)  # fmt: skip
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    n_shared_experts=1,
+    n_routed_experts=4,
+    routed_scaling_factor=1.5,
+    kv_lora_rank=32,
+    q_lora_rank=48,
+    qk_rope_head_dim=8,
+    v_head_dim=16,
+    qk_nope_head_dim=16,
+    topk_method="noaux_tc",
+    scoring_func="sigmoid",
+    norm_topk_prob=True,
+    n_group=2,
+    topk_group=1,
+    num_experts_per_tok=2,
+    moe_layer_freq=1,
+    first_k_dense_replace=1,
+    max_position_embeddings=1024,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    rope_scaling={
+        "type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 128,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 1.0,
+        "mscale_all_dim": 0.8,
+    },
+)
 MODULES = {"deepseek_v2": deepseek_v2, "deepseek_v3": deepseek_v3, "glm4_moe_lite": glm4_moe_lite}
 
 
@@ -57,9 +84,17 @@ def tiny_mla(model_type: str = "deepseek_v3", seed: int = 0, **overrides: Any) -
 def loaded_of(model: nn.Module, model_type: str) -> LoadedModel:
     """The model as the loader hands it on (its KV shape is the family's to read off it)."""
     return LoadedModel(
-        model=model, tokenizer=None, model_type=model_type, config={}, max_model_len=1024,  # type: ignore[arg-type]
-        eos_token_ids=frozenset(), chat_template=None, source="tiny", weights_desc="fp32", blas_desc="-",
-    )  # fmt: skip
+        model=model,
+        tokenizer=None,
+        model_type=model_type,
+        config={},
+        max_model_len=1024,  # type: ignore[arg-type]
+        eos_token_ids=frozenset(),
+        chat_template=None,
+        source="tiny",
+        weights_desc="fp32",
+        blas_desc="-",
+    )
 
 
 @dataclass

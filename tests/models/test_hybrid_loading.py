@@ -84,8 +84,11 @@ def test_a_model_directory_loads_and_serves_mlx_lm_s_tokens(tmp_path: Path, mode
     attention, _ = GROUPS[model_type]
     shape = kv_shape(loaded)
     assert (loaded.model_type, shape.num_layers, shape.num_kv_heads, shape.dtype) == (
-        model_type, len(attention), 2, mx.float32
-    )  # fmt: skip
+        model_type,
+        len(attention),
+        2,
+        mx.float32,
+    )
     assert not any(isinstance(m, nn.QuantizedLinear) for _, m in loaded.model.named_modules())
     (prompt,) = prompts_of([30], seed=7)
     (got,) = serve(engine(loaded), [prompt], 8)

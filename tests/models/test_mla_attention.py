@@ -48,8 +48,17 @@ def step_of(tables: list[np.ndarray], starts: list[int], ends: list[int]) -> Ste
     req = np.repeat(np.arange(len(tables)), [b - a for a, b in zip(starts, ends, strict=True)])
     slots = np.array([tables[r][p // BLOCK] * BLOCK + p % BLOCK for r, p in zip(req, pos, strict=True)], np.int32)
     cu = np.concatenate([[0], np.cumsum([b - a for a, b in zip(starts, ends, strict=True)])]).astype(np.int32)
-    return StepInputs([f"r{i}" for i in range(len(tables))], np.zeros(len(pos), np.int32), pos.astype(np.int32),
-                      slots, cu, np.array(ends, np.int32), tables, [], np.zeros(0, np.int32))  # fmt: skip
+    return StepInputs(
+        [f"r{i}" for i in range(len(tables))],
+        np.zeros(len(pos), np.int32),
+        pos.astype(np.int32),
+        slots,
+        cu,
+        np.array(ends, np.int32),
+        tables,
+        [],
+        np.zeros(0, np.int32),
+    )
 
 
 @pytest.mark.parametrize("backend", [MlxAttention(), CpuAttention()], ids=["mlx", "cpu"])
@@ -66,9 +75,9 @@ def test_latent_pages_attend_as_mqa_with_v_the_latent(backend: AttentionBackend)
         meta = backend.build_metadata(step, LATENT)
         call = AttentionCall(mx.array(q), mx.array(k), None, mx.array(step.slot_mapping), cache, meta, OPTIONS)
         got = np.array(backend.forward(call))
-        want = np.concatenate([
-            naive(q[step.cu_seqlens_q[i] : step.cu_seqlens_q[i + 1]], keys[i], starts[i]) for i in range(2)
-        ])  # fmt: skip
+        want = np.concatenate(
+            [naive(q[step.cu_seqlens_q[i] : step.cu_seqlens_q[i + 1]], keys[i], starts[i]) for i in range(2)]
+        )
         assert got.shape == (len(q), HEADS, RANK)
         np.testing.assert_allclose(got, want, atol=2e-5)
 
@@ -80,8 +89,9 @@ def test_a_latent_pool_holds_one_plane_and_refuses_k_and_v() -> None:
     with pytest.raises(ValueError, match="planes"):
         reference.write_kv_portable(pool, k, k, mx.array([0, 1]))
     with pytest.raises(ValueError, match="planes"):
-        cpu_attention.write_kv(np.zeros((2, 1, 16, WIDTH), np.float32), np.zeros((2, 1, WIDTH), np.float32),
-                               None, np.array([0, 1]))  # fmt: skip
+        cpu_attention.write_kv(
+            np.zeros((2, 1, 16, WIDTH), np.float32), np.zeros((2, 1, WIDTH), np.float32), None, np.array([0, 1])
+        )
     plan = reference.build_plan([np.array([1])], np.array([0, 1]), np.array([1]), BLOCK)
     with pytest.raises(ValueError, match="latent"):  # a latent pool read as K and V
         reference.paged_attention_planned(mx.zeros((1, HEADS, WIDTH)), pool, plan, AttentionOptions(SCALE))
@@ -101,8 +111,13 @@ def test_the_metal_kernel_is_never_chosen_for_latent_pages(caplog: pytest.LogCap
 
 def test_yarn_rope_rotates_each_packed_token_at_its_own_position() -> None:
     """The RoPE mlx-lm builds for DeepSeek (YaRN, mscale, traditional) with an array of offsets."""
-    rope = initialize_rope(TINY_MLA["qk_rope_head_dim"], base=10000.0, traditional=True,
-                           max_position_embeddings=1024, scaling_config=TINY_MLA["rope_scaling"])  # fmt: skip
+    rope = initialize_rope(
+        TINY_MLA["qk_rope_head_dim"],
+        base=10000.0,
+        traditional=True,
+        max_position_embeddings=1024,
+        scaling_config=TINY_MLA["rope_scaling"],
+    )
     assert type(rope).__name__ == "YarnRoPE" and rope.mscale != 1.0
     x = mx.random.normal((5, HEADS + 1, 1, 8), key=mx.random.key(0))
     positions = [0, 7, 300, 3, 1000]

@@ -86,8 +86,9 @@ def test_windowed_requests_preempted_under_a_tight_pool_resume_with_the_same_tok
     from metalserve.config import EngineConfig
     from metalserve.engine.core import EngineCore
 
-    config = EngineConfig(kv_cache_memory=31 * per_block, max_model_len=200, block_size=BLOCK,
-                          max_num_batched_tokens=64, max_num_seqs=4)  # fmt: skip
+    config = EngineConfig(
+        kv_cache_memory=31 * per_block, max_model_len=200, block_size=BLOCK, max_num_batched_tokens=64, max_num_seqs=4
+    )
     core = EngineCore.from_loaded(config, loaded)
     got = golden.serve(core, batch, 16)
     assert [g.tokens for g in got] == [w.tokens for w in want]
@@ -121,5 +122,7 @@ def test_the_pool_tensors_of_every_shape_grow_under_load(monkeypatch) -> None:  
     got = golden.serve(core, batch)
     assert [g.tokens for g in got] == [w.tokens for w in want]
     assert core.runner.spec.num_blocks > 20
-    assert [kv.pool.shape[1:] for kv in core.runner.kv] == [(1, core.runner.spec.num_slots, 32),
-                                                            (2, core.runner.spec.num_slots, 16)]  # fmt: skip
+    assert [kv.pool.shape[1:] for kv in core.runner.kv] == [
+        (1, core.runner.spec.num_slots, 32),
+        (2, core.runner.spec.num_slots, 16),
+    ]

@@ -28,8 +28,9 @@ def states_for(*reqs: NewRequestData) -> RecurrentStates:
 
 def requests(*reqs: NewRequestData) -> dict[str, CachedRequestState]:
     return {
-        r.request_id: CachedRequestState(r.request_id, r.token_ids, r.num_prompt_tokens, PARAMS, r.block_ids[0],
-                                         r.num_computed_tokens)  # fmt: skip
+        r.request_id: CachedRequestState(
+            r.request_id, r.token_ids, r.num_prompt_tokens, PARAMS, r.block_ids[0], r.num_computed_tokens
+        )
         for r in reqs
     }
 

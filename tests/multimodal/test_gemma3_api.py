@@ -25,8 +25,13 @@ MODEL = "tiny-gemma3"
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     directory = save(build(), tmp_path_factory.mktemp("gemma3") / MODEL)
-    config = EngineConfig(model=str(directory), served_model_name=MODEL, kv_cache_memory=1 << 24,
-                          max_num_batched_tokens=256, max_model_len=1024)  # fmt: skip
+    config = EngineConfig(
+        model=str(directory),
+        served_model_name=MODEL,
+        kv_cache_memory=1 << 24,
+        max_num_batched_tokens=256,
+        max_model_len=1024,
+    )
     engine = start_engine(config)
     with live(Served(build_app(engine, ServerSettings(log_stats_interval=0)), None, engine)) as running:  # type: ignore[arg-type]
         yield running
@@ -45,10 +50,13 @@ def test_openai_image_on_gemma3(served: Served) -> None:
 
     def ask() -> openai.types.chat.ChatCompletion:
         return oai.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": content}],  # type: ignore[misc,list-item]
-            temperature=0, max_tokens=8, logprobs=True,
+            model=MODEL,
+            messages=[{"role": "user", "content": content}],  # type: ignore[misc,list-item]
+            temperature=0,
+            max_tokens=8,
+            logprobs=True,
             extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True},
-        )  # fmt: skip
+        )
 
     first = ask()
     assert first.usage is not None and first.usage.prompt_tokens == len(tokens)

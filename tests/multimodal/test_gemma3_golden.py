@@ -67,8 +67,9 @@ def test_one_image_batched_with_text(gemma3: nn.Module) -> None:
 def test_chunked_prefill_keeps_an_image_whole_and_the_cache_hits(gemma3: nn.Module) -> None:
     """A 12-token budget: the chunk before the image stops short of it, so the image's 4 tokens attend
     each other in one forward; the same image again hits the prefix cache."""
-    image = prompt(TEXT_BEFORE[:9] + [BOI, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 41, 42, 43, 44, 45],
-                   [png(2, (70, 42))])  # fmt: skip
+    image = prompt(
+        TEXT_BEFORE[:9] + [BOI, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 41, 42, 43, 44, 45], [png(2, (70, 42))]
+    )
     assert image[1][0].offset == 10  # a 12-token chunk from 0 would split it at 12
     want = bidirectional_reference(gemma3, *image)
     core = gemma3_engine(budget=12)

@@ -61,10 +61,13 @@ def data_url(data: bytes, media_type: str = "image/png") -> str:
 def ask(oai: openai.OpenAI, images: list[str], text: str = "What is in the picture?", **extra: Any) -> Any:
     content = [{"type": "image_url", "image_url": {"url": url}} for url in images] + [{"type": "text", "text": text}]
     return oai.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": content}],  # type: ignore[misc]
-        temperature=0, max_tokens=8, logprobs=True,
+        model=MODEL,
+        messages=[{"role": "user", "content": content}],  # type: ignore[misc]
+        temperature=0,
+        max_tokens=8,
+        logprobs=True,
         extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True, **extra},
-    )  # fmt: skip
+    )
 
 
 def token_ids(completion: Any) -> list[int]:
@@ -93,10 +96,15 @@ def test_anthropic_image_and_tool_result_with_an_image(served: Served) -> None:
     messages: list[Any] = [
         {"role": "user", "content": [{"type": "text", "text": "Take a screenshot."}]},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "screenshot", "input": {}}]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "image", "source": source}]},
-            {"type": "image", "source": source}, {"type": "text", "text": "Compare."}]},
-    ]  # fmt: skip
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "image", "source": source}]},
+                {"type": "image", "source": source},
+                {"type": "text", "text": "Compare."},
+            ],
+        },
+    ]
     tools: list[Any] = [{"name": "screenshot", "description": "screen", "input_schema": {"type": "object"}}]
     reply = client.messages.create(model=MODEL, max_tokens=4, messages=messages, tools=tools)
     assert reply.usage.input_tokens > 2 * 6 and reply.usage.output_tokens >= 1

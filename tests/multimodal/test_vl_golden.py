@@ -40,10 +40,14 @@ def test_two_images_and_an_image_in_the_second_turn(model_type: str) -> None:
     core = vl_engine(model_type)
     two = prompt([user("Compare them.", num_images=2)], [png(3, (112, 84)), png(4, (56, 56))], model_type)
     second_turn = prompt(
-        [{"role": "user", "content": "Hello there."}, {"role": "assistant", "content": "Hi! How can I help?"},
-         user("And this one?")],
-        [png(5, (140, 56))], model_type,
-    )  # fmt: skip
+        [
+            {"role": "user", "content": "Hello there."},
+            {"role": "assistant", "content": "Hi! How can I help?"},
+            user("And this one?"),
+        ],
+        [png(5, (140, 56))],
+        model_type,
+    )
     assert len(two[1]) == 2 and second_turn[1][0].offset > 20
     for tokens, images in (two, second_turn):
         [(got, _)] = serve(core, [(tokens, images)])

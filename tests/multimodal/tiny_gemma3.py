@@ -26,15 +26,38 @@ WINDOW = 8  # layer 0 slides over 8 tokens; layer 1 attends globally
 
 def config() -> dict[str, Any]:
     return {
-        "model_type": "gemma3", "image_token_index": IMAGE, "boi_token_index": BOI, "eoi_token_index": EOI,
-        "pad_token_id": 0, "hidden_size": 64, "vocab_size": VOCAB, "eos_token_id": [EOS],
-        "text_config": {"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 2,
-                        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-                        "head_dim": 16, "vocab_size": VOCAB, "sliding_window": WINDOW, "sliding_window_pattern": 2,
-                        "mm_tokens_per_image": TOKENS_PER_IMAGE, "query_pre_attn_scalar": 16},
-        "vision_config": {"model_type": "siglip_vision_model", "num_hidden_layers": 2, "hidden_size": 32,
-                          "intermediate_size": 64, "num_attention_heads": 2, "patch_size": 14, "image_size": 56},
-    }  # fmt: skip
+        "model_type": "gemma3",
+        "image_token_index": IMAGE,
+        "boi_token_index": BOI,
+        "eoi_token_index": EOI,
+        "pad_token_id": 0,
+        "hidden_size": 64,
+        "vocab_size": VOCAB,
+        "eos_token_id": [EOS],
+        "text_config": {
+            "model_type": "gemma3_text",
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "intermediate_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "vocab_size": VOCAB,
+            "sliding_window": WINDOW,
+            "sliding_window_pattern": 2,
+            "mm_tokens_per_image": TOKENS_PER_IMAGE,
+            "query_pre_attn_scalar": 16,
+        },
+        "vision_config": {
+            "model_type": "siglip_vision_model",
+            "num_hidden_layers": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_attention_heads": 2,
+            "patch_size": 14,
+            "image_size": 56,
+        },
+    }
 
 
 def build(seed: int = 0) -> nn.Module:
@@ -95,9 +118,7 @@ def last_logits(vlm: nn.Module, seq: list[int], images: list[MultiModalInput], b
     return lm.lm_head(backbone.norm(h))[0, -1]
 
 
-def bidirectional_reference(
-    vlm: nn.Module, tokens: list[int], images: list[MultiModalInput], n: int = 8
-) -> list[int]:
+def bidirectional_reference(vlm: nn.Module, tokens: list[int], images: list[MultiModalInput], n: int = 8) -> list[int]:
     """Greedy tokens of `last_logits` with HF's mask (mlx-vlm's own generation drops the image part and
     attends causally); the whole sequence again for every token."""
     out: list[int] = []
@@ -158,7 +179,11 @@ def save(model: nn.Module, directory: Any) -> Any:
     mx.save_safetensors(str(directory / "model.safetensors"), dict(tree_flatten(model.parameters())))
     gemma_tokenizer().save_pretrained(str(directory))
     (directory / "chat_template.jinja").write_text(CHAT_TEMPLATE)
-    pre = {"image_processor_type": "Gemma3ImageProcessor", "size": {"height": 56, "width": 56},
-           "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}  # fmt: skip
+    pre = {
+        "image_processor_type": "Gemma3ImageProcessor",
+        "size": {"height": 56, "width": 56},
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+    }
     (directory / "preprocessor_config.json").write_text(json.dumps(pre))
     return directory

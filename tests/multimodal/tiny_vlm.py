@@ -19,8 +19,15 @@ from transformers import PreTrainedTokenizerFast
 
 from tests.loader.tiny_tokenizer import MERGES, byte_alphabet
 
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|image_pad|>", "<|vision_end|>",
-            "<|video_pad|>"]  # fmt: skip
+SPECIALS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|image_pad|>",
+    "<|vision_end|>",
+    "<|video_pad|>",
+]
 ENDOFTEXT, IM_START, IM_END, VISION_START, IMAGE_PAD, VISION_END, VIDEO_PAD = range(len(SPECIALS))
 VOCAB = 320  # > the tokenizer's 269 entries
 # Qwen2-VL's template in outline: an image part becomes <|vision_start|><|image_pad|><|vision_end|>.
@@ -49,22 +56,53 @@ def vl_tokenizer() -> PreTrainedTokenizerFast:
 
 def config(model_type: str = "qwen2_vl") -> dict[str, Any]:
     if model_type == "qwen2_vl":
-        vision = {"model_type": "qwen2_vl", "depth": 2, "embed_dim": 32, "hidden_size": 64, "num_heads": 2,
-                  "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "mlp_ratio": 2}  # fmt: skip
+        vision = {
+            "model_type": "qwen2_vl",
+            "depth": 2,
+            "embed_dim": 32,
+            "hidden_size": 64,
+            "num_heads": 2,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "mlp_ratio": 2,
+        }
     else:
-        vision = {"model_type": "qwen2_5_vl", "depth": 2, "hidden_size": 32, "intermediate_size": 64,
-                  "out_hidden_size": 64, "num_heads": 2, "patch_size": 14, "spatial_merge_size": 2,
-                  "temporal_patch_size": 2, "window_size": 112, "fullatt_block_indexes": [1]}  # fmt: skip
+        vision = {
+            "model_type": "qwen2_5_vl",
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "out_hidden_size": 64,
+            "num_heads": 2,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "window_size": 112,
+            "fullatt_block_indexes": [1],
+        }
     return {
-        "model_type": model_type, "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": VOCAB,
-        "max_position_embeddings": 4096, "rope_theta": 10000.0, "tie_word_embeddings": False,
+        "model_type": model_type,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": VOCAB,
+        "max_position_embeddings": 4096,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
         "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
-        "image_token_id": IMAGE_PAD, "video_token_id": VIDEO_PAD, "vision_start_token_id": VISION_START,
-        "vision_end_token_id": VISION_END, "vision_token_id": VISION_START, "eos_token_id": [IM_END],
+        "image_token_id": IMAGE_PAD,
+        "video_token_id": VIDEO_PAD,
+        "vision_start_token_id": VISION_START,
+        "vision_end_token_id": VISION_END,
+        "vision_token_id": VISION_START,
+        "eos_token_id": [IM_END],
         "bos_token_id": ENDOFTEXT,
         "vision_config": vision,
-    }  # fmt: skip
+    }
 
 
 def build(model_type: str = "qwen2_vl", seed: int = 0) -> nn.Module:
@@ -91,7 +129,14 @@ def save(model: nn.Module, model_type: str, directory: Path) -> Path:
     mx.save_safetensors(str(directory / "model.safetensors"), dict(tree_flatten(model.parameters())))
     vl_tokenizer().save_pretrained(str(directory))
     (directory / "chat_template.jinja").write_text(CHAT_TEMPLATE)
-    pre = {"patch_size": 14, "merge_size": 2, "temporal_patch_size": 2, "min_pixels": 56 * 56,
-           "max_pixels": 14 * 14 * 4 * 1280, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}  # fmt: skip
+    pre = {
+        "patch_size": 14,
+        "merge_size": 2,
+        "temporal_patch_size": 2,
+        "min_pixels": 56 * 56,
+        "max_pixels": 14 * 14 * 4 * 1280,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+    }
     (directory / "preprocessor_config.json").write_text(json.dumps(pre))
     return directory

@@ -80,8 +80,9 @@ def reference(vlm: nn.Module, tokens: list[int], images: list[MultiModalInput], 
     return out
 
 
-def serve(core: EngineCore, batch: list[tuple[list[int], list[MultiModalInput]]], n: int = NEW_TOKENS,
-          tag: str = "r") -> list[tuple[list[int], int]]:  # fmt: skip
+def serve(
+    core: EngineCore, batch: list[tuple[list[int], list[MultiModalInput]]], n: int = NEW_TOKENS, tag: str = "r"
+) -> list[tuple[list[int], int]]:
     """Run the batch together (greedy, `n` tokens each): each request's tokens and cached prompt tokens."""
     params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     ids = [f"{tag}{i}" for i in range(len(batch))]

@@ -32,9 +32,7 @@ def make_request(
     return Request(request_id, tokens, sp, eos_token_ids=eos, arrival_time=arrival, priority=priority)
 
 
-def sample_for(
-    sched: Scheduler, out: SchedulerOutput, token: Callable[[str], int] | int = 7
-) -> ModelRunnerOutput:
+def sample_for(sched: Scheduler, out: SchedulerOutput, token: Callable[[str], int] | int = 7) -> ModelRunnerOutput:
     """What a runner samples: one token for each request whose whole sequence is now computed."""
     sampled: dict[str, list[int]] = {}
     for rid in out.num_scheduled_tokens:
@@ -44,8 +42,6 @@ def sample_for(
     return ModelRunnerOutput(sampled)
 
 
-def step(
-    sched: Scheduler, token: Callable[[str], int] | int = 7
-) -> tuple[SchedulerOutput, list[EngineCoreOutput]]:
+def step(sched: Scheduler, token: Callable[[str], int] | int = 7) -> tuple[SchedulerOutput, list[EngineCoreOutput]]:
     out = sched.schedule()
     return out, sched.update_from_output(out, sample_for(sched, out, token))

@@ -61,8 +61,12 @@ def test_a_shared_image_is_encoded_once_and_evicted_when_room_is_needed() -> Non
 
 
 def test_a_model_that_cannot_split_an_image_gets_it_in_one_chunk() -> None:
-    s = Scheduler(make_scheduler().config.__class__(block_size=8, max_num_batched_tokens=16, max_num_seqs=8),
-                  64, 256, mm_splittable=False)  # fmt: skip
+    s = Scheduler(
+        make_scheduler().config.__class__(block_size=8, max_num_batched_tokens=16, max_num_seqs=8),
+        64,
+        256,
+        mm_splittable=False,
+    )
     s.add_request(with_images("a", 40, image("x", 10, 12), max_tokens=1))
     steps = run(s, 3)
     assert [t for t, _, _ in steps] == [{"a": 10}, {"a": 16}, {"a": 14}]  # 10 | 12 image + 4 | 14

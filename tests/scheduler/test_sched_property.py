@@ -292,9 +292,13 @@ def check_output(s: Scheduler, cfg: EngineConfig, out: SchedulerOutput, runner: 
 
 
 def do_step(
-    s: Scheduler, cfg: EngineConfig, runner: FakeRunner, rng: random.Random, done: Done,
+    s: Scheduler,
+    cfg: EngineConfig,
+    runner: FakeRunner,
+    rng: random.Random,
+    done: Done,
     disk: FakeDiskWorker | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """One schedule + sample + update, checking everything after each half."""
     out = s.schedule()
     check_output(s, cfg, out, runner)

@@ -29,21 +29,47 @@ def test_identifiers_prefer_names_used_twice() -> None:
 def test_the_table_shows_the_speed_up_of_each_on_arm() -> None:
     base = {"mean_tpot_ms": 10.0, "mean_cpu_tpot_ms": 9.0, "mean_ttft_s": 1.0, "draft_tokens": 0}
     rows = [
-        {"workload": "edit", "concurrency": 1, "speculation": "off", "output_tok_s": 20.0, "output_tok_per_cpu_s": 10.0,
-         "acceptance_rate": None, "mean_acceptance_length": None, **base},
-        {"workload": "edit", "concurrency": 1, "speculation": "on", "output_tok_s": 35.0, "output_tok_per_cpu_s": 12.0,
-         "acceptance_rate": 0.8, "mean_acceptance_length": 3.2, **base},
-    ]  # fmt: skip
+        {
+            "workload": "edit",
+            "concurrency": 1,
+            "speculation": "off",
+            "output_tok_s": 20.0,
+            "output_tok_per_cpu_s": 10.0,
+            "acceptance_rate": None,
+            "mean_acceptance_length": None,
+            **base,
+        },
+        {
+            "workload": "edit",
+            "concurrency": 1,
+            "speculation": "on",
+            "output_tok_s": 35.0,
+            "output_tok_per_cpu_s": 12.0,
+            "acceptance_rate": 0.8,
+            "mean_acceptance_length": 3.2,
+            **base,
+        },
+    ]
     table = spec_decode.markdown(rows)
     assert "| edit | 1 | on | 35.0 | 12.0 | 10.0 | 9.0 | 1.00 | 80% | 3.20 | 1.75x | 1.20x |" in table
 
 
 def test_repetitions_aggregate_to_tokens_over_wall_time() -> None:
     def row(arm: str, tokens: int, wall: float, drafted: int, rate: float | None) -> dict[str, object]:
-        return {"workload": "chat", "concurrency": 8, "speculation": arm, "output_tokens": tokens, "wall_s": wall,
-                "cpu_s": wall / 2, "mean_tpot_ms": 10.0, "mean_cpu_tpot_ms": 9.0, "mean_ttft_s": 1.0,
-                "draft_tokens": drafted, "acceptance_rate": rate,
-                "mean_acceptance_length": None if rate is None else 1.5}  # fmt: skip
+        return {
+            "workload": "chat",
+            "concurrency": 8,
+            "speculation": arm,
+            "output_tokens": tokens,
+            "wall_s": wall,
+            "cpu_s": wall / 2,
+            "mean_tpot_ms": 10.0,
+            "mean_cpu_tpot_ms": 9.0,
+            "mean_ttft_s": 1.0,
+            "draft_tokens": drafted,
+            "acceptance_rate": rate,
+            "mean_acceptance_length": None if rate is None else 1.5,
+        }
 
     (on,) = spec_decode.aggregate([row("on", 100, 2.0, 10, 0.5), row("on", 100, 8.0, 30, 0.1)])
     assert on["output_tok_s"] == 20.0 and on["output_tok_per_cpu_s"] == 40.0 and on["draft_tokens"] == 40

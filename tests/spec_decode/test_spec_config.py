@@ -29,17 +29,21 @@ def test_the_flag_maps_onto_the_engine_config() -> None:
         ('{"method": "medusa", "num_speculative_tokens": 2}', "unknown method 'medusa'"),
         ('{"method": "ngram", "num_speculative_tokens": 0}', "num_speculative_tokens must be 1..16"),
         ('{"method": "ngram", "num_speculative_tokens": 99}', "num_speculative_tokens must be 1..16"),
-        ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2}',
-         "prompt_lookup_max (2) is less than prompt_lookup_min (4)"),
+        (
+            '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2}',
+            "prompt_lookup_max (2) is less than prompt_lookup_min (4)",
+        ),
         ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 0}', "prompt_lookup_min must be"),
         ('{"method": "ngram", "num_speculative_tokens": 2, "lookahead": 3}', "unknown keys for ngram: lookahead"),
         ('{"method": "ngram"}', "num_speculative_tokens is required"),
-        ('{"method": "draft_model", "num_speculative_tokens": 2, "prompt_lookup_min": 1}',
-         "unknown keys for draft_model: prompt_lookup_min"),
+        (
+            '{"method": "draft_model", "num_speculative_tokens": 2, "prompt_lookup_min": 1}',
+            "unknown keys for draft_model: prompt_lookup_min",
+        ),
         ("[1, 2]", "must be a JSON object"),
         ("{method: ngram}", "not valid JSON"),
     ],
-)  # fmt: skip
+)
 def test_bad_configs_fail_with_a_clear_message(text: str, message: str) -> None:
     with pytest.raises(SpeculativeConfigError) as info:
         SpeculativeConfig.from_json(text)

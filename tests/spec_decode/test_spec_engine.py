@@ -190,8 +190,11 @@ def test_a_draft_with_another_vocabulary_is_refused() -> None:
 
     draft = tiny_loaded()
     draft.model = tiny_model("llama", vocab_size=50)
-    config = EngineConfig(kv_cache_memory=1 << 22, block_size=8,
-                          speculative_config=SpeculativeConfig("draft_model", num_speculative_tokens=2))  # fmt: skip
+    config = EngineConfig(
+        kv_cache_memory=1 << 22,
+        block_size=8,
+        speculative_config=SpeculativeConfig("draft_model", num_speculative_tokens=2),
+    )
     with pytest.raises(ConfigError, match="vocabulary"):
         EngineCore.from_loaded(config, tiny_loaded(), draft=draft)
 
@@ -235,8 +238,14 @@ def test_a_sliding_window_model_speculates_with_the_same_text_under_preemption()
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
     def core_with(spec: SpeculativeConfig | None) -> EngineCore:
-        config = EngineConfig(kv_cache_memory=31 * per_block, max_model_len=200, block_size=16,
-                              max_num_batched_tokens=64, max_num_seqs=4, speculative_config=spec)  # fmt: skip
+        config = EngineConfig(
+            kv_cache_memory=31 * per_block,
+            max_model_len=200,
+            block_size=16,
+            max_num_batched_tokens=64,
+            max_num_seqs=4,
+            speculative_config=spec,
+        )
         return EngineCore.from_loaded(config, golden.loaded_of(build("gemma3_text"), "gemma3_text"))
 
     def requests() -> list[Request]:

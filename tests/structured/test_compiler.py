@@ -25,8 +25,10 @@ def test_params_need_exactly_one_spec() -> None:
 
 
 def test_cache_key_is_canonical() -> None:
-    assert S(json=SCHEMA).cache_key() == S(json='{"required": ["a"], "type": "object", "properties": '
-                                              '{"a": {"type": "integer"}}}').cache_key()  # fmt: skip
+    assert (
+        S(json=SCHEMA).cache_key()
+        == S(json='{"required": ["a"], "type": "object", "properties": {"a": {"type": "integer"}}}').cache_key()
+    )
     assert S(json=SCHEMA).cache_key() != S(json={"type": "object"}).cache_key()
     # The reasoning gate is per request, not part of the compiled grammar.
     assert S(regex="a+", reasoning_end_token_ids=(5,)).cache_key() == S(regex="a+").cache_key()
@@ -65,10 +67,12 @@ def test_lru_evicts_the_least_recently_used() -> None:
         (S(json="[1, 2]"), "invalid JSON schema"),
         (S(regex="[0-9"), "invalid regex"),
         (S(grammar="start: foo"), "invalid grammar"),
-        (S(structural_tag='{"structures": [{"begin": "<f>", "schema": {}, "end": "</f>"}], "triggers": ["<g"]}'),
-         "invalid structural tag"),
+        (
+            S(structural_tag='{"structures": [{"begin": "<f>", "schema": {}, "end": "</f>"}], "triggers": ["<g"]}'),
+            "invalid structural tag",
+        ),
     ],
-)  # fmt: skip
+)
 def test_invalid_specs_raise_grammar_error_and_are_not_cached(spec: S, words: str) -> None:
     compiler = GrammarCompiler(tiny_tokenizer())
     with pytest.raises(GrammarError, match=words):
@@ -79,8 +83,13 @@ def test_invalid_specs_raise_grammar_error_and_are_not_cached(spec: S, words: st
 def test_grammar_kinds_compile() -> None:
     compiler = GrammarCompiler(tiny_tokenizer())
     tag = '{"structures": [{"begin": "<f=a>", "schema": {"type": "object"}, "end": "</f>"}], "triggers": ["<f"]}'
-    for spec in [S(json_object=True), S(choice=("x", "y")), S(grammar='root ::= "yes" | "no"'),
-                 S(grammar='start: "a" | "b"'), S(structural_tag=tag)]:  # fmt: skip
+    for spec in [
+        S(json_object=True),
+        S(choice=("x", "y")),
+        S(grammar='root ::= "yes" | "no"'),
+        S(grammar='start: "a" | "b"'),
+        S(structural_tag=tag),
+    ]:
         assert not compiler.compile(spec).matcher.is_error()
 
 

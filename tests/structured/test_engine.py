@@ -32,10 +32,14 @@ TOK = tiny_tokenizer()
 EOS = frozenset({2})
 SCHEMA = {
     "type": "object",
-    "properties": {"city": {"enum": ["Paris", "Berlin"]}, "n": {"type": "integer", "minimum": 0, "maximum": 99},
-                   "ok": {"type": "boolean"}},
-    "required": ["city", "n", "ok"], "additionalProperties": False,
-}  # fmt: skip
+    "properties": {
+        "city": {"enum": ["Paris", "Berlin"]},
+        "n": {"type": "integer", "minimum": 0, "maximum": 99},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["city", "n", "ok"],
+    "additionalProperties": False,
+}
 PROMPT = list(TOK.encode("The capital of France", add_special_tokens=False))
 
 
@@ -79,8 +83,12 @@ def text(ids: list[int]) -> str:
 
 def test_a_mixed_batch_follows_each_grammar() -> None:
     compiler = GrammarCompiler(TOK)
-    specs = {"json": S(json=SCHEMA), "regex": S(regex=r"[0-9]{2,4}-(yes|no)"), "choice": S(choice=("Paris", "Berlin")),
-             "free": None}  # fmt: skip
+    specs = {
+        "json": S(json=SCHEMA),
+        "regex": S(regex=r"[0-9]{2,4}-(yes|no)"),
+        "choice": S(choice=("Paris", "Berlin")),
+        "free": None,
+    }
     reqs = [request(f"{k}{i}", compiler, spec, seed=i) for i in range(2) for k, spec in specs.items()]
     tokens, reasons, _ = run(make_core(), reqs)
     for i in range(2):  # n > 1: each sample has its own matcher
@@ -98,8 +106,19 @@ def test_logprobs_are_of_the_masked_distribution() -> None:
     tokens, _, logprobs = run(make_core(), [r])
     first = logprobs["c"][0]
     finite = [(t, lp) for t, lp in first.top if math.isfinite(lp)]
-    assert {TOK.decode([t]) for t, _ in finite} <= {"P", "Pa", "Par", "Pari", "Paris", "B", "Be", "Ber", "Berl",
-                                                    "Berli", "Berlin"}  # fmt: skip
+    assert {TOK.decode([t]) for t, _ in finite} <= {
+        "P",
+        "Pa",
+        "Par",
+        "Pari",
+        "Paris",
+        "B",
+        "Be",
+        "Ber",
+        "Berl",
+        "Berli",
+        "Berlin",
+    }
     assert len(finite) < len(first.top)  # everything else was masked to -inf
     assert math.isclose(sum(math.exp(lp) for _, lp in finite), 1.0, rel_tol=1e-4)
     assert first.token_id == tokens["c"][0] and first.logprob == max(lp for _, lp in finite)

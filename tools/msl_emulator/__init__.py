@@ -9,5 +9,12 @@ from tools.msl_emulator.runner import (
     emulate_race_checked,
 )
 
-__all__ = ["EmulatorBuildError", "EmulatorError", "LaunchCounts", "cache_dir", "emulate", "emulate_counted",
-           "emulate_race_checked"]
+__all__ = [
+    "EmulatorBuildError",
+    "EmulatorError",
+    "LaunchCounts",
+    "cache_dir",
+    "emulate",
+    "emulate_counted",
+    "emulate_race_checked",
+]

@@ -17,8 +17,7 @@ from tools.msl_emulator.signature import GeneratedKernel, Param
 EMULATOR_DIR = Path(__file__).resolve().parent
 # -O1: a third faster to build than -O2, and emulated kernels run in milliseconds either way.
 CXX_FLAGS = ("-std=c++20", "-O1", "-fPIC", "-Wno-attributes", "-U_FORTIFY_SOURCE", "-pthread")
-ASAN_FLAGS = ("-std=c++20", "-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer",
-              "-Wno-attributes", "-pthread")
+ASAN_FLAGS = ("-std=c++20", "-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer", "-Wno-attributes", "-pthread")
 
 # A kernel-scope `threadgroup` array or scalar declaration, e.g. `threadgroup float buf[NSG * D];`.
 _TG_DECL = re.compile(
@@ -215,6 +214,10 @@ def build_all(kernels: list[tuple[GeneratedKernel, bool]]) -> list[Path]:
     jobs: list[tuple[list[GeneratedKernel], bool]] = [(libraries[i::chunks], False) for i in range(chunks)]
     jobs += [([k], True) for k in programs]
     with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(lambda job: _build_libraries(job[0]) if not job[1] else build(job[0][0], True),
-                      [j for j in jobs if j[0]]))
+        list(
+            pool.map(
+                lambda job: _build_libraries(job[0]) if not job[1] else build(job[0][0], True),
+                [j for j in jobs if j[0]],
+            )
+        )
     return [build(k, a) for k, a in kernels]

@@ -25,6 +25,7 @@ def emulated_paged_attention(
     kernel: str = "auto",
 ) -> mx.array:
     """Same signature as reference.paged_attention; slow (every GPU thread is a CPU fiber)."""
-    args = PagedArgs(q, k_pool, v_pool, block_tables, cu_seqlens_q, seq_lens, block_size, scale,
-                     sliding_window, softcap, sinks)
+    args = PagedArgs(
+        q, k_pool, v_pool, block_tables, cu_seqlens_q, seq_lens, block_size, scale, sliding_window, softcap, sinks
+    )
     return run_paged_attention(args, emulate, partition_size, kernel)

@@ -21,9 +21,19 @@ from tools.msl_emulator.signature import GeneratedKernel, generate
 STACK_BYTES = 256 * 1024
 
 _NUMPY = {
-    mx.float32: np.float32, mx.float16: np.float16, mx.bfloat16: np.uint16, mx.float64: np.float64,
-    mx.bool_: np.bool_, mx.int8: np.int8, mx.int16: np.int16, mx.int32: np.int32, mx.int64: np.int64,
-    mx.uint8: np.uint8, mx.uint16: np.uint16, mx.uint32: np.uint32, mx.uint64: np.uint64,
+    mx.float32: np.float32,
+    mx.float16: np.float16,
+    mx.bfloat16: np.uint16,
+    mx.float64: np.float64,
+    mx.bool_: np.bool_,
+    mx.int8: np.int8,
+    mx.int16: np.int16,
+    mx.int32: np.int32,
+    mx.int64: np.int64,
+    mx.uint8: np.uint8,
+    mx.uint16: np.uint16,
+    mx.uint32: np.uint32,
+    mx.uint64: np.uint64,
 }
 
 
@@ -102,8 +112,14 @@ def _load(path: Path) -> Any:  # a ctypes function pointer
     """The kernel's entry point in its (possibly shared) library."""
     run = getattr(ctypes.CDLL(str(path)), entry_symbol(path))
     run.argtypes = [
-        ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_uint), ctypes.c_int, ctypes.c_int,
-        ctypes.c_ulong, ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_ulonglong),
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.POINTER(ctypes.c_uint),
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_ulong,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.POINTER(ctypes.c_ulonglong),
     ]
     run.restype = ctypes.c_int
     return run
@@ -119,8 +135,7 @@ def _dims(launch: KernelLaunch) -> list[int]:
     return [*launch.grid, *launch.threadgroup]
 
 
-def _run_in_process(kernel: GeneratedKernel, bufs: list[np.ndarray], launch: KernelLaunch,
-                    reverse: bool) -> np.ndarray:
+def _run_in_process(kernel: GeneratedKernel, bufs: list[np.ndarray], launch: KernelLaunch, reverse: bool) -> np.ndarray:
     """Runs the launch; returns the raw counters (msl_rt::Count order)."""
     if len(bufs) > COUNT_SLOTS:
         raise EmulatorError(f"{launch.name}: more than {COUNT_SLOTS} buffers")
@@ -129,8 +144,16 @@ def _run_in_process(kernel: GeneratedKernel, bufs: list[np.ndarray], launch: Ker
     dims = (ctypes.c_uint * 6)(*_dims(launch))
     err = ctypes.create_string_buffer(4096)
     counts = np.zeros(COUNT_SLOTS + len(COUNT_NAMES), np.uint64)
-    rc = run(ptrs, dims, int(reverse), default_workers(), STACK_BYTES, err, len(err),
-                     counts.ctypes.data_as(ctypes.POINTER(ctypes.c_ulonglong)))
+    rc = run(
+        ptrs,
+        dims,
+        int(reverse),
+        default_workers(),
+        STACK_BYTES,
+        err,
+        len(err),
+        counts.ctypes.data_as(ctypes.POINTER(ctypes.c_ulonglong)),
+    )
     if rc != 0:
         raise EmulatorError(f"{launch.name}: {err.value.decode()}")
     return counts
@@ -188,6 +211,8 @@ def emulate_race_checked(launch: KernelLaunch) -> list[mx.array]:
     second = emulate(launch, reverse=True)
     for name, a, b in zip(launch.output_names, first, second, strict=True):
         if not np.array_equal(to_numpy(a).view(np.uint8), to_numpy(b).view(np.uint8)):
-            raise EmulatorError(f"{launch.name}: output {name!r} depends on thread order (a data race, "
-                                "e.g. a missing threadgroup_barrier)")
+            raise EmulatorError(
+                f"{launch.name}: output {name!r} depends on thread order (a data race, "
+                "e.g. a missing threadgroup_barrier)"
+            )
     return first

@@ -163,7 +163,5 @@ def generate(launch: KernelLaunch) -> GeneratedKernel:
     if launch.template:
         targs = template_def(launch)
         full_name = name + targs
-        text += (
-            f'\ntemplate [[host_name("{name}")]] [[kernel]] decltype({full_name}) {full_name};\n'
-        )
+        text += f'\ntemplate [[host_name("{name}")]] [[kernel]] decltype({full_name}) {full_name};\n'
     return GeneratedKernel(name, text, targs, tuple(params))

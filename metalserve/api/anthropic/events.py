@@ -100,9 +100,7 @@ async def with_heartbeat(items: AsyncIterator[T], interval: float) -> AsyncItera
             await closing()
 
 
-async def message_events(
-    gen: Generation, model: str, omit_thinking: bool
-) -> AsyncIterator[dict[str, str]]:
+async def message_events(gen: Generation, model: str, omit_thinking: bool) -> AsyncIterator[dict[str, str]]:
     """The whole event stream of one Messages request."""
     parser = gen.parsing.streamer(0)
     blocks = _Blocks(omit_thinking)

@@ -149,8 +149,10 @@ def _content(content: str | list[TextContent | ImageContent], path: str) -> str 
         elif part.image_url is None:
             raise OpenAIError(
                 "could not process image: input_image needs image_url (a data URL); file_id is not supported "
-                "(this server keeps no files)", 400, param=f"{path}.{j}",
-            )  # fmt: skip
+                "(this server keeps no files)",
+                400,
+                param=f"{path}.{j}",
+            )
         else:
             parts.append({"type": "image_url", "image_url": {"url": part.image_url}})
     return parts

@@ -115,5 +115,9 @@ def _bool(value: str) -> bool:
 
 
 _CONVERTERS: list[tuple[str, Callable[[str], Any]]] = [
-    ("integer", int), ("number", float), ("boolean", _bool), ("object", json.loads), ("array", json.loads),
-]  # fmt: skip
+    ("integer", int),
+    ("number", float),
+    ("boolean", _bool),
+    ("object", json.loads),
+    ("array", json.loads),
+]

@@ -32,9 +32,14 @@ class LayerCacheSpec:
 
     @classmethod
     def dense(
-        cls, num_kv_heads: int, head_dim: int, dtype: mx.Dtype, block_size: int, num_blocks: int,
+        cls,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: mx.Dtype,
+        block_size: int,
+        num_blocks: int,
         storage: KVCacheDtype = "auto",
-    ) -> LayerCacheSpec:  # fmt: skip
+    ) -> LayerCacheSpec:
         """A full-attention layer's cache (tests and benchmarks)."""
         page = PageDtype(dtype_name(dtype), dtype.size)
         attn = FullAttention(num_kv_heads=num_kv_heads, head_dim=head_dim, page=page).with_storage(storage)

@@ -74,8 +74,9 @@ class CpuAttention(AttentionBackend[CpuKV, CpuStepPlan]):
         return HostKV.of(mx.concatenate([cache.pool, zeros_pool(spec)], axis=2))
 
     def build_metadata(self, step: StepInputs, spec: LayerCacheSpec) -> CpuStepPlan:
-        return build_cpu_plan(step.padded_block_tables(), step.cu_seqlens_q, step.seq_lens, step.slot_mapping,
-                              spec.block_size)  # fmt: skip
+        return build_cpu_plan(
+            step.padded_block_tables(), step.cu_seqlens_q, step.seq_lens, step.slot_mapping, spec.block_size
+        )
 
     def forward(self, call: AttentionCall[CpuKV, CpuStepPlan]) -> mx.array:
         cache = call.cache

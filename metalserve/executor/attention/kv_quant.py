@@ -81,11 +81,18 @@ class QuantPool:
     def zeros(planes: int, heads: int, num_slots: int, head_dim: int, page: PageDtype, dtype: mx.Dtype) -> QuantPool:
         lead = (planes, heads, num_slots)
         if page.storage == "int8":
-            return QuantPool(mx.zeros((*lead, head_dim), mx.int8), mx.zeros((*lead, 1), mx.float16), None, page,
-                             head_dim, dtype)  # fmt: skip
+            return QuantPool(
+                mx.zeros((*lead, head_dim), mx.int8), mx.zeros((*lead, 1), mx.float16), None, page, head_dim, dtype
+            )
         groups = head_dim // page.group_for(head_dim)
-        return QuantPool(mx.zeros((*lead, head_dim // 2), mx.uint8), mx.zeros((*lead, groups), mx.float16),
-                         mx.zeros((*lead, groups), mx.float16), page, head_dim, dtype)  # fmt: skip
+        return QuantPool(
+            mx.zeros((*lead, head_dim // 2), mx.uint8),
+            mx.zeros((*lead, groups), mx.float16),
+            mx.zeros((*lead, groups), mx.float16),
+            page,
+            head_dim,
+            dtype,
+        )
 
     def concatenate(self, more: QuantPool) -> QuantPool:
         """This pool followed by `more`'s slots (a grown pool)."""

@@ -67,8 +67,9 @@ class KernelAttention(AttentionBackend[LayerKV, KernelStep]):
         return LayerKV(mx.concatenate([cache.k, _zeros(spec)]), mx.concatenate([cache.v, _zeros(spec)]))
 
     def build_metadata(self, step: StepInputs, spec: LayerCacheSpec) -> KernelStep:
-        return KernelStep(mx.array(step.padded_block_tables()), mx.array(step.cu_seqlens_q),
-                          mx.array(step.seq_lens), spec.block_size)  # fmt: skip
+        return KernelStep(
+            mx.array(step.padded_block_tables()), mx.array(step.cu_seqlens_q), mx.array(step.seq_lens), spec.block_size
+        )
 
     def forward(self, call: AttentionCall[LayerKV, KernelStep]) -> mx.array:
         cache, meta = call.cache, call.meta
@@ -87,10 +88,18 @@ class KernelAttention(AttentionBackend[LayerKV, KernelStep]):
 def _attend(fn: KernelFn, call: AttentionCall[LayerKV, KernelStep], cache: LayerKV, meta: KernelStep) -> mx.array:
     opts = call.options
     return fn(
-        call.q, cache.k, cache.v, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens,
-        block_size=meta.block_size, scale=opts.scale, sliding_window=opts.sliding_window,
-        softcap=opts.softcap, sinks=opts.sinks,
-    )  # fmt: skip
+        call.q,
+        cache.k,
+        cache.v,
+        meta.block_tables,
+        meta.cu_seqlens_q,
+        meta.seq_lens,
+        block_size=meta.block_size,
+        scale=opts.scale,
+        sliding_window=opts.sliding_window,
+        softcap=opts.softcap,
+        sinks=opts.sinks,
+    )
 
 
 def metal_attention() -> KernelAttention:

@@ -52,9 +52,15 @@ class MlxAttention(AttentionBackend[PortableKV, AttentionPlan]):
         return PortableKV(mx.concatenate([cache.pool, more], axis=2))
 
     def build_metadata(self, step: StepInputs, spec: LayerCacheSpec) -> AttentionPlan:
-        return build_plan(step.block_rows, step.cu_seqlens_q, step.seq_lens, spec.block_size,
-                          sliding_window=spec.sliding_window, num_kv_heads=spec.num_kv_heads,
-                          image_spans=step.image_spans)  # fmt: skip
+        return build_plan(
+            step.block_rows,
+            step.cu_seqlens_q,
+            step.seq_lens,
+            spec.block_size,
+            sliding_window=spec.sliding_window,
+            num_kv_heads=spec.num_kv_heads,
+            image_spans=step.image_spans,
+        )
 
     def forward(self, call: AttentionCall[PortableKV, AttentionPlan]) -> mx.array:
         cache = call.cache

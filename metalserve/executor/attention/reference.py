@@ -75,9 +75,12 @@ def _slots(block_row: np.ndarray, length: int, block_size: int) -> np.ndarray:
 
 
 def _window_mask(
-    q_positions: np.ndarray, length: int, window: int | None, key_start: int = 0,
+    q_positions: np.ndarray,
+    length: int,
+    window: int | None,
+    key_start: int = 0,
     spans: Sequence[tuple[int, int]] = (),
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """Additive mask over keys `key_start .. length - 1`: causal, and a sliding window when one is given.
     `spans`: images whose tokens also see each other both ways, whatever the window (HF's Gemma 3 ORs
     this onto the causal and the sliding masks)."""
@@ -108,18 +111,25 @@ def _decode_group(
     mask = None
     span = pages * block_size
     if window is not None or int(lens.min()) != span:
-        masks = np.stack([
-            _window_mask(np.array([n - 1]), int(f) * block_size + span, window, int(f) * block_size)
-            for n, f in zip(lens, first, strict=True)
-        ])[:, None]  # [B, 1, 1, L]  # fmt: skip
+        masks = np.stack(
+            [
+                _window_mask(np.array([n - 1]), int(f) * block_size + span, window, int(f) * block_size)
+                for n, f in zip(lens, first, strict=True)
+            ]
+        )[:, None]  # [B, 1, 1, L]
         mask = mx.array(np.tile(masks, (num_kv_heads, 1, 1, 1)))  # batch rows are (kv head, request)
     return DecodeGroup(start, start + len(lens), mx.array(np.stack(rows).astype(np.int32)), block_size, mask)
 
 
 def _prefill_chunk(
-    block_row: np.ndarray, start: int, end: int, length: int, block_size: int, window: int | None,
+    block_row: np.ndarray,
+    start: int,
+    end: int,
+    length: int,
+    block_size: int,
+    window: int | None,
     spans: Sequence[tuple[int, int]] = (),
-) -> PrefillChunk:  # fmt: skip
+) -> PrefillChunk:
     q_first = length - (end - start)
     # With a window, keys start at the page of the first query's oldest key: no page behind it is read
     # (an image's tokens read their whole image, so keys start no later than its first).
@@ -157,10 +167,17 @@ def build_plan(
         for a, b in _length_buckets(seq_lens[:num_decodes], block_size)
     )
     prefills = [
-        _prefill_chunk(block_tables[i], int(cu_seqlens_q[i]), int(cu_seqlens_q[i + 1]), int(seq_lens[i]),
-                       block_size, sliding_window, (image_spans or {}).get(i, ()))
+        _prefill_chunk(
+            block_tables[i],
+            int(cu_seqlens_q[i]),
+            int(cu_seqlens_q[i + 1]),
+            int(seq_lens[i]),
+            block_size,
+            sliding_window,
+            (image_spans or {}).get(i, ()),
+        )
         for i in range(num_decodes, num_reqs)
-    ]  # fmt: skip
+    ]
     return AttentionPlan(decodes, tuple(prefills))
 
 

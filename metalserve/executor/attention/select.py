@@ -81,8 +81,11 @@ def select_attention(
 
 
 # The page storages each backend reads besides the model's dtype (kvcache/specs.PageDtype).
-QUANTIZED_PAGE_BACKENDS: dict[str, tuple[str, ...]] = {"mlx": ("auto", "int8", "q4"),
-                                                       "cpu": ("auto", "int8", "q4"), "metal": ("auto",)}  # fmt: skip
+QUANTIZED_PAGE_BACKENDS: dict[str, tuple[str, ...]] = {
+    "mlx": ("auto", "int8", "q4"),
+    "cpu": ("auto", "int8", "q4"),
+    "metal": ("auto",),
+}
 
 
 def _auto_reads(storage: str, platform: Platform, dtype: mx.Dtype) -> bool:

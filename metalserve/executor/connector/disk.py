@@ -73,8 +73,9 @@ class DiskConnectorWorker(KVConnectorWorker):
                 break
             dtype = tensors.pop("dtype", None)
             if {k: v.shape for k, v in tensors.items()} != shapes or dtype is None or dtype.tobytes() != tag.encode():
-                self.store.complaints.warn("shape", "KV disk tier: block %s has other pages than this pool: a miss",
-                                           transfer.key[:16])  # fmt: skip
+                self.store.complaints.warn(
+                    "shape", "KV disk tier: block %s has other pages than this pool: a miss", transfer.key[:16]
+                )
                 self.store.discard(transfer.key)
                 break
             good.append(tensors)
@@ -104,8 +105,11 @@ class DiskConnectorWorker(KVConnectorWorker):
                     self._pending_bytes += size
             if full:
                 self.store.drop_pending(transfer.key)
-                self.store.complaints.warn("behind", "KV disk tier: the disk is behind by %d MiB: a block is not "
-                                           "saved", self._pending_bytes >> 20)  # fmt: skip
+                self.store.complaints.warn(
+                    "behind",
+                    "KV disk tier: the disk is behind by %d MiB: a block is not saved",
+                    self._pending_bytes >> 20,
+                )
                 continue
             block["dtype"] = tag
             self.store.stage(transfer.key, block)

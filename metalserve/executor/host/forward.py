@@ -97,12 +97,21 @@ def _host_layer(block: nn.Module) -> HostLayer | None:
     from metalserve.kernels.cpu.layer_ops import rope_inverse_frequencies
 
     return HostLayer(
-        input_norm=input_norm, post_attention_norm=post_norm, qkv=qkv, o=o, gate_up=gate_up,
-        down=down, q_norm=head_norms[0] if head_norms else None, k_norm=head_norms[1] if head_norms else None,
-        n_heads=attn.n_heads, n_kv_heads=attn.n_kv_heads, rope_dims=int(rope.dims),
-        rope_inv_freq=rope_inverse_frequencies(int(rope.dims), float(rope.base)), rope_scale=float(rope.scale),
+        input_norm=input_norm,
+        post_attention_norm=post_norm,
+        qkv=qkv,
+        o=o,
+        gate_up=gate_up,
+        down=down,
+        q_norm=head_norms[0] if head_norms else None,
+        k_norm=head_norms[1] if head_norms else None,
+        n_heads=attn.n_heads,
+        n_kv_heads=attn.n_kv_heads,
+        rope_dims=int(rope.dims),
+        rope_inv_freq=rope_inverse_frequencies(int(rope.dims), float(rope.base)),
+        rope_scale=float(rope.scale),
         options=attn.options,
-    )  # fmt: skip
+    )
 
 
 def _stacked_linear(linears: list[HostLinear]) -> StackedLinear | None:
@@ -124,11 +133,23 @@ def _stack(layers: list[HostLayer]) -> tuple[DecoderWeights, DecoderShape] | Non
     """The layers as one `DecoderWeights`, or None unless every layer has the same shapes and options."""
     first = layers[0]
     same = {
-        (la.n_heads, la.n_kv_heads, la.rope_dims, la.rope_scale, la.input_norm.eps, la.post_attention_norm.eps,
-         la.q_norm is None, la.q_norm.eps if la.q_norm else 0.0, la.k_norm.eps if la.k_norm else 0.0,
-         la.options.scale, la.options.softcap, la.options.sinks is None, la.rope_inv_freq.tobytes())
+        (
+            la.n_heads,
+            la.n_kv_heads,
+            la.rope_dims,
+            la.rope_scale,
+            la.input_norm.eps,
+            la.post_attention_norm.eps,
+            la.q_norm is None,
+            la.q_norm.eps if la.q_norm else 0.0,
+            la.k_norm.eps if la.k_norm else 0.0,
+            la.options.scale,
+            la.options.softcap,
+            la.options.sinks is None,
+            la.rope_inv_freq.tobytes(),
+        )
         for la in layers
-    }  # fmt: skip
+    }
     if len(same) != 1 or first.options.sinks is not None or first.input_norm.eps != first.post_attention_norm.eps:
         return None
     linears = [_stacked_linear([getattr(la, name) for la in layers]) for name in ("qkv", "o", "gate_up", "down")]
@@ -140,17 +161,26 @@ def _stack(layers: list[HostLayer]) -> tuple[DecoderWeights, DecoderShape] | Non
     weights = DecoderWeights(
         input_norm=np.stack([la.input_norm.weight for la in layers]),
         post_attention_norm=np.stack([la.post_attention_norm.weight for la in layers]),
-        qkv=qkv, o=o, gate_up=gate_up, down=down,
+        qkv=qkv,
+        o=o,
+        gate_up=gate_up,
+        down=down,
         q_norm=np.stack([la.q_norm.weight for la in layers if la.q_norm]) if first.q_norm else ones,
         k_norm=np.stack([la.k_norm.weight for la in layers if la.k_norm]) if first.k_norm else ones,
         rope_inv_freq=first.rope_inv_freq,
         sliding_windows=np.array([la.options.sliding_window or 0 for la in layers], np.int64),
-    )  # fmt: skip
+    )
     shape = DecoderShape(
-        n_heads=first.n_heads, n_kv_heads=first.n_kv_heads, head_dim=head_dim, head_norms=first.q_norm is not None,
-        norm_eps=first.input_norm.eps, head_norm_eps=first.q_norm.eps if first.q_norm else 0.0,
-        rope_scale=first.rope_scale, attention_scale=first.options.scale, softcap=first.options.softcap or 0.0,
-    )  # fmt: skip
+        n_heads=first.n_heads,
+        n_kv_heads=first.n_kv_heads,
+        head_dim=head_dim,
+        head_norms=first.q_norm is not None,
+        norm_eps=first.input_norm.eps,
+        head_norm_eps=first.q_norm.eps if first.q_norm else 0.0,
+        rope_scale=first.rope_scale,
+        attention_scale=first.options.scale,
+        softcap=first.options.softcap or 0.0,
+    )
     return weights, shape
 
 

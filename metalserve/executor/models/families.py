@@ -31,17 +31,50 @@ if TYPE_CHECKING:
 # mistral loads as llama in mlx-lm. Each type has a golden test in tests/models/ (tiny random weights,
 # greedy tokens identical to mlx-lm's own generation).
 SUPPORTED_MODEL_TYPES = (
-    "llama", "mistral", "qwen2", "qwen3",
-    "qwen3_moe", "mixtral", "gemma3_text", "gemma4_text", "gpt_oss", "phi3", "olmo2", "granite",
-    "qwen2_moe", "olmo3", "granitemoe", "gemma2", "smollm3", "glm4", "starcoder2", "ministral3",
-    "seed_oss", "internlm3", "olmoe", "phimoe", "ernie4_5", "cohere2", "exaone4",
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "mixtral",
+    "gemma3_text",
+    "gemma4_text",
+    "gpt_oss",
+    "phi3",
+    "olmo2",
+    "granite",
+    "qwen2_moe",
+    "olmo3",
+    "granitemoe",
+    "gemma2",
+    "smollm3",
+    "glm4",
+    "starcoder2",
+    "ministral3",
+    "seed_oss",
+    "internlm3",
+    "olmoe",
+    "phimoe",
+    "ernie4_5",
+    "cohere2",
+    "exaone4",
     # Hybrids with recurrent-state layers: hybrid_families.FAMILIES says where each keeps its parts.
-    "qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2", "lfm2_moe", "nemotron_h", "granitemoehybrid",
+    "qwen3_next",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "lfm2",
+    "lfm2_moe",
+    "nemotron_h",
+    "granitemoehybrid",
     # MLA, latent pages:
-    "deepseek_v2", "deepseek_v3", "glm4_moe_lite",
+    "deepseek_v2",
+    "deepseek_v3",
+    "glm4_moe_lite",
     # Vision-language models (mlx-vlm's classes): the language model here, the tower in executor/encoders/.
-    "qwen2_vl", "qwen2_5_vl", "gemma3",
-)  # fmt: skip
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "gemma3",
+)
 # Images in (metalserve/multimodal/); these also take multimodal RoPE positions [3, T] (models/mrope_attention.py).
 VISION_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "gemma3"})
 MROPE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl"})
@@ -181,4 +214,3 @@ def kv_cache_spec(
 def check_supported(model_type: str) -> None:
     """For the loader, before it builds a model: UnsupportedModelType unless a family serves it."""
     model_family(model_type)
-

@@ -27,7 +27,7 @@ _FLAGS_BACKBONES_READ = ("is_local", "is_sliding", "use_sliding_window")
 
 
 def _norm_mode(inner: nn.Module, head_dim: int) -> str | None:
-    """"head": q/k norms over each head (before RoPE); "full": over the whole projection; None: no norms."""
+    """ "head": q/k norms over each head (before RoPE); "full": over the whole projection; None: no norms."""
     if "q_norm" not in inner:
         return None
     weight = getattr(inner.q_norm, "weight", None)

@@ -173,8 +173,18 @@ def paged_attention(
 ) -> np.ndarray:
     """Attention of every query row over its request's pages; returns `[total_q, Hq, D]` float32."""
     row_req, row_pos = query_rows(cu_seqlens_q, seq_lens)
-    return attend_rows(q, pool, block_tables, row_req, row_pos, block_size=block_size, scale=scale,
-                       sliding_window=sliding_window, softcap=softcap, sinks=sinks)  # fmt: skip
+    return attend_rows(
+        q,
+        pool,
+        block_tables,
+        row_req,
+        row_pos,
+        block_size=block_size,
+        scale=scale,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        sinks=sinks,
+    )
 
 
 def attend_rows(
@@ -204,10 +214,19 @@ def attend_rows(
     sink_logits = np.zeros(num_q_heads, np.float32) if sinks is None else np.ascontiguousarray(sinks, np.float32)
     with launch_lock:
         _attention_kernel(
-            np.ascontiguousarray(q), pool, np.ascontiguousarray(block_tables, np.int32), row_req, row_pos,
-            block_size, np.float32(scale), sliding_window or 0, np.float32(softcap or 0.0), sink_logits,
-            sinks is not None, out,
-        )  # fmt: skip
+            np.ascontiguousarray(q),
+            pool,
+            np.ascontiguousarray(block_tables, np.int32),
+            row_req,
+            row_pos,
+            block_size,
+            np.float32(scale),
+            sliding_window or 0,
+            np.float32(softcap or 0.0),
+            sink_logits,
+            sinks is not None,
+            out,
+        )
     return out
 
 
@@ -259,7 +278,20 @@ def _dequantize_slots(codes, scales, biases, q4, slots, out):  # noqa: ANN001, A
 
 @numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _quantized_attention_kernel(  # numba infers the types
-    q, codes, scales, biases, q4, block_tables, row_req, row_pos, block_size, scale, window, softcap, sinks, use_sinks,
+    q,
+    codes,
+    scales,
+    biases,
+    q4,
+    block_tables,
+    row_req,
+    row_pos,
+    block_size,
+    scale,
+    window,
+    softcap,
+    sinks,
+    use_sinks,
     out,
 ):
     """`_attention_kernel` over quantized pages: each work item dequantizes the keys and values its row
@@ -347,8 +379,20 @@ def attend_quantized_rows(
     sink_logits = np.zeros(num_q_heads, np.float32) if sinks is None else np.ascontiguousarray(sinks, np.float32)
     with launch_lock:
         _quantized_attention_kernel(
-            np.ascontiguousarray(q), codes, half, bias_bits, q4, np.ascontiguousarray(block_tables, np.int32),
-            row_req, row_pos, block_size, np.float32(scale), sliding_window or 0, np.float32(softcap or 0.0),
-            sink_logits, sinks is not None, out,
-        )  # fmt: skip
+            np.ascontiguousarray(q),
+            codes,
+            half,
+            bias_bits,
+            q4,
+            np.ascontiguousarray(block_tables, np.int32),
+            row_req,
+            row_pos,
+            block_size,
+            np.float32(scale),
+            sliding_window or 0,
+            np.float32(softcap or 0.0),
+            sink_logits,
+            sinks is not None,
+            out,
+        )
     return out

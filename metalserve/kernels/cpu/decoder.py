@@ -101,10 +101,19 @@ def _compile_layers(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatcher
         out = np.empty((tokens, hq, d), np.float32)
         no_sinks = np.zeros(hq, np.float32)
         _attention_kernel(
-            q, pool, plan.block_tables, plan.row_req, plan.row_pos, plan.block_size,
-            np.float32(shape.attention_scale), w.sliding_windows[layer], np.float32(shape.softcap), no_sinks,
-            False, out,
-        )  # fmt: skip
+            q,
+            pool,
+            plan.block_tables,
+            plan.row_req,
+            plan.row_pos,
+            plan.block_size,
+            np.float32(shape.attention_scale),
+            w.sliding_windows[layer],
+            np.float32(shape.softcap),
+            no_sinks,
+            False,
+            out,
+        )
         return _linear(out.reshape(tokens, hq * d), w.o, layer, chunks)
 
     @jit

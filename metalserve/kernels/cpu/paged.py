@@ -80,10 +80,19 @@ def cpu_quantized_attention(
     write_quantized(views, np.asarray(k), np.asarray(v), step.slot_mapping)
     sinks = None if opts.sinks is None else np.asarray(opts.sinks.astype(mx.float32))
     out = cpu_attention.attend_quantized_rows(
-        np.asarray(q), views[0], views[1], views[2] if len(views) > 2 else None, step.block_tables, step.row_req,
-        step.row_pos, block_size=step.block_size, scale=opts.scale, sliding_window=opts.sliding_window,
-        softcap=opts.softcap, sinks=sinks,
-    )  # fmt: skip
+        np.asarray(q),
+        views[0],
+        views[1],
+        views[2] if len(views) > 2 else None,
+        step.block_tables,
+        step.row_req,
+        step.row_pos,
+        block_size=step.block_size,
+        scale=opts.scale,
+        sliding_window=opts.sliding_window,
+        softcap=opts.softcap,
+        sinks=sinks,
+    )
     return mx.array(out)
 
 
@@ -96,8 +105,16 @@ def cpu_paged_attention(
     cpu_attention.write_kv(view, np.asarray(k), None if v is None else np.asarray(v), step.slot_mapping)
     sinks = None if opts.sinks is None else np.asarray(opts.sinks.astype(mx.float32))
     out = cpu_attention.attend_rows(
-        np.asarray(q), view, step.block_tables, step.row_req, step.row_pos, block_size=step.block_size,
-        scale=opts.scale, sliding_window=opts.sliding_window, softcap=opts.softcap, sinks=sinks,
+        np.asarray(q),
+        view,
+        step.block_tables,
+        step.row_req,
+        step.row_pos,
+        block_size=step.block_size,
+        scale=opts.scale,
+        sliding_window=opts.sliding_window,
+        softcap=opts.softcap,
+        sinks=sinks,
         value_dim=opts.value_dim,
-    )  # fmt: skip
+    )
     return mx.array(out)

@@ -47,9 +47,7 @@ def _validate(a: PagedArgs) -> None:
     if a.block_size not in BLOCK_SIZES:
         raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {a.block_size}")
     if a.k_pool.dtype not in DTYPES or a.v_pool.dtype != a.k_pool.dtype:
-        raise ValueError(
-            f"the pools must share one dtype of {DTYPES}, got {a.k_pool.dtype}, {a.v_pool.dtype}"
-        )
+        raise ValueError(f"the pools must share one dtype of {DTYPES}, got {a.k_pool.dtype}, {a.v_pool.dtype}")
     if a.block_tables.ndim != 2 or a.cu_seqlens_q.shape != (a.seq_lens.shape[0] + 1,):
         raise ValueError("block_tables must be [num_reqs, max_blocks] and cu_seqlens_q [num_reqs + 1]")
     if a.block_tables.shape[0] != a.seq_lens.shape[0]:

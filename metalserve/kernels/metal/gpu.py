@@ -15,17 +15,30 @@ from metalserve.kernels.metal.paged import PagedArgs, run_paged_attention
 
 
 @cache
-def _kernel(name: str, input_names: tuple[str, ...], output_names: tuple[str, ...], source: str,
-            header: str, atomic_outputs: bool) -> object:
+def _kernel(
+    name: str,
+    input_names: tuple[str, ...],
+    output_names: tuple[str, ...],
+    source: str,
+    header: str,
+    atomic_outputs: bool,
+) -> object:
     # One kernel object per body; MLX itself caches the compiled library per template instance.
-    return mx.fast.metal_kernel(name=name, input_names=list(input_names), output_names=list(output_names),
-                                source=source, header=header, atomic_outputs=atomic_outputs)
+    return mx.fast.metal_kernel(
+        name=name,
+        input_names=list(input_names),
+        output_names=list(output_names),
+        source=source,
+        header=header,
+        atomic_outputs=atomic_outputs,
+    )
 
 
 def run_metal(launch: KernelLaunch) -> list[mx.array]:
     """Execute one launch on the GPU with MLX's own kernel machinery."""
-    kernel = _kernel(launch.name, launch.input_names, launch.output_names, launch.source, launch.header,
-                     launch.atomic_outputs)
+    kernel = _kernel(
+        launch.name, launch.input_names, launch.output_names, launch.source, launch.header, launch.atomic_outputs
+    )
     outputs: list[mx.array] = kernel(  # type: ignore[operator]
         inputs=list(launch.inputs),
         template=list(launch.template),
@@ -61,6 +74,7 @@ def metal_paged_attention(
     """The contract on the Metal kernels; `kernel` ("auto", "tiled", "decode") and `partition_size`
     (the decode kernel's split-KV) force a path for tests and benches. Raises guard.LaunchRefused when
     the GPU runs none of the launches (the backend then takes the MLX-ops path)."""
-    args = PagedArgs(q, k_pool, v_pool, block_tables, cu_seqlens_q, seq_lens, block_size, scale,
-                     sliding_window, softcap, sinks)
+    args = PagedArgs(
+        q, k_pool, v_pool, block_tables, cu_seqlens_q, seq_lens, block_size, scale, sliding_window, softcap, sinks
+    )
     return run_paged_attention(args, GUARD, partition_size, kernel)

@@ -18,8 +18,15 @@ from metalserve.kernels.metal.guard import Executor, LaunchRefused
 from metalserve.kernels.metal.launch import KernelLaunch, metal_source
 from metalserve.kernels.metal.tiled import tile_ladder, tiled_launch, tiling
 
-__all__ = ["HEAD_DIMS", "KERNELS", "PagedArgs", "attention_launch", "choose_kernel", "num_partitions",
-           "run_paged_attention"]  # fmt: skip
+__all__ = [
+    "HEAD_DIMS",
+    "KERNELS",
+    "PagedArgs",
+    "attention_launch",
+    "choose_kernel",
+    "num_partitions",
+    "run_paged_attention",
+]
 
 SIMDGROUPS = 4  # per threadgroup: keys are dealt round-robin to them
 DEFAULT_PARTITION = 256  # keys per threadgroup when the KV range is split
@@ -51,9 +58,15 @@ def attention_launch(a: PagedArgs, partitions: int, partition_size: int) -> Kern
     split = partitions > 1
     sinks = a.sinks.astype(mx.float32) if a.sinks is not None else mx.zeros((1,), mx.float32)
     template: tuple[tuple[str, mx.Dtype | int | bool], ...] = (
-        ("T", dtype), ("O", mx.float32 if split else dtype), ("D", d), ("BS", a.block_size),
-        ("G", hq // hkv), ("NSG", SIMDGROUPS), ("PART", partition_size if split else 0),
-        ("WINDOW", a.sliding_window is not None), ("SOFTCAP", a.softcap is not None),
+        ("T", dtype),
+        ("O", mx.float32 if split else dtype),
+        ("D", d),
+        ("BS", a.block_size),
+        ("G", hq // hkv),
+        ("NSG", SIMDGROUPS),
+        ("PART", partition_size if split else 0),
+        ("WINDOW", a.sliding_window is not None),
+        ("SOFTCAP", a.softcap is not None),
         ("SINKS", a.sinks is not None),
     )
     out_shape = (partitions, total_q, hq, d) if split else (total_q, hq, d)
@@ -61,13 +74,35 @@ def attention_launch(a: PagedArgs, partitions: int, partition_size: int) -> Kern
     return KernelLaunch(
         name="paged_attention",
         source=metal_source("paged_attention"),
-        input_names=("q", "k_pool", "v_pool", "block_tables", "cu_seqlens_q", "seq_lens", "sinks",
-                     "num_reqs", "max_blocks", "window", "scale", "softcap"),
+        input_names=(
+            "q",
+            "k_pool",
+            "v_pool",
+            "block_tables",
+            "cu_seqlens_q",
+            "seq_lens",
+            "sinks",
+            "num_reqs",
+            "max_blocks",
+            "window",
+            "scale",
+            "softcap",
+        ),
         output_names=("out", "part_ml"),
-        inputs=(a.q.astype(dtype), a.k_pool, a.v_pool, a.block_tables.astype(mx.int32),
-                a.cu_seqlens_q.astype(mx.int32), a.seq_lens.astype(mx.int32), sinks,
-                int(a.seq_lens.shape[0]), int(a.block_tables.shape[1]), int(a.sliding_window or 0),
-                float(a.scale), float(a.softcap or 1.0)),
+        inputs=(
+            a.q.astype(dtype),
+            a.k_pool,
+            a.v_pool,
+            a.block_tables.astype(mx.int32),
+            a.cu_seqlens_q.astype(mx.int32),
+            a.seq_lens.astype(mx.int32),
+            sinks,
+            int(a.seq_lens.shape[0]),
+            int(a.block_tables.shape[1]),
+            int(a.sliding_window or 0),
+            float(a.scale),
+            float(a.softcap or 1.0),
+        ),
         output_shapes=(out_shape, ml_shape),
         output_dtypes=(mx.float32 if split else dtype, mx.float32),
         template=template,
@@ -95,7 +130,7 @@ def merge_launch(a: PagedArgs, part_o: mx.array, part_ml: mx.array) -> KernelLau
 
 
 def choose_kernel(a: PagedArgs, kernel: str, partition_size: int | None) -> str:
-    """"tiled" or "decode", from shapes only: a batch with more query rows than requests has a prefill
+    """ "tiled" or "decode", from shapes only: a batch with more query rows than requests has a prefill
     (or several queries of a request) and takes the tiled kernel; an all-decode batch keeps the
     one-token kernel and its split-KV, which read each K/V byte once per query token either way."""
     if kernel not in KERNELS:

@@ -80,8 +80,9 @@ class DiskConnectorScheduler(KVConnectorScheduler):
         keys = self._load_keys.pop(request.request_id, [])
         n = num_external_tokens // self.block_size
         if n > len(keys) or len(block_ids) < n:
-            raise ValueError(f"request {request.request_id}: {n} blocks to load, {len(keys)} matched, "
-                             f"{len(block_ids)} allocated")  # fmt: skip
+            raise ValueError(
+                f"request {request.request_id}: {n} blocks to load, {len(keys)} matched, {len(block_ids)} allocated"
+            )
         if n:
             self._loads[request.request_id] = [
                 BlockTransfer(b, k) for b, k in zip(block_ids[:n], keys[:n], strict=True)
@@ -119,5 +120,6 @@ class DiskConnectorScheduler(KVConnectorScheduler):
 
     def stats(self) -> ConnectorStats:
         s = self.store
-        return ConnectorStats(self.queries, self.hits, s.bytes_loaded, s.bytes_saved, s.load_seconds,
-                              s.usage_bytes, s.capacity_bytes)  # fmt: skip
+        return ConnectorStats(
+            self.queries, self.hits, s.bytes_loaded, s.bytes_saved, s.load_seconds, s.usage_bytes, s.capacity_bytes
+        )

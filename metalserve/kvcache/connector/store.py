@@ -120,9 +120,13 @@ class DiskStore:
         self._scan()
         logger.info(
             "KV disk tier: %s, %d blocks (%.1f MiB of %.1f MiB) indexed in %.0f ms%s",
-            self.directory, len(self._index), self.usage_bytes / 2**20, capacity_bytes / 2**20,
-            1000 * (time.perf_counter() - started), "" if self.writable else "; read-only: nothing new is saved",
-        )  # fmt: skip
+            self.directory,
+            len(self._index),
+            self.usage_bytes / 2**20,
+            capacity_bytes / 2**20,
+            1000 * (time.perf_counter() - started),
+            "" if self.writable else "; read-only: nothing new is saved",
+        )
 
     def _prepare(self) -> bool:
         """Create the directory and probe that files can be created in it."""
@@ -207,8 +211,12 @@ class DiskStore:
         if not self.writable:
             return False
         if len(data) > self.capacity_bytes:
-            self.complaints.warn("size", "KV disk tier: a block of %d bytes is more than --kv-disk-size %d: not saved",
-                                 len(data), self.capacity_bytes)  # fmt: skip
+            self.complaints.warn(
+                "size",
+                "KV disk tier: a block of %d bytes is more than --kv-disk-size %d: not saved",
+                len(data),
+                self.capacity_bytes,
+            )
             return False
         final = self.path(key)
         temp = self.directory / f"{key}.{os.getpid()}.{threading.get_ident()}{TEMP_SUFFIX}"
@@ -224,8 +232,9 @@ class DiskStore:
             os.replace(temp, final)
         except OSError as exc:
             self._unlink(temp)
-            self.complaints.warn("write", "KV disk tier: cannot write a block to %s (%s): it will be recomputed",
-                                 self.directory, exc)  # fmt: skip
+            self.complaints.warn(
+                "write", "KV disk tier: cannot write a block to %s (%s): it will be recomputed", self.directory, exc
+            )
             return False
         with self._lock:
             self.usage_bytes += len(data) - self._index.pop(key, 0)
