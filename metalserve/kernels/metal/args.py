@@ -30,9 +30,31 @@ class PagedArgs:
     sliding_window: int | None
     softcap: float | None
     sinks: mx.array | None
+    # int8 pages (--kv-cache-dtype int8): the pools hold int8 codes and these one float16 scale per slot
+    # and KV head, `[num_slots, Hkv]`; attention then computes in q's dtype.
+    k_scales: mx.array | None = None
+    v_scales: mx.array | None = None
 
     def __post_init__(self) -> None:
         _validate(self)
+        if self.quantized:
+            _validate_int8(self)
+
+    @property
+    def quantized(self) -> bool:
+        return self.k_pool.dtype == mx.int8
+
+    @property
+    def compute_dtype(self) -> mx.Dtype:
+        """The dtype of q and of the output: the pools' own, or q's where the pools hold codes."""
+        return self.q.dtype if self.quantized else self.k_pool.dtype
+
+    def scale_arrays(self) -> tuple[mx.array, mx.array]:
+        """The kernels' k_scales / v_scales inputs: the pools' scales, or a 1-element placeholder."""
+        if self.k_scales is None or self.v_scales is None:
+            placeholder = mx.ones((1,), mx.float16)
+            return placeholder, placeholder
+        return self.k_scales.reshape(-1), self.v_scales.reshape(-1)
 
 
 def _validate(a: PagedArgs) -> None:
@@ -46,7 +68,7 @@ def _validate(a: PagedArgs) -> None:
         raise ValueError(f"query heads ({hq}) must be a multiple of KV heads ({hkv})")
     if a.block_size not in BLOCK_SIZES:
         raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {a.block_size}")
-    if a.k_pool.dtype not in DTYPES or a.v_pool.dtype != a.k_pool.dtype:
+    if a.k_pool.dtype not in (*DTYPES, mx.int8) or a.v_pool.dtype != a.k_pool.dtype:
         raise ValueError(f"the pools must share one dtype of {DTYPES}, got {a.k_pool.dtype}, {a.v_pool.dtype}")
     if a.block_tables.ndim != 2 or a.cu_seqlens_q.shape != (a.seq_lens.shape[0] + 1,):
         raise ValueError("block_tables must be [num_reqs, max_blocks] and cu_seqlens_q [num_reqs + 1]")
@@ -58,3 +80,12 @@ def _validate(a: PagedArgs) -> None:
         raise ValueError(f"softcap must be > 0, got {a.softcap}")
     if a.sinks is not None and a.sinks.shape != (hq,):
         raise ValueError(f"sinks must be [Hq] = [{hq}], got {a.sinks.shape}")
+
+
+def _validate_int8(a: PagedArgs) -> None:
+    slots, hkv = a.k_pool.shape[0], a.k_pool.shape[1]
+    for name, scales in (("k_scales", a.k_scales), ("v_scales", a.v_scales)):
+        if scales is None or scales.size != slots * hkv or scales.dtype != mx.float16:
+            raise ValueError(f"int8 pools need {name}: float16 [num_slots, Hkv] = [{slots}, {hkv}]")
+    if a.q.dtype not in DTYPES:
+        raise ValueError(f"q must be one of {DTYPES}, got {a.q.dtype}")

@@ -54,8 +54,9 @@ def attention_launch(a: PagedArgs, partitions: int, partition_size: int) -> Kern
     """The first (or only) launch: one threadgroup per (query token, KV head, partition)."""
     total_q, hq, d = a.q.shape
     hkv = a.k_pool.shape[1]
-    dtype = a.k_pool.dtype
+    dtype = a.compute_dtype
     split = partitions > 1
+    k_scales, v_scales = a.scale_arrays()
     sinks = a.sinks.astype(mx.float32) if a.sinks is not None else mx.zeros((1,), mx.float32)
     template: tuple[tuple[str, mx.Dtype | int | bool], ...] = (
         ("T", dtype),
@@ -68,6 +69,7 @@ def attention_launch(a: PagedArgs, partitions: int, partition_size: int) -> Kern
         ("WINDOW", a.sliding_window is not None),
         ("SOFTCAP", a.softcap is not None),
         ("SINKS", a.sinks is not None),
+        ("INT8", a.quantized),
     )
     out_shape = (partitions, total_q, hq, d) if split else (total_q, hq, d)
     ml_shape = (partitions, total_q, hq, 2) if split else (1,)
@@ -82,6 +84,8 @@ def attention_launch(a: PagedArgs, partitions: int, partition_size: int) -> Kern
             "cu_seqlens_q",
             "seq_lens",
             "sinks",
+            "k_scales",
+            "v_scales",
             "num_reqs",
             "max_blocks",
             "window",
@@ -97,6 +101,8 @@ def attention_launch(a: PagedArgs, partitions: int, partition_size: int) -> Kern
             a.cu_seqlens_q.astype(mx.int32),
             a.seq_lens.astype(mx.int32),
             sinks,
+            k_scales,
+            v_scales,
             int(a.seq_lens.shape[0]),
             int(a.block_tables.shape[1]),
             int(a.sliding_window or 0),
@@ -122,8 +128,8 @@ def merge_launch(a: PagedArgs, part_o: mx.array, part_ml: mx.array) -> KernelLau
         output_names=("out",),
         inputs=(part_o, part_ml, sinks, int(partitions)),
         output_shapes=((total_q, hq, d),),
-        output_dtypes=(a.k_pool.dtype,),
-        template=(("O", a.k_pool.dtype), ("D", d), ("SINKS", a.sinks is not None)),
+        output_dtypes=(a.compute_dtype,),
+        template=(("O", a.compute_dtype), ("D", d), ("SINKS", a.sinks is not None)),
         grid=(32 * total_q, hq, 1),
         threadgroup=(32, 1, 1),
     )

@@ -4,7 +4,8 @@
 // the tile's key range in tiles of BK keys through the block table, stages K and V in threadgroup
 // memory with vector loads (read once per query tile), and each simdgroup computes S = Q K^T and
 // O += P V for its 8 rows with 8x8 simdgroup multiply-accumulates in fp32, with an online softmax per
-// row. Template constants: T (q/kv/out dtype), D, BK (keys per tile), M (rows, 8 per simdgroup).
+// row. Template constants: T (q/kv/out dtype), D, BK (keys per tile), M (rows, 8 per simdgroup),
+// INT8 (the pools hold int8 codes, k_scales / v_scales a float16 scale per slot and KV head).
 // Scalars: num_reqs, max_blocks, block_size, group, tile_q (tokens per tile), window (0: none),
 // scale, softcap (0: none), use_sinks.
 constexpr int DF = D / 8;  // 8-wide fragments across the head dim
@@ -101,6 +102,10 @@ for (int kt = (key_lo / BK) * BK; kt < key_hi; kt += BK) {
       const long off = (slot * num_kv_heads + kvh) * D + d4;
       kx = load_float4(k_pool + off);
       vx = load_float4(v_pool + off);
+      if (INT8) {  // int8 pages: codes * the slot's and head's float16 scale, in registers
+        kx *= float4(float(k_scales[slot * num_kv_heads + kvh]));
+        vx *= float4(float(v_scales[slot * num_kv_heads + kvh]));
+      }
     }
     *((threadgroup float4*)(sk + kr * D + d4)) = kx;
     *((threadgroup float4*)(sv + kr * D + d4)) = vx;

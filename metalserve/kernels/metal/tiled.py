@@ -101,7 +101,8 @@ def tiled_launch(a: PagedArgs, t: Tiling) -> KernelLaunch:
     """One threadgroup per (query tile, KV head)."""
     total_q, hq, d = a.q.shape
     hkv = a.k_pool.shape[1]
-    dtype = a.k_pool.dtype
+    dtype = a.compute_dtype
+    k_scales, v_scales = a.scale_arrays()
     num_reqs = int(a.seq_lens.shape[0])
     sinks = a.sinks.astype(mx.float32) if a.sinks is not None else mx.zeros((1,), mx.float32)
     tiles = num_tiles(total_q, num_reqs, t.tile_q)
@@ -117,6 +118,8 @@ def tiled_launch(a: PagedArgs, t: Tiling) -> KernelLaunch:
             "cu_seqlens_q",
             "seq_lens",
             "sinks",
+            "k_scales",
+            "v_scales",
             "num_reqs",
             "max_blocks",
             "block_size",
@@ -136,6 +139,8 @@ def tiled_launch(a: PagedArgs, t: Tiling) -> KernelLaunch:
             a.cu_seqlens_q.astype(mx.int32),
             a.seq_lens.astype(mx.int32),
             sinks,
+            k_scales,
+            v_scales,
             num_reqs,
             int(a.block_tables.shape[1]),
             a.block_size,
@@ -148,7 +153,7 @@ def tiled_launch(a: PagedArgs, t: Tiling) -> KernelLaunch:
         ),
         output_shapes=((total_q, hq, d),),
         output_dtypes=(dtype,),
-        template=(("T", dtype), ("D", d), ("BK", t.key_tile), ("M", t.rows)),
+        template=(("T", dtype), ("D", d), ("BK", t.key_tile), ("M", t.rows), ("INT8", a.quantized)),
         grid=(tiles * t.threads, hkv, 1),
         threadgroup=(t.threads, 1, 1),
     )

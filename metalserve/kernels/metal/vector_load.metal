@@ -11,3 +11,6 @@ inline float4 load_float4(const device bfloat16_t* p) {
   return float4(as_type<float>(uint(b.x) << 16), as_type<float>(uint(b.y) << 16),
                 as_type<float>(uint(b.z) << 16), as_type<float>(uint(b.w) << 16));
 }
+inline float4 load_float4(const device int8_t* p) {  // int8 KV codes; the caller applies the scale
+  return float4(*((const device char4*)(p)));
+}

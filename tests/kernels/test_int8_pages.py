@@ -1,0 +1,75 @@
+"""The Metal kernels on int8 KV pages (--kv-cache-dtype int8), run from their exact source in the CPU
+emulator: they must attend the int8 pools as the float64 reference attends the dequantized pools.
+
+The pools are quantized with the NumPy reference of the format (kernels/cpu/kv_quant.py): int8 codes
+`[num_slots, Hkv, D]` and one float16 scale per slot and KV head. Cases are the cheap ones of cases.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from metalserve.kernels.cpu.kv_quant import dequantize, quantize
+from metalserve.kernels.metal.args import PagedArgs
+from metalserve.kernels.metal.paged import run_paged_attention
+from tests.kernels.cases import CASES, TOLERANCE, Case, Inputs, as_f64, make_inputs, reference_f64
+from tools.msl_emulator import emulate_race_checked
+
+CHEAP = ("decode", "window", "sinks", "split_all_options", "mixed", "tiles_gqa4", "tiles_all_options")
+PAIRS = [(c, k) for c in CASES if c.name in CHEAP for k in c.kernels]
+
+
+def int8_pool(pool: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    """(codes, scales `[num_slots, Hkv]`, the dequantized pool in float32) of one float pool."""
+    codes, scales, _ = quantize(np.array(pool.astype(mx.float32)), "int8")
+    dequantized = dequantize(codes, scales, None, "int8")
+    return mx.array(codes), mx.array(scales[..., 0]), mx.array(dequantized)
+
+
+def int8_args(case: Case, x: Inputs) -> tuple[PagedArgs, Inputs]:
+    """The kernel's arguments on int8 pools, and the same inputs with the pools dequantized (float32)."""
+    k_codes, k_scales, k_deq = int8_pool(x.k_pool)
+    v_codes, v_scales, v_deq = int8_pool(x.v_pool)
+    args = PagedArgs(
+        x.q,
+        k_codes,
+        v_codes,
+        x.block_tables,
+        x.cu_seqlens_q,
+        x.seq_lens,
+        case.block_size,
+        x.scale,
+        case.sliding_window,
+        case.softcap,
+        x.sinks,
+        k_scales=k_scales,
+        v_scales=v_scales,
+    )
+    return args, replace(x, k_pool=k_deq, v_pool=v_deq)
+
+
+@pytest.mark.parametrize(("case", "kernel"), PAIRS, ids=[f"{c.name}-{k}" for c, k in PAIRS])
+def test_kernels_attend_int8_pages_like_the_dequantized_pools(case: Case, kernel: str) -> None:
+    x = make_inputs(case)
+    args, dequantized = int8_args(case, x)
+    partition_size = None if kernel == "tiled" else case.partition_size
+    out = run_paged_attention(args, emulate_race_checked, partition_size, kernel)
+    assert out.shape == x.q.shape and out.dtype == x.q.dtype
+    got = as_f64(out)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, reference_f64(case, dequantized), atol=TOLERANCE[case.dtype], rtol=0)
+    # The rounding is visible: the float pools themselves give a different answer.
+    assert np.abs(reference_f64(case, x) - got).max() > TOLERANCE["float32"]
+
+
+def test_int8_pools_need_their_scales() -> None:
+    case = PAIRS[0][0]
+    args, _ = int8_args(case, make_inputs(case))
+    with pytest.raises(ValueError, match="int8 pools need k_scales"):
+        replace(args, k_scales=None)
+    with pytest.raises(ValueError, match="int8 pools need v_scales"):
+        replace(args, v_scales=args.v_scales[:-1])
