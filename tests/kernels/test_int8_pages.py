@@ -69,6 +69,7 @@ def test_kernels_attend_int8_pages_like_the_dequantized_pools(case: Case, kernel
 def test_int8_pools_need_their_scales() -> None:
     case = PAIRS[0][0]
     args, _ = int8_args(case, make_inputs(case))
+    assert args.v_scales is not None
     with pytest.raises(ValueError, match="int8 pools need k_scales"):
         replace(args, k_scales=None)
     with pytest.raises(ValueError, match="int8 pools need v_scales"):

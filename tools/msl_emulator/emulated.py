@@ -23,9 +23,24 @@ def emulated_paged_attention(
     sinks: mx.array | None = None,
     partition_size: int | None = None,
     kernel: str = "auto",
+    k_scales: mx.array | None = None,
+    v_scales: mx.array | None = None,
 ) -> mx.array:
-    """Same signature as reference.paged_attention; slow (every GPU thread is a CPU fiber)."""
+    """Same signature as reference.paged_attention (plus int8 pools' scales, as the Metal entry point);
+    slow (every GPU thread is a CPU fiber)."""
     args = PagedArgs(
-        q, k_pool, v_pool, block_tables, cu_seqlens_q, seq_lens, block_size, scale, sliding_window, softcap, sinks
+        q,
+        k_pool,
+        v_pool,
+        block_tables,
+        cu_seqlens_q,
+        seq_lens,
+        block_size,
+        scale,
+        sliding_window,
+        softcap,
+        sinks,
+        k_scales=k_scales,
+        v_scales=v_scales,
     )
     return run_paged_attention(args, emulate, partition_size, kernel)

@@ -70,11 +70,26 @@ def metal_paged_attention(
     sinks: mx.array | None = None,
     partition_size: int | None = None,
     kernel: str = "auto",
+    k_scales: mx.array | None = None,
+    v_scales: mx.array | None = None,
 ) -> mx.array:
     """The contract on the Metal kernels; `kernel` ("auto", "tiled", "decode") and `partition_size`
-    (the decode kernel's split-KV) force a path for tests and benches. Raises guard.LaunchRefused when
-    the GPU runs none of the launches (the backend then takes the MLX-ops path)."""
+    (the decode kernel's split-KV) force a path for tests and benches. int8 pools come with `k_scales`
+    and `v_scales` (args.py). Raises guard.LaunchRefused when the GPU runs none of the launches (the
+    backend then takes the MLX-ops path)."""
     args = PagedArgs(
-        q, k_pool, v_pool, block_tables, cu_seqlens_q, seq_lens, block_size, scale, sliding_window, softcap, sinks
+        q,
+        k_pool,
+        v_pool,
+        block_tables,
+        cu_seqlens_q,
+        seq_lens,
+        block_size,
+        scale,
+        sliding_window,
+        softcap,
+        sinks,
+        k_scales=k_scales,
+        v_scales=v_scales,
     )
     return run_paged_attention(args, GUARD, partition_size, kernel)
