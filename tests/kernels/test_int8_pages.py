@@ -8,16 +8,24 @@ The pools are quantized with the NumPy reference of the format (kernels/cpu/kv_q
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 import pytest
 
+from metalserve.executor.attention.base import AttentionBackend, AttentionCall, LayerCacheSpec
+from metalserve.executor.attention.metal import KernelAttention
+from metalserve.executor.attention.mlx import MlxAttention
+from metalserve.executor.attention.reference import AttentionOptions
+from metalserve.executor.step_inputs import StepInputs
 from metalserve.kernels.cpu.kv_quant import dequantize, quantize
 from metalserve.kernels.metal.args import PagedArgs
 from metalserve.kernels.metal.paged import run_paged_attention
+from tests.executor.test_attention_backends import mixed_step
 from tests.kernels.cases import CASES, TOLERANCE, Case, Inputs, as_f64, make_inputs, reference_f64
 from tools.msl_emulator import emulate_race_checked
+from tools.msl_emulator.emulated import emulated_paged_attention
 
 CHEAP = ("decode", "window", "sinks", "split_all_options", "mixed", "tiles_gqa4", "tiles_all_options")
 PAIRS = [(c, k) for c in CASES if c.name in CHEAP for k in c.kernels]
@@ -74,3 +82,38 @@ def test_int8_pools_need_their_scales() -> None:
         replace(args, k_scales=None)
     with pytest.raises(ValueError, match="int8 pools need v_scales"):
         replace(args, v_scales=args.v_scales[:-1])
+
+
+INT8_SPEC = LayerCacheSpec.dense(
+    num_kv_heads=2, head_dim=64, dtype=mx.float32, block_size=8, num_blocks=12, storage="int8"
+)
+
+
+def backend_step(backend: AttentionBackend[Any, Any]) -> tuple[np.ndarray, Any]:
+    """Fill every slot (one long prefill), then attend a mixed step (two decodes and a prefill chunk)."""
+    rng = np.random.default_rng(3)
+    cache = backend.allocate(INT8_SPEC)
+    t = INT8_SPEC.num_slots
+    ramp = np.arange(t, dtype=np.int32)
+    fill = StepInputs(
+        ["x"], ramp, ramp, ramp, np.array([0, t], np.int32), np.array([t], np.int32), [np.arange(12)], [], ramp[:0]
+    )
+    kv = mx.array(rng.standard_normal((t, 2, 64)).astype(np.float32))
+    meta = backend.build_metadata(fill, INT8_SPEC)
+    backend.forward(AttentionCall(mx.zeros((t, 6, 64)), kv, -kv, mx.array(ramp), cache, meta, AttentionOptions(1.0)))
+    step = mixed_step()
+    total = len(step.slot_mapping)
+    q, k, v = (mx.array(rng.standard_normal((total, h, 64)).astype(np.float32)) for h in (6, 2, 2))
+    meta = backend.build_metadata(step, INT8_SPEC)
+    call = AttentionCall(q, k, v, mx.array(step.slot_mapping), cache, meta, AttentionOptions(scale=0.125))
+    return np.array(backend.forward(call)), call.cache
+
+
+def test_the_metal_backend_on_int8_pages_attends_like_mlx_ops() -> None:
+    """The Metal backend's own pools (codes + scales, written by its forward) through the emulated
+    kernels give MLX ops' answer on the same int8 pages; the cache holds int8 codes, not floats."""
+    want, _ = backend_step(MlxAttention())
+    got, cache = backend_step(KernelAttention(emulated_paged_attention, "emulated", "the emulated kernels"))
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)
+    assert cache.k.dtype == mx.int8 and cache.k_scales.dtype == mx.float16
+    assert cache.k_scales.shape == (INT8_SPEC.num_slots, 2)

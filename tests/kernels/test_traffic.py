@@ -7,8 +7,9 @@ import pytest
 
 from metalserve.kernels.metal.launch import KernelLaunch
 from metalserve.kernels.metal.paged import PagedArgs, run_paged_attention
-from metalserve.kernels.metal.traffic import Heads, kv_bytes
+from metalserve.kernels.metal.traffic import Heads, kv_bytes, scale_loads
 from tests.kernels.cases import CASES, Case, make_inputs
+from tests.kernels.test_int8_pages import int8_args
 from tools.msl_emulator import LaunchCounts, emulate_counted
 
 # Cases of the kernel tests (their builds are shared): options, prefixes, split-KV, tile edges.
@@ -22,19 +23,27 @@ TRAFFIC_CASES = tuple(
 
 def counted(case: Case, kernel: str) -> list[LaunchCounts]:
     x = make_inputs(case)
-    args = PagedArgs(
-        x.q,
-        x.k_pool,
-        x.v_pool,
-        x.block_tables,
-        x.cu_seqlens_q,
-        x.seq_lens,
-        case.block_size,
-        x.scale,
-        case.sliding_window,
-        case.softcap,
-        x.sinks,
+    return counted_args(
+        PagedArgs(
+            x.q,
+            x.k_pool,
+            x.v_pool,
+            x.block_tables,
+            x.cu_seqlens_q,
+            x.seq_lens,
+            case.block_size,
+            x.scale,
+            case.sliding_window,
+            case.softcap,
+            x.sinks,
+        ),
+        case,
+        kernel,
     )
+
+
+def counted_args(args: PagedArgs, case: Case, kernel: str) -> list[LaunchCounts]:
+    """The emulator's exact byte counts of each launch that `args` makes."""
     seen: list[LaunchCounts] = []
 
     def execute(launch: KernelLaunch) -> list[mx.array]:
@@ -71,3 +80,23 @@ def test_tiled_kernel_reads_each_key_once_per_tile_and_uses_mma() -> None:
     fragments = sum(-(-(44 + 8 * s) // 8) for s in range(8))
     assert tiled.simd_mma == fragments * 2 * (128 // 8) * 2
     assert decode.simd_mma == 0 and decode.simd_ops > 0
+
+
+INT8_TRAFFIC = tuple((c, k) for c, k in TRAFFIC_CASES if c.name in ("window", "tiles_gqa4"))
+
+
+@pytest.mark.parametrize(("case", "kernel"), INT8_TRAFFIC, ids=[f"{c.name}-{k}" for c, k in INT8_TRAFFIC])
+def test_int8_pages_cut_the_kv_bytes_read_by_the_storage_ratio(case: Case, kernel: str) -> None:
+    """The same launch on int8 pools reads itemsize-times fewer pool bytes (4x float32, 2x float16), as
+    the model says, plus the scales' loads the model counts."""
+    itemsize = 4 if case.dtype == "float32" else 2
+    args, _ = int8_args(case, make_inputs(case))
+    counts = counted_args(args, case, kernel)
+    pools = sum(c.bytes_read.get("k_pool", 0) + c.bytes_read.get("v_pool", 0) for c in counts)
+    float_pools = kv_bytes(
+        case.reqs, Heads(case.num_q_heads, case.num_kv_heads, case.head_dim, itemsize), kernel, case.sliding_window
+    )
+    int8_heads = Heads(case.num_q_heads, case.num_kv_heads, case.head_dim, 1, int8=True)
+    assert pools == kv_bytes(case.reqs, int8_heads, kernel, case.sliding_window) == float_pools // itemsize
+    scales = sum(c.bytes_read.get("k_scales", 0) + c.bytes_read.get("v_scales", 0) for c in counts)
+    assert scales == scale_loads(case.reqs, int8_heads, kernel, case.sliding_window) > 0

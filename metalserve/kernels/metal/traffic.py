@@ -19,7 +19,8 @@ class Heads:
     num_q_heads: int
     num_kv_heads: int
     head_dim: int
-    itemsize: int  # bytes per pool element
+    itemsize: int  # bytes per pool element: the model's dtype, or 1 for int8 pages (the codes)
+    int8: bool = False  # int8 pages: each K or V vector also has a float16 scale (scale_loads)
 
     @property
     def group(self) -> int:
@@ -70,7 +71,25 @@ def once_per_request_keys(reqs: Sequence[tuple[int, int]], window: int | None = 
 
 
 def kv_bytes(reqs: Sequence[tuple[int, int]], heads: Heads, kernel: str, window: int | None = None) -> int:
-    """K/V bytes one layer's attention reads with `kernel` ("decode", "tiled" or "once")."""
+    """K/V bytes (the pools' elements: int8 pages' codes) one layer's attention reads with `kernel`
+    ("decode", "tiled" or "once"); int8 pages' scales: `scale_loads`."""
+    return _keys(reqs, heads, kernel, window) * heads.per_key()
+
+
+SCALE_BYTES = 2  # one float16 per K or V vector of int8 pages
+
+
+def scale_loads(reqs: Sequence[tuple[int, int]], heads: Heads, kernel: str, window: int | None = None) -> int:
+    """Bytes of int8 pages' scales the kernel's threads load (0 for float pages): the decode kernel's 32
+    lanes each load their key's scale, the tiled kernel's loaders one per 4 codes they dequantize. Loads
+    of one scale by many threads hit the same cache line: the memory reads it `SCALE_BYTES` per vector."""
+    if not heads.int8:
+        return 0
+    per_vector = {"decode": 32, "tiled": heads.head_dim // 4, "once": 1}[kernel]
+    return _keys(reqs, heads, kernel, window) * 2 * heads.num_kv_heads * per_vector * SCALE_BYTES
+
+
+def _keys(reqs: Sequence[tuple[int, int]], heads: Heads, kernel: str, window: int | None) -> int:
     if kernel == "decode":
         keys = decode_kernel_keys(reqs, window)
     elif kernel == "tiled":
@@ -82,4 +101,4 @@ def kv_bytes(reqs: Sequence[tuple[int, int]], heads: Heads, kernel: str, window:
         keys = once_per_request_keys(reqs, window)
     else:
         raise ValueError(f"unknown kernel {kernel!r}")
-    return keys * heads.per_key()
+    return keys
