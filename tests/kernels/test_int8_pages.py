@@ -18,6 +18,7 @@ from metalserve.executor.attention.base import AttentionBackend, AttentionCall, 
 from metalserve.executor.attention.metal import KernelAttention
 from metalserve.executor.attention.mlx import MlxAttention
 from metalserve.executor.attention.reference import AttentionOptions
+from metalserve.executor.connector.pages import supported
 from metalserve.executor.step_inputs import StepInputs
 from metalserve.kernels.cpu.kv_quant import dequantize, quantize
 from metalserve.kernels.metal.args import PagedArgs
@@ -117,3 +118,10 @@ def test_the_metal_backend_on_int8_pages_attends_like_mlx_ops() -> None:
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)
     assert cache.k.dtype == mx.int8 and cache.k_scales.dtype == mx.float16
     assert cache.k_scales.shape == (INT8_SPEC.num_slots, 2)
+
+
+def test_the_disk_tier_refuses_the_metal_backends_int8_pools_rather_than_drop_their_scales() -> None:
+    backend = KernelAttention(emulated_paged_attention)
+    assert not supported(backend.allocate(INT8_SPEC))
+    float_spec = LayerCacheSpec.dense(num_kv_heads=2, head_dim=64, dtype=mx.float32, block_size=8, num_blocks=2)
+    assert supported(backend.allocate(float_spec))

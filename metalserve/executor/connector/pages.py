@@ -45,7 +45,12 @@ def _is_quant(cache: Any) -> bool:
 
 
 def _is_kernel(cache: Any) -> bool:
-    return isinstance(getattr(cache, "k", None), mx.array) and isinstance(getattr(cache, "v", None), mx.array)
+    # Float pools only: the Metal backend's int8 pools (scales of their own) are not stored yet.
+    return (
+        isinstance(getattr(cache, "k", None), mx.array)
+        and isinstance(getattr(cache, "v", None), mx.array)
+        and getattr(cache, "k_scales", None) is None
+    )
 
 
 def tensor_name(index: int) -> str:
