@@ -30,13 +30,11 @@ def test_auto_takes_the_metal_kernel_where_there_is_metal() -> None:
     assert isinstance(backend, KernelAttention) and backend.name == "metal"
 
 
-def test_the_metal_kernel_reads_int8_pages_and_q4_goes_to_mlx_ops() -> None:
+def test_the_metal_kernel_reads_int8_and_q4_pages() -> None:
     for name in ("auto", "metal"):
-        backend = select_attention(name, mx.float16, MAC, head_dims={64}, kv_storage="int8")
-        assert isinstance(backend, KernelAttention) and backend.name == "metal"
-    assert isinstance(select_attention("auto", mx.float16, MAC, head_dims={64}, kv_storage="q4"), MlxAttention)
-    with pytest.raises(ConfigError, match="--attention-backend metal cannot read q4 KV pages"):
-        select_attention("metal", mx.float16, MAC, head_dims={64}, kv_storage="q4")
+        for storage in ("int8", "q4"):
+            backend = select_attention(name, mx.float16, MAC, head_dims={64}, kv_storage=storage)
+            assert isinstance(backend, KernelAttention) and backend.name == "metal"
 
 
 def test_mlx_is_mlx_ops_everywhere_and_an_unknown_name_is_refused_listing_the_names() -> None:

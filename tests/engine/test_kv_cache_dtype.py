@@ -147,7 +147,8 @@ def test_the_memory_plan_counts_quantized_pages_and_says_which_dtype(caplog: pyt
 @pytest.mark.parametrize("storage", ["int8", "q4"])
 def test_the_numba_kernel_serves_quantized_pages_like_mlx_ops(storage: str) -> None:
     """`auto` takes the numba kernel for a float32 model here, on quantized pages too; it gives MLX ops'
-    tokens (the same formats; only float rounding differs). The Metal kernels read int8 pages, not q4."""
+    tokens (the same formats; only float rounding differs). The Metal kernels read
+    both (tests/kernels/test_int8_pages.py)."""
     arch, kw = ("llama", {}) if storage == "int8" else ("qwen3", {"head_dim": 32})
     batch = golden.prompts([golden.SHORT, 40, 100], VOCAB, seed=4)
 
@@ -168,8 +169,7 @@ def test_the_numba_kernel_serves_quantized_pages_like_mlx_ops(storage: str) -> N
     for g, w in zip(got, want, strict=True):
         assert g.tokens == w.tokens
         np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-2, rtol=0)  # a code may round the other way
-    # The Metal kernels read int8 pages (tests/kernels/test_int8_pages.py): here only the device is missing;
-    # q4's refusal: tests/engine/test_attention_choice.py.
+    # The Metal kernels read int8 and q4 pages (tests/kernels/test_int8_pages.py): only the device is missing.
     with pytest.raises(ConfigError, match="--attention-backend metal: it needs a Metal device"):
         core_of("llama", "int8", attention_backend="metal")
     mx.clear_cache()

@@ -22,6 +22,7 @@ from metalserve.executor.connector.pages import supported
 from metalserve.executor.step_inputs import StepInputs
 from metalserve.kernels.cpu.kv_quant import dequantize, quantize
 from metalserve.kernels.metal.args import PagedArgs
+from metalserve.kernels.metal.guard import LaunchRefused
 from metalserve.kernels.metal.paged import run_paged_attention
 from tests.executor.test_attention_backends import mixed_step
 from tests.kernels.cases import CASES, TOLERANCE, Case, Inputs, as_f64, make_inputs, reference_f64
@@ -61,10 +62,44 @@ def int8_args(case: Case, x: Inputs) -> tuple[PagedArgs, Inputs]:
     return args, replace(x, k_pool=k_deq, v_pool=v_deq)
 
 
-@pytest.mark.parametrize(("case", "kernel"), PAIRS, ids=[f"{c.name}-{k}" for c, k in PAIRS])
-def test_kernels_attend_int8_pages_like_the_dequantized_pools(case: Case, kernel: str) -> None:
+def q4_args(case: Case, x: Inputs) -> tuple[PagedArgs, Inputs]:
+    """The kernel's arguments on q4 pools (groups of 32), and the inputs with the pools dequantized."""
+    parts = []
+    for pool in (x.k_pool, x.v_pool):
+        codes, scales, biases = quantize(np.array(pool.astype(mx.float32)), "q4", 32)
+        parts.append((codes, scales, biases, dequantize(codes, scales, biases, "q4")))
+    (kc, ks, kb, kd), (vc, vs, vb, vd) = parts
+    args = PagedArgs(
+        x.q,
+        mx.array(kc),
+        mx.array(vc),
+        x.block_tables,
+        x.cu_seqlens_q,
+        x.seq_lens,
+        case.block_size,
+        x.scale,
+        case.sliding_window,
+        case.softcap,
+        x.sinks,
+        k_scales=mx.array(ks),
+        v_scales=mx.array(vs),
+        k_biases=mx.array(kb),
+        v_biases=mx.array(vb),
+    )
+    return args, replace(x, k_pool=mx.array(kd), v_pool=mx.array(vd))
+
+
+STORAGES = {"int8": int8_args, "q4": q4_args}
+# q4's groups of 32 need a head dim that is a multiple of 32 (80 is not).
+QUANT_PAIRS = [(s, c, k) for s in STORAGES for c, k in PAIRS if s == "int8" or c.head_dim % 32 == 0]
+
+
+@pytest.mark.parametrize(
+    ("storage", "case", "kernel"), QUANT_PAIRS, ids=[f"{s}-{c.name}-{k}" for s, c, k in QUANT_PAIRS]
+)
+def test_kernels_attend_quantized_pages_like_the_dequantized_pools(storage: str, case: Case, kernel: str) -> None:
     x = make_inputs(case)
-    args, dequantized = int8_args(case, x)
+    args, dequantized = STORAGES[storage](case, x)
     partition_size = None if kernel == "tiled" else case.partition_size
     out = run_paged_attention(args, emulate_race_checked, partition_size, kernel)
     assert out.shape == x.q.shape and out.dtype == x.q.dtype
@@ -85,43 +120,65 @@ def test_int8_pools_need_their_scales() -> None:
         replace(args, v_scales=args.v_scales[:-1])
 
 
-INT8_SPEC = LayerCacheSpec.dense(
-    num_kv_heads=2, head_dim=64, dtype=mx.float32, block_size=8, num_blocks=12, storage="int8"
-)
+def quant_spec(storage: str, num_blocks: int = 12) -> LayerCacheSpec:
+    return LayerCacheSpec.dense(2, 64, mx.float32, 8, num_blocks, storage=storage)  # type: ignore[arg-type]
 
 
-def backend_step(backend: AttentionBackend[Any, Any]) -> tuple[np.ndarray, Any]:
+def backend_step(backend: AttentionBackend[Any, Any], spec: LayerCacheSpec) -> tuple[np.ndarray, Any]:
     """Fill every slot (one long prefill), then attend a mixed step (two decodes and a prefill chunk)."""
     rng = np.random.default_rng(3)
-    cache = backend.allocate(INT8_SPEC)
-    t = INT8_SPEC.num_slots
+    cache = backend.allocate(spec)
+    t = spec.num_slots
     ramp = np.arange(t, dtype=np.int32)
     fill = StepInputs(
         ["x"], ramp, ramp, ramp, np.array([0, t], np.int32), np.array([t], np.int32), [np.arange(12)], [], ramp[:0]
     )
     kv = mx.array(rng.standard_normal((t, 2, 64)).astype(np.float32))
-    meta = backend.build_metadata(fill, INT8_SPEC)
+    meta = backend.build_metadata(fill, spec)
     backend.forward(AttentionCall(mx.zeros((t, 6, 64)), kv, -kv, mx.array(ramp), cache, meta, AttentionOptions(1.0)))
     step = mixed_step()
     total = len(step.slot_mapping)
     q, k, v = (mx.array(rng.standard_normal((total, h, 64)).astype(np.float32)) for h in (6, 2, 2))
-    meta = backend.build_metadata(step, INT8_SPEC)
+    meta = backend.build_metadata(step, spec)
     call = AttentionCall(q, k, v, mx.array(step.slot_mapping), cache, meta, AttentionOptions(scale=0.125))
     return np.array(backend.forward(call)), call.cache
 
 
-def test_the_metal_backend_on_int8_pages_attends_like_mlx_ops() -> None:
-    """The Metal backend's own pools (codes + scales, written by its forward) through the emulated
-    kernels give MLX ops' answer on the same int8 pages; the cache holds int8 codes, not floats."""
-    want, _ = backend_step(MlxAttention())
-    got, cache = backend_step(KernelAttention(emulated_paged_attention, "emulated", "the emulated kernels"))
+@pytest.mark.parametrize(
+    ("storage", "code_dtype", "code_width", "groups"), [("int8", mx.int8, 64, 1), ("q4", mx.uint8, 32, 2)]
+)
+def test_the_metal_backend_on_quantized_pages_attends_like_mlx_ops(
+    storage: str, code_dtype: mx.Dtype, code_width: int, groups: int
+) -> None:
+    """The Metal backend's own pools (codes + scales (+ biases), written by its forward) through the
+    emulated kernels give MLX ops' answer on the same pages; the cache holds codes, not floats."""
+    spec = quant_spec(storage)
+    want, _ = backend_step(MlxAttention(), spec)
+    got, cache = backend_step(KernelAttention(emulated_paged_attention, "emulated", "the emulated kernels"), spec)
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)
-    assert cache.k.dtype == mx.int8 and cache.k_scales.dtype == mx.float16
-    assert cache.k_scales.shape == (INT8_SPEC.num_slots, 2)
+    assert cache.k.dtype == code_dtype and cache.k.shape == (spec.num_slots, 2, code_width)
+    assert cache.k_scales.dtype == mx.float16 and cache.k_scales.size == spec.num_slots * 2 * groups
+    assert (cache.k_biases is not None) == (storage == "q4")
+    grown = KernelAttention(emulated_paged_attention).extend(cache, quant_spec(storage, 2))
+    assert grown.k.shape[0] == spec.num_slots + 16 and grown.page == cache.page
+    np.testing.assert_array_equal(np.array(grown.k_scales[: spec.num_slots]), np.array(cache.k_scales))
 
 
-def test_the_disk_tier_refuses_the_metal_backends_int8_pools_rather_than_drop_their_scales() -> None:
+@pytest.mark.parametrize("storage", ["int8", "q4"])
+def test_the_disk_tier_refuses_the_metal_backends_quantized_pools_rather_than_drop_their_scales(
+    storage: str,
+) -> None:
     backend = KernelAttention(emulated_paged_attention)
-    assert not supported(backend.allocate(INT8_SPEC))
-    float_spec = LayerCacheSpec.dense(num_kv_heads=2, head_dim=64, dtype=mx.float32, block_size=8, num_blocks=2)
-    assert supported(backend.allocate(float_spec))
+    assert not supported(backend.allocate(quant_spec(storage)))
+    assert supported(backend.allocate(quant_spec("auto", 2)))
+
+
+@pytest.mark.parametrize("storage", ["int8", "q4"])
+def test_a_refused_launch_on_quantized_pages_falls_back_to_mlx_ops_on_the_dequantized_pools(storage: str) -> None:
+    def refused(*args: Any, **kwargs: Any) -> mx.array:
+        raise LaunchRefused("the test's GPU refuses every launch", first=True)
+
+    spec = quant_spec(storage)
+    want, _ = backend_step(MlxAttention(), spec)
+    got, _ = backend_step(KernelAttention(refused, "metal", "a GPU that refuses"), spec)
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)

@@ -25,8 +25,10 @@ def emulated_paged_attention(
     kernel: str = "auto",
     k_scales: mx.array | None = None,
     v_scales: mx.array | None = None,
+    k_biases: mx.array | None = None,
+    v_biases: mx.array | None = None,
 ) -> mx.array:
-    """Same signature as reference.paged_attention (plus int8 pools' scales, as the Metal entry point);
+    """Same signature as reference.paged_attention (plus quantized pools' scales and biases, as the Metal entry point);
     slow (every GPU thread is a CPU fiber)."""
     args = PagedArgs(
         q,
@@ -42,5 +44,7 @@ def emulated_paged_attention(
         sinks,
         k_scales=k_scales,
         v_scales=v_scales,
+        k_biases=k_biases,
+        v_biases=v_biases,
     )
     return run_paged_attention(args, emulate, partition_size, kernel)

@@ -336,6 +336,7 @@ typedef unsigned char uchar;
 MSL_VEC_TYPES(float, float)
 MSL_VEC_TYPES(half, half)
 MSL_VEC_TYPES(signed char, char)
+MSL_VEC_TYPES(unsigned char, uchar)
 MSL_VEC_TYPES(int, int)
 MSL_VEC_TYPES(unsigned int, uint)
 MSL_VEC_TYPES(unsigned short, ushort)

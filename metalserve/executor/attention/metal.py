@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from metalserve.executor.attention.base import AttentionBackend, AttentionCall, LayerCacheSpec
-from metalserve.executor.attention.kv_quant import quantize
+from metalserve.executor.attention.kv_quant import dequantize, quantize
 from metalserve.executor.attention.reference import paged_attention, write_kv
 from metalserve.executor.step_inputs import StepInputs
 from metalserve.kernels.metal.guard import LaunchRefused
@@ -26,17 +26,26 @@ KernelFn = Callable[..., mx.array]
 @dataclass
 class LayerKV:
     """One layer's K and V pools, `[num_slots, Hkv, D]` each; each step's scatter replaces them with its
-    outputs, which reuse the same buffers. int8 pages (--kv-cache-dtype int8): the pools hold codes and
-    `k_scales` / `v_scales` `[num_slots, Hkv]` one float16 scale per slot and KV head."""
+    outputs, which reuse the same buffers. Quantized pages (--kv-cache-dtype, kernels/metal/args.py):
+    int8 pools hold codes and `k_scales` / `v_scales` `[num_slots, Hkv]`; q4 pools `[num_slots, Hkv, D/2]`
+    hold two codes a byte and the scales and `k_biases` / `v_biases` `[num_slots, Hkv, D/group]`."""
 
     k: mx.array
     v: mx.array
     k_scales: mx.array | None = None
     v_scales: mx.array | None = None
+    k_biases: mx.array | None = None
+    v_biases: mx.array | None = None
+    page: PageDtype | None = None  # the quantized pages' format; None for float pools
 
     def arrays(self) -> list[mx.array]:
-        scales = [self.k_scales, self.v_scales] if self.k_scales is not None and self.v_scales is not None else []
-        return [self.k, self.v, *scales]
+        extra = (self.k_scales, self.v_scales, self.k_biases, self.v_biases)
+        return [self.k, self.v, *(a for a in extra if a is not None)]
+
+    def with_arrays(self, arrays: list[mx.array]) -> LayerKV:
+        """The same kind of cache over other arrays (in `arrays()`'s order)."""
+        names = [n for n in ("k_scales", "v_scales", "k_biases", "v_biases") if getattr(self, n) is not None]
+        return LayerKV(arrays[0], arrays[1], page=self.page, **dict(zip(names, arrays[2:], strict=True)))
 
 
 @dataclass(frozen=True)
@@ -49,21 +58,30 @@ class KernelStep:
     block_size: int
 
 
-# The page storages the Metal kernels read (kernels/metal/args.py); select.py offers no other.
-METAL_STORAGES = ("auto", "int8")
-INT8_PAGE = PageDtype(storage="int8")  # quantize() reads only the storage of an int8 page
+# The page storages the Metal kernels read (kernels/metal/args.py).
+METAL_STORAGES = ("auto", "int8", "q4")
 
 
 def _zeros(spec: LayerCacheSpec) -> LayerKV:
     shape = (spec.num_slots, spec.num_kv_heads, spec.head_dim)
-    if spec.page.storage == "auto":
+    page = spec.page
+    if page.storage == "auto":
         return LayerKV(mx.zeros(shape, spec.dtype), mx.zeros(shape, spec.dtype))
-    if spec.page.storage != "int8":
-        raise ValueError(f"the Metal kernels read {METAL_STORAGES} KV pages, not {spec.page.storage}")
-    scales = shape[:2]
-    return LayerKV(
-        mx.zeros(shape, mx.int8), mx.zeros(shape, mx.int8), mx.zeros(scales, mx.float16), mx.zeros(scales, mx.float16)
-    )
+    if page.storage == "int8":
+        scales = shape[:2]
+        return LayerKV(
+            mx.zeros(shape, mx.int8),
+            mx.zeros(shape, mx.int8),
+            mx.zeros(scales, mx.float16),
+            mx.zeros(scales, mx.float16),
+            page=page,
+        )
+    if page.storage != "q4":
+        raise ValueError(f"the Metal kernels read {METAL_STORAGES} KV pages, not {page.storage}")
+    codes = (*shape[:2], spec.head_dim // 2)
+    groups = (*shape[:2], spec.head_dim // page.group_for(spec.head_dim))
+    ks, vs, kb, vb = (mx.zeros(groups, mx.float16) for _ in range(4))
+    return LayerKV(mx.zeros(codes, mx.uint8), mx.zeros(codes, mx.uint8), ks, vs, kb, vb, page=page)
 
 
 class KernelAttention(AttentionBackend[LayerKV, KernelStep]):
@@ -84,7 +102,7 @@ class KernelAttention(AttentionBackend[LayerKV, KernelStep]):
 
     def extend(self, cache: LayerKV, spec: LayerCacheSpec) -> LayerKV:
         more = _zeros(spec)
-        return LayerKV(*(mx.concatenate([a, b]) for a, b in zip(cache.arrays(), more.arrays(), strict=True)))
+        return cache.with_arrays([mx.concatenate([a, b]) for a, b in zip(cache.arrays(), more.arrays(), strict=True)])
 
     def build_metadata(self, step: StepInputs, spec: LayerCacheSpec) -> KernelStep:
         return KernelStep(
@@ -95,8 +113,8 @@ class KernelAttention(AttentionBackend[LayerKV, KernelStep]):
         cache, meta = call.cache, call.meta
         if call.v is None:
             raise ValueError(f"the {self.name} kernel needs V of its own (MLA's latent layout is not supported)")
-        if cache.k_scales is not None and cache.v_scales is not None:
-            _write_int8(cache, call.k, call.v, call.slot_mapping)
+        if cache.page is not None:
+            _write_quantized(cache, call.k, call.v, call.slot_mapping, cache.page)
         else:
             cache.k, cache.v = write_kv(cache.k, cache.v, call.k, call.v, call.slot_mapping)
         try:
@@ -108,29 +126,33 @@ class KernelAttention(AttentionBackend[LayerKV, KernelStep]):
             return _attend(paged_attention, call, _dequantized(cache, call.q.dtype), meta)
 
 
-def _write_int8(cache: LayerKV, k: mx.array, v: mx.array, slot_mapping: mx.array) -> None:
-    """Quantize new K/V `[T, Hkv, D]` (kv_quant.py's int8 format) and scatter codes and scales."""
-    k_codes, k_scales, _ = quantize(k, INT8_PAGE)
-    v_codes, v_scales, _ = quantize(v, INT8_PAGE)
-    cache.k[slot_mapping] = k_codes
-    cache.v[slot_mapping] = v_codes
-    assert cache.k_scales is not None and cache.v_scales is not None
-    cache.k_scales[slot_mapping] = k_scales[..., 0]
-    cache.v_scales[slot_mapping] = v_scales[..., 0]
+def _write_quantized(cache: LayerKV, k: mx.array, v: mx.array, slot_mapping: mx.array, page: PageDtype) -> None:
+    """Quantize new K/V `[T, Hkv, D]` (kv_quant.py's formats) and scatter codes, scales (and biases)."""
+    for plane, x in (("k", k), ("v", v)):
+        codes, scales, biases = quantize(x, page)
+        getattr(cache, plane)[slot_mapping] = codes
+        getattr(cache, f"{plane}_scales")[slot_mapping] = scales[..., 0] if page.storage == "int8" else scales
+        if biases is not None:
+            getattr(cache, f"{plane}_biases")[slot_mapping] = biases
 
 
 def _dequantized(cache: LayerKV, dtype: mx.Dtype) -> LayerKV:
     """Float pools for the MLX-ops fallback (whole pools: only for a launch the GPU refuses)."""
-    if cache.k_scales is None or cache.v_scales is None:
+    if cache.page is None:
         return cache
-    k = (cache.k.astype(mx.float32) * cache.k_scales[..., None].astype(mx.float32)).astype(dtype)
-    v = (cache.v.astype(mx.float32) * cache.v_scales[..., None].astype(mx.float32)).astype(dtype)
-    return LayerKV(k, v)
+    planes = []
+    for codes, scales, biases in ((cache.k, cache.k_scales, cache.k_biases), (cache.v, cache.v_scales, cache.v_biases)):
+        assert scales is not None
+        if cache.page.storage == "int8":
+            scales = scales[..., None]
+        planes.append(dequantize(codes, scales, biases, cache.page, dtype))
+    return LayerKV(planes[0], planes[1])
 
 
 def _attend(fn: KernelFn, call: AttentionCall[LayerKV, KernelStep], cache: LayerKV, meta: KernelStep) -> mx.array:
     opts = call.options
-    scales = {"k_scales": cache.k_scales, "v_scales": cache.v_scales} if cache.k_scales is not None else {}
+    names = ("k_scales", "v_scales", "k_biases", "v_biases")
+    scales = {n: getattr(cache, n) for n in names if getattr(cache, n) is not None}
     return fn(
         call.q,
         cache.k,

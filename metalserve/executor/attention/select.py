@@ -84,7 +84,7 @@ def select_attention(
 QUANTIZED_PAGE_BACKENDS: dict[str, tuple[str, ...]] = {
     "mlx": ("auto", "int8", "q4"),
     "cpu": ("auto", "int8", "q4"),
-    "metal": ("auto", "int8"),
+    "metal": ("auto", "int8", "q4"),
 }
 
 

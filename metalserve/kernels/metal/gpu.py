@@ -72,10 +72,12 @@ def metal_paged_attention(
     kernel: str = "auto",
     k_scales: mx.array | None = None,
     v_scales: mx.array | None = None,
+    k_biases: mx.array | None = None,
+    v_biases: mx.array | None = None,
 ) -> mx.array:
     """The contract on the Metal kernels; `kernel` ("auto", "tiled", "decode") and `partition_size`
-    (the decode kernel's split-KV) force a path for tests and benches. int8 pools come with `k_scales`
-    and `v_scales` (args.py). Raises guard.LaunchRefused when the GPU runs none of the launches (the
+    (the decode kernel's split-KV) force a path for tests and benches. quantized pools come with their
+    scales (and q4's biases; args.py). Raises guard.LaunchRefused when the GPU runs none of the launches (the
     backend then takes the MLX-ops path)."""
     args = PagedArgs(
         q,
@@ -91,5 +93,7 @@ def metal_paged_attention(
         sinks,
         k_scales=k_scales,
         v_scales=v_scales,
+        k_biases=k_biases,
+        v_biases=v_biases,
     )
     return run_paged_attention(args, GUARD, partition_size, kernel)

@@ -56,7 +56,7 @@ def attention_launch(a: PagedArgs, partitions: int, partition_size: int) -> Kern
     hkv = a.k_pool.shape[1]
     dtype = a.compute_dtype
     split = partitions > 1
-    k_scales, v_scales = a.scale_arrays()
+    k_scales, v_scales, k_biases, v_biases = a.scale_arrays()
     sinks = a.sinks.astype(mx.float32) if a.sinks is not None else mx.zeros((1,), mx.float32)
     template: tuple[tuple[str, mx.Dtype | int | bool], ...] = (
         ("T", dtype),
@@ -69,7 +69,9 @@ def attention_launch(a: PagedArgs, partitions: int, partition_size: int) -> Kern
         ("WINDOW", a.sliding_window is not None),
         ("SOFTCAP", a.softcap is not None),
         ("SINKS", a.sinks is not None),
-        ("INT8", a.quantized),
+        ("INT8", a.storage == "int8"),
+        ("Q4", a.storage == "q4"),
+        ("GS", max(a.group_size, 1)),
     )
     out_shape = (partitions, total_q, hq, d) if split else (total_q, hq, d)
     ml_shape = (partitions, total_q, hq, 2) if split else (1,)
@@ -86,6 +88,8 @@ def attention_launch(a: PagedArgs, partitions: int, partition_size: int) -> Kern
             "sinks",
             "k_scales",
             "v_scales",
+            "k_biases",
+            "v_biases",
             "num_reqs",
             "max_blocks",
             "window",
@@ -103,6 +107,8 @@ def attention_launch(a: PagedArgs, partitions: int, partition_size: int) -> Kern
             sinks,
             k_scales,
             v_scales,
+            k_biases,
+            v_biases,
             int(a.seq_lens.shape[0]),
             int(a.block_tables.shape[1]),
             int(a.sliding_window or 0),

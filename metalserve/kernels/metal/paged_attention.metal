@@ -5,9 +5,10 @@
 // memory. With PART > 0 each threadgroup covers keys [part * PART, (part + 1) * PART) and writes
 // unnormalised partials (out) and their (max, sum) (part_ml) for paged_attention_merge.metal.
 // Template constants: T (q/kv dtype), O (out dtype), D, BS (block size), G, NSG, PART, WINDOW,
-// SOFTCAP, SINKS, INT8. Scalars: num_reqs, max_blocks, window, scale, softcap.
+// SOFTCAP, SINKS, INT8, Q4, GS. Scalars: num_reqs, max_blocks, window, scale, softcap.
 // INT8: the pools hold int8 codes and k_scales / v_scales one float16 scale per slot and KV head;
-// each key and value is dequantized in registers (codes * scale) right after it is loaded.
+// each key and value is dequantized in registers (codes * scale) right after it is loaded. Q4: uint8
+// pools of two 4-bit codes a byte, k/v_scales and k/v_biases per group of GS channels (codes * s + b).
 constexpr int DPL = (D + 31) / 32;  // head dims per lane
 const int t = int(threadgroup_position_in_grid.x);
 const int kvh = int(threadgroup_position_in_grid.y);
@@ -63,16 +64,28 @@ for (int g = 0; g < G; ++g) {
 const long table_row = long(req) * max_blocks;
 for (int key = key_lo + sg; key < key_hi; key += NSG) {
   const long slot = long(block_tables[table_row + key / BS]) * BS + key % BS;
-  const long kv_row = (slot * num_kv_heads + kvh) * D;
+  const long vector = slot * num_kv_heads + kvh;
+  const long kv_row = vector * D;
   // Dequantization scales: 1 for float pools (the compiler folds the multiply away).
-  const float k_scale = INT8 ? float(k_scales[slot * num_kv_heads + kvh]) : 1.0f;
-  const float v_scale = INT8 ? float(v_scales[slot * num_kv_heads + kvh]) : 1.0f;
+  const float k_scale = INT8 ? float(k_scales[vector]) : 1.0f;
+  const float v_scale = INT8 ? float(v_scales[vector]) : 1.0f;
   float kr[DPL];
   float vr[DPL];
   for (int j = 0; j < DPL; ++j) {
     const int d = lane + 32 * j;
-    kr[j] = d < D ? float(k_pool[kv_row + d]) * k_scale : 0.0f;
-    vr[j] = d < D ? float(v_pool[kv_row + d]) * v_scale : 0.0f;
+    if (Q4) {  // two codes a byte (the even channel low), a scale and a bias per group of GS channels
+      const int shift = (d & 1) * 4;
+      const long group = vector * (D / GS) + d / GS;
+      kr[j] = d < D ? float((uint(k_pool[vector * (D / 2) + d / 2]) >> shift) & 15u) * float(k_scales[group]) +
+                          float(k_biases[group])
+                    : 0.0f;
+      vr[j] = d < D ? float((uint(v_pool[vector * (D / 2) + d / 2]) >> shift) & 15u) * float(v_scales[group]) +
+                          float(v_biases[group])
+                    : 0.0f;
+    } else {
+      kr[j] = d < D ? float(k_pool[kv_row + d]) * k_scale : 0.0f;
+      vr[j] = d < D ? float(v_pool[kv_row + d]) * v_scale : 0.0f;
+    }
   }
   for (int g = 0; g < G; ++g) {
     float partial = 0.0f;

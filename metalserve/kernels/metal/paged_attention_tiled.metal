@@ -5,7 +5,8 @@
 // memory with vector loads (read once per query tile), and each simdgroup computes S = Q K^T and
 // O += P V for its 8 rows with 8x8 simdgroup multiply-accumulates in fp32, with an online softmax per
 // row. Template constants: T (q/kv/out dtype), D, BK (keys per tile), M (rows, 8 per simdgroup),
-// INT8 (the pools hold int8 codes, k_scales / v_scales a float16 scale per slot and KV head).
+// INT8 (the pools hold int8 codes, k_scales / v_scales a float16 scale per slot and KV head), Q4, GS
+// (uint8 pools of two 4-bit codes a byte; k/v_scales and k/v_biases per group of GS channels).
 // Scalars: num_reqs, max_blocks, block_size, group, tile_q (tokens per tile), window (0: none),
 // scale, softcap (0: none), use_sinks.
 constexpr int DF = D / 8;  // 8-wide fragments across the head dim
@@ -99,12 +100,20 @@ for (int kt = (key_lo / BK) * BK; kt < key_hi; kt += BK) {
     float4 vx = float4(0.0f);
     if (key >= key_lo && key < key_hi) {  // others stay zero: finite, and masked below
       const long slot = long(block_tables[table_row + key / block_size]) * block_size + key % block_size;
-      const long off = (slot * num_kv_heads + kvh) * D + d4;
-      kx = load_float4(k_pool + off);
-      vx = load_float4(v_pool + off);
+      const long vector = slot * num_kv_heads + kvh;
+      if (Q4) {  // q4 pages: 4 codes in 2 bytes, one group's scale and bias (GS is a multiple of 4)
+        const long group = vector * (D / GS) + d4 / GS;
+        kx = load_q4x4(k_pool + vector * (D / 2) + d4 / 2) * float4(float(k_scales[group])) +
+             float4(float(k_biases[group]));
+        vx = load_q4x4(v_pool + vector * (D / 2) + d4 / 2) * float4(float(v_scales[group])) +
+             float4(float(v_biases[group]));
+      } else {
+        kx = load_float4(k_pool + vector * D + d4);
+        vx = load_float4(v_pool + vector * D + d4);
+      }
       if (INT8) {  // int8 pages: codes * the slot's and head's float16 scale, in registers
-        kx *= float4(float(k_scales[slot * num_kv_heads + kvh]));
-        vx *= float4(float(v_scales[slot * num_kv_heads + kvh]));
+        kx *= float4(float(k_scales[vector]));
+        vx *= float4(float(v_scales[vector]));
       }
     }
     *((threadgroup float4*)(sk + kr * D + d4)) = kx;

@@ -102,7 +102,7 @@ def tiled_launch(a: PagedArgs, t: Tiling) -> KernelLaunch:
     total_q, hq, d = a.q.shape
     hkv = a.k_pool.shape[1]
     dtype = a.compute_dtype
-    k_scales, v_scales = a.scale_arrays()
+    k_scales, v_scales, k_biases, v_biases = a.scale_arrays()
     num_reqs = int(a.seq_lens.shape[0])
     sinks = a.sinks.astype(mx.float32) if a.sinks is not None else mx.zeros((1,), mx.float32)
     tiles = num_tiles(total_q, num_reqs, t.tile_q)
@@ -120,6 +120,8 @@ def tiled_launch(a: PagedArgs, t: Tiling) -> KernelLaunch:
             "sinks",
             "k_scales",
             "v_scales",
+            "k_biases",
+            "v_biases",
             "num_reqs",
             "max_blocks",
             "block_size",
@@ -141,6 +143,8 @@ def tiled_launch(a: PagedArgs, t: Tiling) -> KernelLaunch:
             sinks,
             k_scales,
             v_scales,
+            k_biases,
+            v_biases,
             num_reqs,
             int(a.block_tables.shape[1]),
             a.block_size,
@@ -153,7 +157,15 @@ def tiled_launch(a: PagedArgs, t: Tiling) -> KernelLaunch:
         ),
         output_shapes=((total_q, hq, d),),
         output_dtypes=(dtype,),
-        template=(("T", dtype), ("D", d), ("BK", t.key_tile), ("M", t.rows), ("INT8", a.quantized)),
+        template=(
+            ("T", dtype),
+            ("D", d),
+            ("BK", t.key_tile),
+            ("M", t.rows),
+            ("INT8", a.storage == "int8"),
+            ("Q4", a.storage == "q4"),
+            ("GS", max(a.group_size, 1)),
+        ),
         grid=(tiles * t.threads, hkv, 1),
         threadgroup=(t.threads, 1, 1),
     )

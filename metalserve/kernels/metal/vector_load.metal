@@ -14,3 +14,22 @@ inline float4 load_float4(const device bfloat16_t* p) {
 inline float4 load_float4(const device int8_t* p) {  // int8 KV codes; the caller applies the scale
   return float4(*((const device char4*)(p)));
 }
+inline float4 load_float4(const device uint8_t* p) {  // q4 pools take load_q4x4; here for the overload set
+  return float4(*((const device uchar4*)(p)));
+}
+inline float4 load_q4x4(const device uint8_t* p) {  // four 4-bit codes from two bytes, the even one low
+  const uint b = uint(p[0]) | (uint(p[1]) << 8);
+  return float4(float(b & 15u), float((b >> 4) & 15u), float((b >> 8) & 15u), float((b >> 12) & 15u));
+}
+inline float4 load_q4x4(const device float* p) {  // unused: float pools take load_float4
+  return float4(0.0f);
+}
+inline float4 load_q4x4(const device half* p) {
+  return float4(0.0f);
+}
+inline float4 load_q4x4(const device bfloat16_t* p) {
+  return float4(0.0f);
+}
+inline float4 load_q4x4(const device int8_t* p) {
+  return float4(0.0f);
+}
