@@ -26,7 +26,7 @@ from metalserve.kernels.metal.guard import LaunchRefused
 from metalserve.kernels.metal.paged import run_paged_attention
 from tests.executor.test_attention_backends import mixed_step
 from tests.kernels.cases import CASES, TOLERANCE, Case, Inputs, as_f64, make_inputs, reference_f64
-from tools.msl_emulator import emulate_race_checked
+from tools.msl_emulator import emulate, emulate_race_checked
 from tools.msl_emulator.emulated import emulated_paged_attention
 
 CHEAP = ("decode", "window", "sinks", "split_all_options", "mixed", "tiles_gqa4", "tiles_all_options")
@@ -182,3 +182,17 @@ def test_a_refused_launch_on_quantized_pages_falls_back_to_mlx_ops_on_the_dequan
     want, _ = backend_step(MlxAttention(), spec)
     got, _ = backend_step(KernelAttention(refused, "metal", "a GPU that refuses"), spec)
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)
+
+
+ASAN_CASE = next(c for c in CASES if c.name == "mixed")
+
+
+@pytest.mark.parametrize("storage", ["int8", "q4"])
+@pytest.mark.parametrize("kernel", ["tiled", "decode"])
+def test_kernels_read_quantized_pools_in_bounds_under_asan(storage: str, kernel: str) -> None:
+    """The AddressSanitizer build, every buffer (codes, scales, biases) in its own exact-size allocation."""
+    x = make_inputs(ASAN_CASE)
+    args, dequantized = STORAGES[storage](ASAN_CASE, x)
+    out = run_paged_attention(args, lambda launch: emulate(launch, asan=True), None, kernel)
+    want = reference_f64(ASAN_CASE, dequantized)
+    np.testing.assert_allclose(as_f64(out), want, atol=TOLERANCE[ASAN_CASE.dtype], rtol=0)
