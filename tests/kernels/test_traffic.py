@@ -9,7 +9,7 @@ from metalserve.kernels.metal.launch import KernelLaunch
 from metalserve.kernels.metal.paged import PagedArgs, run_paged_attention
 from metalserve.kernels.metal.traffic import Heads, kv_bytes, scale_loads
 from tests.kernels.cases import CASES, Case, make_inputs
-from tests.kernels.test_int8_pages import int8_args
+from tests.kernels.test_int8_pages import STORAGES
 from tools.msl_emulator import LaunchCounts, emulate_counted
 
 # Cases of the kernel tests (their builds are shared): options, prefixes, split-KV, tile edges.
@@ -82,21 +82,27 @@ def test_tiled_kernel_reads_each_key_once_per_tile_and_uses_mma() -> None:
     assert decode.simd_mma == 0 and decode.simd_ops > 0
 
 
-INT8_TRAFFIC = tuple((c, k) for c, k in TRAFFIC_CASES if c.name in ("window", "tiles_gqa4"))
+QUANT_TRAFFIC = tuple(
+    (storage, c, k) for storage in ("int8", "q4") for c, k in TRAFFIC_CASES if c.name in ("window", "tiles_gqa4")
+)
 
 
-@pytest.mark.parametrize(("case", "kernel"), INT8_TRAFFIC, ids=[f"{c.name}-{k}" for c, k in INT8_TRAFFIC])
-def test_int8_pages_cut_the_kv_bytes_read_by_the_storage_ratio(case: Case, kernel: str) -> None:
-    """The same launch on int8 pools reads itemsize-times fewer pool bytes (4x float32, 2x float16), as
-    the model says, plus the scales' loads the model counts."""
+@pytest.mark.parametrize(
+    ("storage", "case", "kernel"), QUANT_TRAFFIC, ids=[f"{s}-{c.name}-{k}" for s, c, k in QUANT_TRAFFIC]
+)
+def test_quantized_pages_cut_the_kv_bytes_read_by_the_storage_ratio(storage: str, case: Case, kernel: str) -> None:
+    """The same launch on int8 / q4 pools reads the storage ratio fewer pool bytes (int8: 4x float32's,
+    2x float16's; q4 on the tiled kernel twice that again), as the model says, plus the scales' loads
+    the model counts."""
     itemsize = 4 if case.dtype == "float32" else 2
-    args, _ = int8_args(case, make_inputs(case))
+    args, _ = STORAGES[storage](case, make_inputs(case))
     counts = counted_args(args, case, kernel)
     pools = sum(c.bytes_read.get("k_pool", 0) + c.bytes_read.get("v_pool", 0) for c in counts)
-    float_pools = kv_bytes(
-        case.reqs, Heads(case.num_q_heads, case.num_kv_heads, case.head_dim, itemsize), kernel, case.sliding_window
-    )
-    int8_heads = Heads(case.num_q_heads, case.num_kv_heads, case.head_dim, 1, int8=True)
-    assert pools == kv_bytes(case.reqs, int8_heads, kernel, case.sliding_window) == float_pools // itemsize
-    scales = sum(c.bytes_read.get("k_scales", 0) + c.bytes_read.get("v_scales", 0) for c in counts)
-    assert scales == scale_loads(case.reqs, int8_heads, kernel, case.sliding_window) > 0
+    float_heads = Heads(case.num_q_heads, case.num_kv_heads, case.head_dim, itemsize)
+    float_pools = kv_bytes(case.reqs, float_heads, kernel, case.sliding_window)
+    heads = Heads(case.num_q_heads, case.num_kv_heads, case.head_dim, itemsize, storage)
+    assert pools == kv_bytes(case.reqs, heads, kernel, case.sliding_window)
+    ratio = itemsize * (2 if storage == "q4" and kernel == "tiled" else 1)
+    assert pools * ratio == float_pools
+    scales = sum(c.bytes_read.get(name, 0) for c in counts for name in ("k_scales", "v_scales", "k_biases", "v_biases"))
+    assert scales == scale_loads(case.reqs, heads, kernel, case.sliding_window) > 0

@@ -19,16 +19,21 @@ class Heads:
     num_q_heads: int
     num_kv_heads: int
     head_dim: int
-    itemsize: int  # bytes per pool element: the model's dtype, or 1 for int8 pages (the codes)
-    int8: bool = False  # int8 pages: each K or V vector also has a float16 scale (scale_loads)
+    itemsize: int  # bytes per element of the model's dtype (float pages)
+    storage: str = "auto"  # "int8" / "q4" pages: codes, plus float16 scales (and q4's biases): scale_loads
 
     @property
     def group(self) -> int:
         return self.num_q_heads // self.num_kv_heads
 
-    def per_key(self) -> int:
-        """Bytes of one key's K and V over all KV heads."""
-        return 2 * self.num_kv_heads * self.head_dim * self.itemsize
+    def per_key(self, kernel: str = "tiled") -> int:
+        """Bytes of one key's K and V over all KV heads that `kernel` loads: the elements of float pages,
+        int8's codes (1 byte each), q4's bytes of two codes (the decode kernel's lanes each load the byte
+        of their own channel, two lanes the same byte: D loads per vector there)."""
+        per_vector = {"auto": self.head_dim * self.itemsize, "int8": self.head_dim}.get(self.storage, 0)
+        if self.storage == "q4":
+            per_vector = self.head_dim if kernel == "decode" else self.head_dim // 2
+        return 2 * self.num_kv_heads * per_vector
 
 
 def _positions(q_len: int, kv_len: int) -> np.ndarray:
@@ -73,20 +78,23 @@ def once_per_request_keys(reqs: Sequence[tuple[int, int]], window: int | None = 
 def kv_bytes(reqs: Sequence[tuple[int, int]], heads: Heads, kernel: str, window: int | None = None) -> int:
     """K/V bytes (the pools' elements: int8 pages' codes) one layer's attention reads with `kernel`
     ("decode", "tiled" or "once"); int8 pages' scales: `scale_loads`."""
-    return _keys(reqs, heads, kernel, window) * heads.per_key()
+    return _keys(reqs, heads, kernel, window) * heads.per_key(kernel)
 
 
 SCALE_BYTES = 2  # one float16 per K or V vector of int8 pages
 
 
 def scale_loads(reqs: Sequence[tuple[int, int]], heads: Heads, kernel: str, window: int | None = None) -> int:
-    """Bytes of int8 pages' scales the kernel's threads load (0 for float pages): the decode kernel's 32
-    lanes each load their key's scale, the tiled kernel's loaders one per 4 codes they dequantize. Loads
-    of one scale by many threads hit the same cache line: the memory reads it `SCALE_BYTES` per vector."""
-    if not heads.int8:
+    """Bytes of quantized pages' scales (and q4's biases) the kernel's threads load (0 for float pages):
+    int8: the decode kernel's 32 lanes each load their key's scale, the tiled kernel's loaders one per
+    4 codes; q4: a scale and a bias per channel (decode) or per 4 codes (tiled). Loads of one scale by
+    many threads hit the same cache line: memory reads each scale once per vector and group."""
+    if heads.storage == "auto":
         return 0
-    per_vector = {"decode": 32, "tiled": heads.head_dim // 4, "once": 1}[kernel]
-    return _keys(reqs, heads, kernel, window) * 2 * heads.num_kv_heads * per_vector * SCALE_BYTES
+    loads = {"decode": 32, "tiled": heads.head_dim // 4, "once": 1}[kernel]
+    if heads.storage == "q4":
+        loads = 2 * {"decode": heads.head_dim, "tiled": heads.head_dim // 4, "once": 1}[kernel]
+    return _keys(reqs, heads, kernel, window) * 2 * heads.num_kv_heads * loads * SCALE_BYTES
 
 
 def _keys(reqs: Sequence[tuple[int, int]], heads: Heads, kernel: str, window: int | None) -> int:
