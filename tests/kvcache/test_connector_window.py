@@ -4,10 +4,12 @@ end covers. Exact block ids, no MLX."""
 
 from __future__ import annotations
 
+import pytest
+
 from metalserve.config import EngineConfig
 from metalserve.kvcache.connector.disk import DiskConnectorScheduler
 from metalserve.kvcache.connector.keys import StoreNamespace
-from metalserve.kvcache.specs import FullAttention, SlidingWindow
+from metalserve.kvcache.specs import FullAttention, RecurrentState, SlidingWindow
 from metalserve.request import Request, RequestStatus
 from metalserve.scheduler.scheduler import Scheduler
 from tests.kvcache.connector_helpers import MemoryIndex
@@ -123,3 +125,11 @@ def test_a_partial_load_keeps_only_a_prefix_whose_window_blocks_arrived() -> Non
     run_to_end(s, index)
     assert s.make_stats().connector.hits == 0  # type: ignore[union-attr]
     assert s.kv.num_free_blocks == s.kv.pool.num_usable_blocks
+
+
+def test_a_connector_is_refused_for_recurrent_state_groups() -> None:
+    cfg = EngineConfig(block_size=BS, max_num_batched_tokens=64, max_num_seqs=4)
+    s = Scheduler(cfg, num_blocks=18, max_model_len=64, kv_groups=[FullAttention(), RecurrentState()])
+    connector = DiskConnectorScheduler(MemoryIndex(), StoreNamespace("m", block_size=BS), s.kv.chain_hashes)
+    with pytest.raises(ValueError, match="cannot serve recurrent-state layer groups"):
+        s.set_connector(connector)
