@@ -101,24 +101,41 @@ class DiskConnectorScheduler(KVConnectorScheduler):
         bs = self.block_size
         max_blocks = (request.num_tokens - 1) // bs  # the last token is always computed
         first = num_computed_tokens // bs
-        if request.request_id not in self._queried:
-            self._queried.add(request.request_id)
-            self.queries += request.num_tokens - num_computed_tokens
         self._plans.pop(request.request_id, None)
         if first >= max_blocks:
             return 0
+        if request.request_id not in self._queried:
+            self._queried.add(request.request_id)
+            self.queries += request.num_tokens - num_computed_tokens
         hashes = self._chain_hashes(request, max_blocks)
-        stored = {
-            (i, g): self.store.contains(self._key(request, hashes[i], g))
-            for g in range(len(self.windows))
-            for i in range(first, max_blocks)
-        }
-        for end in range(max_blocks, first, -1):
-            needed = self._needed(first, end)
-            if all(stored[p] for p in needed):
-                self._plans[request.request_id] = _LoadPlan(first, end, needed, hashes[:end])
-                return (end - first) * bs
-        return 0
+        end = self._longest_end(first, max_blocks, lambda i, g: self.store.contains(self._key(request, hashes[i], g)))
+        if end == first:
+            return 0
+        self._plans[request.request_id] = _LoadPlan(first, end, self._needed(first, end), hashes[:end])
+        return (end - first) * bs
+
+    def _longest_end(self, first: int, last: int, has: Callable[[int, int], bool]) -> int:
+        """The longest prefix end in [first, last] (blocks) for which every group has (`has(block, group)`)
+        what it needs past the RAM hit of `first` blocks; `first` when none. Linear in the blocks: full
+        groups need a run from `first`, window groups are checked by running counts of their misses."""
+        end = last
+        for g, window in enumerate(self.windows):
+            if window is None:
+                i = first
+                while i < end and has(i, g):
+                    i += 1
+                end = i
+        misses: dict[int, list[int]] = {}  # window group -> misses among blocks first..first+k-1, per k
+        for g, window in enumerate(self.windows):
+            if window is not None:
+                counts = [0]
+                for i in range(first, end):
+                    counts.append(counts[-1] + (not has(i, g)))
+                misses[g] = counts
+        for e in range(end, first, -1):
+            if all(m[e - first] == m[max(first, self._first_needed(g, e)) - first] for g, m in misses.items()):
+                return e
+        return first
 
     def update_state_after_alloc(self, request: Request, block_ids: BlockIds, num_external_tokens: int) -> None:
         plan = self._plans.get(request.request_id)
@@ -140,11 +157,9 @@ class DiskConnectorScheduler(KVConnectorScheduler):
         if plan is None:
             return 0
         intact = set(plan.needed[:num_intact])
-        for end in range(plan.end, plan.first, -1):
-            if all(p in intact for p in self._needed(plan.first, end)):
-                self.hits += (end - plan.first) * self.block_size
-                return (end - plan.first) * self.block_size
-        return 0
+        end = self._longest_end(plan.first, plan.end, lambda i, g: (i, g) in intact)
+        self.hits += (end - plan.first) * self.block_size
+        return (end - plan.first) * self.block_size
 
     def build_connector_meta(
         self, scheduled: dict[str, int], requests: dict[str, Request], block_ids: Callable[[str], BlockIds]
