@@ -13,7 +13,7 @@ from metalserve.executor.runner import ModelRunner
 from metalserve.kvcache.connector.disk import DiskConnectorScheduler
 from metalserve.kvcache.connector.keys import StoreNamespace
 from metalserve.kvcache.connector.store import DiskStore
-from metalserve.kvcache.specs import FullAttention, KVCacheSpec, LayerGroupSpec
+from metalserve.kvcache.specs import KVCacheSpec, LayerGroupSpec, RecurrentState, SlidingWindow
 from metalserve.loader import LoadedModel
 from metalserve.scheduler.scheduler import Scheduler
 
@@ -21,15 +21,21 @@ logger = logging.getLogger("metalserve.kv_disk")
 
 
 def disk_tier_problem(groups: Sequence[LayerGroupSpec], spec: KVCacheSpec | None = None) -> str | None:
-    """Why the disk tier cannot serve a model with these layer groups yet, or None. Quantized pages
-    (int8/q4) are served: their codes, scales and biases are stored, keyed by the storage dtype."""
-    if len(groups) != 1 or not isinstance(groups[0], FullAttention):
+    """Why the disk tier cannot serve a model with these layer groups yet, or None. Full attention (MLA
+    latents included) and sliding windows are served, quantized pages (int8/q4) too: their codes, scales
+    and biases are stored, keyed by the storage dtype."""
+    if any(isinstance(g, RecurrentState) for g in groups):
         kinds = ", ".join(type(g).__name__ for g in groups)
         return (
-            f"the disk tier serves models of one full-attention layer group for now; this model has "
-            f"{kinds} (sliding windows and recurrent-state snapshots are not stored yet)"
+            f"the disk tier does not store recurrent-state snapshots yet, and this hybrid model has {kinds} "
+            f"layer groups"
         )
     return None
+
+
+def group_windows(groups: Sequence[LayerGroupSpec]) -> list[int | None]:
+    """Each layer group's sliding window in tokens (None: full attention): what a prefix hit needs of it."""
+    return [g.window if isinstance(g, SlidingWindow) else None for g in groups]
 
 
 def attach_disk_tier(
@@ -46,8 +52,10 @@ def attach_disk_tier(
     fingerprint = model_fingerprint(loaded.model, loaded.model_type, {"tensors": spec.tensors, "groups": spec.groups})
     store = DiskStore(config.kv_disk_dir, config.kv_disk_bytes)
     # The storage dtype from the spec family: the model's float dtype under "auto", else int8 / q4g64.
+    # The connector keys each layer group apart (the group index is in the key).
     namespace = StoreNamespace(fingerprint, 0, spec.page.key, config.block_size)
-    scheduler.set_connector(DiskConnectorScheduler(store, namespace, scheduler.kv.chain_hashes))
+    windows = group_windows(spec.groups)
+    scheduler.set_connector(DiskConnectorScheduler(store, namespace, scheduler.kv.chain_hashes, windows))
     runner.connector = DiskConnectorWorker(store, config.block_size)
     logger.info("KV disk tier: model fingerprint %s, blocks of %d tokens", fingerprint, config.block_size)
     return store

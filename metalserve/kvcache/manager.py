@@ -177,6 +177,11 @@ class KVCacheManager:
             group.free(request.request_id)
         self.fast_limit.pop(request.request_id, None)
 
+    def release_skipped(self, request: Request, num_computed: int) -> None:
+        """Give back the entries no group reads once `num_computed` tokens are computed (behind a window)."""
+        for group in self.groups:
+            group.release_skipped(request.request_id, num_computed)
+
     def chain_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
         """The hash chain of the request's first `num_blocks` full blocks (the KV connector's keys)."""
         return self._block_hashes(request, num_blocks)[:num_blocks]

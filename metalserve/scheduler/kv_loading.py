@@ -38,10 +38,9 @@ class KVLoads:
             return False
         new_ids = self.kv.allocate_slots(request, external, hit)
         if new_ids is None:
-            self.connector.update_state_after_alloc(request, [], 0)
+            self.connector.update_state_after_alloc(request, self.kv.empty_block_ids(), 0)
             return False
-        fresh = new_ids[0][len(hit.blocks[0]) :]  # one full-attention group (Scheduler.set_connector)
-        self.connector.update_state_after_alloc(request, fresh, external)
+        self.connector.update_state_after_alloc(request, self.kv.get_block_ids(request.request_id), external)
         request.num_computed_tokens = hit.num_tokens
         if request.num_cached_tokens is None:
             request.num_cached_tokens = hit.num_tokens  # the loaded tokens are added when they arrive
@@ -51,7 +50,7 @@ class KVLoads:
 
     def finish(self, output: ConnectorOutput, requeue: Callable[[Request], None]) -> None:
         """Apply the worker's report: finished requests go back to the waiting queue via `requeue`."""
-        for rid, num_blocks in output.finished_loads.items():
+        for rid, num_intact in output.finished_loads.items():
             orphan = self._orphans.pop(rid, None)
             if orphan is not None:
                 self.kv.free(orphan)
@@ -59,7 +58,10 @@ class KVLoads:
             request = self.loading.pop(rid, None)
             if request is None:
                 continue
-            request.num_computed_tokens += num_blocks * self.block_size
+            request.num_computed_tokens += self.connector.num_loaded_tokens(request, num_intact)
+            # Window groups got blocks for every position, but only those in the window of the prefix end
+            # were loaded: the others go back now, before anything publishes them with stale pages.
+            self.kv.release_skipped(request, request.num_computed_tokens)
             request.num_cached_tokens = request.num_computed_tokens
             request.status = RequestStatus.WAITING
             self.loaded.add(rid)
@@ -97,4 +99,4 @@ class KVLoads:
         return len(self.loading) + len(self._orphans)
 
     def metadata(self, scheduled: dict[str, int], requests: dict[str, Request]) -> ConnectorMetadata:
-        return self.connector.build_connector_meta(scheduled, requests, lambda rid: self.kv.get_block_ids(rid)[0])
+        return self.connector.build_connector_meta(scheduled, requests, self.kv.get_block_ids)

@@ -22,7 +22,7 @@ from metalserve.config import ConfigError, EngineConfig
 from metalserve.kvcache.block_pool import NUM_RESERVED_BLOCKS
 from metalserve.kvcache.connector.base import KVConnectorScheduler
 from metalserve.kvcache.manager import BlockIds, KVCacheManager
-from metalserve.kvcache.specs import LayerGroupSpec
+from metalserve.kvcache.specs import LayerGroupSpec, RecurrentState
 from metalserve.outputs import EngineCoreOutput
 from metalserve.request import Request, RequestStatus
 from metalserve.scheduler.encoder_cache import EncoderCacheManager, EncoderPlan
@@ -92,8 +92,8 @@ class Scheduler:
 
     def set_connector(self, connector: KVConnectorScheduler) -> None:
         """Attach a KV connector's scheduler half (kvcache/connector/): external prefix hits and saves."""
-        if len(self.kv.groups) != 1:
-            raise ValueError("a KV connector needs a model of one full-attention layer group")
+        if any(isinstance(s, RecurrentState) for s in self.kv.specs):
+            raise ValueError("a KV connector cannot serve recurrent-state layer groups (their snapshots)")
         self.kv_loads = KVLoads(connector, self.kv, self.config.block_size)
 
     @property

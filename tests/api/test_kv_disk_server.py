@@ -22,23 +22,29 @@ from metalserve.scheduler.stats import SchedulerStats
 from tests.api.conftest import Served, live
 from tests.api.fakes import tiny_tokenizer
 from tests.engine.test_kv_disk import PROMPT, make_core
+from tests.engine.test_kv_disk_window import PROMPT as WINDOW_PROMPT
+from tests.engine.test_kv_disk_window import make_core as make_window_core
 
 
 @contextmanager
-def disk_server(directory: Path, kv_dtype: str = "auto") -> Iterator[Served]:
+def disk_server(directory: Path, kv_dtype: str = "auto", windowed: bool = False) -> Iterator[Served]:
+    """`windowed`: a tiny gemma3_text (full-attention and sliding-window layer groups)."""
     thread = EngineThread()  # as the server does: the core is built on the thread that steps it
-    core = thread.call(lambda: make_core(directory, kv_dtype=kv_dtype))
+    if windowed:
+        core = thread.call(lambda: make_window_core(directory))
+    else:
+        core = thread.call(lambda: make_core(directory, kv_dtype=kv_dtype))
     engine = AsyncEngine(
-        core, tiny_tokenizer(), model_name="tiny", max_model_len=64, eos_token_ids=set(), thread=thread
+        core, tiny_tokenizer(), model_name="tiny", max_model_len=128, eos_token_ids=set(), thread=thread
     )
     app = build_app(engine, ServerSettings(log_stats_interval=0))
     with live(Served(app, core, engine)) as served:  # type: ignore[arg-type]
         yield served
 
 
-def complete(served: Served) -> Any:
+def complete(served: Served, prompt: list[int] = PROMPT) -> Any:
     client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", timeout=120)
-    return client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0)
+    return client.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0)
 
 
 def metric(served: Served, name: str) -> float:
@@ -59,6 +65,18 @@ def test_a_restarted_server_serves_the_prefix_from_disk(tmp_path: Path, kv_dtype
         assert metric(second, "vllm:kv_disk_bytes_loaded_total") > 0 and metric(second, "vllm:kv_disk_usage_bytes") > 0
         assert "Disk KV hit rate: 80.0%" in second.app.state.metrics.log_state.line()
     # Greedy text equal to the cold run (the tokens against mlx-lm: tests/engine/test_kv_disk.py).
+    assert warm.choices[0].text == cold.choices[0].text
+
+
+def test_a_restarted_server_serves_a_sliding_window_model_from_disk(tmp_path: Path) -> None:
+    with disk_server(tmp_path, windowed=True) as first:
+        cold = complete(first, WINDOW_PROMPT)
+    assert len(list(tmp_path.glob("*.safetensors"))) == 12  # 6 blocks in each of the two layer groups
+    with disk_server(tmp_path, windowed=True) as second:
+        warm = complete(second, WINDOW_PROMPT)
+        assert metric(second, "vllm:external_prefix_cache_hits_total") == 40
+    # Greedy text equal to the cold run (the tokens against a run without the disk tier:
+    # tests/engine/test_kv_disk_window.py).
     assert warm.choices[0].text == cold.choices[0].text
 
 

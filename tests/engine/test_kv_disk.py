@@ -20,7 +20,7 @@ from metalserve.engine.core import EngineCore
 from metalserve.engine.kv_disk import attach_disk_tier
 from metalserve.kvcache.connector.disk import DiskConnectorScheduler
 from metalserve.kvcache.connector.store import SUFFIX, DiskStore, decode_block
-from metalserve.kvcache.specs import FullAttention, SlidingWindow
+from metalserve.kvcache.specs import FullAttention, RecurrentState
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
 from tests.engine.test_core import run_all, tiny_loaded
@@ -209,13 +209,13 @@ def test_int8_pages_come_back_from_disk_with_their_scales(tmp_path: Path) -> Non
     other.close()
 
 
-def test_models_and_pages_the_disk_tier_cannot_serve_yet_are_refused_at_start_up(tmp_path: Path) -> None:
+def test_hybrid_models_are_refused_at_start_up(tmp_path: Path) -> None:
     core = make_core(tmp_path)
     config = EngineConfig(block_size=BLOCK, kv_disk_dir=str(tmp_path))
     spec = core.runner.spec
-    windowed = replace(spec, groups=(*spec.groups, SlidingWindow(16, num_kv_heads=2, head_dim=16)))
-    with pytest.raises(ConfigError, match="--kv-disk-dir: the disk tier serves models of one full-attention"):
-        attach_disk_tier(config, tiny_loaded(), windowed, core.scheduler, core.runner)
+    hybrid = replace(spec, groups=(*spec.groups, RecurrentState(layers=(1,), state_bytes=64)))
+    with pytest.raises(ConfigError, match="--kv-disk-dir: the disk tier does not store recurrent-state snapshots"):
+        attach_disk_tier(config, tiny_loaded(), hybrid, core.scheduler, core.runner)
     assert isinstance(spec.groups[0], FullAttention) and spec.page.key == "float32"
     core.close()
 

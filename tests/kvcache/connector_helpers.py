@@ -31,6 +31,6 @@ class MemoryIndex:
         """Store the step's saved blocks (`contents`: block id -> what it holds; [] when not given)."""
         if meta is None:
             return
-        for block_id, key in meta.saves:
+        for block_id, key, _group in meta.saves:
             self.pending.discard(key)
             self.stored[key] = list((contents or {}).get(block_id, []))

@@ -63,7 +63,9 @@ GROUPS: dict[str, list[LayerGroupSpec] | None] = {
     "no-snapshots": [FullAttention(), RecurrentState(snapshots=False)],
     "full-hybrid": [FullAttention()],  # one full group, given explicitly (the same as "full")
     "disk": None,  # one full-attention group with the disk connector (FakeDiskWorker)
+    "disk-window": [FullAttention(), SlidingWindow(5)],  # the connector over a full and a window group
 }
+DISK_MODES = ("disk", "disk-window")
 ops = st.lists(
     st.one_of(
         add_op,
@@ -185,9 +187,9 @@ class FakeDiskWorker:
         self.loads: dict[str, tuple[list[BlockTransfer], int]] = {}
 
     def save(self, meta: ConnectorMetadata | None, runner: FakeRunner) -> None:
-        for block_id, key in meta.saves if meta is not None else ():
+        for block_id, key, group in meta.saves if meta is not None else ():
             self.index.pending.discard(key)
-            self.index.stored[key] = [runner.slots[(0, block_id, o)] for o in range(BS)]
+            self.index.stored[key] = [runner.slots[(group, block_id, o)] for o in range(BS)]
 
     def finish(self, meta: ConnectorMetadata | None, runner: FakeRunner, rng: random.Random) -> ConnectorOutput:
         if meta is not None:
@@ -199,11 +201,11 @@ class FakeDiskWorker:
                 continue
             del self.loads[rid]
             n = 0
-            for block_id, key in transfers:
+            for block_id, key, group in transfers:
                 if key not in self.index.stored or rng.random() < 0.15:  # vanished, or corrupt
                     break
                 for o, token in enumerate(self.index.stored[key]):
-                    runner.slots[(0, block_id, o)] = token
+                    runner.slots[(group, block_id, o)] = token
                 n += 1
             finished[rid] = n
             event(f"load: {'all' if n == len(transfers) else 'partial' if n else 'none'}")
@@ -334,7 +336,7 @@ def make_request(i: int, op: tuple[Any, ...], rng: random.Random) -> Request:
     cfg_kwargs=configs,
     extra_blocks=st.integers(0, 4),
     initial=st.none() | st.integers(2, 8),
-    groups=st.sampled_from([*GROUPS, "disk", "disk"]),  # the connector mode thrice as often as each other
+    groups=st.sampled_from([*GROUPS, *DISK_MODES, *DISK_MODES]),  # connector modes thrice as often as others
     ops=ops,
 )
 @example(  # a disk hit after RAM pressure, with loads that end partially or fail
@@ -369,9 +371,11 @@ def test_random_sequences_keep_invariants(
     per_request = (MAX_MODEL_LEN // BS) * len(specs or [0]) + 1
     s = Scheduler(cfg, per_request + extra_blocks, MAX_MODEL_LEN, initial_blocks=initial, kv_groups=specs)
     disk = None
-    if groups == "disk" and cfg.enable_prefix_caching:
+    if groups in DISK_MODES and cfg.enable_prefix_caching:
         index = MemoryIndex()
-        s.set_connector(DiskConnectorScheduler(index, StoreNamespace("m", block_size=BS), s.kv.chain_hashes))
+        windows = [g.window if isinstance(g, SlidingWindow) else None for g in specs or [FullAttention()]]
+        namespace = StoreNamespace("m", block_size=BS)
+        s.set_connector(DiskConnectorScheduler(index, namespace, s.kv.chain_hashes, windows))
         disk = FakeDiskWorker(index)
     runner, rng, done = FakeRunner(specs or [FullAttention()]), random.Random(0), Done()
     added: list[str] = []
@@ -413,7 +417,7 @@ def test_random_sequences_keep_invariants(
     event(f"groups: {groups}")
     if disk is not None:
         stats = s.make_stats().connector
-        event(f"disk hits: {stats is not None and stats.hits > 0}")
+        event(f"disk hits ({groups}): {stats is not None and stats.hits > 0}")
     event(f"pool grew: {initial is not None and s.kv.pool.num_allocated_blocks > initial}")
 
 
@@ -447,10 +451,16 @@ disk_ops = st.lists(
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cfg_kwargs=disk_configs, extra_blocks=st.integers(0, 4), initial=st.none() | st.integers(2, 8), ops=disk_ops)
+@given(
+    cfg_kwargs=disk_configs,
+    extra_blocks=st.integers(0, 4),
+    initial=st.none() | st.integers(2, 8),
+    groups=st.sampled_from(DISK_MODES),
+    ops=disk_ops,
+)
 def test_disk_loads_keep_invariants(
-    cfg_kwargs: dict[str, Any], extra_blocks: int, initial: int | None, ops: list[tuple[Any, ...]]
+    cfg_kwargs: dict[str, Any], extra_blocks: int, initial: int | None, groups: str, ops: list[tuple[Any, ...]]
 ) -> None:
     test_random_sequences_keep_invariants.hypothesis.inner_test(  # type: ignore[attr-defined]
-        cfg_kwargs=cfg_kwargs, extra_blocks=extra_blocks, initial=initial, groups="disk", ops=ops
+        cfg_kwargs=cfg_kwargs, extra_blocks=extra_blocks, initial=initial, groups=groups, ops=ops
     )

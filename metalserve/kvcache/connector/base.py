@@ -21,10 +21,11 @@ from metalserve.request import Request
 
 
 class BlockTransfer(NamedTuple):
-    """One block's pages between the pool (`block_id`) and the store (`key`)."""
+    """One block's pages of layer group `group` between the pool (`block_id`) and the store (`key`)."""
 
     block_id: int
     key: str
+    group: int = 0
 
 
 @dataclass
@@ -43,7 +44,8 @@ class ConnectorMetadata:
 @dataclass
 class ConnectorOutput:
     """The worker's report after a step: for each request whose loads all ended, how many of its
-    leading blocks arrived intact (a missing or corrupt block and everything after it is recomputed)."""
+    leading transfers arrived intact (a missing or corrupt block and everything after it is recomputed;
+    the connector maps the count to tokens: `num_loaded_tokens`)."""
 
     finished_loads: dict[str, int] = field(default_factory=dict)
 
@@ -70,15 +72,25 @@ class KVConnectorScheduler(ABC):
         connector can supply; they are loaded asynchronously, and at least one token is left to compute."""
 
     @abstractmethod
-    def update_state_after_alloc(self, request: Request, block_ids: list[int], num_external_tokens: int) -> None:
-        """`block_ids`: the fresh blocks allocated for the `num_external_tokens` tokens, in order."""
+    def update_state_after_alloc(
+        self, request: Request, block_ids: tuple[list[int], ...], num_external_tokens: int
+    ) -> None:
+        """`block_ids`: the request's block table in every layer group after the allocation for the
+        `num_external_tokens` tokens (0: nothing is loaded after all)."""
+
+    def num_loaded_tokens(self, request: Request, num_intact: int) -> int:
+        """Tokens past the RAM hit that the leading `num_intact` transfers of its loads supply."""
+        return 0
 
     @abstractmethod
     def build_connector_meta(
-        self, scheduled: dict[str, int], requests: dict[str, Request], block_ids: Callable[[str], list[int]]
+        self,
+        scheduled: dict[str, int],
+        requests: dict[str, Request],
+        block_ids: Callable[[str], tuple[list[int], ...]],
     ) -> ConnectorMetadata:
         """This step's loads and saves. `scheduled`: request id -> tokens run this step (their
-        `num_computed_tokens` already count them); `block_ids`: a request's block table."""
+        `num_computed_tokens` already count them); `block_ids`: a request's table in every group."""
 
     def update_connector_output(self, output: ConnectorOutput) -> None:
         """The worker's report of this step (finished loads)."""

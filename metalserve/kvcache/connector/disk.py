@@ -3,19 +3,22 @@ computed full blocks of each step to write through to it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Protocol
 
+from metalserve.kvcache.block_pool import NULL_BLOCK_ID
 from metalserve.kvcache.connector.base import (
     BlockTransfer,
     ConnectorMetadata,
-    ConnectorOutput,
     ConnectorStats,
     KVConnectorScheduler,
 )
 from metalserve.kvcache.connector.keys import StoreNamespace
 from metalserve.kvcache.hashing import BlockHash
 from metalserve.request import Request
+
+BlockIds = tuple[list[int], ...]  # one list per layer group (KVCacheManager.get_block_ids)
 
 
 class BlockIndex(Protocol):
@@ -35,61 +38,131 @@ class BlockIndex(Protocol):
     def mark_pending(self, key: str) -> None: ...
 
 
+@dataclass(frozen=True)
+class _LoadPlan:
+    first: int  # blocks of the RAM hit
+    end: int  # blocks of the prefix after the loads
+    needed: list[tuple[int, int]]  # (block index, group), in the order of the transfers
+    hashes: list[BlockHash]
+
+
 # The KV manager's hash chain of a request's first n full blocks (KVCacheManager.chain_hashes).
 ChainHashes = Callable[[Request, int], list[BlockHash]]
 
 
 class DiskConnectorScheduler(KVConnectorScheduler):
     """Every computed full block is written through to the store (so a block the RAM cache evicts is
-    already on disk); an admitted request whose prefix continues on disk loads those blocks first."""
+    already on disk); an admitted request whose prefix continues on disk loads those blocks first.
 
-    def __init__(self, store: BlockIndex, namespace: StoreNamespace, chain_hashes: ChainHashes) -> None:
+    Each layer group has its own keys (the group index is in the namespace). `windows[g]` is group g's
+    sliding window in tokens (None: full attention): a window group needs only the blocks the window of
+    the prefix end covers, so the loadable prefix is the longest one for which every group has them."""
+
+    def __init__(
+        self,
+        store: BlockIndex,
+        namespace: StoreNamespace,
+        chain_hashes: ChainHashes,
+        windows: Sequence[int | None] = (None,),
+        null_block_id: int = NULL_BLOCK_ID,
+    ) -> None:
         self.store = store
-        self.namespace = namespace
+        self.namespaces = [replace(namespace, layer_group=g) for g in range(len(windows))]
+        self.windows = list(windows)
         self.block_size = namespace.block_size
+        self.null_block_id = null_block_id
         self._chain_hashes = chain_hashes
         self._loads: dict[str, list[BlockTransfer]] = {}  # allocated, not yet sent to the worker
-        self._load_keys: dict[str, list[str]] = {}  # matched keys of a request being admitted
+        self._plans: dict[str, _LoadPlan] = {}  # matched or loading: what each transfer stands for
         self._queried: set[str] = set()  # requests counted in `queries` (a retried admission counts once)
         self.queries = 0
         self.hits = 0
 
-    def _key(self, request: Request, block_hash: BlockHash) -> str:
-        return self.namespace.key(block_hash, request.cache_salt)
+    @property
+    def namespace(self) -> StoreNamespace:
+        return self.namespaces[0]
+
+    def _key(self, request: Request, block_hash: BlockHash, group: int = 0) -> str:
+        return self.namespaces[group].key(block_hash, request.cache_salt)
+
+    def _first_needed(self, group: int, end: int) -> int:
+        """The first block group `group` needs for a prefix of `end` blocks (0 for full attention)."""
+        window = self.windows[group]
+        return 0 if window is None else max(0, end * self.block_size - window + 1) // self.block_size
+
+    def _needed(self, first: int, end: int) -> list[tuple[int, int]]:
+        """(block index, group) pairs past the RAM hit (`first` blocks) a prefix of `end` blocks needs, in
+        block order: the worker's report of leading intact transfers maps back onto a prefix."""
+        return sorted(
+            (i, g) for g in range(len(self.windows)) for i in range(max(first, self._first_needed(g, end)), end)
+        )
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int:
         bs = self.block_size
         max_blocks = (request.num_tokens - 1) // bs  # the last token is always computed
         first = num_computed_tokens // bs
+        self._plans.pop(request.request_id, None)
         if first >= max_blocks:
             return 0
-        hashes = self._chain_hashes(request, max_blocks)
-        keys: list[str] = []
-        for block_hash in hashes[first:max_blocks]:
-            key = self._key(request, block_hash)
-            if not self.store.contains(key):
-                break
-            keys.append(key)
         if request.request_id not in self._queried:
             self._queried.add(request.request_id)
             self.queries += request.num_tokens - num_computed_tokens
-        self._load_keys[request.request_id] = keys
-        return len(keys) * bs
+        hashes = self._chain_hashes(request, max_blocks)
+        end = self._longest_end(first, max_blocks, lambda i, g: self.store.contains(self._key(request, hashes[i], g)))
+        if end == first:
+            return 0
+        self._plans[request.request_id] = _LoadPlan(first, end, self._needed(first, end), hashes[:end])
+        return (end - first) * bs
 
-    def update_state_after_alloc(self, request: Request, block_ids: list[int], num_external_tokens: int) -> None:
-        keys = self._load_keys.pop(request.request_id, [])
-        n = num_external_tokens // self.block_size
-        if n > len(keys) or len(block_ids) < n:
-            raise ValueError(
-                f"request {request.request_id}: {n} blocks to load, {len(keys)} matched, {len(block_ids)} allocated"
-            )
-        if n:
-            self._loads[request.request_id] = [
-                BlockTransfer(b, k) for b, k in zip(block_ids[:n], keys[:n], strict=True)
-            ]
+    def _longest_end(self, first: int, last: int, has: Callable[[int, int], bool]) -> int:
+        """The longest prefix end in [first, last] (blocks) for which every group has (`has(block, group)`)
+        what it needs past the RAM hit of `first` blocks; `first` when none. Linear in the blocks: full
+        groups need a run from `first`, window groups are checked by running counts of their misses."""
+        end = last
+        for g, window in enumerate(self.windows):
+            if window is None:
+                i = first
+                while i < end and has(i, g):
+                    i += 1
+                end = i
+        misses: dict[int, list[int]] = {}  # window group -> misses among blocks first..first+k-1, per k
+        for g, window in enumerate(self.windows):
+            if window is not None:
+                counts = [0]
+                for i in range(first, end):
+                    counts.append(counts[-1] + (not has(i, g)))
+                misses[g] = counts
+        for e in range(end, first, -1):
+            if all(m[e - first] == m[max(first, self._first_needed(g, e)) - first] for g, m in misses.items()):
+                return e
+        return first
+
+    def update_state_after_alloc(self, request: Request, block_ids: BlockIds, num_external_tokens: int) -> None:
+        plan = self._plans.get(request.request_id)
+        if num_external_tokens == 0:
+            self._plans.pop(request.request_id, None)
+            return
+        if plan is None or (plan.end - plan.first) * self.block_size != num_external_tokens:
+            raise ValueError(f"request {request.request_id}: {num_external_tokens} external tokens were not matched")
+        transfers = []
+        for i, g in plan.needed:
+            if i >= len(block_ids[g]) or block_ids[g][i] == self.null_block_id:
+                raise ValueError(f"request {request.request_id}: no block {i} of group {g} to load into")
+            transfers.append(BlockTransfer(block_ids[g][i], self._key(request, plan.hashes[i], g), g))
+        self._loads[request.request_id] = transfers
+
+    def num_loaded_tokens(self, request: Request, num_intact: int) -> int:
+        """The longest prefix past the RAM hit that the leading `num_intact` transfers complete."""
+        plan = self._plans.pop(request.request_id, None)
+        if plan is None:
+            return 0
+        intact = set(plan.needed[:num_intact])
+        end = self._longest_end(plan.first, plan.end, lambda i, g: (i, g) in intact)
+        self.hits += (end - plan.first) * self.block_size
+        return (end - plan.first) * self.block_size
 
     def build_connector_meta(
-        self, scheduled: dict[str, int], requests: dict[str, Request], block_ids: Callable[[str], list[int]]
+        self, scheduled: dict[str, int], requests: dict[str, Request], block_ids: Callable[[str], BlockIds]
     ) -> ConnectorMetadata:
         meta = ConnectorMetadata(loads=self._loads)
         self._loads = {}
@@ -103,19 +176,19 @@ class DiskConnectorScheduler(KVConnectorScheduler):
             if after <= before:
                 continue
             hashes = self._chain_hashes(request, after)
-            table = block_ids(rid)
+            tables = block_ids(rid)
             for i in range(before, after):
-                key = self._key(request, hashes[i])
-                if not self.store.has_or_pending(key):
-                    self.store.mark_pending(key)
-                    meta.saves.append(BlockTransfer(table[i], key))
+                for g, table in enumerate(tables):
+                    if i >= len(table) or table[i] == self.null_block_id:
+                        continue  # behind a window: this group no longer holds the block
+                    key = self._key(request, hashes[i], g)
+                    if not self.store.has_or_pending(key):
+                        self.store.mark_pending(key)
+                        meta.saves.append(BlockTransfer(table[i], key, g))
         return meta
 
-    def update_connector_output(self, output: ConnectorOutput) -> None:
-        self.hits += sum(output.finished_loads.values()) * self.block_size
-
     def request_finished(self, request: Request) -> None:
-        self._load_keys.pop(request.request_id, None)
+        self._plans.pop(request.request_id, None)
         self._queried.discard(request.request_id)
 
     def stats(self) -> ConnectorStats:
