@@ -45,7 +45,7 @@ def _is_quant(cache: Any) -> bool:
 
 
 def _is_kernel(cache: Any) -> bool:
-    # Float pools only: the Metal backend's int8 pools (scales of their own) are not stored yet.
+    # Float pools only: the Metal backend's quantized pools (scales of their own) are not stored yet.
     return (
         isinstance(getattr(cache, "k", None), mx.array)
         and isinstance(getattr(cache, "v", None), mx.array)
