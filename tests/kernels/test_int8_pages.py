@@ -196,3 +196,19 @@ def test_kernels_read_quantized_pools_in_bounds_under_asan(storage: str, kernel:
     out = run_paged_attention(args, lambda launch: emulate(launch, asan=True), None, kernel)
     want = reference_f64(ASAN_CASE, dequantized)
     np.testing.assert_allclose(as_f64(out), want, atol=TOLERANCE[ASAN_CASE.dtype], rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("storage", "case", "kernel"), QUANT_PAIRS, ids=[f"metal-{s}-{c.name}-{k}" for s, c, k in QUANT_PAIRS]
+)
+def test_metal_kernels_attend_quantized_pages_like_the_dequantized_pools(storage: str, case: Case, kernel: str) -> None:
+    """The same cases on a real Metal GPU (skipped without one: the emulator rows above run the source)."""
+    if not mx.metal.is_available():
+        pytest.skip("no Metal device here; the emulator rows run this kernel's source")
+    from metalserve.kernels.metal.gpu import GUARD
+
+    x = make_inputs(case)
+    args, dequantized = STORAGES[storage](case, x)
+    out = run_paged_attention(args, GUARD, None if kernel == "tiled" else case.partition_size, kernel)
+    want = reference_f64(case, dequantized)
+    np.testing.assert_allclose(as_f64(out), want, atol=TOLERANCE[case.dtype], rtol=0)
