@@ -68,8 +68,9 @@ def stop_group(proc: subprocess.Popen[str]) -> None:
 
 
 def child_pids(pid: int) -> list[int]:
-    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    return [int(p) for p in text.split()]
+    """The process's children, whichever of its threads started them (the engine thread starts the ranks)."""
+    tasks = sorted(Path(f"/proc/{pid}/task").iterdir(), key=lambda task: int(task.name))
+    return sorted(int(child) for task in tasks for child in (task / "children").read_text().split())
 
 
 def launched_ranks(models: list[Path], tmp_path: Path, timeout: float = 120) -> list[subprocess.CompletedProcess[str]]:
