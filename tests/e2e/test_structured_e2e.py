@@ -42,7 +42,12 @@ TOOLS: list[Any] = [
         "type": "function",
         "function": {
             "name": "get_time",
-            "parameters": {"type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"]},
+            "parameters": {
+                "type": "object",
+                "properties": {"tz": {"enum": ["UTC", "CET"]}},
+                "required": ["tz"],
+                "additionalProperties": False,
+            },
         },
     },
 ]
