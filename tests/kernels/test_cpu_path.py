@@ -112,18 +112,3 @@ def test_the_softmax_exp_is_as_accurate_as_float32_allows() -> None:
     relative = np.abs(x[:, :-7][live] - want[:, :-7][live]) / want[:, :-7][live]
     assert relative.max() < 2e-7
     np.testing.assert_array_equal(x[:, -7:], -np.linspace(0.0, 100.0, 20001, dtype=np.float32)[-7:][None].repeat(2, 0))
-
-
-def test_parallel_kernels_run_on_numba_s_workqueue_layer() -> None:
-    """Not Intel OpenMP (which the MKL wheel brings and numba would pick): its spinning teams slowed the
-    server's decode 10-20x on 2 cores. Checked in a fresh process, since the layer is chosen once."""
-    import subprocess
-    import sys
-
-    code = (
-        "import numpy as np; from metalserve.kernels.cpu import affine_linear as a; import numba;"
-        "numba.njit(parallel=True)(lambda x: x.sum())(np.ones(1000)); print(numba.threading_layer())"
-    )
-    env = {k: v for k, v in __import__("os").environ.items() if k != "NUMBA_THREADING_LAYER"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert out.stdout.strip().splitlines()[-1] == "workqueue", out.stderr[-500:]

@@ -1,19 +1,13 @@
-"""One lock for every parallel numba kernel: numba's workqueue threading layer must not be entered
-from two threads at once.
+"""One lock for every parallel numba kernel: a numba threading layer must not be entered from two
+threads at once (the async forward thread and the engine thread both launch kernels).
 
-The workqueue layer is chosen here, before any parallel kernel runs: with the MKL wheel installed,
-numba would pick Intel OpenMP instead, and its busy-waiting teams made the server's in-order decode
-~10-20x slower on 2 cores (48 tokens: 27-48 s with OpenMP, 1.8-2.2 s with workqueue; notes of issue 26).
+numba keeps its own choice of layer (Intel OpenMP where the MKL wheel brings it). Forcing workqueue was
+tried: on a quiet 2-core machine it made batch-1 decode 2-3x slower (TPOT 44-53 ms against 14-22 ms,
+bench/compare_peers.py at c=1); OpenMP's spinning teams only hurt on an oversubscribed machine.
 """
 
 from __future__ import annotations
 
-import os
 import threading
-
-import numba
-
-if "NUMBA_THREADING_LAYER" not in os.environ:  # an explicit choice wins
-    numba.config.THREADING_LAYER = "workqueue"  # type: ignore[attr-defined]
 
 launch_lock = threading.Lock()
