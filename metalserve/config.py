@@ -132,10 +132,11 @@ class EngineConfig:
         None, "a directory of KV blocks that outlives memory pressure and restarts (docs/disk-tier.md); default: off"
     )
     kv_disk_size: int | None = flag(None, "bytes --kv-disk-dir may hold, least recently used blocks go first (16 GiB)")
-    async_scheduling: bool = flag(
-        True,
-        "schedule and prepare the next step while this one computes (vLLM's --async-scheduling); "
-        "speculative decoding and pipeline stages turn it off with a start-up line",
+    async_scheduling: bool | None = flag(
+        None,
+        "schedule and prepare the next step while this one computes (vLLM's --async-scheduling); default: on "
+        "with Metal, off on MLX's CPU backend (where the forward shares the cores and it measured slower); "
+        "speculative decoding, pipeline stages and the KV disk tier turn it off with a start-up line",
     )
 
     def __post_init__(self) -> None:

@@ -93,7 +93,7 @@ def _argparse_kwargs(f: dataclasses.Field[Any], spec: Flag, hint: Any, owner: ty
     if spec.parse is not None:
         kwargs["metavar"] = f.name.upper()
     elif base is bool:
-        kwargs["action"] = argparse.BooleanOptionalAction if f.default else "store_true"
+        kwargs["action"] = argparse.BooleanOptionalAction if f.default in (True, None) else "store_true"
     elif typing.get_origin(base) is Literal:
         kwargs["choices"] = list(typing.get_args(base))
     elif base in (int, float, str):

@@ -156,7 +156,9 @@ class EngineCore:
         )
         attach_disk_tier(config, loaded, spec, scheduler, runner)
         mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * plan.num_blocks * spec.bytes_per_block))
-        core = cls(scheduler, runner, max_model_len, platform, async_scheduling_for(config, speculation))
+        core = cls(
+            scheduler, runner, max_model_len, platform, async_scheduling_for(config, speculation, platform.metal)
+        )
         core.weight_bytes, core.kv_bytes_per_block = weight_bytes, spec.bytes_per_block
         core.kv_pool_bytes = plan.num_blocks * spec.bytes_per_block
         return core
@@ -233,9 +235,15 @@ class EngineCore:
             self.runner.connector.close()
 
 
-def async_scheduling_for(config: EngineConfig, speculation: SpeculativeConfig | None) -> bool:
-    """Async scheduling as configured, off (with a start-up line) where it cannot be correct yet."""
-    if not config.async_scheduling:
+def async_scheduling_for(config: EngineConfig, speculation: SpeculativeConfig | None, metal: bool) -> bool:
+    """Async scheduling as configured (by default: with Metal only), off (with a start-up line) where it
+    cannot be correct yet."""
+    if config.async_scheduling is None and not metal:
+        # On MLX's CPU backend the overlapped work competes with the forward for the same cores:
+        # bench/compare_peers.py measured TPOT 21-25 ms on against 13-16 ms off at concurrency 1.
+        logger.info("async scheduling: off on MLX's CPU backend (--async-scheduling turns it on)")
+        return False
+    if config.async_scheduling is False:
         logger.info("async scheduling: off (--no-async-scheduling)")
         return False
     if speculation is not None:

@@ -77,8 +77,8 @@ def test_flags_map_onto_configs(tmp_path: Path) -> None:
     assert default_model_name(defaults, "embedded default: /a/b/Small.Q4_1.gguf") == "Small.Q4_1"
 
 
-def test_async_scheduling_is_on_by_default_and_can_be_turned_off() -> None:
-    assert config_from_args(_parse())[0].async_scheduling is True
+def test_async_scheduling_defaults_to_the_platform_and_can_be_set_either_way() -> None:
+    assert config_from_args(_parse())[0].async_scheduling is None  # on with Metal, off on the CPU backend
     assert config_from_args(_parse("--no-async-scheduling"))[0].async_scheduling is False
     assert config_from_args(_parse("--async-scheduling"))[0].async_scheduling is True
 

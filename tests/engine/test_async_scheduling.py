@@ -109,7 +109,7 @@ def test_speculative_decoding_turns_it_off_with_a_start_up_line(caplog: pytest.L
     from metalserve.spec_decode.config import SpeculativeConfig
 
     spec = SpeculativeConfig.from_json('{"method": "ngram", "num_speculative_tokens": 2}')
-    config = EngineConfig(kv_cache_memory=1 << 22, max_model_len=128, speculative_config=spec)
+    config = EngineConfig(kv_cache_memory=1 << 22, max_model_len=128, speculative_config=spec, async_scheduling=True)
     with caplog.at_level(logging.INFO, logger="metalserve.engine"):
         core = EngineCore.from_loaded(config, golden.loaded_of(build("llama"), "llama", max_model_len=128))
     assert not core.async_scheduling and not core.scheduler.lookahead
@@ -117,3 +117,13 @@ def test_speculative_decoding_turns_it_off_with_a_start_up_line(caplog: pytest.L
     (prompt,) = golden.prompts([golden.SHORT], VOCAB)
     (got,) = golden.serve(core, [prompt])
     assert got.tokens == golden.reference(build("llama"), prompt).tokens
+
+
+def test_by_default_it_is_off_on_the_cpu_backend_with_a_start_up_line(caplog: pytest.LogCaptureFixture) -> None:
+    """Measured slower where the forward shares the CPU cores; on with Metal (platform.metal)."""
+    config = EngineConfig(kv_cache_memory=1 << 22, max_model_len=128)
+    assert config.async_scheduling is None
+    with caplog.at_level(logging.INFO, logger="metalserve.engine"):
+        core = EngineCore.from_loaded(config, golden.loaded_of(build("llama"), "llama", max_model_len=128))
+    assert not core.async_scheduling and not core.scheduler.lookahead
+    assert "async scheduling: off on MLX's CPU backend" in caplog.text
