@@ -93,6 +93,38 @@ def _weighted_values(p, values, slots, out):  # noqa: ANN001, ANN202
                 out[g, c] += p[g, jj] * values[slots[jj], c]
 
 
+@numba.njit(fastmath=True, cache=True, nogil=True)
+def _softmax_rows(scores, n, scale, softcap, sinks, use_sinks, head0, pow2, tops):  # noqa: ANN001, ANN202
+    """Each row's first n scores, scaled (and soft-capped), to probabilities in place; a sink is a
+    virtual key with logit sinks[head0 + g] and a zero value."""
+    group = scores.shape[0]
+    for g in range(group):
+        for j in range(n):
+            s = scores[g, j] * scale
+            if softcap > 0:
+                s = softcap * np.tanh(s / softcap)
+            scores[g, j] = s
+    for g in range(group):
+        top = scores[g, 0]
+        for j in range(1, n):
+            top = max(top, scores[g, j])
+        if use_sinks:
+            top = max(top, sinks[head0 + g])
+        tops[g] = top
+        for j in range(n):
+            scores[g, j] -= top
+    _exp_rows(scores, n, pow2)
+    for g in range(group):
+        total = np.float32(0.0)
+        for j in range(n):
+            total += scores[g, j]
+        if use_sinks:
+            total += np.exp(sinks[head0 + g] - tops[g])
+        inv = np.float32(1.0) / total
+        for j in range(n):
+            scores[g, j] *= inv
+
+
 @numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _attention_kernel(  # numba infers the types
     q, pool, block_tables, row_req, row_pos, block_size, scale, window, softcap, sinks, use_sinks, out
@@ -120,31 +152,7 @@ def _attention_kernel(  # numba infers the types
         pow2 = np.empty(n, np.int32)
         tops = np.empty(group, np.float32)
         _scores(q[row], pool[0, h], slots, h * group, scores)
-        for g in range(group):
-            for j in range(n):
-                s = scores[g, j] * scale
-                if softcap > 0:
-                    s = softcap * np.tanh(s / softcap)
-                scores[g, j] = s
-        for g in range(group):
-            top = scores[g, 0]
-            for j in range(1, n):
-                top = max(top, scores[g, j])
-            if use_sinks:  # a virtual key with logit sinks[head] and a zero value
-                top = max(top, sinks[h * group + g])
-            tops[g] = top
-            for j in range(n):
-                scores[g, j] -= top
-        _exp_rows(scores, n, pow2)
-        for g in range(group):
-            total = np.float32(0.0)
-            for j in range(n):
-                total += scores[g, j]
-            if use_sinks:
-                total += np.exp(sinks[h * group + g] - tops[g])
-            inv = np.float32(1.0) / total
-            for j in range(n):
-                scores[g, j] *= inv
+        _softmax_rows(scores, n, scale, softcap, sinks, use_sinks, h * group, pow2, tops)
         _weighted_values(scores, pool[value_plane, h], slots, out[row, h * group : (h + 1) * group])
 
 
@@ -322,31 +330,7 @@ def _quantized_attention_kernel(  # numba infers the types
         pow2 = np.empty(n, np.int32)
         tops = np.empty(group, np.float32)
         _scores(q[row], keys, local, h * group, scores)
-        for g in range(group):
-            for j in range(n):
-                s = scores[g, j] * scale
-                if softcap > 0:
-                    s = softcap * np.tanh(s / softcap)
-                scores[g, j] = s
-        for g in range(group):
-            top = scores[g, 0]
-            for j in range(1, n):
-                top = max(top, scores[g, j])
-            if use_sinks:
-                top = max(top, sinks[h * group + g])
-            tops[g] = top
-            for j in range(n):
-                scores[g, j] -= top
-        _exp_rows(scores, n, pow2)
-        for g in range(group):
-            total = np.float32(0.0)
-            for j in range(n):
-                total += scores[g, j]
-            if use_sinks:
-                total += np.exp(sinks[h * group + g] - tops[g])
-            inv = np.float32(1.0) / total
-            for j in range(n):
-                scores[g, j] *= inv
+        _softmax_rows(scores, n, scale, softcap, sinks, use_sinks, h * group, pow2, tops)
         _weighted_values(scores, values, local, out[row, h * group : (h + 1) * group])
 
 
