@@ -226,8 +226,16 @@ class GrammarCompiler:
                 self.cache_bytes -= self._sizes.pop(key, 0)
 
     def compile(self, params: StructuredOutputsParams) -> CompiledGrammar:
-        """Blocking form of `submit` (raises GrammarError)."""
-        return self.submit(params).result()
+        """Blocking form of `submit` (raises GrammarError); the cache is settled when it returns.
+
+        A future wakes its waiters before it runs its done callbacks, so without the explicit settle a
+        failed spec could still be cached for a moment after `compile` raised.
+        """
+        future = self.submit(params)
+        try:
+            return future.result()
+        finally:
+            self._settle(params.cache_key(), future)
 
     def _settle(self, key: str, future: Future[CompiledGrammar]) -> None:
         """A failed compile leaves the cache; a good one is charged its grammar's bytes."""
