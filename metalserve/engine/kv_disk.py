@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.executor.connector.disk import DiskConnectorWorker
@@ -38,6 +39,18 @@ def group_windows(groups: Sequence[LayerGroupSpec]) -> list[int | None]:
     return [g.window if isinstance(g, SlidingWindow) else None for g in groups]
 
 
+def fingerprinted(loaded: LoadedModel, spec: KVCacheSpec) -> tuple[Any, str, dict[str, Any]]:
+    """What the model fingerprint covers: the weights, the KV layout and, for a vision-language model,
+    its vision tower too (the whole model) and the image processor's settings: an image's placeholder
+    pages come from both, and its content hash in the block chain is taken from the decoded pixels."""
+    extra: dict[str, Any] = {"tensors": spec.tensors, "groups": spec.groups}
+    if loaded.vision is None:
+        return loaded.model, loaded.model_type, extra
+    if loaded.image_processor is not None:
+        extra["image_processor"] = loaded.image_processor.settings()
+    return loaded.vision, loaded.model_type, extra
+
+
 def attach_disk_tier(
     config: EngineConfig, loaded: LoadedModel, spec: KVCacheSpec, scheduler: Scheduler, runner: ModelRunner
 ) -> DiskStore | None:
@@ -49,7 +62,7 @@ def attach_disk_tier(
         problem = f"the attention backend {runner.backend.name!r} keeps pools the disk tier cannot read"
     if problem is not None:
         raise ConfigError(f"--kv-disk-dir: {problem}; start without --kv-disk-dir")
-    fingerprint = model_fingerprint(loaded.model, loaded.model_type, {"tensors": spec.tensors, "groups": spec.groups})
+    fingerprint = model_fingerprint(*fingerprinted(loaded, spec))
     store = DiskStore(config.kv_disk_dir, config.kv_disk_bytes)
     # The storage dtype from the spec family: the model's float dtype under "auto", else int8 / q4g64.
     # The connector keys each layer group apart (the group index is in the key).

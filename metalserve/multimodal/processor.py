@@ -32,6 +32,11 @@ class ImageProcessor(Protocol):
         self, prompt: Sequence[int], images: Sequence[DecodedImage]
     ) -> tuple[list[int], list[MultiModalInput]]: ...
 
+    def settings(self) -> dict[str, Any]:
+        """What decides the pixels an image becomes (the KV disk tier keys stored blocks on it: an image's
+        content hash is taken before processing)."""
+        ...
+
 
 class QwenVLImageProcessor:
     """Qwen2-VL / Qwen2.5-VL images -> pixel patches, their grid, and placeholder tokens."""
@@ -41,7 +46,11 @@ class QwenVLImageProcessor:
 
         self.image_token_id = image_token_id
         self.merge_size = merge_size
-        self._processor = Qwen3VLImageProcessor(**{"patch_size": 14, **options, "merge_size": merge_size})
+        self._options = {"patch_size": 14, **options, "merge_size": merge_size}
+        self._processor = Qwen3VLImageProcessor(**self._options)
+
+    def settings(self) -> dict[str, Any]:
+        return {"kind": "qwen_vl", **self._options}
 
     @classmethod
     def from_config(cls, config: dict[str, Any], directory: Path | None = None) -> QwenVLImageProcessor:
@@ -110,6 +119,15 @@ class Gemma3ImageProcessor:
         self.size, self.tokens_per_image = size, tokens
         self.mean = np.asarray(mean, dtype=np.float32)[:, None, None]
         self.std = np.asarray(std, dtype=np.float32)[:, None, None]
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "kind": "gemma3",
+            "size": self.size,
+            "tokens": self.tokens_per_image,
+            "mean": self.mean.ravel().tolist(),
+            "std": self.std.ravel().tolist(),
+        }
 
     @classmethod
     def from_config(cls, config: dict[str, Any], directory: Path | None = None) -> Gemma3ImageProcessor:

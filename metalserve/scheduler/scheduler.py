@@ -319,8 +319,8 @@ class Scheduler:
                 loads.loaded.discard(request.request_id)
             else:
                 hit = self.kv.get_computed_blocks(request)
-                # Prompts with images are not loaded from the connector yet (their encoder plan is untested).
-                if loads is not None and not request.mm_inputs and loads.start_loading(request, hit):
+                # Images too: their content hashes are in the chain hashes that key the connector's blocks.
+                if loads is not None and loads.start_loading(request, hit):
                     self.waiting.pop()  # parked outside the queue while its blocks load
                     continue
                 n = self._num_new_tokens(request, hit.num_tokens, step.budget, step)

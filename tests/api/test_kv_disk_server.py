@@ -87,3 +87,68 @@ def test_the_stats_line_shows_the_disk_hit_rate_since_the_previous_line() -> Non
         state.record(SchedulerStats(0, 0, 0.0, 0, 0, 0, 10, 10, connector=stats), IterationStats())
         line = state.line()
     assert "Disk KV hit rate: 10.0%, disk: 3 MiB" in line  # 10 of the last 100 tokens looked up
+
+
+@contextmanager
+def vision_disk_server(model_dir: Path, directory: Path) -> Iterator[Served]:
+    """The real server on a saved tiny Qwen2-VL directory (loaded by mlx-vlm on the engine thread)."""
+    from metalserve.api.server import start_engine
+    from metalserve.config import EngineConfig
+
+    config = EngineConfig(
+        model=str(model_dir),
+        served_model_name="tiny-vl",
+        kv_cache_memory=1 << 24,
+        max_num_batched_tokens=256,
+        max_model_len=2048,
+        kv_disk_dir=str(directory),
+    )
+    engine = start_engine(config)
+    with live(Served(build_app(engine, ServerSettings(log_stats_interval=0)), None, engine)) as served:  # type: ignore[arg-type]
+        yield served
+
+
+def ask_about_image(served: Served, image: bytes) -> Any:
+    import base64
+
+    url = f"data:image/png;base64,{base64.b64encode(image).decode()}"
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", timeout=120, max_retries=0)
+    content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What is in the picture?"}]
+    return client.chat.completions.create(
+        model="tiny-vl",
+        messages=[{"role": "user", "content": content}],  # type: ignore[misc]
+        temperature=0,
+        max_tokens=8,
+        logprobs=True,
+        extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True},
+    )
+
+
+def answer_ids(completion: Any) -> list[int]:
+    return [int(lp.token.removeprefix("token_id:")) for lp in completion.choices[0].logprobs.content]
+
+
+def test_a_restarted_server_serves_an_image_prompt_from_disk(tmp_path: Path) -> None:
+    """An image_url data URI through the openai SDK: after a restart the same image and text load their
+    prefix from disk (the tower does not run for it) with the same answer; another image does not hit."""
+    from tests.multimodal.tiny_vlm import build, save
+    from tests.multimodal.vl_golden import png
+
+    model_dir = save(build("qwen2_vl"), "qwen2_vl", tmp_path / "tiny-vl")
+    image = png(11, (224, 168))  # 48 placeholder tokens from token 15 on: blocks 0-3 hold them
+    with vision_disk_server(model_dir, tmp_path / "kv") as first:
+        cold = ask_about_image(first, image)
+    prompt_tokens = cold.usage.prompt_tokens
+    loadable = (prompt_tokens - 1) // 16 * 16
+    assert loadable >= 64
+    with vision_disk_server(model_dir, tmp_path / "kv") as second:
+        warm = ask_about_image(second, image)
+        encoder = second.engine.core.runner.encoder_outputs  # an int read from the engine's thread's object
+        assert encoder is not None and encoder.num_encoded == 0
+        assert metric(second, "vllm:external_prefix_cache_hits_total") == loadable
+        assert warm.usage.prompt_tokens_details.cached_tokens == loadable
+        assert answer_ids(warm) == answer_ids(cold)
+        other = ask_about_image(second, png(12, (224, 168)))  # same token ids, other pixels
+        assert metric(second, "vllm:external_prefix_cache_hits_total") == loadable  # no new hit
+        assert not other.usage.prompt_tokens_details.cached_tokens  # block 0 already holds the image
+        assert encoder.num_encoded == 1

@@ -9,6 +9,7 @@ from metalserve.config import EngineConfig
 from metalserve.kvcache.connector.base import ConnectorOutput
 from metalserve.kvcache.connector.disk import DiskConnectorScheduler
 from metalserve.kvcache.connector.keys import StoreNamespace
+from metalserve.multimodal.inputs import MultiModalInput
 from metalserve.request import Request, RequestStatus
 from metalserve.sampling_params import SamplingParams
 from metalserve.scheduler.output import ModelRunnerOutput, SchedulerOutput
@@ -157,3 +158,57 @@ def test_keys_change_with_everything_that_changes_the_bytes() -> None:
         base.key(b"\x02" * 32),
     }
     assert len(keys) == 8 and all(len(k) == 64 for k in keys)
+
+
+def with_image(rid: str, pixels: bytes) -> Request:
+    """PROMPT_C with one image whose placeholders are tokens 10..29 (blocks 1-3; block 0 is text)."""
+    r = request(rid, PROMPT_C)
+    r.mm_inputs = [MultiModalInput(pixels, 10, 20, {})]
+    return r
+
+
+PROMPT_C = list(range(400, 433))  # 33 tokens: 4 loadable blocks
+
+
+@pytest.mark.parametrize(
+    ("intact", "computed", "encoded"),
+    [(4, 32, {}), (2, 16, {"a2": [0]}), (1, 8, {"a2": [0]})],  # whole image loaded / partly / not at all
+)
+def test_an_image_prompt_loads_from_disk_and_encodes_only_images_not_wholly_loaded(
+    intact: int, computed: int, encoded: dict[str, list[int]]
+) -> None:
+    first, index = make_scheduler()
+    first.add_request(with_image("a", b"cat"))
+    out = step(first, index)
+    assert out.scheduled_encoder_inputs == {"a": [0]}
+    run_to_end(first, index)
+    s, _ = make_scheduler(index=index)  # a restart: empty RAM prefix cache and encoder cache
+    s.add_request(with_image("a2", b"cat"))
+    meta = step(s, index).kv_connector_metadata
+    assert meta is not None and [t.block_id for t in meta.loads["a2"]] == [1, 2, 3, 4]
+    step(s, index, finished_loads={"a2": intact})
+    out = step(s, index)
+    new = out.scheduled_new_reqs[0]
+    assert (new.request_id, new.num_computed_tokens) == ("a2", computed)
+    assert out.num_scheduled_tokens == {"a2": 33 - computed}
+    # The image's placeholders (10..29) wholly inside the loaded prefix need no encoder run; partly or
+    # not inside, it is encoded (the chunk reads its features from the first token after the prefix).
+    assert out.scheduled_encoder_inputs == encoded
+    run_to_end(s, index)
+    assert s.kv.num_free_blocks == s.kv.pool.num_usable_blocks and not s.encoder_cache.in_use
+
+
+def test_another_image_with_the_same_tokens_hits_only_the_text_block_before_it() -> None:
+    first, index = make_scheduler()
+    first.add_request(with_image("a", b"cat"))
+    run_to_end(first, index)
+    assert len(index.stored) == 4
+    s, _ = make_scheduler(index=index)
+    s.add_request(with_image("b", b"dog"))  # same token ids, other pixels
+    meta = step(s, index).kv_connector_metadata
+    assert meta is not None and [t.block_id for t in meta.loads["b"]] == [1]  # block 0 (tokens 0..7) only
+    step(s, index, finished_loads={"b": 1})
+    out = step(s, index)
+    assert out.scheduled_new_reqs[0].num_computed_tokens == 8 and out.scheduled_encoder_inputs == {"b": [0]}
+    run_to_end(s, index)
+    assert len(index.stored) == 7  # dog's blocks 1-3 written beside cat's
