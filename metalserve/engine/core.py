@@ -200,7 +200,7 @@ class EngineCore:
             outputs += self.scheduler.update_from_output(previous[0], self.runner.finish(previous[1]))
             previous = None
         so = self.scheduler.schedule()
-        if so.is_empty and self.scheduler.num_waiting_for_grammar:
+        if so.is_empty and (self.scheduler.num_waiting_for_grammar or self.scheduler.num_waiting_for_kv):
             time.sleep(GRAMMAR_POLL_S)
         result = self.runner.finish(previous[1]) if previous is not None else None
         if so.total_num_scheduled_tokens:
@@ -250,9 +250,6 @@ def async_scheduling_for(config: EngineConfig, speculation: SpeculativeConfig | 
         logger.info(
             "async scheduling: off, speculative decoding needs each step's accepted drafts before it schedules the next"
         )
-        return False
-    if config.kv_disk_dir is not None:
-        logger.info("async scheduling: off, the KV disk tier matches its loads and saves to steps in order")
         return False
     logger.info("async scheduling: on (step k+1 is scheduled while step k computes)")
     return True

@@ -27,13 +27,16 @@ from tests.engine.test_kv_disk_window import make_core as make_window_core
 
 
 @contextmanager
-def disk_server(directory: Path, kv_dtype: str = "auto", windowed: bool = False) -> Iterator[Served]:
+def disk_server(
+    directory: Path, kv_dtype: str = "auto", windowed: bool = False, async_scheduling: bool | None = None
+) -> Iterator[Served]:
     """`windowed`: a tiny gemma3_text (full-attention and sliding-window layer groups)."""
     thread = EngineThread()  # as the server does: the core is built on the thread that steps it
     if windowed:
         core = thread.call(lambda: make_window_core(directory))
     else:
-        core = thread.call(lambda: make_core(directory, kv_dtype=kv_dtype))
+        core = thread.call(lambda: make_core(directory, kv_dtype=kv_dtype, async_scheduling=async_scheduling))
+    assert core.async_scheduling is bool(async_scheduling)
     engine = AsyncEngine(
         core, tiny_tokenizer(), model_name="tiny", max_model_len=128, eos_token_ids=set(), thread=thread
     )
@@ -52,13 +55,18 @@ def metric(served: Served, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
-@pytest.mark.parametrize("kv_dtype", ["auto", "int8"])  # int8: codes and scales come back together
-def test_a_restarted_server_serves_the_prefix_from_disk(tmp_path: Path, kv_dtype: str) -> None:
-    with disk_server(tmp_path, kv_dtype) as first:
+@pytest.mark.parametrize(
+    ("kv_dtype", "async_scheduling"),
+    [("auto", None), ("int8", None), ("auto", True)],  # int8: codes and scales come back together
+)
+def test_a_restarted_server_serves_the_prefix_from_disk(
+    tmp_path: Path, kv_dtype: str, async_scheduling: bool | None
+) -> None:
+    with disk_server(tmp_path, kv_dtype, async_scheduling=async_scheduling) as first:
         cold = complete(first)
         assert metric(first, "vllm:external_prefix_cache_hits_total") == 0
     assert len(list(tmp_path.glob("*.safetensors"))) == 5  # written through; shutdown finished the queue
-    with disk_server(tmp_path, kv_dtype) as second:  # the first one's shutdown finished its queued saves
+    with disk_server(tmp_path, kv_dtype, async_scheduling=async_scheduling) as second:  # shutdown saved them all
         warm = complete(second)
         assert metric(second, "vllm:external_prefix_cache_hits_total") == 32
         assert metric(second, "vllm:external_prefix_cache_queries_total") == 40

@@ -32,9 +32,15 @@ PER_BLOCK = 2 * 2 * 2 * 16 * 4 * BLOCK  # layers * (K, V) * kv heads * head_dim 
 
 
 def make_core(
-    directory: Path | str | None, *, blocks: int = 64, size: int | None = None, kv_dtype: str = "auto"
+    directory: Path | str | None,
+    *,
+    blocks: int = 64,
+    size: int | None = None,
+    kv_dtype: str = "auto",
+    async_scheduling: bool | None = None,
 ) -> EngineCore:
     config = EngineConfig(
+        async_scheduling=async_scheduling,
         kv_cache_memory=blocks * PER_BLOCK,
         block_size=BLOCK,
         max_num_batched_tokens=64,

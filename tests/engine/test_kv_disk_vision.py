@@ -21,9 +21,11 @@ BLOCK = 16
 BRIEF = {"role": "system", "content": "Be brief."}  # 26 tokens before the image: one full text block
 
 
-def make_core(directory: Path | None) -> EngineCore:
+def make_core(directory: Path | None, async_scheduling: bool | None = None) -> EngineCore:
     extra = {} if directory is None else {"kv_disk_dir": str(directory)}
-    return vl_engine("qwen2_vl", block_size=BLOCK, **extra)
+    core = vl_engine("qwen2_vl", block_size=BLOCK, async_scheduling=async_scheduling, **extra)
+    assert core.async_scheduling is bool(async_scheduling)
+    return core
 
 
 def connector(core: EngineCore) -> DiskConnectorScheduler:
@@ -60,8 +62,9 @@ def prompts() -> dict[str, tuple[list[int], list[MultiModalInput]]]:
     return {"cat": cat, "dog": dog}
 
 
+@pytest.mark.parametrize("async_scheduling", [None, True])
 def test_an_image_prompt_comes_back_from_disk_after_a_restart(
-    tmp_path: Path, prompts: dict[str, tuple[list[int], list[MultiModalInput]]]
+    tmp_path: Path, prompts: dict[str, tuple[list[int], list[MultiModalInput]]], async_scheduling: bool | None
 ) -> None:
     cat, dog = prompts["cat"], prompts["dog"]
     cold = make_core(None)
@@ -69,12 +72,12 @@ def test_an_image_prompt_comes_back_from_disk_after_a_restart(
     [(want_dog, _)] = serve(cold, [dog], tag="d")
     assert want != want_dog
 
-    first = make_core(tmp_path)
+    first = make_core(tmp_path, async_scheduling)
     [(got, _)] = serve(first, [cat])
     assert got == want and num_encoded(first) == 1
     first.close()
 
-    second = make_core(tmp_path)  # a restart on the same directory
+    second = make_core(tmp_path, async_scheduling)  # a restart on the same directory
     [(got, cached)] = serve(second, [cat])
     loadable = (len(cat[0]) - 1) // BLOCK * BLOCK
     assert disk_hits(second) == cached == loadable > cat[1][0].end
@@ -82,7 +85,7 @@ def test_an_image_prompt_comes_back_from_disk_after_a_restart(
     assert got == want
     second.close()
 
-    third = make_core(tmp_path)  # another image, same token ids: only block 0 (text) is the same
+    third = make_core(tmp_path, async_scheduling)  # another image, same token ids: only block 0 (text) is the same
     [(got, cached)] = serve(third, [dog])
     assert disk_hits(third) == cached == BLOCK
     assert num_encoded(third) == 1 and got == want_dog

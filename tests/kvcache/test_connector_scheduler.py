@@ -212,3 +212,27 @@ def test_another_image_with_the_same_tokens_hits_only_the_text_block_before_it()
     assert out.scheduled_new_reqs[0].num_computed_tokens == 8 and out.scheduled_encoder_inputs == {"b": [0]}
     run_to_end(s, index)
     assert len(index.stored) == 7  # dog's blocks 1-3 written beside cat's
+
+
+def test_under_async_scheduling_a_block_completed_by_a_placeholder_is_saved_with_the_next_step() -> None:
+    """Lookahead: step k+1 is scheduled before step k's token is known. The step whose placeholder
+    completes a block cannot key it (its last token is unknown); the next step's saves carry it, and the
+    worker reads saves out after that step's forward, so after the one that computed the block."""
+    s, index = make_scheduler()
+    s.lookahead = True
+    s.add_request(request("a", list(range(100, 107)), max_tokens=4))  # 7 tokens: block 0 ends at the 8th
+    out1 = s.schedule()
+    assert out1.num_scheduled_tokens == {"a": 7} and out1.kv_connector_metadata is None
+    out2 = s.schedule()  # before step 1's token is in: position 7 is a placeholder, block 0 is full
+    assert out2.num_scheduled_tokens == {"a": 1} and out2.kv_connector_metadata is None
+    s.update_from_output(out1, ModelRunnerOutput({"a": [7]}))
+    out3 = s.schedule()  # token 7 is known now: block 0 can be keyed
+    meta = out3.kv_connector_metadata
+    assert meta is not None and [t.block_id for t in meta.saves] == [1]
+    index.commit(meta)
+    s.update_from_output(out2, ModelRunnerOutput({"a": [8]}))
+    out4 = s.schedule()
+    assert out4.kv_connector_metadata is None  # offered once
+    s.update_from_output(out3, ModelRunnerOutput({"a": [9]}))
+    s.update_from_output(out4, ModelRunnerOutput({"a": [10]}))
+    assert not s.requests and len(index.stored) == 1

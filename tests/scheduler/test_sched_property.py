@@ -102,13 +102,16 @@ class FakeRunner:
         self.slots: dict[tuple[int, int, int], int] = {}  # (group, block, offset) -> token id
         self.states: dict[tuple[int, int], tuple[int, ...]] = {}  # (group, block) -> tokens seen
 
-    def forward(self, s: Scheduler, out: SchedulerOutput) -> None:
+    def forward(self, s: Scheduler, out: SchedulerOutput, requests: dict[str, Request] | None = None) -> None:
         """Every token a step reads must be in the pool after the whole step wrote (as a batched
-        forward does: a block freed and reused in the same step is overwritten before it is read)."""
+        forward does: a block freed and reused in the same step is overwritten before it is read).
+        `requests`: the step's requests when some may have left the scheduler since it was scheduled
+        (async scheduling: they finished on the token before; their blocks are not reused yet)."""
+        requests = s.requests if requests is None else requests
         steps = []
         for rid, n in out.num_scheduled_tokens.items():
             done = self.computed[rid] - n
-            steps.append((rid, done, s.requests[rid].token_ids_between(0, done + n)))
+            steps.append((rid, done, requests[rid].token_ids_between(0, done + n)))
         for rid, done, tokens in steps:  # a state is read before its own update
             for g, (spec, table) in enumerate(zip(self.specs, self.tables[rid], strict=True)):
                 if isinstance(spec, RecurrentState) and done:
@@ -121,6 +124,8 @@ class FakeRunner:
         for rid, done, tokens in steps:
             for g, (spec, table) in enumerate(zip(self.specs, self.tables[rid], strict=True)):
                 self._check_reads(g, spec, table, done, tokens, rid, writers)
+                if rid not in s.requests:
+                    continue
                 # What the step reads and writes the manager still holds (not given back to the pool).
                 needed = {(len(tokens) - 1) // BS}  # the last token's block (its KV, or the new state)
                 if isinstance(spec, RecurrentState):

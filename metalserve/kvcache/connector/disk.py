@@ -75,6 +75,7 @@ class DiskConnectorScheduler(KVConnectorScheduler):
         self._loads: dict[str, list[BlockTransfer]] = {}  # allocated, not yet sent to the worker
         self._plans: dict[str, _LoadPlan] = {}  # matched or loading: what each transfer stands for
         self._queried: set[str] = set()  # requests counted in `queries` (a retried admission counts once)
+        self._offered: dict[str, int] = {}  # request -> its blocks offered for saving so far
         self.queries = 0
         self.hits = 0
 
@@ -172,7 +173,12 @@ class DiskConnectorScheduler(KVConnectorScheduler):
         for rid, n in scheduled.items():
             request = requests[rid]
             after = min(request.num_computed_tokens, request.num_tokens) // bs
+            # Under async scheduling a block completed by a token still being sampled (a placeholder)
+            # cannot be keyed in its own step: it is offered with the next one, whose saves are read out
+            # after that step's forward, so after the one that computed the block.
             before = (request.num_computed_tokens - n) // bs
+            before = min(before, self._offered.get(rid, before))
+            self._offered[rid] = after
             if after <= before:
                 continue
             hashes = self._chain_hashes(request, after)
@@ -189,6 +195,7 @@ class DiskConnectorScheduler(KVConnectorScheduler):
 
     def request_finished(self, request: Request) -> None:
         self._plans.pop(request.request_id, None)
+        self._offered.pop(request.request_id, None)
         self._queried.discard(request.request_id)
 
     def stats(self) -> ConnectorStats:
