@@ -11,6 +11,7 @@ Greedy decoding throughout: every arm must produce the same texts (checked; a mi
 
     python bench/disk_tier.py                      # the default model, ~3,700-token system prompt
     python bench/disk_tier.py --system-chars 4000  # a quicker, smaller run
+    python bench/disk_tier.py --server-flags=--async-scheduling  # every server with async scheduling
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import httpx
 SONNETS = Path(__file__).resolve().parents[2] / "shared" / "data" / "sonnet.txt"
 Message = dict[str, str]
 MODEL = "default"  # the served model's name, read from /v1/models when a server starts
+SERVER_FLAGS: list[str] = []  # --server-flags: given to every server of every arm
 
 
 def system_prompt(chars: int, offset: int = 0) -> str:
@@ -58,7 +60,18 @@ def free_port() -> int:
 def server(flags: list[str], log: Path) -> Iterator[str]:
     """`metalserve serve` on a free port until the block ends (SIGTERM: a graceful stop)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "metalserve.cli", "serve", "--port", str(port), "--log-stats-interval", "0", *flags]
+    cmd = [
+        sys.executable,
+        "-m",
+        "metalserve.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--log-stats-interval",
+        "0",
+        *SERVER_FLAGS,
+        *flags,
+    ]
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         base = f"http://127.0.0.1:{port}"
@@ -198,7 +211,11 @@ def main() -> None:
     parser.add_argument("--pressure-system-chars", type=int, default=8000)
     parser.add_argument("--arms", default="restart,pressure")
     parser.add_argument("--json", default=None, help="write the results here too")
+    parser.add_argument(
+        "--server-flags", default="", help="more flags for every server, e.g. --server-flags=--async-scheduling"
+    )
     args = parser.parse_args()
+    SERVER_FLAGS.extend(args.server_flags.split())
     work = Path(tempfile.mkdtemp(prefix="disk_tier_"))
     log = work / "servers.log"
     print(f"work directory {work} (server logs: {log})", flush=True)
