@@ -1,7 +1,8 @@
-"""The disk tier with images (a tiny random Qwen2-VL): a returning image prompt loads its prefix from disk
-after a restart and gives the tokens of a cold run; the image's content hash is in every key of a block
-holding its placeholders, so another image with the same token ids hits only the text before it; an
-image wholly inside the loaded prefix is not run through the tower, one partly inside still is."""
+"""The disk tier with images (tiny random Qwen2-VL and Gemma 3 built with mlx-vlm's classes): a returning
+image prompt loads its prefix from disk after a restart and gives the tokens of a cold run; the image's
+content hash is in every key of a block holding its placeholders, so another image with the same token ids
+hits only the text before it; an image wholly inside the loaded prefix is not run through the tower, one
+partly inside still is."""
 
 from __future__ import annotations
 
@@ -143,3 +144,36 @@ def test_the_fingerprint_covers_the_vision_tower_and_the_image_processor() -> No
     prints = [fingerprint(x) for x in (base, retuned, resized, text_only)]
     assert len(set(prints)) == 4
     assert fingerprint(loaded_vlm(build("qwen2_vl"), "qwen2_vl")) == prints[0]  # the same model again
+
+
+def test_gemma3_images_with_sliding_window_layers_come_back_from_disk_mid_image(tmp_path: Path) -> None:
+    """Gemma 3: a sliding-window layer group beside the full one, and image tokens that attend to each
+    other both ways. The load stops inside the image (the full group's block 3 is gone): the rest of the
+    image is computed from the tower's output, seeing the loaded image tokens, as after a RAM hit there."""
+    from tests.multimodal.tiny_gemma3 import BOI, gemma3_engine
+    from tests.multimodal.tiny_gemma3 import prompt as gemma3_prompt
+
+    tokens, images = gemma3_prompt([2, *range(10, 29), 9, BOI, *range(30, 40)], [png(1, (56, 56))])
+    image = images[0]
+    assert (image.offset, image.end, len(tokens)) == (22, 26, 37)  # blocks of 8: the image spans blocks 2 and 3
+
+    def core(directory: Path | None) -> EngineCore:
+        extra = {} if directory is None else {"kv_disk_dir": str(directory)}
+        return gemma3_engine(block_size=8, **extra)  # type: ignore[no-any-return]
+
+    [(want, _)] = serve(core(None), [(tokens, images)], tag="c")
+    first = core(tmp_path)
+    serve(first, [(tokens, images)])
+    first.close()
+    assert connector(first).windows == [8, None] or connector(first).windows == [None, 8]
+    full = connector(first).windows.index(None)
+    probe = Request("probe", list(tokens), SamplingParams(), mm_inputs=list(images))
+    first.scheduler.kv.hash_prompt(probe)
+    # Gone before the restart indexes the directory: the window group's loads are planned for 3 blocks.
+    (tmp_path / (connector(first).namespaces[full].key(probe.block_hashes[3]) + SUFFIX)).unlink()
+    second = core(tmp_path)
+    [(got, cached)] = serve(second, [(tokens, images)])
+    assert disk_hits(second) == cached == 24 and image.offset < cached < image.end
+    assert num_encoded(second) == 1
+    assert got == want
+    second.close()
