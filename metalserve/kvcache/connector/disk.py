@@ -147,7 +147,7 @@ class DiskConnectorScheduler(KVConnectorScheduler):
     def _longest_end(self, first: int, last: int, has: Callable[[int, int], bool]) -> int:
         """The longest prefix end in [first, last] (blocks) for which every group has (`has(block, group)`)
         what it needs past the RAM hit of `first` blocks; `first` when none. Linear in the blocks: full
-        groups need a run from `first`, window groups are checked by running counts of their misses."""
+        groups need a run from `first`, window and state groups are checked by running counts of their misses."""
         end = last
         for g, window in enumerate(self.windows):
             if window is None:
