@@ -13,6 +13,7 @@ import pytest
 from metalserve.engine.core import EngineCore
 from metalserve.kvcache.connector.disk import DiskConnectorScheduler
 from metalserve.kvcache.connector.store import SUFFIX
+from metalserve.loader import LoadedModel
 from metalserve.multimodal.inputs import MultiModalInput
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
@@ -116,8 +117,6 @@ def test_an_image_partly_inside_the_loaded_prefix_is_still_encoded(
 def test_the_fingerprint_covers_the_vision_tower_and_the_image_processor() -> None:
     """An image's pages come from the tower's weights and from the processor's pixels (the content hash
     in the chain is taken before processing): a change to either is another model on disk."""
-    from types import SimpleNamespace
-
     from mlx.utils import tree_flatten, tree_unflatten
 
     from metalserve.engine.kv_disk import fingerprinted
@@ -126,10 +125,8 @@ def test_the_fingerprint_covers_the_vision_tower_and_the_image_processor() -> No
     from tests.multimodal.tiny_vlm import build, config
     from tests.multimodal.vl_golden import loaded_vlm
 
-    layout = SimpleNamespace(tensors=(), groups=())
-
-    def fingerprint(loaded: object) -> str:
-        return model_fingerprint(*fingerprinted(loaded, layout))  # type: ignore[arg-type]
+    def fingerprint(loaded: LoadedModel) -> str:
+        return model_fingerprint(*fingerprinted(loaded, {"tensors": [], "groups": []}))
 
     base = loaded_vlm(build("qwen2_vl"), "qwen2_vl")
     retuned = loaded_vlm(build("qwen2_vl"), "qwen2_vl")

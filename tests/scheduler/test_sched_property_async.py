@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from metalserve.config import EngineConfig
 from metalserve.kvcache.connector.base import ConnectorOutput
-from metalserve.kvcache.connector.disk import DiskConnectorScheduler
+from metalserve.kvcache.connector.disk import DiskConnectorScheduler, group_needs
 from metalserve.kvcache.connector.keys import StoreNamespace
-from metalserve.kvcache.specs import FullAttention, SlidingWindow
+from metalserve.kvcache.specs import FullAttention
 from metalserve.request import Request, RequestStatus
 from metalserve.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from metalserve.scheduler.scheduler import Scheduler
@@ -128,8 +128,8 @@ def run(cfg_kwargs: dict[str, Any], extra_blocks: int, groups: str, ops: list[tu
     disk = None
     if groups in DISK_MODES and cfg.enable_prefix_caching:
         index = MemoryIndex()
-        windows = [g.window if isinstance(g, SlidingWindow) else None for g in specs or [FullAttention()]]
-        s.set_connector(DiskConnectorScheduler(index, StoreNamespace("m", block_size=BS), s.kv.chain_hashes, windows))
+        needs = group_needs(specs or [FullAttention()])
+        s.set_connector(DiskConnectorScheduler(index, StoreNamespace("m", block_size=BS), s.kv.chain_hashes, needs))
         disk = FakeDiskWorker(index)
     engine = PipelinedEngine(s, cfg, FakeRunner(specs or [FullAttention()]), disk)
     rng = random.Random(0)
