@@ -101,3 +101,26 @@ def test_slow_loads_finish_before_the_step_that_reads_them(tmp_path: Path, monke
     assert [got[f"r{i}"] for i in range(len(prompts))] == want
     assert disk_hits(second) == 32 + 32
     second.close()
+
+
+def test_a_hybrid_models_snapshot_reached_while_decoding_is_saved_under_async_scheduling(tmp_path: Path) -> None:
+    """A recurrent-state snapshot at a block boundary that a placeholder token reached: its block is
+    keyed one step late, and its state (the state that next step reads, not writes) is saved then."""
+    from tests.engine import test_kv_disk_hybrid as hybrid
+    from tests.models import golden
+
+    cold = golden.serve(hybrid.make_core(None), [hybrid.PROMPT], hybrid.N)[0].tokens
+    first = hybrid.make_core(tmp_path, async_scheduling=True)
+    assert first.async_scheduling
+    assert golden.serve(first, [hybrid.PROMPT], hybrid.N)[0].tokens == cold
+    first.close()
+    # 52 computed tokens: 3 full blocks of KV, and the snapshots at 16, 32 (prefill chunks) and 48 (decoding).
+    assert len(list(tmp_path.glob("*" + SUFFIX))) == 6
+
+    turn2 = hybrid.PROMPT + cold + [5, 6, 7, 8]  # 57 tokens: the prefix up to the snapshot at 48 loads
+    want = golden.serve(hybrid.make_core(None), [turn2], 4)[0].tokens
+    second = hybrid.make_core(tmp_path, async_scheduling=True)
+    got = golden.serve(second, [turn2], 4)[0]
+    assert disk_hits(second) == got.cached_tokens == 48
+    assert got.tokens == want
+    second.close()

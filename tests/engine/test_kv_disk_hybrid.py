@@ -24,9 +24,10 @@ PROMPT = prompts_of([45], seed=21)[0]  # chunks of 16 end at 16 and 32 (snapshot
 N = 8
 
 
-def make_core(directory: Path | None) -> EngineCore:
+def make_core(directory: Path | None, async_scheduling: bool | None = None) -> EngineCore:
     loaded = tiny_hybrid_loaded(MODEL)
     config = EngineConfig(
+        async_scheduling=async_scheduling,
         kv_cache_memory=bytes_per_block(loaded) * 64,
         block_size=BLOCK_SIZE,
         max_num_batched_tokens=16,

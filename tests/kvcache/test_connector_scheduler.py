@@ -7,8 +7,9 @@ import pytest
 
 from metalserve.config import EngineConfig
 from metalserve.kvcache.connector.base import ConnectorOutput
-from metalserve.kvcache.connector.disk import DiskConnectorScheduler
+from metalserve.kvcache.connector.disk import DiskConnectorScheduler, group_needs
 from metalserve.kvcache.connector.keys import StoreNamespace
+from metalserve.kvcache.specs import FullAttention, RecurrentState
 from metalserve.multimodal.inputs import MultiModalInput
 from metalserve.request import Request, RequestStatus
 from metalserve.sampling_params import SamplingParams
@@ -236,3 +237,26 @@ def test_under_async_scheduling_a_block_completed_by_a_placeholder_is_saved_with
     s.update_from_output(out3, ModelRunnerOutput({"a": [9]}))
     s.update_from_output(out4, ModelRunnerOutput({"a": [10]}))
     assert not s.requests and len(index.stored) == 1
+
+
+def test_under_async_scheduling_a_snapshot_reached_by_a_placeholder_is_saved_with_the_next_step() -> None:
+    """A hybrid model (a full-attention and a recurrent-state group): the placeholder step that ends block
+    0 writes the state snapshot into the state group's entry 0; the next step reads that entry (and writes
+    entry 1), and its saves carry block 0 of both groups."""
+    specs = [FullAttention(), RecurrentState()]
+    s = Scheduler(EngineConfig(block_size=BS, max_num_batched_tokens=64, max_num_seqs=4), 20, 64, kv_groups=specs)
+    index = MemoryIndex()
+    namespace = StoreNamespace("model-a", block_size=BS)
+    s.set_connector(DiskConnectorScheduler(index, namespace, s.kv.chain_hashes, group_needs(specs)))
+    s.lookahead = True
+    s.add_request(request("a", list(range(100, 107)), max_tokens=4))
+    out1 = s.schedule()
+    assert out1.scheduled_new_reqs[0].block_ids == ([1], [2])
+    out2 = s.schedule()  # the placeholder at position 7 ends block 0: state entry 0 holds the snapshot
+    assert out2.kv_connector_metadata is None
+    s.update_from_output(out1, ModelRunnerOutput({"a": [7]}))
+    out3 = s.schedule()
+    assert out3.scheduled_cached_reqs[0].new_block_ids == ([3], [4])  # the step writes state entry 1
+    assert s.kv.get_block_ids("a") == ([1, 3], [2, 4])  # and reads entry 0 (block 2), not freed yet
+    meta = out3.kv_connector_metadata
+    assert meta is not None and [(t.block_id, t.group) for t in meta.saves] == [(1, 0), (2, 1)]

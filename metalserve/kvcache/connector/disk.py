@@ -206,21 +206,25 @@ class DiskConnectorScheduler(KVConnectorScheduler):
             # Under async scheduling a block completed by a token still being sampled (a placeholder)
             # cannot be keyed in its own step: it is offered with the next one, whose saves are read out
             # after that step's forward, so after the one that computed the block.
-            before = (request.num_computed_tokens - n) // bs
-            before = min(before, self._offered.get(rid, before))
+            start = (request.num_computed_tokens - n) // bs
+            before = min(start, self._offered.get(rid, start))
             self._offered[rid] = after
             if after <= before:
                 continue
             hashes = self._chain_hashes(request, after)
             tables = block_ids(rid)
-            # A state group's only snapshot is the state after the step's last token, if that ends a block.
-            snapshot = after - 1 if request.num_computed_tokens == after * bs else None
+            # A state group's snapshots: the state after the step's last token, if that ends a block, and
+            # the state the step reads, if that is at a block boundary (a block offered late, above: this
+            # step reads that entry and writes another, so it still holds the snapshot after the forward).
+            snapshots = {after - 1} if request.num_computed_tokens == after * bs else set()
+            if request.num_computed_tokens - n == start * bs:
+                snapshots.add(start - 1)
             for i in range(before, after):
                 for g, table in enumerate(tables):
                     if i >= len(table) or table[i] == self.null_block_id:
                         continue  # behind a window: this group no longer holds the block
-                    if self.windows[g] == RECURRENT_STATE and i != snapshot:
-                        continue  # the entry holds the state of another position (the one this step read)
+                    if self.windows[g] == RECURRENT_STATE and i not in snapshots:
+                        continue  # the entry holds the state of another position
                     key = self._key(request, hashes[i], g)
                     if not self.store.has_or_pending(key):
                         self.store.mark_pending(key)
