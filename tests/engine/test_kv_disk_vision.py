@@ -94,17 +94,18 @@ def test_an_image_prompt_comes_back_from_disk_after_a_restart(
     third.close()
 
 
+@pytest.mark.parametrize("async_scheduling", [None, True])
 def test_an_image_partly_inside_the_loaded_prefix_is_still_encoded(
-    tmp_path: Path, prompts: dict[str, tuple[list[int], list[MultiModalInput]]]
+    tmp_path: Path, prompts: dict[str, tuple[list[int], list[MultiModalInput]]], async_scheduling: bool | None
 ) -> None:
     cat = prompts["cat"]
     cold = make_core(None)
     [(want, _)] = serve(cold, [cat], tag="c")
-    first = make_core(tmp_path)
+    first = make_core(tmp_path, async_scheduling)
     serve(first, [cat])
     first.close()
 
-    second = make_core(tmp_path)
+    second = make_core(tmp_path, async_scheduling)
     block_file(second, tmp_path, *cat, 3).unlink()  # the load stops before block 3: tokens 48.. are recomputed
     [(got, cached)] = serve(second, [cat])
     image = cat[1][0]
