@@ -10,10 +10,10 @@ from metalserve.executor.connector.disk import DiskConnectorWorker
 from metalserve.executor.connector.fingerprint import model_fingerprint
 from metalserve.executor.connector.pages import supported
 from metalserve.executor.runner import ModelRunner
-from metalserve.kvcache.connector.disk import DiskConnectorScheduler
+from metalserve.kvcache.connector.disk import DiskConnectorScheduler, group_needs
 from metalserve.kvcache.connector.keys import StoreNamespace
 from metalserve.kvcache.connector.store import DiskStore
-from metalserve.kvcache.specs import KVCacheSpec, LayerGroupSpec, RecurrentState, SlidingWindow
+from metalserve.kvcache.specs import KVCacheSpec, LayerGroupSpec, RecurrentState
 from metalserve.loader import LoadedModel
 from metalserve.scheduler.scheduler import Scheduler
 
@@ -21,21 +21,14 @@ logger = logging.getLogger("metalserve.kv_disk")
 
 
 def disk_tier_problem(groups: Sequence[LayerGroupSpec], spec: KVCacheSpec | None = None) -> str | None:
-    """Why the disk tier cannot serve a model with these layer groups yet, or None. Full attention (MLA
-    latents included) and sliding windows are served, quantized pages (int8/q4) too: their codes, scales
-    and biases are stored, keyed by the storage dtype."""
-    if any(isinstance(g, RecurrentState) for g in groups):
-        kinds = ", ".join(type(g).__name__ for g in groups)
-        return (
-            f"the disk tier does not store recurrent-state snapshots yet, and this hybrid model has {kinds} "
-            f"layer groups"
-        )
+    """Why the disk tier cannot serve a model with these layer groups, or None. Full attention (MLA
+    latents included), sliding windows and recurrent states (hybrid models: the snapshot at each block
+    boundary) are served, quantized pages (int8/q4) too: their codes, scales and biases are stored, keyed
+    by the storage dtype."""
+    for i, g in enumerate(groups):
+        if isinstance(g, RecurrentState) and not g.snapshots:
+            return f"layer group {i} keeps a recurrent state that cannot be snapshotted"
     return None
-
-
-def group_windows(groups: Sequence[LayerGroupSpec]) -> list[int | None]:
-    """Each layer group's sliding window in tokens (None: full attention): what a prefix hit needs of it."""
-    return [g.window if isinstance(g, SlidingWindow) else None for g in groups]
 
 
 def attach_disk_tier(
@@ -49,13 +42,16 @@ def attach_disk_tier(
         problem = f"the attention backend {runner.backend.name!r} keeps pools the disk tier cannot read"
     if problem is not None:
         raise ConfigError(f"--kv-disk-dir: {problem}; start without --kv-disk-dir")
-    fingerprint = model_fingerprint(loaded.model, loaded.model_type, {"tensors": spec.tensors, "groups": spec.groups})
+    layout: dict[str, object] = {"tensors": spec.tensors, "groups": spec.groups}
+    if runner.states is not None:  # a hybrid model: its state slots are stored too
+        layout["states"] = runner.states.pool.layout
+    fingerprint = model_fingerprint(loaded.model, loaded.model_type, layout)
     store = DiskStore(config.kv_disk_dir, config.kv_disk_bytes)
     # The storage dtype from the spec family: the model's float dtype under "auto", else int8 / q4g64.
     # The connector keys each layer group apart (the group index is in the key).
     namespace = StoreNamespace(fingerprint, 0, spec.page.key, config.block_size)
-    windows = group_windows(spec.groups)
-    scheduler.set_connector(DiskConnectorScheduler(store, namespace, scheduler.kv.chain_hashes, windows))
-    runner.connector = DiskConnectorWorker(store, config.block_size)
+    needs = group_needs(spec.groups)
+    scheduler.set_connector(DiskConnectorScheduler(store, namespace, scheduler.kv.chain_hashes, needs))
+    runner.connector = DiskConnectorWorker(store, config.block_size, runner.states)
     logger.info("KV disk tier: model fingerprint %s, blocks of %d tokens", fingerprint, config.block_size)
     return store

@@ -36,6 +36,10 @@ class FullAttentionGroup:
     def release_skipped(self, request_id: str, num_computed: int) -> None:
         """Free the entries the next tokens no longer read (none for full attention)."""
 
+    def release_unloaded(self, request_id: str, num_computed: int) -> None:
+        """A connector's load ended short at `num_computed` tokens: give back the entries that only the
+        lost part of the load needed (none for attention: the recompute writes into them)."""
+
     def num_new_blocks(self, table_len: int, num_tokens: int) -> int:
         return max(-(-num_tokens // self.block_size) - table_len, 0)
 
@@ -146,6 +150,17 @@ class RecurrentStateGroup(FullAttentionGroup):
         table = self.tables.get(request_id)
         if table is not None and num_computed > 0:
             self._drop(table, min((num_computed - 1) // self.block_size, len(table)))
+
+    def release_unloaded(self, request_id: str, num_computed: int) -> None:
+        """The table must end at the state of `num_computed` tokens, so the next step writes a new entry:
+        the entry a lost snapshot was to load into goes back (and everything, from zero tokens)."""
+        table = self.tables.get(request_id)
+        keep = (num_computed - 1) // self.block_size + 1 if num_computed > 0 else 0
+        if table is None or len(table) <= keep:
+            return
+        null = self.pool.null_block
+        self.pool.free_blocks(reversed([b for b in table[keep:] if b is not null]))
+        del table[keep:]
 
     def num_new_blocks(self, table_len: int, num_tokens: int) -> int:
         return 1 if -(-num_tokens // self.block_size) > table_len else 0

@@ -178,9 +178,13 @@ class KVCacheManager:
         self.fast_limit.pop(request.request_id, None)
 
     def release_skipped(self, request: Request, num_computed: int) -> None:
-        """Give back the entries no group reads once `num_computed` tokens are computed (behind a window)."""
+        """After a connector's load: give back the entries no group reads once `num_computed` tokens are
+        computed (behind a window, a state before the last), and those a load that ended short left
+        unused (a state entry past the state of `num_computed` tokens)."""
         for group in self.groups:
             group.release_skipped(request.request_id, num_computed)
+            group.release_unloaded(request.request_id, num_computed)
+        self.fast_limit.pop(request.request_id, None)  # the tables changed: the next allocation looks again
 
     def chain_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
         """The hash chain of the request's first `num_blocks` full blocks (the KV connector's keys)."""

@@ -60,7 +60,8 @@ class KVLoads:
                 continue
             request.num_computed_tokens += self.connector.num_loaded_tokens(request, num_intact)
             # Window groups got blocks for every position, but only those in the window of the prefix end
-            # were loaded: the others go back now, before anything publishes them with stale pages.
+            # were loaded: the others go back now, before anything publishes them with stale pages. A state
+            # group keeps only the state it resumes from (a snapshot lost in the load gives its entry back).
             self.kv.release_skipped(request, request.num_computed_tokens)
             request.num_cached_tokens = request.num_computed_tokens
             request.status = RequestStatus.WAITING

@@ -22,7 +22,7 @@ from metalserve.config import ConfigError, EngineConfig
 from metalserve.kvcache.block_pool import NUM_RESERVED_BLOCKS
 from metalserve.kvcache.connector.base import KVConnectorScheduler
 from metalserve.kvcache.manager import BlockIds, KVCacheManager
-from metalserve.kvcache.specs import LayerGroupSpec, RecurrentState
+from metalserve.kvcache.specs import LayerGroupSpec
 from metalserve.outputs import EngineCoreOutput
 from metalserve.request import Request, RequestStatus
 from metalserve.scheduler.encoder_cache import EncoderCacheManager, EncoderPlan
@@ -91,9 +91,9 @@ class Scheduler:
             self._victim_key = lambda r: (0, r.arrival_time)
 
     def set_connector(self, connector: KVConnectorScheduler) -> None:
-        """Attach a KV connector's scheduler half (kvcache/connector/): external prefix hits and saves."""
-        if any(isinstance(s, RecurrentState) for s in self.kv.specs):
-            raise ValueError("a KV connector cannot serve recurrent-state layer groups (their snapshots)")
+        """Attach a KV connector's scheduler half (kvcache/connector/): external prefix hits and saves.
+        ValueError: the connector was built for other layer groups than this KV manager's."""
+        connector.check_groups(self.kv.specs)
         self.kv_loads = KVLoads(connector, self.kv, self.config.block_size)
 
     @property

@@ -22,16 +22,23 @@ from metalserve.scheduler.stats import SchedulerStats
 from tests.api.conftest import Served, live
 from tests.api.fakes import tiny_tokenizer
 from tests.engine.test_kv_disk import PROMPT, make_core
+from tests.engine.test_kv_disk_hybrid import PROMPT as HYBRID_PROMPT
+from tests.engine.test_kv_disk_hybrid import make_core as make_hybrid_core
 from tests.engine.test_kv_disk_window import PROMPT as WINDOW_PROMPT
 from tests.engine.test_kv_disk_window import make_core as make_window_core
 
 
 @contextmanager
-def disk_server(directory: Path, kv_dtype: str = "auto", windowed: bool = False) -> Iterator[Served]:
-    """`windowed`: a tiny gemma3_text (full-attention and sliding-window layer groups)."""
+def disk_server(
+    directory: Path, kv_dtype: str = "auto", windowed: bool = False, hybrid: bool = False
+) -> Iterator[Served]:
+    """`windowed`: a tiny gemma3_text (full-attention and sliding-window layer groups); `hybrid`: a tiny
+    qwen3_5 (full-attention and recurrent-state layer groups)."""
     thread = EngineThread()  # as the server does: the core is built on the thread that steps it
     if windowed:
         core = thread.call(lambda: make_window_core(directory))
+    elif hybrid:
+        core = thread.call(lambda: make_hybrid_core(directory))
     else:
         core = thread.call(lambda: make_core(directory, kv_dtype=kv_dtype))
     engine = AsyncEngine(
@@ -77,6 +84,19 @@ def test_a_restarted_server_serves_a_sliding_window_model_from_disk(tmp_path: Pa
         assert metric(second, "vllm:external_prefix_cache_hits_total") == 40
     # Greedy text equal to the cold run (the tokens against a run without the disk tier:
     # tests/engine/test_kv_disk_window.py).
+    assert warm.choices[0].text == cold.choices[0].text
+
+
+def test_a_restarted_server_serves_a_hybrid_model_from_disk_with_its_state_snapshot(tmp_path: Path) -> None:
+    with disk_server(tmp_path, hybrid=True) as first:
+        cold = complete(first, HYBRID_PROMPT)
+    assert len(list(tmp_path.glob("*.safetensors"))) == 6  # 3 blocks of KV and 3 snapshots (16, 32, 48)
+    with disk_server(tmp_path, hybrid=True) as second:
+        warm = complete(second, HYBRID_PROMPT)
+        # 2 blocks of KV and the state after token 32: prefill resumed at 32 of the 45 prompt tokens.
+        assert metric(second, "vllm:external_prefix_cache_hits_total") == 32
+    # Greedy text equal to the cold run (the tokens against a run without the disk tier, and against one
+    # whose snapshot is not loaded: tests/engine/test_kv_disk_hybrid.py).
     assert warm.choices[0].text == cold.choices[0].text
 
 

@@ -209,12 +209,12 @@ def test_int8_pages_come_back_from_disk_with_their_scales(tmp_path: Path) -> Non
     other.close()
 
 
-def test_hybrid_models_are_refused_at_start_up(tmp_path: Path) -> None:
+def test_a_recurrent_state_without_snapshots_is_refused_at_start_up(tmp_path: Path) -> None:
     core = make_core(tmp_path)
     config = EngineConfig(block_size=BLOCK, kv_disk_dir=str(tmp_path))
     spec = core.runner.spec
-    hybrid = replace(spec, groups=(*spec.groups, RecurrentState(layers=(1,), state_bytes=64)))
-    with pytest.raises(ConfigError, match="--kv-disk-dir: the disk tier does not store recurrent-state snapshots"):
+    hybrid = replace(spec, groups=(*spec.groups, RecurrentState(layers=(1,), snapshots=False, state_bytes=64)))
+    with pytest.raises(ConfigError, match="--kv-disk-dir: layer group 1 keeps a recurrent state that cannot be snap"):
         attach_disk_tier(config, tiny_loaded(), hybrid, core.scheduler, core.runner)
     assert isinstance(spec.groups[0], FullAttention) and spec.page.key == "float32"
     core.close()

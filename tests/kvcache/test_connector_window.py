@@ -9,7 +9,7 @@ import pytest
 from metalserve.config import EngineConfig
 from metalserve.kvcache.connector.disk import DiskConnectorScheduler
 from metalserve.kvcache.connector.keys import StoreNamespace
-from metalserve.kvcache.specs import FullAttention, RecurrentState, SlidingWindow
+from metalserve.kvcache.specs import FullAttention, SlidingWindow
 from metalserve.request import Request, RequestStatus
 from metalserve.scheduler.scheduler import Scheduler
 from tests.kvcache.connector_helpers import MemoryIndex
@@ -127,9 +127,10 @@ def test_a_partial_load_keeps_only_a_prefix_whose_window_blocks_arrived() -> Non
     assert s.kv.num_free_blocks == s.kv.pool.num_usable_blocks
 
 
-def test_a_connector_is_refused_for_recurrent_state_groups() -> None:
+def test_a_connector_built_for_other_layer_groups_is_refused() -> None:
     cfg = EngineConfig(block_size=BS, max_num_batched_tokens=64, max_num_seqs=4)
-    s = Scheduler(cfg, num_blocks=18, max_model_len=64, kv_groups=[FullAttention(), RecurrentState()])
+    s = Scheduler(cfg, num_blocks=18, max_model_len=64, kv_groups=[FullAttention(), SlidingWindow(WINDOW)])
+    # One full-attention group's connector would save the window group's blocks as if it were full.
     connector = DiskConnectorScheduler(MemoryIndex(), StoreNamespace("m", block_size=BS), s.kv.chain_hashes)
-    with pytest.raises(ValueError, match="cannot serve recurrent-state layer groups"):
+    with pytest.raises(ValueError, match=r"for groups \[None\] cannot serve groups \[None, 10\]"):
         s.set_connector(connector)

@@ -6,7 +6,8 @@ from the diffs alone) matches the manager's. At the end: no request is lost and 
 With layer groups (sliding window, recurrent state) in one pool, every read a step makes (the window's
 tokens, the state it resumes from) finds what an earlier step wrote, prefix hits included.
 With a KV connector (the disk tier's scheduler half over an in-memory store whose blocks vanish, load
-late or arrive corrupt), every block loaded into the pool holds exactly the tokens a read expects there.
+late or arrive corrupt), every block loaded into the pool holds exactly the tokens a read expects there,
+and every state snapshot loaded has seen exactly the tokens before the point the request resumes from.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from hypothesis import strategies as st
 from metalserve.config import EngineConfig
 from metalserve.kvcache.block_pool import NULL_BLOCK_ID, KVBlock
 from metalserve.kvcache.connector.base import BlockTransfer, ConnectorMetadata, ConnectorOutput
-from metalserve.kvcache.connector.disk import DiskConnectorScheduler
+from metalserve.kvcache.connector.disk import DiskConnectorScheduler, group_needs
 from metalserve.kvcache.connector.keys import StoreNamespace
 from metalserve.kvcache.specs import FullAttention, LayerGroupSpec, RecurrentState, SlidingWindow
 from metalserve.request import Request, RequestStatus
@@ -64,8 +65,9 @@ GROUPS: dict[str, list[LayerGroupSpec] | None] = {
     "full-hybrid": [FullAttention()],  # one full group, given explicitly (the same as "full")
     "disk": None,  # one full-attention group with the disk connector (FakeDiskWorker)
     "disk-window": [FullAttention(), SlidingWindow(5)],  # the connector over a full and a window group
+    "disk-hybrid": [FullAttention(), SlidingWindow(12), RecurrentState()],  # ... and a state group's snapshots
 }
-DISK_MODES = ("disk", "disk-window")
+DISK_MODES = ("disk", "disk-window", "disk-hybrid")
 ops = st.lists(
     st.one_of(
         add_op,
@@ -178,9 +180,10 @@ class FakeRunner:
 
 
 class FakeDiskWorker:
-    """The connector's worker half over the fake pool: a save stores the tokens its block's slots hold,
-    a load writes them back. A load ends 0-2 steps after it starts; a block may have vanished or be
-    corrupt, and then it and the blocks after it are not loaded (the scheduler recomputes them)."""
+    """The connector's worker half over the fake pool: a save stores the tokens its block's slots hold
+    (a state group's: the tokens its state has seen), a load writes them back. A load ends 0-2 steps after
+    it starts; a block may have vanished or be corrupt, and then it and the blocks after it are not loaded
+    (the scheduler recomputes them)."""
 
     def __init__(self, index: MemoryIndex) -> None:
         self.index = index
@@ -189,7 +192,10 @@ class FakeDiskWorker:
     def save(self, meta: ConnectorMetadata | None, runner: FakeRunner) -> None:
         for block_id, key, group in meta.saves if meta is not None else ():
             self.index.pending.discard(key)
-            self.index.stored[key] = [runner.slots[(group, block_id, o)] for o in range(BS)]
+            if isinstance(runner.specs[group], RecurrentState):
+                self.index.stored[key] = list(runner.states[(group, block_id)])
+            else:
+                self.index.stored[key] = [runner.slots[(group, block_id, o)] for o in range(BS)]
 
     def finish(self, meta: ConnectorMetadata | None, runner: FakeRunner, rng: random.Random) -> ConnectorOutput:
         if meta is not None:
@@ -204,8 +210,11 @@ class FakeDiskWorker:
             for block_id, key, group in transfers:
                 if key not in self.index.stored or rng.random() < 0.15:  # vanished, or corrupt
                     break
-                for o, token in enumerate(self.index.stored[key]):
-                    runner.slots[(group, block_id, o)] = token
+                if isinstance(runner.specs[group], RecurrentState):
+                    runner.states[(group, block_id)] = tuple(self.index.stored[key])
+                else:
+                    for o, token in enumerate(self.index.stored[key]):
+                        runner.slots[(group, block_id, o)] = token
                 n += 1
             finished[rid] = n
             event(f"load: {'all' if n == len(transfers) else 'partial' if n else 'none'}")
@@ -361,6 +370,28 @@ def make_request(i: int, op: tuple[Any, ...], rng: random.Random) -> Request:
         *[("step", i) for i in range(7, 12)],
     ],
 )
+@example(  # a hybrid model's disk hit: chunks of 16 leave snapshots at 16 and 32, the prefix loads the last one
+    cfg_kwargs={
+        "block_size": BS,
+        "max_num_seqs": 4,
+        "max_num_batched_tokens": 16,
+        "long_prefill_token_threshold": 0,
+        "enable_prefix_caching": True,
+        "scheduling_policy": "fcfs",
+    },
+    extra_blocks=2,
+    initial=None,
+    groups="disk-hybrid",
+    ops=[
+        ("add", 40, 0, None, 4, 0),
+        *[("step", i) for i in range(7)],
+        ("pressure", 0),
+        ("add", 40, 0, "t1", 4, 0),
+        ("add", 40, 0, None, 4, 0),
+        ("lose", 3),
+        *[("step", i) for i in range(7, 12)],
+    ],
+)
 def test_random_sequences_keep_invariants(
     cfg_kwargs: dict[str, Any], extra_blocks: int, initial: int | None, groups: str, ops: list[tuple[Any, ...]]
 ) -> None:
@@ -373,9 +404,9 @@ def test_random_sequences_keep_invariants(
     disk = None
     if groups in DISK_MODES and cfg.enable_prefix_caching:
         index = MemoryIndex()
-        windows = [g.window if isinstance(g, SlidingWindow) else None for g in specs or [FullAttention()]]
+        needs = group_needs(specs or [FullAttention()])
         namespace = StoreNamespace("m", block_size=BS)
-        s.set_connector(DiskConnectorScheduler(index, namespace, s.kv.chain_hashes, windows))
+        s.set_connector(DiskConnectorScheduler(index, namespace, s.kv.chain_hashes, needs))
         disk = FakeDiskWorker(index)
     runner, rng, done = FakeRunner(specs or [FullAttention()]), random.Random(0), Done()
     added: list[str] = []

@@ -12,6 +12,7 @@ import mlx.core as mx
 from metalserve.config import ATTENTION_BACKEND_NAMES, ConfigError
 from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.mlx import MlxAttention
+from metalserve.executor.attention.rotation import RotatedPages
 from metalserve.platform import Platform
 
 logger = logging.getLogger("metalserve.engine")
@@ -38,7 +39,21 @@ def select_attention(
     windows, sinks and the logit soft-cap; only the Metal kernel is limited, to its head dims and to
     separate K and V (`latent_kv`: the model keeps MLA's latent pages, LayerCacheSpec.value_dim).
     `kv_storage`: the pages' storage (--kv-cache-dtype); a backend that cannot read it is not chosen.
-    `image_masks`: the model's image tokens attend to each other both ways (Gemma 3): MLX ops only."""
+    `image_masks`: the model's image tokens attend to each other both ways (Gemma 3): MLX ops only.
+    Quantized pages are stored Hadamard-rotated (rotation.py), whichever backend reads them."""
+    backend = _pick(name, dtype, platform, head_dims, latent_kv, kv_storage, image_masks)
+    return RotatedPages(backend) if kv_storage != "auto" else backend
+
+
+def _pick(
+    name: str,
+    dtype: mx.Dtype,
+    platform: Platform,
+    head_dims: Collection[int],
+    latent_kv: bool,
+    kv_storage: str,
+    image_masks: bool,
+) -> AttentionBackend[Any, Any]:
     if name not in ATTENTION_BACKEND_NAMES:
         raise ConfigError(f"--attention-backend must be one of {', '.join(ATTENTION_BACKEND_NAMES)}, got {name!r}")
     if name == "mlx":

@@ -22,6 +22,8 @@ import numpy as np
 
 from metalserve.executor.connector.base import KVConnectorWorker
 from metalserve.executor.connector.pages import HostBlock, dtype_tag, expected_shapes, read_blocks, write_blocks
+from metalserve.executor.connector.states import read_states, state_dtype_tag, state_shapes, write_states
+from metalserve.executor.state_cache import RecurrentStates
 from metalserve.kvcache.connector.base import BlockTransfer, ConnectorMetadata, ConnectorOutput
 from metalserve.kvcache.connector.store import DiskStore
 
@@ -38,9 +40,19 @@ class _Load:
 
 
 class DiskConnectorWorker(KVConnectorWorker):
-    def __init__(self, store: DiskStore, block_size: int, max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES) -> None:
+    """`states`: the runner's recurrent states (hybrid models): a transfer of their group moves the state
+    snapshot in that block id's slot instead of KV pages."""
+
+    def __init__(
+        self,
+        store: DiskStore,
+        block_size: int,
+        states: RecurrentStates | None = None,
+        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+    ) -> None:
         self.store = store
         self.block_size = block_size
+        self.states = states
         self.max_pending_bytes = max_pending_bytes
         self._loads: dict[str, _Load] = {}
         self._finished: dict[str, int] = {}
@@ -62,15 +74,30 @@ class DiskConnectorWorker(KVConnectorWorker):
         for rid in done:
             self._finished[rid] = self._install(self._loads.pop(rid), caches)
 
+    def _is_state(self, transfer: BlockTransfer) -> bool:
+        return self.states is not None and transfer.group == self.states.group
+
+    def _kind(self, transfer: BlockTransfer) -> int:
+        """The transfer's index into `_format`: 0 KV pages, 1 a state snapshot."""
+        return 1 if self._is_state(transfer) else 0
+
+    def _format(self, caches: Sequence[Any]) -> tuple[tuple[dict[str, tuple[int, ...]], str], ...]:
+        """(shapes, dtype tag) of a stored KV block, then of a state snapshot (hybrid models)."""
+        kv = (expected_shapes(caches, self.block_size), dtype_tag(caches))
+        if self.states is None:
+            return (kv,)
+        layout = self.states.pool.layout
+        return kv, (state_shapes(layout), state_dtype_tag(layout))
+
     def _install(self, load: _Load, caches: Sequence[Any]) -> int:
         """Put the leading intact blocks into the pools; returns how many (the rest is recomputed)."""
-        shapes = expected_shapes(caches, self.block_size)
-        tag = dtype_tag(caches)
-        good: list[HostBlock] = []
+        formats = self._format(caches)
+        good: list[tuple[BlockTransfer, HostBlock]] = []
         for transfer, future in zip(load.transfers, load.futures, strict=True):
             tensors = future.result()
             if tensors is None:
                 break
+            shapes, tag = formats[self._kind(transfer)]
             dtype = tensors.pop("dtype", None)
             if {k: v.shape for k, v in tensors.items()} != shapes or dtype is None or dtype.tobytes() != tag.encode():
                 self.store.complaints.warn(
@@ -78,8 +105,12 @@ class DiskConnectorWorker(KVConnectorWorker):
                 )
                 self.store.discard(transfer.key)
                 break
-            good.append(tensors)
-        write_blocks(caches, [t.block_id for t in load.transfers[: len(good)]], good, self.block_size)
+            good.append((transfer, tensors))
+        pages = [(t.block_id, b) for t, b in good if not self._is_state(t)]
+        write_blocks(caches, [i for i, _ in pages], [b for _, b in pages], self.block_size)
+        if self.states is not None:
+            snapshots = [(t.block_id, b) for t, b in good if self._is_state(t)]
+            write_states(self.states.pool, [i for i, _ in snapshots], [b for _, b in snapshots])
         return len(good)
 
     def get_finished(self) -> ConnectorOutput | None:
@@ -93,9 +124,14 @@ class DiskConnectorWorker(KVConnectorWorker):
     def save_kv(self, meta: ConnectorMetadata | None, caches: Sequence[Any]) -> None:
         if meta is None or not meta.saves:
             return
-        blocks = read_blocks(caches, [t.block_id for t in meta.saves], self.block_size)
-        tag = np.frombuffer(dtype_tag(caches).encode(), dtype=np.uint8)
-        for transfer, block in zip(meta.saves, blocks, strict=True):
+        tags = [np.frombuffer(tag.encode(), dtype=np.uint8) for _, tag in self._format(caches)]
+        pages = [t for t in meta.saves if not self._is_state(t)]
+        snapshots = [t for t in meta.saves if self._is_state(t)]
+        blocks = read_blocks(caches, [t.block_id for t in pages], self.block_size)
+        if self.states is not None and snapshots:
+            blocks += read_states(self.states.pool, [t.block_id for t in snapshots])
+        for transfer, block in zip(pages + snapshots, blocks, strict=True):
+            tag = tags[self._kind(transfer)]
             size = sum(a.nbytes for a in block.values())
             with self._pending_lock:
                 if self._pending_bytes + size > self.max_pending_bytes:

@@ -66,13 +66,13 @@ def supported(cache: Any) -> bool:
     return _is_host(cache) or _is_portable(cache) or _is_kernel(cache) or _is_quant(cache)
 
 
-def _to_host(a: mx.array) -> np.ndarray:
+def to_host(a: mx.array) -> np.ndarray:
     if a.dtype == mx.bfloat16:
         a = a.view(mx.uint16)
     return np.array(a)
 
 
-def _to_device(a: np.ndarray, dtype: mx.Dtype) -> mx.array:
+def to_device(a: np.ndarray, dtype: mx.Dtype) -> mx.array:
     if dtype == mx.bfloat16:
         return mx.array(a).view(mx.bfloat16)
     return mx.array(a)
@@ -88,9 +88,9 @@ def _gather(cache: Any, slots: np.ndarray) -> np.ndarray:
     if _is_host(cache):
         return cache.host[:, :, slots, :]
     if _is_portable(cache):
-        return _to_host(mx.take(cache.pool, mx.array(slots), axis=2))
+        return to_host(mx.take(cache.pool, mx.array(slots), axis=2))
     idx = mx.array(slots)
-    k, v = (_to_host(mx.take(a, idx, axis=0)) for a in (cache.k, cache.v))
+    k, v = (to_host(mx.take(a, idx, axis=0)) for a in (cache.k, cache.v))
     return np.stack([k, v]).transpose(0, 2, 1, 3)
 
 
@@ -154,12 +154,12 @@ def write_blocks(caches: Sequence[Any], block_ids: Sequence[int], blocks: Sequen
         if _is_host(cache):
             cache.host[:, :, slots, :] = pages  # through the view: the numba kernel reads this buffer
         elif _is_portable(cache):
-            cache.pool[:, :, mx.array(slots), :] = _to_device(pages, cache.pool.dtype)
+            cache.pool[:, :, mx.array(slots), :] = to_device(pages, cache.pool.dtype)
             written.append(cache.pool)
         else:
             idx = mx.array(slots)
-            cache.k[idx] = _to_device(np.ascontiguousarray(pages[0].transpose(1, 0, 2)), cache.k.dtype)
-            cache.v[idx] = _to_device(np.ascontiguousarray(pages[1].transpose(1, 0, 2)), cache.v.dtype)
+            cache.k[idx] = to_device(np.ascontiguousarray(pages[0].transpose(1, 0, 2)), cache.k.dtype)
+            cache.v[idx] = to_device(np.ascontiguousarray(pages[1].transpose(1, 0, 2)), cache.v.dtype)
             written += [cache.k, cache.v]
     if written:
         mx.eval(written)

@@ -13,10 +13,11 @@ The flow of one request with an external hit:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from metalserve.kvcache.specs import LayerGroupSpec
 from metalserve.request import Request
 
 
@@ -65,6 +66,10 @@ class ConnectorStats:
 
 class KVConnectorScheduler(ABC):
     """The scheduler half; see the module docstring for the order of the calls."""
+
+    def check_groups(self, specs: Sequence[LayerGroupSpec]) -> None:
+        """Raise ValueError if this connector cannot serve a KV manager of these layer groups."""
+        return None
 
     @abstractmethod
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int:

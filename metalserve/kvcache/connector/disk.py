@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Final, Literal, Protocol
 
 from metalserve.kvcache.block_pool import NULL_BLOCK_ID
 from metalserve.kvcache.connector.base import (
@@ -16,9 +16,26 @@ from metalserve.kvcache.connector.base import (
 )
 from metalserve.kvcache.connector.keys import StoreNamespace
 from metalserve.kvcache.hashing import BlockHash
+from metalserve.kvcache.specs import LayerGroupSpec, RecurrentState, SlidingWindow
 from metalserve.request import Request
 
 BlockIds = tuple[list[int], ...]  # one list per layer group (KVCacheManager.get_block_ids)
+
+# What a layer group needs of a prefix, as `windows[g]`: None (full attention: every block), a sliding window
+# in tokens (the blocks it covers), or RECURRENT_STATE (the state snapshot at the prefix's last block).
+RECURRENT_STATE: Final = "state"
+GroupNeed = int | Literal["state"] | None
+
+
+def group_needs(specs: Sequence[LayerGroupSpec]) -> list[GroupNeed]:
+    """What each layer group needs of a prefix (the connector's `windows`)."""
+    needs: list[GroupNeed] = []
+    for spec in specs:
+        if isinstance(spec, SlidingWindow):
+            needs.append(spec.window)
+        else:
+            needs.append(RECURRENT_STATE if isinstance(spec, RecurrentState) else None)
+    return needs
 
 
 class BlockIndex(Protocol):
@@ -55,15 +72,17 @@ class DiskConnectorScheduler(KVConnectorScheduler):
     already on disk); an admitted request whose prefix continues on disk loads those blocks first.
 
     Each layer group has its own keys (the group index is in the namespace). `windows[g]` is group g's
-    sliding window in tokens (None: full attention): a window group needs only the blocks the window of
-    the prefix end covers, so the loadable prefix is the longest one for which every group has them."""
+    sliding window in tokens (None: full attention; RECURRENT_STATE: a recurrent-state group): a window
+    group needs only the blocks the window of the prefix end covers, a state group only the snapshot of
+    the prefix's last block (a state saved under a block's key is the state after that block's last
+    token), so the loadable prefix is the longest one for which every group has what it needs."""
 
     def __init__(
         self,
         store: BlockIndex,
         namespace: StoreNamespace,
         chain_hashes: ChainHashes,
-        windows: Sequence[int | None] = (None,),
+        windows: Sequence[GroupNeed] = (None,),
         null_block_id: int = NULL_BLOCK_ID,
     ) -> None:
         self.store = store
@@ -82,13 +101,24 @@ class DiskConnectorScheduler(KVConnectorScheduler):
     def namespace(self) -> StoreNamespace:
         return self.namespaces[0]
 
+    def check_groups(self, specs: Sequence[LayerGroupSpec]) -> None:
+        for i, spec in enumerate(specs):
+            if isinstance(spec, RecurrentState) and not spec.snapshots:
+                raise ValueError(f"layer group {i} keeps a recurrent state without snapshots: nothing to store")
+        if group_needs(specs) != self.windows:
+            raise ValueError(f"a disk connector for groups {self.windows} cannot serve groups {group_needs(specs)}")
+
     def _key(self, request: Request, block_hash: BlockHash, group: int = 0) -> str:
         return self.namespaces[group].key(block_hash, request.cache_salt)
 
     def _first_needed(self, group: int, end: int) -> int:
         """The first block group `group` needs for a prefix of `end` blocks (0 for full attention)."""
         window = self.windows[group]
-        return 0 if window is None else max(0, end * self.block_size - window + 1) // self.block_size
+        if window is None:
+            return 0
+        if isinstance(window, str):  # RECURRENT_STATE
+            return max(0, end - 1)
+        return max(0, end * self.block_size - window + 1) // self.block_size
 
     def _needed(self, first: int, end: int) -> list[tuple[int, int]]:
         """(block index, group) pairs past the RAM hit (`first` blocks) a prefix of `end` blocks needs, in
@@ -117,7 +147,7 @@ class DiskConnectorScheduler(KVConnectorScheduler):
     def _longest_end(self, first: int, last: int, has: Callable[[int, int], bool]) -> int:
         """The longest prefix end in [first, last] (blocks) for which every group has (`has(block, group)`)
         what it needs past the RAM hit of `first` blocks; `first` when none. Linear in the blocks: full
-        groups need a run from `first`, window groups are checked by running counts of their misses."""
+        groups need a run from `first`, window and state groups are checked by running counts of their misses."""
         end = last
         for g, window in enumerate(self.windows):
             if window is None:
@@ -125,7 +155,7 @@ class DiskConnectorScheduler(KVConnectorScheduler):
                 while i < end and has(i, g):
                     i += 1
                 end = i
-        misses: dict[int, list[int]] = {}  # window group -> misses among blocks first..first+k-1, per k
+        misses: dict[int, list[int]] = {}  # window/state group -> misses among blocks first..first+k-1, per k
         for g, window in enumerate(self.windows):
             if window is not None:
                 counts = [0]
@@ -177,10 +207,14 @@ class DiskConnectorScheduler(KVConnectorScheduler):
                 continue
             hashes = self._chain_hashes(request, after)
             tables = block_ids(rid)
+            # A state group's only snapshot is the state after the step's last token, if that ends a block.
+            snapshot = after - 1 if request.num_computed_tokens == after * bs else None
             for i in range(before, after):
                 for g, table in enumerate(tables):
                     if i >= len(table) or table[i] == self.null_block_id:
                         continue  # behind a window: this group no longer holds the block
+                    if self.windows[g] == RECURRENT_STATE and i != snapshot:
+                        continue  # the entry holds the state of another position (the one this step read)
                     key = self._key(request, hashes[i], g)
                     if not self.store.has_or_pending(key):
                         self.store.mark_pending(key)
