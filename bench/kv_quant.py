@@ -3,6 +3,10 @@ bench/data/sonnet.txt (prompt logprobs, the engine's own path), greedy agreement
 64-token greedy continuations of 32 prompts that are identical), tokens per GiB of KV cache, and decode
 TPOT and prefill time at a 4k context. Every dtype runs in this one process, one after another.
 
+Two control rows show what greedy agreement can be on this model: the same float32 model with its K/V
+rounded to float16 and to bfloat16 as they are written (what 16-bit pages keep; MLX ops). A 135M model's
+greedy continuations turn on near-ties, so even bfloat16 pages change some of them.
+
     .venv/bin/python bench/kv_quant.py            # the full table (a few minutes on 2 cores)
     .venv/bin/python bench/kv_quant.py --quick    # fewer windows, prompts and steps
 
@@ -22,6 +26,9 @@ import mlx.core as mx
 
 from metalserve.config import EngineConfig
 from metalserve.engine.core import EngineCore
+from metalserve.executor.attention.base import AttentionCall
+from metalserve.executor.attention.mlx import MlxAttention, PortableKV
+from metalserve.executor.attention.reference import AttentionPlan
 from metalserve.kvcache.specs import KVCacheSpec
 from metalserve.loader import LoadedModel, load_model
 from metalserve.request import Request
@@ -42,6 +49,18 @@ class Row:
     tpot_ms: float = math.nan
     bytes_per_block: int = 0
     backend: str = ""
+
+
+class RoundedPages(MlxAttention):
+    """MLX ops with K/V rounded to a 16-bit float as they are written: the float32 model reading 16-bit pages."""
+
+    def __init__(self, dtype: mx.Dtype) -> None:
+        self.dtype = dtype
+
+    def forward(self, call: AttentionCall[PortableKV, AttentionPlan]) -> mx.array:
+        assert call.v is not None
+        k, v = (x.astype(self.dtype).astype(x.dtype) for x in (call.k, call.v))
+        return super().forward(call._replace(k=k, v=v))
 
 
 def engine(storage: str, backend: str, max_model_len: int) -> tuple[EngineCore, LoadedModel]:
@@ -102,10 +121,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--window", type=int, default=512, help="tokens per perplexity window")
-    parser.add_argument("--windows", type=int, default=8, help="perplexity windows")
+    parser.add_argument("--windows", type=int, default=0, help="perplexity windows (0: the whole text)")
     parser.add_argument("--context", type=int, default=4096, help="the long prompt's tokens; 0: skip that part")
     args = parser.parse_args()
-    windows, prompts_n, new, steps = (2, 8, 32, 8) if args.quick else (args.windows, 32, 64, 16)
+    windows, prompts_n, new, steps = (2, 8, 32, 8) if args.quick else (args.windows or 1 << 30, 32, 64, 16)
     rows: dict[str, Row] = {}
     agreement_ref: list[list[int]] = []
     for storage in STORAGES:
@@ -128,6 +147,15 @@ def main() -> None:
         print(f"{storage}: attention {core.runner.backend.name}, {row}", flush=True)
         del core
         mx.clear_cache()
+    controls = [Row(name) for name in ("float16", "bfloat16")]
+    for row in controls:
+        core, _ = engine("auto", "mlx", max(args.context, args.window) + 128)
+        core.runner.backend = RoundedPages(getattr(mx, row.name))
+        row.ppl = perplexity(core, ids, args.window, min(windows, len(ids) // args.window))
+        outs = continuations(core, prompts, new)
+        row.agreement = sum(a == b for a, b in zip(outs, agreement_ref, strict=True)) / len(outs)
+        print(f"control {row.name} pages: {row}", flush=True)
+        del core
     mlx_row = Row("auto on MLX ops")
     if args.context:
         core, _ = engine("auto", "mlx", args.context + 64)
@@ -159,6 +187,11 @@ def main() -> None:
             f"{r.tpot_ms:.1f} |"
         )
     print(f"| auto | MLX ops | | | | | | {mlx_row.prefill_s:.1f} | {mlx_row.tpot_ms:.1f} |")
+    for r in controls:
+        print(
+            f"| control: {r.name} pages | MLX ops | {r.ppl:.3f} | {100 * (r.ppl / base.ppl - 1):+.2f}% | "
+            f"{100 * r.agreement:.0f}% | | | | |"
+        )
     print(
         f"\nbytes per 16-token block here ({tensors[0].page.dtype} model): "
         + ", ".join(f"{s} {rows[s].bytes_per_block:,}" for s in STORAGES)

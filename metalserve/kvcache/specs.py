@@ -54,10 +54,12 @@ class PageDtype:
 
     @property
     def key(self) -> str:
-        """A name that tells pages of different storage apart (e.g. `q4g64`, `int8`, `float16`)."""
+        """A name that tells pages of different storage apart (e.g. `q4g64-h`, `int8-h`, `float16`). `-h`:
+        quantized pages hold K and V in the Hadamard-rotated basis (executor/attention/rotation.py), so
+        pages written before the rotation (keyed without it) are never read as rotated ones."""
         if self.storage == "q4":
-            return f"q4g{self.group_size}"
-        return self.storage if self.quantized else self.dtype
+            return f"q4g{self.group_size}-h"
+        return f"{self.storage}-h" if self.quantized else self.dtype
 
     def group_for(self, head_dim: int) -> int:
         """The q4 group size for vectors of `head_dim` channels."""

@@ -11,6 +11,7 @@ from metalserve.config import ConfigError, EngineConfig
 from metalserve.executor.attention.cpu import CpuAttention
 from metalserve.executor.attention.metal import KernelAttention
 from metalserve.executor.attention.mlx import MlxAttention
+from metalserve.executor.attention.rotation import RotatedPages
 from metalserve.executor.attention.select import select_attention
 from metalserve.platform import Platform
 
@@ -34,7 +35,8 @@ def test_the_metal_kernel_reads_int8_and_q4_pages() -> None:
     for name in ("auto", "metal"):
         for storage in ("int8", "q4"):
             backend = select_attention(name, mx.float16, MAC, head_dims={64}, kv_storage=storage)
-            assert isinstance(backend, KernelAttention) and backend.name == "metal"
+            assert isinstance(backend, RotatedPages) and isinstance(backend.inner, KernelAttention)
+            assert backend.name == "metal"
 
 
 def test_mlx_is_mlx_ops_everywhere_and_an_unknown_name_is_refused_listing_the_names() -> None:

@@ -34,14 +34,14 @@ def test_page_bytes_count_data_and_scales_per_storage() -> None:
     full = FullAttention(num_kv_heads=3, head_dim=64, page=FP16)
     assert full.page_bytes(16) == 2 * 16 * 3 * 64 * 2  # K and V, fp16
     int8 = full.with_storage("int8")
-    assert int8.page == PageDtype("float16", 2, "int8") and int8.page.key == "int8"
+    assert int8.page == PageDtype("float16", 2, "int8") and int8.page.key == "int8-h"
     assert int8.page_bytes(16) == 2 * 16 * 3 * (64 + 2)  # int8 data + one fp16 scale per token and head
     q4 = full.with_storage("q4")
-    assert q4.page.group_size == 32 and q4.page.key == "q4g32"
+    assert q4.page.group_size == 32 and q4.page.key == "q4g32-h"
     assert q4.page_bytes(16) == 2 * 16 * 3 * (32 + 2 * 2 * 2)  # nibbles + a fp16 scale and bias per group
     # Groups of 64 where asked for; a head dim of no multiple of 32 cannot be q4.
     wide = FullAttention(head_dim=64, page=PageDtype("float16", 2, group_size=64)).with_storage("q4")
-    assert wide.page.key == "q4g64" and wide.page_bytes(16) == 2 * 16 * (32 + 2 * 2)
+    assert wide.page.key == "q4g64-h" and wide.page_bytes(16) == 2 * 16 * (32 + 2 * 2)
     with pytest.raises(ValueError, match="multiple of 32"):
         FullAttention(head_dim=80, page=FP16).with_storage("q4")
 
