@@ -18,7 +18,7 @@ from metalserve.executor.attention.base import AttentionBackend, AttentionCall, 
 from metalserve.executor.attention.metal import KernelAttention
 from metalserve.executor.attention.mlx import MlxAttention
 from metalserve.executor.attention.reference import AttentionOptions
-from metalserve.executor.connector.pages import supported
+from metalserve.executor.connector.pages import expected_shapes, supported
 from metalserve.executor.step_inputs import StepInputs
 from metalserve.kernels.cpu.kv_quant import dequantize, quantize
 from metalserve.kernels.metal.args import PagedArgs
@@ -165,12 +165,13 @@ def test_the_metal_backend_on_quantized_pages_attends_like_mlx_ops(
 
 
 @pytest.mark.parametrize("storage", ["int8", "q4"])
-def test_the_disk_tier_refuses_the_metal_backends_quantized_pools_rather_than_drop_their_scales(
-    storage: str,
-) -> None:
+def test_the_disk_tier_stores_the_metal_backends_quantized_pools_with_their_scales(storage: str) -> None:
+    """tests/executor/test_connector_metal_quant.py checks the round trip byte for byte."""
     backend = KernelAttention(emulated_paged_attention)
-    assert not supported(backend.allocate(quant_spec(storage)))
-    assert supported(backend.allocate(quant_spec("auto", 2)))
+    cache = backend.allocate(quant_spec(storage, 2))
+    assert supported(cache) and supported(backend.allocate(quant_spec("auto", 2)))
+    names = set(expected_shapes([cache], 8))
+    assert names == {"kv.0", "kv.0.scales"} | ({"kv.0.biases"} if storage == "q4" else set())
 
 
 @pytest.mark.parametrize("storage", ["int8", "q4"])

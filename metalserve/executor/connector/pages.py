@@ -4,13 +4,16 @@ On the host a block is one array per pool tensor, `[planes, kv_heads, block_size
 K and V, or MLA's latent alone), whatever the backend: the MLX and CPU pools `[planes, H, slots, D]`
 slice on their slot axis, the kernel pools `[slots, H, D]` (K and V apart) are transposed into it.
 bfloat16, which NumPy lacks, travels as its bits (uint16) and is named in the block's dtype tag.
-Quantized MLX pools (--kv-cache-dtype int8/q4) store their codes as `kv.N` and the float16 scales (and
-q4's biases) beside them as `kv.N.scales` / `kv.N.biases`: every one of those arrays has its slots on axis 2.
+Quantized pools (--kv-cache-dtype int8/q4) store their codes as `kv.N` and the float16 scales (and
+q4's biases) beside them as `kv.N.scales` / `kv.N.biases`, each `[2, H, block_size, width]`: QuantPool
+(MLX ops, CPU) slices its arrays on axis 2; the Metal backend's slot-major codes, scales and biases
+(LayerKV: int8's scales `[slots, H]` get a width of 1) are transposed into the same layout. Both write
+them with kv_quant.quantize in the same rotated basis, so a block means the same to either backend.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -45,12 +48,36 @@ def _is_quant(cache: Any) -> bool:
 
 
 def _is_kernel(cache: Any) -> bool:
-    # Float pools only: the Metal backend's quantized pools (scales of their own) are not stored yet.
-    return (
-        isinstance(getattr(cache, "k", None), mx.array)
-        and isinstance(getattr(cache, "v", None), mx.array)
-        and getattr(cache, "k_scales", None) is None
-    )
+    return isinstance(getattr(cache, "k", None), mx.array) and isinstance(getattr(cache, "v", None), mx.array)
+
+
+def _kernel_parts(cache: Any) -> dict[str, tuple[mx.array, mx.array]]:
+    """A kernel pool's slot-major (K, V) array pairs by suffix: the pages (float, or codes) and, for
+    quantized pages, their scales and q4's biases."""
+    parts = {"": (cache.k, cache.v)}
+    for suffix, k_name, v_name in ((".scales", "k_scales", "v_scales"), (".biases", "k_biases", "v_biases")):
+        k, v = getattr(cache, k_name, None), getattr(cache, v_name, None)
+        if (k is None) != (v is None):
+            raise ValueError(f"a kernel pool with {k_name} and {v_name} not both set")
+        if k is not None:
+            parts[suffix] = (k, v)
+    return parts
+
+
+def _gather_pair(pair: tuple[mx.array, mx.array], idx: mx.array) -> np.ndarray:
+    """Slot-major K and V (`[slots, H, width]`, or int8 scales' `[slots, H]`) as `[2, H, len(idx), width]`."""
+    k, v = (to_host(mx.take(a, idx, axis=0)) for a in pair)
+    pages = np.stack([k, v])
+    if pages.ndim == 3:  # one scale per slot and head: the QuantPool's width of 1
+        pages = pages[..., None]
+    return pages.transpose(0, 2, 1, 3)
+
+
+def _scatter_pair(pair: tuple[mx.array, mx.array], idx: mx.array, pages: np.ndarray) -> None:
+    """The inverse of `_gather_pair`: `pages` `[2, H, len(idx), width]` into the slot-major arrays."""
+    for plane, a in enumerate(pair):
+        rows = pages[plane].transpose(1, 0, 2)
+        a[idx] = to_device(np.ascontiguousarray(rows if a.ndim == 3 else rows[..., 0]), a.dtype)
 
 
 def tensor_name(index: int) -> str:
@@ -83,15 +110,17 @@ def _slots(block_ids: Sequence[int], block_size: int) -> np.ndarray:
     return (base + np.arange(block_size, dtype=np.int64)).reshape(-1)
 
 
-def _gather(cache: Any, slots: np.ndarray) -> np.ndarray:
-    """`[planes, H, len(slots), D]` on the host."""
-    if _is_host(cache):
-        return cache.host[:, :, slots, :]
-    if _is_portable(cache):
-        return to_host(mx.take(cache.pool, mx.array(slots), axis=2))
+def _gather(cache: Any, j: int, slots: np.ndarray) -> dict[str, np.ndarray]:
+    """Pool tensor `j`'s host arrays by name, each `[planes, H, len(slots), width]`."""
     idx = mx.array(slots)
-    k, v = (to_host(mx.take(a, idx, axis=0)) for a in (cache.k, cache.v))
-    return np.stack([k, v]).transpose(0, 2, 1, 3)
+    parts = _quant_parts(cache)
+    if parts is not None:
+        return {tensor_name(j) + suffix: np.array(mx.take(a, idx, axis=2)) for suffix, a in parts.items()}
+    if _is_host(cache):
+        return {tensor_name(j): cache.host[:, :, slots, :]}
+    if _is_portable(cache):
+        return {tensor_name(j): to_host(mx.take(cache.pool, idx, axis=2))}
+    return {tensor_name(j) + suffix: _gather_pair(pair, idx) for suffix, pair in _kernel_parts(cache).items()}
 
 
 def read_blocks(caches: Sequence[Any], block_ids: Sequence[int], block_size: int) -> list[HostBlock]:
@@ -102,15 +131,8 @@ def read_blocks(caches: Sequence[Any], block_ids: Sequence[int], block_size: int
         return []
     slots = _slots(block_ids, block_size)
     out: list[HostBlock] = [{} for _ in range(n)]
-    idx = mx.array(slots)
     for j, cache in enumerate(caches):
-        parts = _quant_parts(cache)
-        gathered = (
-            {tensor_name(j) + suffix: np.array(mx.take(a, idx, axis=2)) for suffix, a in parts.items()}
-            if parts is not None
-            else {tensor_name(j): _gather(cache, slots)}
-        )
-        for name, pages in gathered.items():
+        for name, pages in _gather(cache, j, slots).items():
             p, h, _, d = pages.shape
             pages = pages.reshape(p, h, n, block_size, d)
             for b in range(n):
@@ -128,8 +150,9 @@ def expected_shapes(caches: Sequence[Any], block_size: int) -> dict[str, tuple[i
                 p, h, _, d = a.shape
                 shapes[tensor_name(j) + suffix] = (p, h, block_size, d)
         elif _is_kernel(cache):
-            _, h, d = cache.k.shape
-            shapes[tensor_name(j)] = (2, h, block_size, d)
+            for suffix, (k, _) in _kernel_parts(cache).items():
+                width = k.shape[2] if k.ndim == 3 else 1
+                shapes[tensor_name(j) + suffix] = (2, k.shape[1], block_size, width)
         else:
             p, h, _, d = cache.arrays()[0].shape
             shapes[tensor_name(j)] = (p, h, block_size, d)
@@ -143,23 +166,27 @@ def write_blocks(caches: Sequence[Any], block_ids: Sequence[int], blocks: Sequen
     slots = _slots(block_ids, block_size)
     written: list[mx.array] = []
     for j, cache in enumerate(caches):
-        parts = _quant_parts(cache)
-        if parts is not None:
-            idx = mx.array(slots)
-            for suffix, a in parts.items():
-                a[:, :, idx, :] = mx.array(np.concatenate([b[tensor_name(j) + suffix] for b in blocks], axis=2))
-                written.append(a)
-            continue
-        pages = np.concatenate([b[tensor_name(j)] for b in blocks], axis=2)  # [planes, H, n*bs, D]
-        if _is_host(cache):
-            cache.host[:, :, slots, :] = pages  # through the view: the numba kernel reads this buffer
-        elif _is_portable(cache):
-            cache.pool[:, :, mx.array(slots), :] = to_device(pages, cache.pool.dtype)
-            written.append(cache.pool)
-        else:
-            idx = mx.array(slots)
-            cache.k[idx] = to_device(np.ascontiguousarray(pages[0].transpose(1, 0, 2)), cache.k.dtype)
-            cache.v[idx] = to_device(np.ascontiguousarray(pages[1].transpose(1, 0, 2)), cache.v.dtype)
-            written += [cache.k, cache.v]
+        written += _scatter(cache, slots, lambda name: np.concatenate([b[name] for b in blocks], axis=2), j)
     if written:
         mx.eval(written)
+
+
+def _scatter(cache: Any, slots: np.ndarray, pages_of: Callable[[str], np.ndarray], j: int) -> list[mx.array]:
+    """Pool tensor `j`'s pages (`pages_of(name)`: `[planes, H, len(slots), width]`) into its arrays at
+    `slots`; returns the MLX arrays written (to evaluate)."""
+    idx = mx.array(slots)
+    parts = _quant_parts(cache)
+    if parts is not None:
+        for suffix, a in parts.items():
+            a[:, :, idx, :] = mx.array(pages_of(tensor_name(j) + suffix))
+        return list(parts.values())
+    if _is_host(cache):
+        cache.host[:, :, slots, :] = pages_of(tensor_name(j))  # through the view: the numba kernel reads it
+        return []
+    if _is_portable(cache):
+        cache.pool[:, :, idx, :] = to_device(pages_of(tensor_name(j)), cache.pool.dtype)
+        return [cache.pool]
+    kernel = _kernel_parts(cache)
+    for suffix, pair in kernel.items():
+        _scatter_pair(pair, idx, pages_of(tensor_name(j) + suffix))
+    return [a for pair in kernel.values() for a in pair]
