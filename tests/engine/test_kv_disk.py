@@ -38,8 +38,10 @@ def make_core(
     size: int | None = None,
     kv_dtype: str = "auto",
     async_scheduling: bool | None = None,
+    attention_backend: str = "auto",
 ) -> EngineCore:
     config = EngineConfig(
+        attention_backend=attention_backend,
         async_scheduling=async_scheduling,
         kv_cache_memory=blocks * PER_BLOCK,
         block_size=BLOCK,
