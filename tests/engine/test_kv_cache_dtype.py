@@ -12,9 +12,11 @@ import pytest
 
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.engine.core import EngineCore
+from metalserve.executor.attention import kv_quant
 from metalserve.executor.attention import mlx as mlx_backend
 from metalserve.executor.attention.kv_quant import QuantPool
-from metalserve.kernels.cpu import kv_quant as np_quant
+from metalserve.executor.attention.rotation import hadamard
+from metalserve.kvcache.specs import PageDtype
 from metalserve.outputs import TokenLogprob
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
@@ -53,16 +55,21 @@ def serve_top(core: EngineCore, batch: list[list[int]], n: int = golden.NEW_TOKE
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_int8_pages_serve_exactly_the_model_over_dequantized_kv(arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The int8 engine is the float engine whose K/V went through the NumPy reference's round trip:
-    same tokens, same logprobs (so what differs from `auto` is the storage's rounding, nothing else)."""
+    """The int8 engine is the float engine whose K/V went through the round trip into the rotated basis,
+    int8 and back: same tokens, same logprobs (so what differs from `auto` is the storage's rounding,
+    nothing else). Same to float32 rounding: the engine rotates the queries and the output where this
+    rotates the pages back, and the odd value that sits on a code boundary then lands one step apart
+    (gemma3's long prompt: 1e-3 in a logprob; the storage itself moves them by up to 0.4)."""
     batch = golden.prompts([golden.SHORT, 40, golden.LONG], VOCAB, seed=3)
     core = core_of(arch, "int8", attention_backend="mlx")
     assert all(isinstance(c.pool, QuantPool) for c in core.runner.kv)  # the MLX-ops backend's int8 pages
     got = golden.serve(core, batch)
     write = mlx_backend.write_kv_portable
 
-    def round_trip(x: mx.array) -> mx.array:
-        return mx.array(np_quant.dequantize(*np_quant.quantize(np.array(x), "int8"), "int8"))
+    def round_trip(x: mx.array) -> mx.array:  # into the pages' rotated basis and back (rotation.py)
+        h = mx.array(hadamard(x.shape[-1]), dtype=x.dtype)  # rotated and quantized as the engine does it
+        page = PageDtype(storage="int8")
+        return kv_quant.dequantize(*kv_quant.quantize(x @ h, page), page, x.dtype) @ h
 
     def write_rounded(pool: mx.array, k: mx.array, v: mx.array | None, slots: mx.array) -> mx.array:
         return write(pool, round_trip(k), None if v is None else round_trip(v), slots)
@@ -71,7 +78,7 @@ def test_int8_pages_serve_exactly_the_model_over_dequantized_kv(arch: str, monke
     want = golden.serve(core_of(arch, "auto", attention_backend="mlx"), batch)
     for g, w in zip(got, want, strict=True):
         assert g.tokens == w.tokens
-        np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(g.logprobs, w.logprobs, atol=3e-3, rtol=0)
     mx.clear_cache()
 
 
@@ -111,8 +118,10 @@ def test_q4_pages_serve_the_model_over_dequantized_kv(monkeypatch: pytest.Monkey
     got = golden.serve(q4, batch)
     write = mlx_backend.write_kv_portable
 
-    def round_trip(x: mx.array) -> mx.array:
-        return mx.array(np_quant.dequantize(*np_quant.quantize(np.array(x), "q4", 32), "q4"))
+    def round_trip(x: mx.array) -> mx.array:  # into the pages' rotated basis and back (rotation.py)
+        h = mx.array(hadamard(x.shape[-1]), dtype=x.dtype)  # rotated and quantized as the engine does it
+        page = PageDtype(storage="q4", group_size=32)
+        return kv_quant.dequantize(*kv_quant.quantize(x @ h, page), page, x.dtype) @ h
 
     def write_rounded(pool: mx.array, k: mx.array, v: mx.array | None, slots: mx.array) -> mx.array:
         return write(pool, round_trip(k), None if v is None else round_trip(v), slots)
@@ -121,7 +130,7 @@ def test_q4_pages_serve_the_model_over_dequantized_kv(monkeypatch: pytest.Monkey
     want = golden.serve(core("auto", "mlx"), batch)
     for g, w in zip(got, want, strict=True):
         assert g.tokens == w.tokens
-        np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(g.logprobs, w.logprobs, atol=3e-3, rtol=0)
     mx.clear_cache()
 
 
