@@ -17,6 +17,7 @@ from metalserve.api.metrics import StatLogState
 from metalserve.api.settings import ServerSettings
 from metalserve.engine.async_engine import AsyncEngine, IterationStats
 from metalserve.engine.engine_thread import EngineThread
+from metalserve.executor.attention.metal import KernelAttention
 from metalserve.kvcache.connector.base import ConnectorStats
 from metalserve.scheduler.stats import SchedulerStats
 from tests.api.conftest import Served, live
@@ -24,6 +25,7 @@ from tests.api.fakes import tiny_tokenizer
 from tests.engine.test_kv_disk import PROMPT, make_core
 from tests.engine.test_kv_disk_hybrid import PROMPT as HYBRID_PROMPT
 from tests.engine.test_kv_disk_hybrid import make_core as make_hybrid_core
+from tests.engine.test_kv_disk_metal import fake_a_mac
 from tests.engine.test_kv_disk_window import PROMPT as WINDOW_PROMPT
 from tests.engine.test_kv_disk_window import make_core as make_window_core
 
@@ -35,6 +37,7 @@ def disk_server(
     windowed: bool = False,
     hybrid: bool = False,
     async_scheduling: bool | None = None,
+    attention_backend: str = "auto",
 ) -> Iterator[Served]:
     """`windowed`: a tiny gemma3_text (full-attention and sliding-window layer groups); `hybrid`: a tiny
     qwen3_5 (full-attention and recurrent-state layer groups)."""
@@ -44,7 +47,11 @@ def disk_server(
     elif hybrid:
         core = thread.call(lambda: make_hybrid_core(directory))
     else:
-        core = thread.call(lambda: make_core(directory, kv_dtype=kv_dtype, async_scheduling=async_scheduling))
+        core = thread.call(
+            lambda: make_core(
+                directory, kv_dtype=kv_dtype, async_scheduling=async_scheduling, attention_backend=attention_backend
+            )
+        )
     assert core.async_scheduling is bool(async_scheduling)
     engine = AsyncEngine(
         core, tiny_tokenizer(), model_name="tiny", max_model_len=128, eos_token_ids=set(), thread=thread
@@ -82,6 +89,23 @@ def test_a_restarted_server_serves_the_prefix_from_disk(
         assert metric(second, "vllm:kv_disk_bytes_loaded_total") > 0 and metric(second, "vllm:kv_disk_usage_bytes") > 0
         assert "Disk KV hit rate: 80.0%" in second.app.state.metrics.log_state.line()
     # Greedy text equal to the cold run (the tokens against mlx-lm: tests/engine/test_kv_disk.py).
+    assert warm.choices[0].text == cold.choices[0].text
+
+
+def test_a_restarted_server_serves_the_metal_backends_int8_pages_from_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--attention-backend metal --kv-cache-dtype int8 on a faked Mac (tests/engine/test_kv_disk_metal.py):
+    the Metal backend's own codes and scales are saved and come back after a restart."""
+    fake_a_mac(monkeypatch)
+    with disk_server(tmp_path, "int8", async_scheduling=True, attention_backend="metal") as first:
+        backend = first.core.runner.backend  # type: ignore[attr-defined]
+        assert isinstance(backend.inner, KernelAttention)
+        cold = complete(first)
+    assert len(list(tmp_path.glob("*.safetensors"))) == 5
+    with disk_server(tmp_path, "int8", async_scheduling=True, attention_backend="metal") as second:
+        warm = complete(second)
+        assert metric(second, "vllm:external_prefix_cache_hits_total") == 32
     assert warm.choices[0].text == cold.choices[0].text
 
 

@@ -29,11 +29,16 @@ def refusing_kernel(*args: Any, **kwargs: Any) -> mx.array:
     raise LaunchRefused("no Metal device in this test", first=False)
 
 
-@pytest.fixture
-def fake_mac(monkeypatch: pytest.MonkeyPatch) -> None:
+def fake_a_mac(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Engines built from here on see a Mac and get the Metal backend with `refusing_kernel`."""
     monkeypatch.setattr("metalserve.engine.core.current_platform", lambda: MAC)
     monkeypatch.setattr("metalserve.executor.attention.select.metal_kernel_problem", lambda head_dims: None)
     monkeypatch.setattr("metalserve.executor.attention.metal.metal_attention", lambda: KernelAttention(refusing_kernel))
+
+
+@pytest.fixture
+def fake_mac(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_a_mac(monkeypatch)
 
 
 def metal_core(directory: Path | None) -> EngineCore:
