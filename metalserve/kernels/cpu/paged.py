@@ -15,6 +15,7 @@ import numpy as np
 from metalserve.executor.attention.reference import AttentionOptions
 from metalserve.kernels.cpu import attention as cpu_attention
 from metalserve.kernels.cpu import kv_quant
+from metalserve.kernels.cpu.quantized_attention import attend_quantized_rows
 
 
 class CpuStepPlan(NamedTuple):
@@ -74,12 +75,12 @@ def write_quantized(views: list[np.ndarray], k: np.ndarray, v: np.ndarray, slot_
 def cpu_quantized_attention(
     q: mx.array, k: mx.array, v: mx.array, views: list[np.ndarray], step: CpuStepPlan, opts: AttentionOptions
 ) -> mx.array:
-    """`cpu_paged_attention` over int8 or q4 pages: quantize this step's K/V as they are written, and let
-    the kernel dequantize what each query row reads."""
+    """`cpu_paged_attention` over int8 or q4 pages: quantize this step's K/V as they are written; the
+    kernel dequantizes each request's pages once and attends its rows over them."""
     mx.eval(q, k, v)
     write_quantized(views, np.asarray(k), np.asarray(v), step.slot_mapping)
     sinks = None if opts.sinks is None else np.asarray(opts.sinks.astype(mx.float32))
-    out = cpu_attention.attend_quantized_rows(
+    out = attend_quantized_rows(
         np.asarray(q),
         views[0],
         views[1],
