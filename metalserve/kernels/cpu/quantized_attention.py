@@ -54,11 +54,13 @@ def _dequantize_slots(codes, scales, biases, q4, slots, out):  # noqa: ANN001, A
             s = slots[j]
             for g in range(groups):
                 scale, bias = _half(scales[s, g]), _half(biases[s, g])
-                # a loop over bytes, not channels (c // 2): about 3x faster decoding (0.96 -> 0.33 ns a value)
-                for b in range(g * group_bytes, (g + 1) * group_bytes):
-                    byte = codes[s, b]
-                    out[j, 2 * b] = np.float32(byte & 0xF) * scale + bias
-                    out[j, 2 * b + 1] = np.float32(byte >> 4) * scale + bias
+                # a loop over the group's bytes from 0, not over channels (c // 2) nor from g * group_bytes:
+                # only this form vectorises, 0.3 ns a value against 0.85-0.96
+                b0 = g * group_bytes
+                for b in range(group_bytes):
+                    byte = codes[s, b0 + b]
+                    out[j, 2 * (b0 + b)] = np.float32(byte & 0xF) * scale + bias
+                    out[j, 2 * (b0 + b) + 1] = np.float32(byte >> 4) * scale + bias
     else:
         for j in range(slots.shape[0]):
             s = slots[j]
