@@ -9,6 +9,7 @@ greedy continuations turn on near-ties, so even bfloat16 pages change some of th
 
     .venv/bin/python bench/kv_quant.py            # the full table (a few minutes on 2 cores)
     .venv/bin/python bench/kv_quant.py --quick    # fewer windows, prompts and steps
+    .venv/bin/python bench/kv_quant.py --speed-only   # only prefill and decode TPOT at a 4k context
 
 Attention: `--attention-backend auto` for every dtype (the numba kernel on the CPU path, which reads int8
 and q4 pages too); `auto` pages are also measured on MLX ops, for a second backend's TPOT.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,16 +103,33 @@ def continuations(core: EngineCore, prompts: list[list[int]], n: int) -> list[li
     return [got[f"q{i}"][0] for i in range(len(prompts))]
 
 
-def long_context(core: EngineCore, ids: list[int], context: int, steps: int) -> tuple[float, float]:
-    """(prefill seconds of a `context`-token prompt, mean decode step ms after it)."""
+SPEED_ARMS = (("auto", "auto"), ("int8", "auto"), ("q4", "auto"), ("auto", "mlx"))
+
+
+def speed(ids: list[int], context: int, steps: int) -> dict[tuple[str, str], tuple[float, float]]:
+    """Per (storage, backend): prefill seconds of a `context`-token prompt and the median decode step in ms
+    after it. The engines decode in turns, one step each per round, so load on the machine falls on all
+    arms alike."""
     prompt = (ids * (context // len(ids) + 1))[:context]
-    core.add_request(Request("long", prompt, SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True)))
-    start = time.perf_counter()
-    times: list[float] = []
-    while core.has_unfinished_requests():
-        if any(out.new_token_ids for out in core.step()):
-            times.append(time.perf_counter())
-    return times[0] - start, (times[-1] - times[0]) / (len(times) - 1) * 1e3
+    params = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
+    cores: dict[tuple[str, str], EngineCore] = {}
+    prefill: dict[tuple[str, str], float] = {}
+    for arm in SPEED_ARMS:
+        core, _ = engine(arm[0], arm[1], context + steps + 64)
+        core.add_request(Request("long", list(prompt), params))
+        start = time.perf_counter()
+        while not any(out.new_token_ids for out in core.step()):
+            pass
+        prefill[arm] = time.perf_counter() - start
+        cores[arm] = core
+        print(f"prefill {arm}: {prefill[arm]:.1f} s", flush=True)
+    step_ms: dict[tuple[str, str], list[float]] = {arm: [] for arm in SPEED_ARMS}
+    for _ in range(steps):
+        for arm, core in cores.items():
+            start = time.perf_counter()
+            core.step()
+            step_ms[arm].append((time.perf_counter() - start) * 1e3)
+    return {arm: (prefill[arm], statistics.median(step_ms[arm])) for arm in SPEED_ARMS}
 
 
 def tokens_per_gib(spec: KVCacheSpec) -> float:
@@ -123,7 +142,14 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=512, help="tokens per perplexity window")
     parser.add_argument("--windows", type=int, default=0, help="perplexity windows (0: the whole text)")
     parser.add_argument("--context", type=int, default=4096, help="the long prompt's tokens; 0: skip that part")
+    parser.add_argument("--speed-only", action="store_true", help="only prefill and decode TPOT at --context")
     args = parser.parse_args()
+    if args.speed_only:
+        ids = list(load_model(None).tokenizer.encode(TEXT.read_text()))
+        print(f"\n| KV dtype | attention | prefill {args.context} s | decode TPOT ms (median) |\n|---|---|---|---|")
+        for (storage, backend), (prefill_s, tpot_ms) in speed(ids, args.context, 8 if args.quick else 16).items():
+            print(f"| {storage} | {backend} | {prefill_s:.1f} | {tpot_ms:.1f} |")
+        return
     windows, prompts_n, new, steps = (2, 8, 32, 8) if args.quick else (args.windows or 1 << 30, 32, 64, 16)
     rows: dict[str, Row] = {}
     agreement_ref: list[list[int]] = []
@@ -142,8 +168,6 @@ def main() -> None:
         row.bytes_per_block = core.runner.spec.bytes_per_block
         row.backend = core.runner.backend.name
         tensors = core.runner.spec.tensors
-        if args.context:
-            row.prefill_s, row.tpot_ms = long_context(core, ids, args.context, steps)
         print(f"{storage}: attention {core.runner.backend.name}, {row}", flush=True)
         del core
         mx.clear_cache()
@@ -158,9 +182,10 @@ def main() -> None:
         del core
     mlx_row = Row("auto on MLX ops")
     if args.context:
-        core, _ = engine("auto", "mlx", args.context + 64)
-        mlx_row.prefill_s, mlx_row.tpot_ms = long_context(core, ids, args.context, steps)
-        del core
+        timings = speed(ids, args.context, steps)
+        for (storage, backend), (prefill_s, tpot_ms) in timings.items():
+            row = mlx_row if backend == "mlx" else rows[storage]
+            row.prefill_s, row.tpot_ms = prefill_s, tpot_ms
     heads, dim = tensors[0].shape
     fp16 = {
         s: KVCacheSpec.uniform(len(tensors), heads, dim, "float16", 2, 16, storage=s)  # type: ignore[arg-type]
@@ -170,7 +195,7 @@ def main() -> None:
     print(
         f"\ndefault model, {len(ids)}-token text ({TEXT.name}); ppl over {min(windows, len(ids) // args.window)} "
         f"windows of {args.window}; agreement of {prompts_n} x {new}-token greedy continuations; "
-        f"TPOT over {steps} steps after a {args.context}-token prompt"
+        f"decode TPOT: median of {steps} steps after a {args.context}-token prompt, the arms taking turns"
     )
     print(
         "| KV dtype | attention | perplexity | vs auto | greedy agreement | tokens/GiB here | vs fp16 pages "
