@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -13,9 +14,9 @@ import pytest
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.engine.core import EngineCore
 from metalserve.executor.attention import kv_quant
-from metalserve.executor.attention import mlx as mlx_backend
+from metalserve.executor.attention.base import AttentionBackend, AttentionCall
 from metalserve.executor.attention.kv_quant import QuantPool
-from metalserve.executor.attention.rotation import hadamard
+from metalserve.executor.attention.rotation import RotatedPages
 from metalserve.kvcache.specs import PageDtype
 from metalserve.outputs import TokenLogprob
 from metalserve.request import Request
@@ -53,32 +54,44 @@ def serve_top(core: EngineCore, batch: list[list[int]], n: int = golden.NEW_TOKE
     return [got[f"r{i}"] for i in range(len(batch))]
 
 
+class RoundTripPages(RotatedPages):
+    """Float pages holding what quantized pages decode to: each layer's K/V rotated, quantized with the
+    MLX-ops path's quantizer and decoded again before they are written, queries and output rotated as
+    `RotatedPages` does. The same arithmetic as the quantized engine, on float pages."""
+
+    def __init__(self, inner: AttentionBackend[Any, Any], page: PageDtype) -> None:
+        super().__init__(inner)
+        self.page = page
+
+    def forward(self, call: AttentionCall[Any, Any]) -> mx.array:
+        assert call.v is not None
+
+        def stored(x: mx.array) -> mx.array:
+            return kv_quant.dequantize(*kv_quant.quantize(self.rotate(x), self.page), self.page, x.dtype)
+
+        out = self.inner.forward(call._replace(q=self.rotate(call.q), k=stored(call.k), v=stored(call.v)))
+        return self.rotate(out)
+
+
+def assert_same_serving(
+    got: list[golden.Generation], core: EngineCore, page: PageDtype, batch: list[list[int]]
+) -> None:
+    core.runner.backend = RoundTripPages(core.runner.backend, page)
+    want = golden.serve(core, batch)
+    for g, w in zip(got, want, strict=True):
+        assert g.tokens == w.tokens
+        np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
-def test_int8_pages_serve_exactly_the_model_over_dequantized_kv(arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The int8 engine is the float engine whose K/V went through the round trip into the rotated basis,
-    int8 and back: same tokens, same logprobs (so what differs from `auto` is the storage's rounding,
-    nothing else). Same to float32 rounding: the engine rotates the queries and the output where this
-    rotates the pages back, and the odd value that sits on a code boundary then lands one step apart
-    (gemma3's long prompt: 1e-3 in a logprob; the storage itself moves them by up to 0.4)."""
+def test_int8_pages_serve_exactly_the_model_over_dequantized_kv(arch: str) -> None:
+    """The int8 engine is the float engine whose K/V went through the round trip (into the rotated
+    basis, int8, back): same tokens, same logprobs, so what differs from `auto` is the storage's rounding."""
     batch = golden.prompts([golden.SHORT, 40, golden.LONG], VOCAB, seed=3)
     core = core_of(arch, "int8", attention_backend="mlx")
     assert all(isinstance(c.pool, QuantPool) for c in core.runner.kv)  # the MLX-ops backend's int8 pages
     got = golden.serve(core, batch)
-    write = mlx_backend.write_kv_portable
-
-    def round_trip(x: mx.array) -> mx.array:  # into the pages' rotated basis and back (rotation.py)
-        h = mx.array(hadamard(x.shape[-1]), dtype=x.dtype)  # rotated and quantized as the engine does it
-        page = PageDtype(storage="int8")
-        return kv_quant.dequantize(*kv_quant.quantize(x @ h, page), page, x.dtype) @ h
-
-    def write_rounded(pool: mx.array, k: mx.array, v: mx.array | None, slots: mx.array) -> mx.array:
-        return write(pool, round_trip(k), None if v is None else round_trip(v), slots)
-
-    monkeypatch.setattr(mlx_backend, "write_kv_portable", write_rounded)
-    want = golden.serve(core_of(arch, "auto", attention_backend="mlx"), batch)
-    for g, w in zip(got, want, strict=True):
-        assert g.tokens == w.tokens
-        np.testing.assert_allclose(g.logprobs, w.logprobs, atol=3e-3, rtol=0)
+    assert_same_serving(got, core_of(arch, "auto", attention_backend="mlx"), PageDtype(storage="int8"), batch)
     mx.clear_cache()
 
 
@@ -100,9 +113,9 @@ def test_the_short_goldens_on_int8_flip_only_near_ties_of_auto(arch: str) -> Non
     mx.clear_cache()
 
 
-def test_q4_pages_serve_the_model_over_dequantized_kv(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_q4_pages_serve_the_model_over_dequantized_kv() -> None:
     """q4 groups need a head dim of a multiple of 32 (a tiny model of 16 is refused, naming the flag); on
-    one of 32, the q4 engine is the float engine over the NumPy reference's q4 round trip."""
+    one of 32, the q4 engine is the float engine over the q4 round trip."""
     with pytest.raises(ConfigError, match="--kv-cache-dtype q4: .*multiple of 32, got 16"):
         core_of("llama", "q4")
     batch = golden.prompts([golden.SHORT, 60], VOCAB, seed=5)
@@ -116,21 +129,7 @@ def test_q4_pages_serve_the_model_over_dequantized_kv(monkeypatch: pytest.Monkey
     q4 = core("q4", "mlx")
     assert isinstance(q4.runner.kv[0].pool, QuantPool) and q4.runner.spec.page.group_size == 32
     got = golden.serve(q4, batch)
-    write = mlx_backend.write_kv_portable
-
-    def round_trip(x: mx.array) -> mx.array:  # into the pages' rotated basis and back (rotation.py)
-        h = mx.array(hadamard(x.shape[-1]), dtype=x.dtype)  # rotated and quantized as the engine does it
-        page = PageDtype(storage="q4", group_size=32)
-        return kv_quant.dequantize(*kv_quant.quantize(x @ h, page), page, x.dtype) @ h
-
-    def write_rounded(pool: mx.array, k: mx.array, v: mx.array | None, slots: mx.array) -> mx.array:
-        return write(pool, round_trip(k), None if v is None else round_trip(v), slots)
-
-    monkeypatch.setattr(mlx_backend, "write_kv_portable", write_rounded)
-    want = golden.serve(core("auto", "mlx"), batch)
-    for g, w in zip(got, want, strict=True):
-        assert g.tokens == w.tokens
-        np.testing.assert_allclose(g.logprobs, w.logprobs, atol=3e-3, rtol=0)
+    assert_same_serving(got, core("auto", "mlx"), PageDtype(storage="q4", group_size=32), batch)
     mx.clear_cache()
 
 

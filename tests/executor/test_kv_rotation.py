@@ -33,6 +33,13 @@ def test_the_rotation_is_orthonormal_symmetric_and_its_own_inverse(dim: int) -> 
     assert np.count_nonzero(h) == dim * block and np.allclose(np.abs(h[h != 0]), block**-0.5)
 
 
+@pytest.mark.parametrize("dim", [64, 128, 80, 96])
+def test_the_wrapper_rotates_by_that_matrix_whichever_way_it_computes_it(dim: int) -> None:
+    x = np.random.default_rng(dim).standard_normal((7, 3, dim)).astype(np.float32)
+    got = np.array(RotatedPages(MlxAttention()).rotate(mx.array(x)))
+    np.testing.assert_allclose(got, x @ hadamard(dim), atol=1e-5)
+
+
 def keys_with_outliers(rng: np.random.Generator, n: int) -> np.ndarray:
     """`[n, 2, D]`: unit-scale channels plus two RoPE-like outlier channels 40x larger, as real keys have."""
     x = rng.standard_normal((n, 2, D)).astype(np.float32)
