@@ -3,7 +3,7 @@
 A work item is a tile of up to `TILE_ROWS` consecutive query rows of one request and one KV head: it
 dequantizes the keys and values the tile reads once, into its own float32 buffers, then runs the float
 kernel's score / softmax / value loops for each row of the tile over them. Dequantizing per query row
-instead (the kernel before this one, kept as the baseline in bench/cpu_attention.py) cost O(T^2 D) for
+instead (the kernel before this one, kept as bench/rowwise_quantized_attention.py) cost O(T^2 D) for
 a prefill chunk of T rows over O(T D) data: at 4k context a 512-row chunk spent most of its time
 decoding the same pages again. A decode row is a tile of one, as before: its pages are decoded into a
 buffer that stays in cache while it is read, which a per-request scratch written in full and read back
