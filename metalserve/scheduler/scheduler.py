@@ -30,10 +30,16 @@ from metalserve.scheduler.grammar_wait import grammar_verdict
 from metalserve.scheduler.kv_loading import KVLoads
 from metalserve.scheduler.output import CachedRequestData, ModelRunnerOutput, SchedulerOutput
 from metalserve.scheduler.queues import make_queue
+from metalserve.scheduler.results import (
+    StopHint,
+    add_prompt_logprobs,
+    append_sampled,
+    output_of,
+    stop_hint,
+    update_drafts,
+)
 from metalserve.scheduler.stats import SchedulerStats, StatsCounter
 from metalserve.scheduler.step import StepBuilder
-from metalserve.scheduler.stop import check_stop
-from metalserve.spec_decode.rollback import num_rejected
 from metalserve.spec_decode.stats import SpecDecodingCounter
 
 __all__ = ["Scheduler", "SchedulerStats"]
@@ -80,7 +86,7 @@ class Scheduler:
         self._finished_ids: set[str] = set()
         self._pending_finish: dict[str, RequestStatus] = {}
         self._pending_outputs: list[EngineCoreOutput] = []
-        self._stop_hints: dict[str, tuple[frozenset[int], int]] = {}
+        self._stop_hints: dict[str, StopHint] = {}
         self.num_waiting_for_grammar = 0  # skipped by the last schedule(): their grammars still compile
         self.lookahead = False  # async scheduling: placeholders for tokens not sampled yet (see above)
         self.num_placeholders = 0  # tokens scheduled before their input was sampled (lookahead)
@@ -123,17 +129,8 @@ class Scheduler:
         self.kv.hash_prompt(request)
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
-        self._stop_hints[request.request_id] = self._stop_hint(request)
+        self._stop_hints[request.request_id] = stop_hint(request, self.max_model_len)
         self.waiting.add(request)
-
-    def _stop_hint(self, request: Request) -> tuple[frozenset[int], int]:
-        """Token ids that may stop the request, and the output count at which a length limit hits."""
-        params = request.sampling_params
-        ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(request.eos_token_ids))
-        max_out = self.max_model_len - request.num_prompt_tokens
-        if params.max_tokens is not None:
-            max_out = min(max_out, params.max_tokens)
-        return frozenset(ids), max_out
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Abort at the next step boundary; each gets an output with finish_reason "abort"."""
@@ -385,9 +382,9 @@ class Scheduler:
             self.kv_loads.finish(runner_output.kv_connector_output, self.waiting.prepend)
         sampled, requests, hints = runner_output.sampled_token_ids, self.requests, self._stop_hints
         if scheduler_output.scheduled_spec_decode_tokens or runner_output.spec_token_ids:
-            self._update_drafts(scheduler_output, runner_output)
+            update_drafts(self.requests, self.spec_counter, scheduler_output, runner_output)
         if runner_output.prompt_logprobs:
-            self._add_prompt_logprobs(runner_output)
+            add_prompt_logprobs(self.requests, runner_output)
         plain = not runner_output.logprobs
         running = RequestStatus.RUNNING
         append = outputs.append
@@ -423,15 +420,6 @@ class Scheduler:
             self.running = [r for r in self.running if r.status is running]
         return outputs
 
-    def _add_prompt_logprobs(self, runner_output: ModelRunnerOutput) -> None:
-        """Extend each request's prompt logprobs (a recomputed chunk after preemption adds nothing new)."""
-        for request_id, (first, entries) in runner_output.prompt_logprobs.items():
-            request = self.requests.get(request_id)
-            if request is None or request.prompt_logprobs is None:
-                continue
-            have = request.prompt_logprobs
-            have += entries[len(have) - first :] if len(have) >= first else []
-
     def _release_encoded(self, scheduler_output: SchedulerOutput) -> None:
         """Images whose placeholder tokens this step computed in full need their encoder output no more."""
         for request_id in scheduler_output.num_scheduled_tokens:
@@ -439,64 +427,18 @@ class Scheduler:
             if request is not None and request.mm_inputs:
                 self.encoder.release_done(request_id, request.mm_inputs, request.num_computed_tokens)
 
-    def _update_drafts(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> None:
-        """Roll back the rejected drafts' positions (only accepted tokens count as computed, so only they
-        are ever hashed into the prefix cache), count the drafts, and keep the next step's drafts."""
-        running = RequestStatus.RUNNING
-        for request_id, drafts in scheduler_output.scheduled_spec_decode_tokens.items():
-            request = self.requests.get(request_id)
-            token_ids = runner_output.sampled_token_ids.get(request_id)
-            if request is None or request.status is not running or not token_ids:
-                continue
-            request.num_computed_tokens -= num_rejected(len(drafts), len(token_ids))
-            self.spec_counter.record(len(drafts), len(token_ids) - 1)
-        for request_id in scheduler_output.num_scheduled_tokens:
-            request = self.requests.get(request_id)
-            if request is not None:
-                request.spec_token_ids = runner_output.spec_token_ids.get(request_id, [])
-
     def _append_tokens(
         self, request: Request, token_ids: list[int], runner_output: ModelRunnerOutput
     ) -> EngineCoreOutput:
-        out_ids = request.output_token_ids
-        if request.num_computed_tokens < len(request.prompt_token_ids) + len(out_ids):
+        if request.num_computed_tokens < len(request.prompt_token_ids) + len(request.output_token_ids):
             raise ValueError(f"the runner sampled for {request.request_id!r} before its prompt was fully computed")
-        stop_ids, max_out = self._stop_hints[request.request_id]
-        status = None
-        num_new = 0
-        for token_id in token_ids:
-            out_ids.append(token_id)
-            num_new += 1
-            # Most tokens stop nothing: only a possible stop id or a length limit needs the full check.
-            # A completed grammar is a natural stop: it wins over a length limit hit by the same token.
-            if request.structured is not None and request.structured.accept(token_id):
-                if request.structured.error is None:
-                    status = RequestStatus.FINISHED_STOPPED
-                else:  # a token the grammar refused (or EOS where it does not accept): not an answer
-                    status = RequestStatus.FINISHED_ERROR
-                    request.stop_reason = request.structured.error
-                break
-            if token_id in stop_ids or len(out_ids) >= max_out:
-                status = check_stop(request, self.max_model_len)
-                if status is not None:
-                    break
-        logprobs = runner_output.logprobs.get(request.request_id) if runner_output.logprobs else None
-        output = EngineCoreOutput(
-            request.request_id,
-            token_ids[:num_new] if num_new < len(token_ids) else token_ids,
-            logprobs[:num_new] if logprobs is not None else None,
-            None,
-            None,
-            len(request.prompt_token_ids),
-            request.num_cached_tokens or 0,
-        )
+        hint = self._stop_hints[request.request_id]
+        num_new, status = append_sampled(request, token_ids, hint, self.max_model_len)
+        output = output_of(request, token_ids, num_new, runner_output)
         if request.prompt_logprobs is not None:  # the first output: the prompt is computed whole by now
             output.prompt_logprobs, request.prompt_logprobs = request.prompt_logprobs, None
         if status is not None:
-            request.status = status
-            self._free_request(request)
-            output.finish_reason = status.finish_reason
-            output.stop_reason = request.stop_reason
+            self._finish(request, status, output)
         return output
 
     def _append_preempted(
@@ -504,34 +446,19 @@ class Scheduler:
     ) -> EngineCoreOutput:
         """The token a request was sampled before a lookahead schedule() preempted it: it is kept (it
         was computed from the whole context), and the request recomputes with it when it resumes."""
-        status = None
-        num_new = 0
-        for token_id in token_ids:
-            request.output_token_ids.append(token_id)
-            num_new += 1
-            if request.structured is not None and request.structured.accept(token_id):
-                status = RequestStatus.FINISHED_STOPPED
-                break
-            status = check_stop(request, self.max_model_len)
-            if status is not None:
-                break
-        logprobs = runner_output.logprobs.get(request.request_id) if runner_output.logprobs else None
-        output = EngineCoreOutput(
-            request.request_id,
-            token_ids[:num_new],
-            logprobs[:num_new] if logprobs is not None else None,
-            None,
-            None,
-            len(request.prompt_token_ids),
-            request.num_cached_tokens or 0,
-        )
+        hint = self._stop_hints[request.request_id]
+        num_new, status = append_sampled(request, token_ids, hint, self.max_model_len)
+        output = output_of(request, token_ids, num_new, runner_output)
         if status is not None:
-            request.status = status
             self.waiting.remove({request.request_id})
-            self._free_request(request)
-            output.finish_reason = status.finish_reason
-            output.stop_reason = request.stop_reason
+            self._finish(request, status, output)
         return output
+
+    def _finish(self, request: Request, status: RequestStatus, output: EngineCoreOutput) -> None:
+        request.status = status
+        self._free_request(request)
+        output.finish_reason = status.finish_reason
+        output.stop_reason = request.stop_reason
 
     def _free_request(self, request: Request) -> None:
         if self.kv_loads is None or not self.kv_loads.finished_while_loading(request):
