@@ -78,9 +78,7 @@ class QwenVLImageProcessor:
 
     def process(self, prompt: Sequence[int], images: Sequence[DecodedImage]) -> tuple[list[int], list[MultiModalInput]]:
         """Expand the prompt's image tokens (one per image, in order) to each image's placeholders."""
-        slots = [i for i, token in enumerate(prompt) if token == self.image_token_id]
-        if len(slots) != len(images):
-            raise ImageError(f"the chat template placed {len(slots)} image placeholders for {len(images)} images")
+        slots = image_slots(prompt, self.image_token_id, len(images))
         tokens: list[int] = []
         inputs: list[MultiModalInput] = []
         previous = 0
@@ -94,6 +92,14 @@ class QwenVLImageProcessor:
             previous = slot + 1
         tokens += prompt[previous:]
         return tokens, inputs
+
+
+def image_slots(prompt: Sequence[int], token_id: int, num_images: int) -> list[int]:
+    """Where the chat template put one `token_id` per image; ImageError when the counts differ."""
+    slots = [i for i, token in enumerate(prompt) if token == token_id]
+    if len(slots) != num_images:
+        raise ImageError(f"the chat template placed {len(slots)} image placeholders for {num_images} images")
+    return slots
 
 
 class Gemma3ImageProcessor:
@@ -155,9 +161,7 @@ class Gemma3ImageProcessor:
         return ((chw - self.mean) / self.std)[None].astype(np.float32)
 
     def process(self, prompt: Sequence[int], images: Sequence[DecodedImage]) -> tuple[list[int], list[MultiModalInput]]:
-        slots = [i for i, token in enumerate(prompt) if token == self.boi_token_id]
-        if len(slots) != len(images):
-            raise ImageError(f"the chat template placed {len(slots)} image placeholders for {len(images)} images")
+        slots = image_slots(prompt, self.boi_token_id, len(images))
         tokens: list[int] = []
         inputs: list[MultiModalInput] = []
         previous = 0
