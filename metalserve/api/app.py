@@ -41,8 +41,8 @@ from metalserve.api.status import add_status_routes
 from metalserve.api.text_guard import TextCheckedRoute
 from metalserve.config import EngineConfig
 from metalserve.engine.async_engine import DEAD_MESSAGE, AsyncEngine
-from metalserve.engine.model_spec import ModelSpec
-from metalserve.engine.registry import ModelRegistry
+from metalserve.serving.model_spec import ModelSpec
+from metalserve.serving.registry import ModelRegistry
 from metalserve.structured.compiler import GrammarLimits
 
 _stats_logger = logging.getLogger("metalserve.stats")

@@ -8,17 +8,17 @@ from typing import Any
 
 from metalserve.api.settings import ServerSettings
 from metalserve.config import ConfigError, EngineConfig
-from metalserve.engine.memory import format_bytes
-from metalserve.engine.model_loader import estimate_bytes, load_engine
-from metalserve.engine.model_spec import ModelSpec, build_specs, read_models_file
-from metalserve.engine.registry import ModelRegistry
+from metalserve.serving.engine_loader import estimate_bytes, load_engine
+from metalserve.serving.memory import format_bytes
+from metalserve.serving.model_spec import ModelSpec, build_specs, read_models_file
+from metalserve.serving.registry import ModelRegistry
 
 logger = logging.getLogger("metalserve.server")
 
 
 def default_memory_budget(config: EngineConfig) -> int:
     """--gpu-memory-utilization of the machine's memory, less what other programs hold now."""
-    from metalserve.engine.memory import available_memory_bytes, memory_limit, total_memory_bytes
+    from metalserve.serving.memory import available_memory_bytes, memory_limit, total_memory_bytes
 
     return memory_limit(config.gpu_memory_utilization, total_memory_bytes(), available_memory_bytes(), 0)[0]
 

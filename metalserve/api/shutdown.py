@@ -17,7 +17,7 @@ from typing import Any
 import uvicorn
 from sse_starlette.sse import AppStatus
 
-from metalserve.engine.registry import ModelRegistry
+from metalserve.serving.registry import ModelRegistry
 
 logger = logging.getLogger("metalserve.server")
 

@@ -19,10 +19,10 @@ from metalserve.distributed.setup import RankSetup, setup_rank
 from metalserve.distributed.watchdog import Watchdog
 from metalserve.distributed.worker import run_worker
 from metalserve.engine.core import BUFFER_CACHE_FRACTION
-from metalserve.engine.kv_groups import build_scheduler
 from metalserve.executor.models.families import kv_cache_spec
 from metalserve.executor.sampler import Sampler
 from metalserve.loader import LoadedModel, ModelLoadError
+from metalserve.serving.kv_groups import build_scheduler
 
 logger = logging.getLogger("metalserve.distributed")
 

@@ -15,14 +15,6 @@ from metalserve.distributed.handshake import RankReport, check_reports, exchange
 from metalserve.distributed.partition import split_layers
 from metalserve.distributed.stage import keep_layers, layer_bytes, non_layer_bytes, param_bytes
 from metalserve.engine.core import resolve_max_model_len
-from metalserve.engine.memory import (
-    INITIAL_POOL_BLOCKS,
-    available_memory_bytes,
-    format_bytes,
-    memory_limit,
-    pool_block_cap,
-    total_memory_bytes,
-)
 from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.models.adapter import PagedModel
@@ -31,6 +23,14 @@ from metalserve.executor.models.families import check_supported, kv_cache_spec, 
 from metalserve.loader import LoadedModel, load_model
 from metalserve.loader.weights_mode import fp32_bytes, should_dequantize
 from metalserve.platform import current_platform
+from metalserve.serving.memory import (
+    INITIAL_POOL_BLOCKS,
+    available_memory_bytes,
+    format_bytes,
+    memory_limit,
+    pool_block_cap,
+    total_memory_bytes,
+)
 
 logger = logging.getLogger("metalserve.distributed")
 

@@ -11,16 +11,13 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from metalserve.config import ConfigError, EngineConfig
-from metalserve.engine.kv_disk import attach_disk_tier
-from metalserve.engine.kv_groups import build_scheduler, state_group
-from metalserve.engine.kv_plan import plan_kv_pool
-from metalserve.engine.memory import format_bytes
 from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.families import check_supported, kv_cache_spec
 from metalserve.executor.runner import InFlightStep, ModelRunner
 from metalserve.executor.sampler import Sampler
+from metalserve.kvcache.plan import plan_kv_pool
 from metalserve.kvcache.specs import KVCacheSpec, LayerGroupSpec, RecurrentState
 from metalserve.loader import LoadedModel, load_model
 from metalserve.outputs import EngineCoreOutput
@@ -29,6 +26,9 @@ from metalserve.request import Request, RequestStatus
 from metalserve.sampling_params import SamplingParams
 from metalserve.scheduler.output import NewRequestData, SchedulerOutput
 from metalserve.scheduler.scheduler import Scheduler, SchedulerStats
+from metalserve.serving.kv_disk import attach_disk_tier
+from metalserve.serving.kv_groups import build_scheduler, state_group
+from metalserve.serving.memory import format_bytes
 from metalserve.spec_decode.config import SpeculativeConfig
 from metalserve.spec_decode.draft_model import build_draft_proposer
 from metalserve.spec_decode.proposer import Proposer, make_proposer

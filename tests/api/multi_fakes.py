@@ -17,9 +17,9 @@ from metalserve.api.settings import ServerSettings
 from metalserve.config import EngineConfig
 from metalserve.engine.async_engine import AsyncEngine
 from metalserve.engine.engine_thread import EngineThread
-from metalserve.engine.model_spec import ModelSpec
-from metalserve.engine.model_thread import LoadedEngine
-from metalserve.engine.registry import ModelRegistry
+from metalserve.serving.model_spec import ModelSpec
+from metalserve.serving.model_thread import LoadedEngine
+from metalserve.serving.registry import ModelRegistry
 from tests.api.conftest import Served, live
 from tests.api.fakes import FakeCore, tiny_tokenizer
 

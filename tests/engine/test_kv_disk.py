@@ -17,12 +17,12 @@ import pytest
 
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.engine.core import EngineCore
-from metalserve.engine.kv_disk import attach_disk_tier
 from metalserve.kvcache.connector.disk import DiskConnectorScheduler
 from metalserve.kvcache.connector.store import SUFFIX, DiskStore, decode_block
 from metalserve.kvcache.specs import FullAttention, RecurrentState
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
+from metalserve.serving.kv_disk import attach_disk_tier
 from tests.engine.test_core import run_all, tiny_loaded
 from tests.executor.test_runner_golden import mlx_lm_greedy, prompts_of
 

@@ -13,12 +13,12 @@ from mlx.utils import tree_flatten
 
 from metalserve.config import EngineConfig
 from metalserve.engine.core import EngineCore
-from metalserve.engine.kv_groups import state_group
 from metalserve.executor.models.families import SUPPORTED_MODEL_TYPES, kv_cache_spec, kv_shape, model_family
 from metalserve.executor.models.hybrid import state_layout_of
 from metalserve.generate import generate_config
 from metalserve.kvcache.specs import FullAttention, RecurrentState
 from metalserve.loader import load_model
+from metalserve.serving.kv_groups import state_group
 from tests.loader.tiny_tokenizer import save_hf_tokenizer
 from tests.models.hybrid_golden import engine, mlx_lm_greedy, prompts_of, serve
 from tests.models.hybrid_tiny import _BASE, CONFIGS, HYBRID_TYPES, tiny_hybrid, tiny_hybrid_loaded

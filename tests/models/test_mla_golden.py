@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from metalserve.config import EngineConfig
-from metalserve.engine.kv_plan import plan_kv_pool
 from metalserve.executor.models.families import kv_cache_spec, kv_shape
 from metalserve.executor.models.mla import PagedMLA
 from metalserve.generate import generate_config
+from metalserve.kvcache.plan import plan_kv_pool
 from metalserve.kvcache.specs import MLALatent
 from tests.models.mla_golden import (
     Greedy,

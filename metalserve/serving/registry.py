@@ -2,7 +2,7 @@
 when memory is needed (least recently used first, pinned never), within one memory budget.
 
 Each loaded model has its own engine core (scheduler, KV pool, runner) on its own engine thread, and that
-thread loads the model too (engine/model_thread.py): every MLX array of a model is made, stepped and freed
+thread loads the model too (serving/model_thread.py): every MLX array of a model is made, stepped and freed
 on one thread. Everything here runs on the event loop; a lease keeps a model loaded while a request
 (streamed answers included) is using it.
 """
@@ -19,9 +19,9 @@ from typing import Any, Generic, TypeVar
 
 from metalserve.engine.async_engine import AsyncEngine
 from metalserve.engine.engine_thread import EngineThread
-from metalserve.engine.memory import format_bytes
-from metalserve.engine.model_spec import ModelSpec
-from metalserve.engine.model_thread import EngineLoader, LoadedEngine, start_engine_thread
+from metalserve.serving.memory import format_bytes
+from metalserve.serving.model_spec import ModelSpec
+from metalserve.serving.model_thread import EngineLoader, LoadedEngine, start_engine_thread
 
 logger = logging.getLogger("metalserve.registry")
 

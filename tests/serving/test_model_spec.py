@@ -11,7 +11,7 @@ from metalserve.api.multi_server import model_specs, with_kv_share
 from metalserve.api.server import config_from_args
 from metalserve.cli import build_parser
 from metalserve.config import ConfigError, EngineConfig
-from metalserve.engine.model_spec import build_specs, read_models_file
+from metalserve.serving.model_spec import build_specs, read_models_file
 
 YAML = """
 - model: /models/coder.gguf

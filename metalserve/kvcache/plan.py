@@ -6,7 +6,9 @@ import logging
 from typing import NamedTuple
 
 from metalserve.config import EngineConfig
-from metalserve.engine.memory import (
+from metalserve.kvcache.sizing import blocks_for_request, num_blocks_for_budget
+from metalserve.kvcache.specs import KVCacheSpec
+from metalserve.serving.memory import (
     INITIAL_POOL_BLOCKS,
     available_memory_bytes,
     format_bytes,
@@ -14,8 +16,6 @@ from metalserve.engine.memory import (
     pool_block_cap,
     total_memory_bytes,
 )
-from metalserve.kvcache.sizing import blocks_for_request, num_blocks_for_budget
-from metalserve.kvcache.specs import KVCacheSpec
 
 logger = logging.getLogger("metalserve.engine")
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 from metalserve.engine.async_engine import AsyncEngine
 from metalserve.engine.engine_thread import EngineThread
-from metalserve.engine.model_spec import ModelSpec
-from metalserve.engine.model_thread import LoadedEngine
 from metalserve.engine.protocol import SchedulerStatsLike
 from metalserve.outputs import EngineCoreOutput
 from metalserve.request import Request
+from metalserve.serving.model_spec import ModelSpec
+from metalserve.serving.model_thread import LoadedEngine
 
 
 class UnloadedCore:
