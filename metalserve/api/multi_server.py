@@ -8,19 +8,22 @@ from typing import Any
 
 from metalserve.api.settings import ServerSettings
 from metalserve.config import ConfigError, EngineConfig
+from metalserve.kvcache.plan import model_kv_share
 from metalserve.serving.engine_loader import estimate_bytes, load_engine
-from metalserve.serving.memory import format_bytes
 from metalserve.serving.model_spec import ModelSpec, build_specs, read_models_file
 from metalserve.serving.registry import ModelRegistry
+from metalserve.units import format_bytes
 
 logger = logging.getLogger("metalserve.server")
 
 
 def default_memory_budget(config: EngineConfig) -> int:
     """--gpu-memory-utilization of the machine's memory, less what other programs hold now."""
-    from metalserve.serving.memory import available_memory_bytes, memory_limit, total_memory_bytes
+    from metalserve.kvcache.plan import memory_limit
+    from metalserve.serving.memory import machine_memory
 
-    return memory_limit(config.gpu_memory_utilization, total_memory_bytes(), available_memory_bytes(), 0)[0]
+    memory = machine_memory(held=0)
+    return memory_limit(config.gpu_memory_utilization, memory.total, memory.available, memory.held)[0]
 
 
 def model_specs(config: EngineConfig, settings: ServerSettings) -> list[ModelSpec]:
@@ -44,7 +47,7 @@ def with_kv_share(spec: ModelSpec, budget: int, num_models: int) -> ModelSpec:
     every model's weights fit beside the pools (the pool starts small and grows up to that)."""
     if spec.config.kv_cache_memory is not None:
         return spec
-    share = budget // (2 * num_models)
+    share = model_kv_share(budget, num_models)
     return dataclasses.replace(spec, config=dataclasses.replace(spec.config, kv_cache_memory=share))
 
 

@@ -80,16 +80,17 @@ def start_engine(config: EngineConfig) -> AsyncEngine:
     """Load the model and build the core on the engine thread, the one that then runs every step: MLX
     arrays belong to the thread that made them (engine/engine_thread.py)."""
     from metalserve.engine.core import EngineCore  # heavy (MLX); only the real server needs it
+    from metalserve.serving.build import load_engine_core
 
     thread = EngineThread()
     watchdog = None
     core: EngineCore
     if config.pipeline_parallel_size > 1:
-        from metalserve.distributed.serve import start_pipeline  # on ranks other than 0 it serves and exits
+        from metalserve.serving.pipeline import start_pipeline  # on ranks other than 0 it serves and exits
 
         core, loaded, watchdog = thread.call(start_pipeline, config)
     else:
-        core, loaded = thread.call(EngineCore.from_config, config)
+        core, loaded = thread.call(load_engine_core, config)
     engine = AsyncEngine(
         core,
         loaded.tokenizer,

@@ -109,7 +109,7 @@ def main() -> int:
     """`python -m metalserve.distributed.worker`: a local rank started by rank 0 (launch.py)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     from metalserve.distributed.launch import config_from_env
-    from metalserve.distributed.serve import run_rank
+    from metalserve.serving.pipeline import run_rank
 
     return run_rank(config_from_env())
 

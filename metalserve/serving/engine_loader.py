@@ -48,9 +48,9 @@ def load_engine(spec: ModelSpec, thread: EngineThread) -> LoadedEngine:
     """Load the model and build its engine core on `thread`, the model's engine thread (the caller)."""
     import mlx.core as mx
 
-    from metalserve.engine.core import EngineCore
+    from metalserve.serving.build import load_engine_core
 
-    core, loaded = EngineCore.from_config(spec.config)
+    core, loaded = load_engine_core(spec.config)
     engine = AsyncEngine(
         core,
         loaded.tokenizer,

@@ -84,7 +84,7 @@ def reference_tokens(spec: dict[str, Any]) -> dict[str, list[int]]:
 
 
 def main() -> int:
-    from metalserve.distributed.serve import start_pipeline
+    from metalserve.serving.pipeline import start_pipeline
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     with open(sys.argv[1]) as f:
