@@ -15,13 +15,14 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from metalserve.api.server import start_engine
 from metalserve.config import EngineConfig
 from metalserve.engine.async_engine import AsyncEngine, EngineDeadError
 from metalserve.engine.core import WrongThreadError
 from metalserve.engine.engine_thread import EngineThread
 from metalserve.sampling_params import SamplingParams
 from metalserve.serving.build import build_engine_core
+from metalserve.serving.engine_loader import start_engine
+from metalserve.serving.model_spec import ModelSpec
 from tests.e2e.family_dirs import mlx_lm_model, write_model_dir
 from tests.models import golden
 
@@ -45,7 +46,7 @@ def test_the_server_start_up_loads_where_the_steps_run(gemma4_dir: Path) -> None
     want = golden.reference(mlx_lm_model(gemma4_dir), prompt, GREEDY.max_tokens or 0).tokens
 
     async def main() -> list[int]:
-        engine = start_engine(EngineConfig(model=str(gemma4_dir), **CONFIG))  # type: ignore[arg-type]
+        engine = start_engine(ModelSpec.of(EngineConfig(model=str(gemma4_dir), **CONFIG)))  # type: ignore[arg-type]
         try:
             return await _tokens(engine, prompt)
         finally:
