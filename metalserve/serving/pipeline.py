@@ -104,3 +104,15 @@ def _stop(core: PipelineEngineCore, watchdog: Watchdog) -> None:
     except RuntimeError as exc:
         logger.warning("pipeline: could not send STOP (%s)", exc)
     watchdog.stop_children()
+
+
+def main() -> int:
+    """`python -m metalserve.serving.pipeline`: a local rank started by rank 0 (distributed/launch.py)."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
+    from metalserve.distributed.launch import config_from_env
+
+    return run_rank(config_from_env())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
