@@ -27,16 +27,16 @@ _FLUSH_MARGIN_S = 5.0
 
 
 class GracefulServer(uvicorn.Server):
-    """A uvicorn server whose signals drain the engine; the first signal starts a graceful stop, a second
-    one ends open requests at once. A signal is an orderly end: exit status 0."""
+    """A uvicorn server whose signals drain every served model's engine; the first signal starts a graceful
+    stop, a second one ends open requests at once. A signal is an orderly end: exit status 0."""
 
-    def __init__(self, config: uvicorn.Config, engine: ModelRegistry[Any], grace_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, registry: ModelRegistry[Any], grace_s: float) -> None:
         config.timeout_graceful_shutdown = int(grace_s + _FLUSH_MARGIN_S)
         super().__init__(config)
-        self.engine = engine
+        self.registry = registry
         self.grace_s = grace_s
         self.engine_failed = False
-        engine.on_dead = self.exit_after_engine_failure
+        registry.on_dead = self.exit_after_engine_failure
         AppStatus.disable_automatic_graceful_drain()  # we end streams ourselves, with an error event
 
     @contextlib.contextmanager
@@ -53,17 +53,17 @@ class GracefulServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit:
-            logger.info("second signal: ending %d open request(s) now", self.engine.num_active_requests)
-            self.engine.fail_open_requests("the server is shutting down")
+            logger.info("second signal: ending %d open request(s) now", self.registry.num_active_requests)
+            self.registry.fail_open_requests("the server is shutting down")
             return
         logger.info(
             "shutting down: no new requests; %d running get %.0f s to finish",
-            self.engine.num_active_requests,
+            self.registry.num_active_requests,
             self.grace_s,
         )
-        self.engine.begin_drain()
+        self.registry.begin_drain()
         self.should_exit = True
-        timer = threading.Timer(self.grace_s, self.engine.fail_open_requests, ("the server is shutting down",))
+        timer = threading.Timer(self.grace_s, self.registry.fail_open_requests, ("the server is shutting down",))
         timer.daemon = True
         timer.start()
 
