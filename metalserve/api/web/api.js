@@ -80,7 +80,7 @@ async function api(path, options) {
       response = await fetch(path, Object.assign({}, options, { headers: headers() }));
     } catch (error) {
       if (error.name === "AbortError") throw error;
-      setConn("unreachable", "server unreachable");
+      setConn("unreachable");
       throw new Unreachable();
     }
     if (response.status !== 401) { setConn("connected"); return response; }

@@ -11,6 +11,7 @@ let conversation = loadConversation();
 let turn = null;             // the running answer: { controller, answer, box, dropped, responseId }
 let models = [];
 let reconnectTimer = null;
+let modelsProblem = "";     // why the model list did not load, for the check before sending
 
 // ---- layout: tabs and, on a narrow screen, the settings drawer ----
 
@@ -40,11 +41,12 @@ async function loadModels() {
   try {
     response = await api("/v1/models");
   } catch (error) {
-    $("model-state").textContent = error.message;
+    $("model-state").textContent = modelsProblem = error.message;
     if (error.name === "Unreachable") reconnectTimer = setTimeout(loadModels, RETRY_MS);
     return;
   }
-  if (!response.ok) { $("model-state").textContent = await errorText(response); return; }
+  if (!response.ok) { $("model-state").textContent = modelsProblem = await errorText(response); return; }
+  modelsProblem = "";
   models = (await response.json()).data;
   const select = $("model-select");
   const chosen = select.value || localStorage.getItem(MODEL_ITEM) || "";
@@ -148,7 +150,7 @@ function readSettings() {
     else if (model && model.max_model_len && n >= model.max_model_len) problems.push("Max tokens must be below the model's context of " + model.max_model_len + " tokens.");
     else body.max_tokens = n;
   }
-  if (!$("model-select").value) problems.push("No model to send to: the model list did not load.");
+  if (!$("model-select").value) problems.push("No model to send to: " + (modelsProblem || "the server lists none."));
   $("settings-error").textContent = problems.join(" ");
   $("settings-error").hidden = !problems.length;
   return problems.length ? { problems } : { body };
@@ -206,7 +208,7 @@ async function send(text, settings) {
     else {
       answer.note = "error";
       showError(error.name === "TypeError" ? "The connection to the server was lost during the answer." : error.message);
-      if (error.name === "TypeError") setConn("unreachable", "server unreachable");
+      if (error.name === "TypeError") setConn("unreachable");
       if (error.name === "Unreachable" || error.name === "TypeError") reconnectTimer = setTimeout(loadModels, RETRY_MS);
     }
   } finally {
