@@ -177,7 +177,9 @@ def test_every_control_is_reachable_on_a_phone(driver: WebDriver, width: int, tm
             assert reachable(driver, by_id(driver, control)), control
         screenshot(driver, f"drawer-{width}.png", tmp_path)
         backdrop = by_id(driver, "drawer-backdrop")  # a tap beside the drawer closes it
-        ActionChains(driver).move_to_element_with_offset(backdrop, backdrop.size["width"] // 2 - 10, 0).click().perform()
+        ActionChains(driver).move_to_element_with_offset(
+            backdrop, backdrop.size["width"] // 2 - 10, 0
+        ).click().perform()
         wait_until(lambda: reachable(driver, by_id(driver, "prompt")), what="the drawer closed")
         scroll = driver.execute_script("return document.documentElement.scrollWidth")
         assert scroll <= width, "the page scrolls sideways"

@@ -9,7 +9,16 @@ import pytest
 
 from metalserve.api.settings import ServerSettings
 from tests.api.conftest import live, make_served
-from tests.browser.chrome import DRIVER, SIZES, catch_errors, options, require_browser, screenshot, set_viewport, wait_until
+from tests.browser.chrome import (
+    DRIVER,
+    SIZES,
+    catch_errors,
+    options,
+    require_browser,
+    screenshot,
+    set_viewport,
+    wait_until,
+)
 
 require_browser()
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the test extras")

@@ -190,6 +190,7 @@ async function send(text, settings) {
   const answer = { role: "assistant", content: "", reasoning: "", model: model, note: "" };
   const box = renderMessage(answer);
   box.classList.add("streaming");
+  $("messages").scrollTop = $("messages").scrollHeight;  // the new answer in view, however long the prompt
   const body = Object.assign({ model: model, messages: requestMessages(), stream: true,
     stream_options: { include_usage: true } }, settings);
   const current = { controller: new AbortController(), answer, box, dropped: false, responseId: null,

@@ -30,7 +30,8 @@ function field(card, name, text) {
 }
 
 const CARD_FIELDS = [
-  ["state", "State"], ["weights", "Weights"], ["kv_memory", "KV pool"], ["running", "Running / waiting"],
+  ["state", "State"], ["weights", "Weights"], ["kv_in_use", "KV pool in use"], ["kv_reserved", "KV pool reserved"],
+  ["running", "Running / waiting"],
   ["prompt_tps", "Prompt tok/s"], ["generation_tps", "Output tok/s"], ["ttft", "TTFT p50 / p90"],
   ["tpot", "TPOT p50 / p90"], ["kv", "KV blocks used"], ["prefix", "Prefix-cache hits"], ["context", "Context"],
   ["loads", "Loads"],
@@ -65,11 +66,12 @@ function renderCard(m, windowS) {
   const mem = m.memory;
   field(card, "state", m.state + (m.pinned ? " (pinned)" : ""));
   field(card, "weights", mem ? bytes(mem.weights_bytes) : "-");
-  field(card, "kv_memory", mem ? bytes(mem.kv_in_use_bytes) + " in use of " + bytes(mem.kv_reserved_bytes) + " reserved" : "-");
+  field(card, "kv_in_use", mem ? bytes(mem.kv_in_use_bytes) : "-");
+  field(card, "kv_reserved", mem ? bytes(mem.kv_reserved_bytes) + " (budget share)" : "-");
   field(card, "running", m.running + " / " + m.waiting);
   const per = windowS ? " (last " + windowS + " s)" : "";
-  card.querySelectorAll("dt")[4].textContent = "Prompt tok/s" + per;
-  card.querySelectorAll("dt")[5].textContent = "Output tok/s" + per;
+  card.querySelector("[data-field='prompt_tps']").previousSibling.textContent = "Prompt tok/s" + per;
+  card.querySelector("[data-field='generation_tps']").previousSibling.textContent = "Output tok/s" + per;
   field(card, "prompt_tps", rate(m.prompt_tokens_per_s));
   field(card, "generation_tps", rate(m.generation_tokens_per_s));
   field(card, "ttft", m.ttft_ms ? msDuration(m.ttft_ms.p50) + " / " + msDuration(m.ttft_ms.p90) : "-");
