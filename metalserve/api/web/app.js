@@ -257,6 +257,8 @@ async function watchFirstToken(current) {
 }
 
 function showProgress(line, text, fraction) {
+  const messages = $("messages");
+  const atBottom = messages.scrollHeight - messages.scrollTop - messages.clientHeight < 40;
   line.hidden = false;
   line.textContent = text;
   if (fraction !== null) {
@@ -264,6 +266,7 @@ function showProgress(line, text, fraction) {
     const fill = document.createElement("span"); fill.style.width = (100 * fraction).toFixed(1) + "%";
     bar.appendChild(fill); line.appendChild(bar);
   }
+  if (atBottom) messages.scrollTop = messages.scrollHeight;
 }
 
 function finishNote(answer, started, limited) {
