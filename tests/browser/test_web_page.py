@@ -167,6 +167,7 @@ def prefill_progress_in_the_chat_and_the_server_view(server: RunningServer, driv
     counted_before = server.metric("vllm:prompt_tokens_total")
     box = send(driver, LONG_PROMPT, 8)
     progress = box.find_element(By.CSS_SELECTOR, ".progress")
+
     def chunks_read() -> tuple[int, int] | None:
         seen = re.search(r"Reading the prompt: ([\d,]+) / ([\d,]+) tokens", progress.text)
         done, total = (int(g.replace(",", "")) for g in seen.groups()) if seen else (0, 0)
