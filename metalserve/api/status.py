@@ -36,7 +36,7 @@ def model_memory(slot: ModelSlot[ModelServing], used_blocks: int) -> dict[str, i
     allocated = int(parts.get("kv_pool", 0))
     return {
         "weights_bytes": int(parts.get("weights", 0)),
-        "kv_in_use_bytes": min(used_blocks * per_block, allocated) if allocated else used_blocks * per_block,
+        "kv_in_use_bytes": min(used_blocks * per_block, allocated),
         "kv_allocated_bytes": allocated,
         "kv_reserved_bytes": max(int(getattr(core, "kv_pool_bytes", 0) or 0), allocated),
     }

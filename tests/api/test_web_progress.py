@@ -1,13 +1,16 @@
-"""What the page polls besides the status: one response's prefill progress while its first token is
-awaited, the prompt tokens of a request aborted before any output, and a favicon open like the page."""
+"""What the page polls: one response's prefill progress while its first token is awaited, the prompt
+tokens of a request aborted before any output, memory parts that add up, and a favicon open like the page."""
 
 from __future__ import annotations
 
 import json
 import time
+from types import SimpleNamespace
 
 import httpx
+import pytest
 
+from metalserve.api import status
 from metalserve.api.settings import ServerSettings
 from tests.api.conftest import MODEL, live, make_served
 
@@ -62,3 +65,26 @@ def test_the_favicon_is_open_like_the_page() -> None:
         assert icon.content[:4] == b"\x00\x00\x01\x00"  # an ICO header
         assert httpx.get(f"{served.url}/web/favicon.svg", timeout=10).status_code == 200
         assert httpx.get(f"{served.url}/v1/server/requests/x", timeout=10).status_code == 401
+
+
+def test_the_memory_parts_add_up_to_the_resident_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Weights + KV in use + KV grown but free + other = RSS; the pools' reserved size is reported apart."""
+    core = SimpleNamespace(
+        memory_report=lambda: {"weights": 1000, "kv_pool": 400}, kv_bytes_per_block=10, kv_pool_bytes=1000
+    )
+    slot = SimpleNamespace(engine=SimpleNamespace(core=core))
+    memory = status.model_memory(slot, used_blocks=7)  # type: ignore[arg-type]
+    assert memory == {
+        "weights_bytes": 1000,
+        "kv_in_use_bytes": 70,
+        "kv_allocated_bytes": 400,
+        "kv_reserved_bytes": 1000,
+    }
+    monkeypatch.setattr(status, "process_rss", lambda: 5000)
+    registry = SimpleNamespace(memory_budget=9000, used_bytes=lambda: 2000)
+    summary = status.memory_summary(registry, [{"memory": memory}, {"memory": None}])  # type: ignore[arg-type]
+    parts = ("weights_bytes", "kv_in_use_bytes", "kv_free_bytes", "other_bytes")
+    assert [summary[p] for p in parts] == [1000, 70, 330, 3600]
+    assert sum(summary[p] for p in parts) == summary["process_rss_bytes"] == 5000
+    assert summary["kv_reserved_bytes"] == 1000 and summary["kv_not_allocated_bytes"] == 600
+    assert summary["models_bytes"] == 2000 and summary["budget_bytes"] == 9000
