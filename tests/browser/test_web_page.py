@@ -38,7 +38,7 @@ from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
 from selenium.webdriver.support.ui import Select  # noqa: E402
 
 CHUNK = 128  # the default model's prefill step budget here: a long prompt is read in visible steps
-LONG_PROMPT = "Summarise this list.\n" + "\n".join(f"Item {i}: a box of {i % 7} red apples." for i in range(45))
+LONG_PROMPT = "Summarise this list.\n" + "\n".join(f"Item {i}: a box of {i % 7} red apples." for i in range(90))
 
 
 # Table and card cells whose text runs over more than one line (one snapshot: the view redraws every second).
@@ -128,6 +128,8 @@ def loading_a_code_answer_and_stop(server: RunningServer, driver: WebDriver, tmp
     box = send(driver, "Write a Python function that checks whether a number is prime.", 60)
     progress = box.find_element(By.CSS_SELECTOR, ".progress")
     wait_until(lambda: "Loading model smollm2" in progress.text, what="the loading state")
+    picked = "const s = document.getElementById('model-select'); return s.options[s.selectedIndex].text"
+    wait_until(lambda: driver.execute_script(picked).endswith("(loading)"), what="the picker to say loading")
     both_sizes(driver, "loading", tmp_path)
 
     # 2. the answer streams in, its code rendered as a highlighted block with a Copy button

@@ -47,7 +47,12 @@ async function loadModels() {
   }
   if (!response.ok) { $("model-state").textContent = modelsProblem = await errorText(response); return; }
   modelsProblem = "";
-  models = (await response.json()).data;
+  showModels((await response.json()).data);
+}
+
+// The picker lists every model with its state (kept current while a model loads for an answer).
+function showModels(list) {
+  models = list;
   const select = $("model-select");
   const chosen = select.value || localStorage.getItem(MODEL_ITEM) || "";
   select.innerHTML = "";
@@ -246,7 +251,9 @@ async function watchFirstToken(current) {
         }
       } else if (mayLoad) {
         const r = await fetch("/v1/models", { headers: headers() });
-        const m = r.ok ? (await r.json()).data.find((x) => x.id === current.answer.model) : null;
+        const list = r.ok ? (await r.json()).data : null;
+        if (list && !turnIsOver(current)) showModels(list);
+        const m = list ? list.find((x) => x.id === current.answer.model) : null;
         if (m && m.state !== "loaded") text = "Loading model " + m.id + "… " + seconds + " s";
       }
     } catch (e) { /* the request itself reports an unreachable server */ }
@@ -255,6 +262,8 @@ async function watchFirstToken(current) {
     await new Promise((resolve) => setTimeout(resolve, PROGRESS_MS));
   }
 }
+
+const turnIsOver = (current) => !current.waiting || current.dropped;
 
 function showProgress(line, text, fraction) {
   const messages = $("messages");
