@@ -150,9 +150,6 @@ class Scheduler:
         loads = self.kv_loads is not None and self.kv_loads.busy
         return bool(self.requests) or bool(self._pending_outputs) or loads
 
-    def get_num_unfinished_requests(self) -> int:
-        return len(self.requests)
-
     def make_stats(self) -> SchedulerStats:
         """Counts now, cumulative counters, and the counters' deltas since the previous call."""
         kv, spec = self.kv, self.spec_counter

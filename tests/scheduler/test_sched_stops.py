@@ -93,7 +93,7 @@ def test_abort_of_waiting_request() -> None:
     assert out.finished_req_ids == {"b"}
     assert ("b", "abort") in [(o.request_id, o.finish_reason) for o in outputs]
     assert len(s.waiting) == 0
-    assert s.get_num_unfinished_requests() == 1
+    assert len(s.requests) == 1
 
 
 def test_abort_output_keeps_engine_busy_until_delivered() -> None:
@@ -102,7 +102,7 @@ def test_abort_output_keeps_engine_busy_until_delivered() -> None:
     s.abort_requests(["a"])
     out = s.schedule()
     assert out.is_empty
-    assert s.get_num_unfinished_requests() == 0
+    assert not s.requests
     assert s.has_unfinished_requests()
     assert [o.finish_reason for o in s.update_from_output(out, ModelRunnerOutput({}))] == ["abort"]
     assert not s.has_unfinished_requests()
