@@ -12,11 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from metalserve.distributed.partition import parse_partition
 from metalserve.flags import flag
 from metalserve.kvcache.specs import KV_CACHE_DTYPES, KVCacheDtype
 from metalserve.platform import CPU_MAX_NUM_BATCHED_TOKENS, MAX_NUM_BATCHED_TOKENS
-from metalserve.spec_decode.config import SpeculativeConfig
+from metalserve.speculative_config import SpeculativeConfig
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 WeightsMode = Literal["auto", "dequantize", "quantized"]
@@ -49,6 +48,16 @@ def _json_object(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError("--hf-overrides takes a JSON object, e.g. '{\"rope_scaling\": {...}}'")
     return value
+
+
+def parse_layer_partition(text: str) -> tuple[int, ...] | None:
+    """--pipeline-layer-partition: `10,20` -> (10, 20); empty: None (split automatically)."""
+    if text == "":
+        return None
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--pipeline-layer-partition takes comma-separated layer counts, got {text!r}") from None
 
 
 def default_token_budget() -> int:
@@ -117,7 +126,7 @@ class EngineConfig:
     pipeline_layer_partition: tuple[int, ...] | None = flag(
         None,
         "layers per rank, comma-separated (e.g. 12,18); default: balanced by weight bytes",
-        parse=parse_partition,
+        parse=parse_layer_partition,
     )
     pipeline_step_timeout: float = flag(
         120.0, "seconds to wait for a step's result from the last rank before failing open requests and exiting"

@@ -15,7 +15,7 @@ from metalserve.api.settings import ServerSettings
 from metalserve.cli import main
 from metalserve.config import EngineConfig
 from metalserve.flags import add_flags, build, flag, flag_fields, flag_values
-from metalserve.spec_decode.config import SpeculativeConfig
+from metalserve.speculative_config import SpeculativeConfig
 
 # `serve`'s option strings as released: renaming or dropping one breaks users' command lines.
 SERVE_OPTIONS = {
