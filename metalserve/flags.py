@@ -7,7 +7,7 @@ How to add a `metalserve serve` flag: add one field to `EngineConfig` (metalserv
 
 The flag is `--max-num-seqs` (the field name with dashes). From the field's type it gets
 - `int`, `float`, `str` (or `X | None`): `type=X`;
-- a `Literal[...]`: `choices` (the literal's values);
+- a `Literal[...]` or an `enum.StrEnum`: `choices` (its values; the config turns the text into the member);
 - `bool`: `--name` sets True when the default is False; `--name/--no-name` when the default is True;
 - anything else: give `parse=` (text -> value, run when the configs are built, so its ValueError reaches
   the user as `metalserve serve: error: ...`); without one, building the parser raises TypeError.
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import json
 import types
 import typing
@@ -96,6 +97,8 @@ def _argparse_kwargs(f: dataclasses.Field[Any], spec: Flag, hint: Any, owner: ty
         kwargs["action"] = argparse.BooleanOptionalAction if f.default in (True, None) else "store_true"
     elif typing.get_origin(base) is Literal:
         kwargs["choices"] = list(typing.get_args(base))
+    elif isinstance(base, type) and issubclass(base, enum.StrEnum):
+        kwargs["choices"] = [member.value for member in base]
     elif base in (int, float, str):
         kwargs["type"] = base
     else:

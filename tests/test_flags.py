@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
@@ -13,8 +14,9 @@ import pytest
 from metalserve.api.server import add_cli_args, config_from_args, default_token_budget
 from metalserve.api.settings import ServerSettings
 from metalserve.cli import main
-from metalserve.config import EngineConfig
+from metalserve.config import ConfigError, EngineConfig, SchedulingPolicy, WeightsMode
 from metalserve.flags import add_flags, build, flag, flag_fields, flag_values
+from metalserve.kvcache.specs import BLOCK_SIZES, KVCacheDtype
 from metalserve.speculative_config import SpeculativeConfig
 
 # `serve`'s option strings as released: renaming or dropping one breaks users' command lines.
@@ -367,3 +369,26 @@ def test_one_flag_declared_by_both_configs_is_refused() -> None:
 
     with pytest.raises(argparse.ArgumentError, match="--port"):
         add_flags(argparse.ArgumentParser(), ServerSettings, Clash)
+
+
+@pytest.mark.parametrize(
+    ("field", "enum"),
+    [("scheduling_policy", SchedulingPolicy), ("kv_cache_dtype", KVCacheDtype), ("weights", WeightsMode)],
+)
+def test_an_enum_field_offers_its_values_and_holds_the_member(field: str, enum: type[StrEnum]) -> None:
+    """The CLI's choices come from the enum; a value given as text (a models file) becomes the member."""
+    option = next(a for a in _parser()._actions if a.dest == field)
+    assert option.choices == [member.value for member in enum]
+    last = list(enum)[-1]
+    config = EngineConfig(**{field: last.value})  # type: ignore[arg-type]
+    assert getattr(config, field) is last
+    assert getattr(config_from_args(_parser().parse_args([option.option_strings[0], last.value]))[0], field) is last
+    with pytest.raises(ConfigError, match=f"{option.option_strings[0]} must be one of {', '.join(enum)}, got 'x'"):
+        EngineConfig(**{field: "x"})  # type: ignore[arg-type]
+
+
+def test_block_sizes_are_one_fact() -> None:
+    option = next(a for a in _parser()._actions if a.dest == "block_size")
+    assert tuple(option.choices) == BLOCK_SIZES
+    with pytest.raises(ConfigError, match="--block-size must be 8, 16 or 32, got 12"):
+        EngineConfig(block_size=12)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from metalserve.config import ConfigError, EngineConfig
+from metalserve.config import ConfigError, EngineConfig, SchedulingPolicy
 from metalserve.kvcache.block_pool import NUM_RESERVED_BLOCKS
 from metalserve.kvcache.connector.base import KVConnectorScheduler
 from metalserve.kvcache.manager import BlockIds, KVCacheManager
@@ -91,7 +91,7 @@ class Scheduler:
         self.lookahead = False  # async scheduling: placeholders for tokens not sampled yet (see above)
         self.num_placeholders = 0  # tokens scheduled before their input was sampled (lookahead)
         self.kv_loads: KVLoads | None = None  # a KV connector's loads (set_connector)
-        if config.scheduling_policy == "priority":
+        if config.scheduling_policy == SchedulingPolicy.PRIORITY:
             self._victim_key = lambda r: (r.priority, r.arrival_time)
         else:
             self._victim_key = lambda r: (0, r.arrival_time)
