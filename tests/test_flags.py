@@ -15,9 +15,11 @@ from metalserve.api.server import add_cli_args, config_from_args, default_token_
 from metalserve.api.settings import ServerSettings
 from metalserve.cli import main
 from metalserve.config import ConfigError, EngineConfig, SchedulingPolicy, WeightsMode
-from metalserve.flags import add_flags, build, flag, flag_fields, flag_values
+from metalserve.flags import add_flags, build, flag, flag_fields, flag_group, flag_values
 from metalserve.kvcache.specs import BLOCK_SIZES, KVCacheDtype
+from metalserve.multimodal.limits import ImageLimits
 from metalserve.speculative_config import SpeculativeConfig
+from metalserve.structured.limits import GrammarLimits
 
 # `serve`'s option strings as released: renaming or dropping one breaks users' command lines.
 SERVE_OPTIONS = {
@@ -247,13 +249,9 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         allowed_methods=("GET", "POST"),
         allowed_headers=("x-h",),
         responses_store_bytes=4096,
-        max_grammar_bytes=5000,
-        grammar_compile_timeout=2.5,
-        grammar_cache_bytes=65536,
+        grammar=GrammarLimits(max_grammar_bytes=5000, grammar_compile_timeout=2.5, grammar_cache_bytes=65536),
         request_body_timeout=7.5,
-        max_images_per_request=2,
-        max_image_pixels=1000,
-        max_image_bytes_per_request=5000,
+        images=ImageLimits(max_images_per_request=2, max_image_pixels=1000, max_image_bytes_per_request=5000),
         default_max_tokens=77,
         generic_tool_prompt=False,
     )
@@ -392,3 +390,35 @@ def test_block_sizes_are_one_fact() -> None:
     assert tuple(option.choices) == BLOCK_SIZES
     with pytest.raises(ConfigError, match="--block-size must be 8, 16 or 32, got 12"):
         EngineConfig(block_size=12)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ToyLimits:
+    """Limits that declare their own flags."""
+
+    most: int = flag(3, "a limit")
+    plain: int = 1  # not a flag
+
+
+@dataclasses.dataclass(frozen=True)
+class _ToyOwner:
+    """A config that nests the limits."""
+
+    before: int = flag(0, "declared before the group")
+    limits: _ToyLimits = flag_group(_ToyLimits)
+    after: int = flag(0, "declared after the group")
+
+
+def test_a_flag_group_joins_its_owner_in_place() -> None:
+    parser = argparse.ArgumentParser()
+    add_flags(parser, _ToyOwner)
+    assert [a.dest for a in parser._actions[1:]] == ["before", "most", "after"]  # the group's flags in its place
+    assert build(_ToyOwner, flag_values(parser.parse_args([]), _ToyOwner)) == _ToyOwner()
+    built = build(_ToyOwner, flag_values(parser.parse_args(["--most", "5", "--after", "1"]), _ToyOwner))
+    assert built == _ToyOwner(limits=_ToyLimits(most=5), after=1)
+    # ServerSettings nests the image and grammar limits: each default is written once, in its dataclass.
+    settings_flags = {f.name: f.default for f, _ in flag_fields(ServerSettings)}
+    assert (
+        settings_flags["max_image_pixels"] == ImageLimits().max_image_pixels == ServerSettings().images.max_image_pixels
+    )
+    assert settings_flags["max_grammar_bytes"] == GrammarLimits().max_grammar_bytes
