@@ -75,6 +75,17 @@ def parse_layer_partition(text: str) -> tuple[int, ...] | None:
         raise ConfigError(f"--pipeline-layer-partition takes comma-separated layer counts, got {text!r}") from None
 
 
+def _lora_modules(uses: list[list[str]]) -> tuple[tuple[str, str], ...]:
+    """--lora-modules a=/path b=/other (vLLM's `name=path` form; the flag may be given more than once)."""
+    modules = []
+    for word in (w for words in uses for w in words):
+        name, sep, path = word.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise ValueError(f"--lora-modules takes name=path, got {word!r}")
+        modules.append((name.strip(), path.strip()))
+    return tuple(modules)
+
+
 def default_token_budget() -> int:
     """The step token budget when --max-num-batched-tokens is not given: the Platform's."""
     from metalserve.platform import current_platform  # probes MLX once, on the engine's side
@@ -164,6 +175,16 @@ class EngineConfig:
         "speculative decoding, pipeline stages and the KV disk tier turn it off with a start-up line",
     )
 
+    enable_lora: bool = flag(False, "serve LoRA adapters over this model, chosen per request by `model` (docs/lora.md)")
+    lora_modules: tuple[tuple[str, str], ...] = flag(
+        (),
+        "adapters to load at start-up, `name=path` each (an mlx-lm or PEFT adapter directory)",
+        parse=_lora_modules,
+        repeated=True,
+    )
+    max_loras: int = flag(4, "most LoRA adapters loaded at once (--enable-lora)")
+    max_lora_rank: int = flag(16, "the largest LoRA rank an adapter may have (--enable-lora)")
+
     def __post_init__(self) -> None:
         # A plain string names an enum value too (a models file, a test): hold the member from here on.
         self._as_enum("scheduling_policy", SchedulingPolicy)
@@ -216,6 +237,22 @@ class EngineConfig:
             names = ", ".join(ATTENTION_BACKEND_NAMES)
             raise ConfigError(f"--attention-backend must be one of {names}, got {self.attention_backend!r}")
         self._validate_kv_disk()
+        self._validate_lora()
+
+    def _validate_lora(self) -> None:
+        if self.lora_modules and not self.enable_lora:
+            raise ConfigError("--lora-modules needs --enable-lora")
+        if self.max_loras < 1:
+            raise ConfigError("--max-loras must be at least 1")
+        if self.max_lora_rank < 1:
+            raise ConfigError("--max-lora-rank must be at least 1")
+        if len(self.lora_modules) > self.max_loras:
+            raise ConfigError(f"--lora-modules names {len(self.lora_modules)} adapters, more than --max-loras {self.max_loras}")
+        names = [name for name, _ in self.lora_modules]
+        if len(set(names)) != len(names):
+            raise ConfigError("--lora-modules: each adapter needs a name of its own")
+        if self.enable_lora and self.pipeline_parallel_size > 1:
+            raise ConfigError("--enable-lora does not work with --pipeline-parallel-size > 1 yet")
 
     def _validate_kv_disk(self) -> None:
         if self.kv_disk_size is not None and self.kv_disk_dir is None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from metalserve.kvcache.hashing import BlockHash
+from metalserve.lora.request import LoraRequest
 from metalserve.multimodal.inputs import MultiModalInput, mm_hashes_in_block
 from metalserve.outputs import TokenLogprob
 from metalserve.sampling_params import SamplingParams
@@ -71,6 +72,7 @@ class Request:
     arrival_time: float = field(default_factory=time.monotonic)
     priority: int = 0
     cache_salt: str | None = None
+    lora: LoraRequest | None = None  # the LoRA adapter it runs under (its key is in every block hash)
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0

@@ -8,6 +8,7 @@ import threading
 import time
 
 from metalserve.executor.runner import InFlightStep, ModelRunner
+from metalserve.lora.request import LoraRequest
 from metalserve.outputs import EngineCoreOutput
 from metalserve.platform import Platform, current_platform
 from metalserve.request import Request, RequestStatus
@@ -60,11 +61,20 @@ class EngineCore:
     def add_request(self, request: Request) -> None:
         if request.mm_inputs and self.runner.encoder_outputs is None:
             raise ValueError("this model takes no images")
+        if request.lora is not None and request.lora not in self.lora_requests().values():
+            raise ValueError(f"LoRA adapter {request.lora.name!r} is not loaded")
         if request.num_prompt_tokens > self.max_model_len:
             raise ValueError(
                 f"the prompt has {request.num_prompt_tokens} tokens, more than max_model_len={self.max_model_len}"
             )
         self.scheduler.add_request(request)
+
+    def lora_requests(self) -> dict[str, LoraRequest]:
+        """The loaded LoRA adapters by name (empty without --enable-lora)."""
+        lora = self.runner.lora
+        if lora is None:
+            return {}
+        return {name: LoraRequest(name, adapter.key) for name, adapter in list(lora.adapters.items())}
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.abort_requests(request_ids)

@@ -34,6 +34,7 @@ class ForwardContext:
     groups: Sequence[GroupStep]  # per attention layer group; group 0 first
     states: StateStep | None = None  # the recurrent layers' state plan (hybrid models only)
     images: Any = None  # the step's image embeddings (executor/encoders/cache.py: StepImages), if any
+    lora: Any = None  # the step's token rows per LoRA adapter (lora/layers.py: LoraStep); None: base only
 
     @property
     def slot_mapping(self) -> mx.array:

@@ -23,6 +23,7 @@ class CachedRequestState:
     mm_inputs: list[Any] = field(default_factory=list)  # its images (multimodal/inputs.py: MultiModalInput)
     # M-RoPE models: the prompt's positions [3, num_prompt_tokens] and the delta later tokens add to their index.
     mrope: tuple[np.ndarray, int] | None = None
+    lora_slot: int = -1  # its LoRA adapter's slot in the model (lora/layers.py: LoraSlots); -1: the base model
     _block_array: np.ndarray | None = field(default=None, repr=False)
 
     @property

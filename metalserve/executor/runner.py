@@ -23,6 +23,7 @@ from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.state_cache import RecurrentStates
 from metalserve.executor.step_inputs import StepInputs, pack_step
 from metalserve.kvcache.specs import AttentionSpec, KVCacheSpec
+from metalserve.lora.layers import LoraSlots, lora_step
 from metalserve.multimodal.inputs import MultiModalInput
 from metalserve.multimodal.mrope import mrope_positions, packed_mrope_positions
 from metalserve.outputs import TokenLogprob
@@ -106,6 +107,7 @@ class ModelRunner:
         self.encoder_outputs = EncoderOutputs(encoder) if encoder is not None else None
         self.mrope_merge_size = mrope_merge_size
         self.connector: KVConnectorWorker | None = None  # a KV connector's worker half (the disk tier)
+        self.lora: LoraSlots | None = None  # the loaded LoRA adapters (--enable-lora; serving/lora.py)
 
     def _layer(self, attn: AttentionSpec, num_blocks: int | None = None) -> LayerCacheSpec:
         """One pool tensor's (or group's) cache of the spec's pages, `num_blocks` blocks (default: all)."""
@@ -157,12 +159,19 @@ class ModelRunner:
                 structured=new.structured,
                 mm_inputs=new.mm_inputs,
                 mrope=self._mrope_table(new.num_prompt_tokens, new.mm_inputs),
+                lora_slot=self._lora_slot(new.lora.name) if new.lora is not None else -1,
             )
         for cached in so.scheduled_cached_reqs:
             state = self.requests[cached.request_id]
             state.add_blocks(cached.new_block_ids[0])
             self.group_tables[cached.request_id].add(cached.new_block_ids[1 : self.num_attention_groups])
             state.num_computed_tokens = cached.num_computed_tokens
+
+    def _lora_slot(self, name: str) -> int:
+        slot = self.lora.slots.get(name) if self.lora is not None else None
+        if slot is None:
+            raise ValueError(f"LoRA adapter {name!r} is not loaded")
+        return slot
 
     def _mrope_table(self, num_prompt_tokens: int, mm_inputs: list[MultiModalInput]) -> tuple[Any, int] | None:
         if not mm_inputs:
@@ -206,7 +215,8 @@ class ModelRunner:
     def _context(self, step: StepInputs) -> ForwardContext:
         groups = [self._group_step(step, g) for g in range(self.num_attention_groups)]
         states = self.states.plan(step) if self.states is not None else None
-        return ForwardContext(self._positions(step), self.backend, self.kv, groups, states, self._images(step))
+        lora = lora_step([self.requests[r].lora_slot for r in step.request_ids], step.cu_seqlens_q) if self.lora else None
+        return ForwardContext(self._positions(step), self.backend, self.kv, groups, states, self._images(step), lora)
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         """One step, start to end."""

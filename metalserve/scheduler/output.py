@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from metalserve.kvcache.connector.base import ConnectorMetadata, ConnectorOutput
 from metalserve.kvcache.manager import BlockIds
+from metalserve.lora.request import LoraRequest
 from metalserve.multimodal.inputs import MultiModalInput
 from metalserve.outputs import TokenLogprob
 from metalserve.request import StructuredState
@@ -26,6 +27,7 @@ class NewRequestData:
     num_computed_tokens: int  # tokens already in the KV cache (prefix cache hit)
     structured: StructuredState | None = None  # the request's grammar (the sampler masks with it)
     mm_inputs: list[MultiModalInput] = field(default_factory=list)  # the prompt's images (placeholders, pixels)
+    lora: LoraRequest | None = None  # the LoRA adapter the request runs under; None: the base model
 
 
 @dataclass

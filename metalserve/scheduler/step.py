@@ -38,6 +38,7 @@ class StepBuilder:
                 num_computed_tokens=request.num_computed_tokens,
                 structured=request.structured,
                 mm_inputs=request.mm_inputs,
+                lora=request.lora,
             )
         )
         self.budget -= n

@@ -25,6 +25,7 @@ from metalserve.platform import current_platform
 from metalserve.serving.context_len import resolve_max_model_len
 from metalserve.serving.kv_disk import attach_disk_tier
 from metalserve.serving.kv_groups import build_scheduler, state_group
+from metalserve.serving.lora import lora_reserve, prepare_lora
 from metalserve.serving.memory import machine_memory
 from metalserve.serving.parts import (
     async_scheduling_for,
@@ -66,7 +67,12 @@ def build_engine_core(config: EngineConfig, loaded: LoadedModel, draft: LoadedMo
     draft_model, if already loaded."""
     platform = current_platform()
     max_model_len = resolve_max_model_len(config, loaded.max_model_len, loaded.rope_scaled_len, warn=True)
-    model = PagedModel.from_loaded(loaded, platform)
+    lora = prepare_lora(config, loaded.model, loaded.model_type)
+    if lora is None:
+        model = PagedModel.from_loaded(loaded, platform)
+    else:  # adapters run on the MLX route: the host (numba) path's fused layers have no LoRA deltas
+        loaded.codes.clear()
+        model = PagedModel(loaded.model, loaded.model_type)
     # This model's own parameters (MLX's active memory would count every model a server has loaded).
     weight_bytes = parameter_bytes(loaded.model) + model.host_bytes()
     storage = config.kv_cache_dtype
@@ -101,7 +107,7 @@ def build_engine_core(config: EngineConfig, loaded: LoadedModel, draft: LoadedMo
         memory = machine_memory(held)
     _log_states(spec.groups)
     draft_bytes = kv_cache_spec(draft, config.block_size, storage).bytes_per_block if draft is not None else 0
-    plan = plan_kv_pool(config, spec, max_model_len, pool_budget(config, memory, peak), draft_bytes)
+    plan = plan_kv_pool(config, spec, max_model_len, pool_budget(config, memory, peak, lora_reserve(config, lora)), draft_bytes)
     spec = spec.with_blocks(plan.initial_blocks)
     scheduler = build_scheduler(
         config,
@@ -122,6 +128,7 @@ def build_engine_core(config: EngineConfig, loaded: LoadedModel, draft: LoadedMo
         **vision_parts(loaded, model, dtype),
         async_eval=platform.metal,
     )
+    runner.lora = lora
     attach_disk_tier(config, loaded, spec, scheduler, runner)
     mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * plan.num_blocks * spec.bytes_per_block))
     return EngineCore(
