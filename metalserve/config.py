@@ -247,7 +247,9 @@ class EngineConfig:
         if self.max_lora_rank < 1:
             raise ConfigError("--max-lora-rank must be at least 1")
         if len(self.lora_modules) > self.max_loras:
-            raise ConfigError(f"--lora-modules names {len(self.lora_modules)} adapters, more than --max-loras {self.max_loras}")
+            raise ConfigError(
+                f"--lora-modules names {len(self.lora_modules)} adapters, more than --max-loras {self.max_loras}"
+            )
         names = [name for name, _ in self.lora_modules]
         if len(set(names)) != len(names):
             raise ConfigError("--lora-modules: each adapter needs a name of its own")

@@ -24,6 +24,10 @@ from metalserve.structured.limits import GrammarLimits
 # `serve`'s option strings as released: renaming or dropping one breaks users' command lines.
 SERVE_OPTIONS = {
     "--served-model-name",
+    "--enable-lora",
+    "--lora-modules",
+    "--max-loras",
+    "--max-lora-rank",
     "--max-model-len",
     "--block-size",
     "--max-num-seqs",
@@ -196,6 +200,14 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         "--hf-overrides",
         '{"rope_scaling": {"rope_type": "linear", "factor": 2.0}}',
         "--allow-long-max-model-len",
+        "--enable-lora",
+        "--lora-modules",
+        "sql=/adapters/sql",
+        "chat=/adapters/chat",
+        "--max-loras",
+        "3",
+        "--max-lora-rank",
+        "32",
         "--default-max-tokens",
         "77",
         "--no-generic-tool-prompt",
@@ -230,6 +242,10 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         hf_overrides={"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
         allow_long_max_model_len=True,
         async_scheduling=False,
+        enable_lora=True,
+        lora_modules=(("sql", "/adapters/sql"), ("chat", "/adapters/chat")),
+        max_loras=3,
+        max_lora_rank=32,
     )
     assert settings == ServerSettings(
         host="0.0.0.0",

@@ -215,7 +215,9 @@ class ModelRunner:
     def _context(self, step: StepInputs) -> ForwardContext:
         groups = [self._group_step(step, g) for g in range(self.num_attention_groups)]
         states = self.states.plan(step) if self.states is not None else None
-        lora = lora_step([self.requests[r].lora_slot for r in step.request_ids], step.cu_seqlens_q) if self.lora else None
+        lora = (
+            lora_step([self.requests[r].lora_slot for r in step.request_ids], step.cu_seqlens_q) if self.lora else None
+        )
         return ForwardContext(self._positions(step), self.backend, self.kv, groups, states, self._images(step), lora)
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:

@@ -118,7 +118,7 @@ def _pairs(
     name: str, weights: dict[str, mx.array], a_suffix: str, b_suffix: str
 ) -> dict[str, tuple[mx.array, mx.array]]:
     pairs: dict[str, tuple[mx.array, mx.array]] = {}
-    for key in weights:
+    for key in sorted(weights):  # the first problem in layer order
         if key.endswith(a_suffix):
             path = key[: -len(a_suffix)]
             if path + b_suffix not in weights:
@@ -129,9 +129,9 @@ def _pairs(
     return pairs
 
 
-def _checked(
-    name: str, path: str, a: mx.array, b: mx.array, rank: int, scale: float
-) -> tuple[mx.array, mx.array]:
+def _checked(name: str, path: str, a: mx.array, b: mx.array, rank: int, scale: float) -> tuple[mx.array, mx.array]:
+    if a.ndim == 3:  # mlx-lm's LoRASwitchLinear: one A/B per expert
+        raise AdapterError(f"LoRA adapter {name!r}: {path} adapts MoE experts, which are not served yet")
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != rank or b.shape[0] != rank:
         raise AdapterError(
             f"LoRA adapter {name!r}: {path} has A {tuple(a.shape)} and B {tuple(b.shape)}, not rank {rank}"

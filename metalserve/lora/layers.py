@@ -95,7 +95,7 @@ class LoraSlots:
             raise AdapterError(f"{len(self.slots)} LoRA adapters are loaded, the most --max-loras allows")
         if adapter.rank > self.max_rank:
             raise AdapterError(f"LoRA adapter {adapter.name!r} has rank {adapter.rank}, above --max-lora-rank")
-        for path, (a, b) in adapter.modules.items():
+        for path, (a, b) in sorted(adapter.modules.items()):  # the first misfit in layer order
             layer = self.layers.get(path)
             if layer is None:
                 raise AdapterError(f"LoRA adapter {adapter.name!r} targets {path}, not a linear layer of this model")

@@ -107,7 +107,9 @@ def build_engine_core(config: EngineConfig, loaded: LoadedModel, draft: LoadedMo
         memory = machine_memory(held)
     _log_states(spec.groups)
     draft_bytes = kv_cache_spec(draft, config.block_size, storage).bytes_per_block if draft is not None else 0
-    plan = plan_kv_pool(config, spec, max_model_len, pool_budget(config, memory, peak, lora_reserve(config, lora)), draft_bytes)
+    plan = plan_kv_pool(
+        config, spec, max_model_len, pool_budget(config, memory, peak, lora_reserve(config, lora)), draft_bytes
+    )
     spec = spec.with_blocks(plan.initial_blocks)
     scheduler = build_scheduler(
         config,

@@ -33,7 +33,13 @@ def prepare_lora(config: EngineConfig, model: nn.Module, model_type: str) -> Lor
             slots.load(adapter)
         except AdapterError as exc:
             raise ConfigError(f"--lora-modules: {exc}") from None
-        logger.info("LoRA adapter %s: rank %d, %d modules, %s", name, adapter.rank, len(adapter.modules), format_bytes(adapter.nbytes))
+        logger.info(
+            "LoRA adapter %s: rank %d, %d modules, %s",
+            name,
+            adapter.rank,
+            len(adapter.modules),
+            format_bytes(adapter.nbytes),
+        )
     return slots
 
 

@@ -10,6 +10,7 @@ from metalserve.kvcache.connector.base import ConnectorOutput
 from metalserve.kvcache.connector.disk_keys import StoreNamespace
 from metalserve.kvcache.connector.disk_scheduler import DiskConnectorScheduler, group_needs
 from metalserve.kvcache.specs import FullAttention, RecurrentState
+from metalserve.lora.request import LoraRequest
 from metalserve.multimodal.inputs import MultiModalInput
 from metalserve.request import Request, RequestStatus
 from metalserve.sampling_params import SamplingParams
@@ -260,3 +261,19 @@ def test_under_async_scheduling_a_snapshot_reached_by_a_placeholder_is_saved_wit
     assert s.kv.get_block_ids("a") == ([1, 3], [2, 4])  # and reads entry 0 (block 2), not freed yet
     meta = out3.kv_connector_metadata
     assert meta is not None and [(t.block_id, t.group) for t in meta.saves] == [(1, 0), (2, 1)]
+
+
+def test_a_lora_adapter_keys_the_stored_blocks() -> None:
+    s, index = make_scheduler()
+    params = SamplingParams(max_tokens=1, ignore_eos=True)
+    s.add_request(Request("a", list(PROMPT_A), params, lora=LoraRequest("sql", "sql@1111")))
+    run_to_end(s, index)
+    assert len(index.stored) == 3
+    other, _ = make_scheduler("model-a", index)  # a fresh engine on the same store
+    other.add_request(Request("x", list(PROMPT_A), params))  # the base model: none of the adapter's blocks
+    out = step(other, index)
+    assert out.kv_connector_metadata is None or not out.kv_connector_metadata.loads
+    same, _ = make_scheduler("model-a", index)
+    same.add_request(Request("y", list(PROMPT_A), params, lora=LoraRequest("sql", "sql@1111")))
+    meta = step(same, index).kv_connector_metadata
+    assert meta is not None and len(meta.loads["y"]) == 3

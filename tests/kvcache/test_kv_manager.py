@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 
 from metalserve.kvcache.manager import KVCacheManager
+from metalserve.lora.request import LoraRequest
+from metalserve.request import Request
+from metalserve.sampling_params import SamplingParams
 from tests.kvcache.kv_helpers import admit, make_request
 
 BS = 4
@@ -147,3 +150,26 @@ def test_bad_arguments() -> None:
         kv.allocate_slots(make_request("a", [1]), 0)
     with pytest.raises(ValueError, match="block_size"):
         KVCacheManager(num_blocks=8, block_size=0)
+
+
+def test_blocks_computed_under_one_lora_adapter_serve_only_that_adapter() -> None:
+    kv = KVCacheManager(num_blocks=10, block_size=BS)
+    prompt = list(range(9))
+    sql = LoraRequest("sql", "sql@1111")
+
+    def under(rid: str, lora: LoraRequest | None) -> Request:
+        return Request(rid, list(prompt), SamplingParams(max_tokens=8), lora=lora)
+
+    a = under("a", sql)
+    admit(kv, a)
+    kv.free(a)
+    assert kv.get_computed_blocks(under("base", None)).block_ids == ([],)
+    assert kv.get_computed_blocks(under("chat", LoraRequest("chat", "chat@2222"))).block_ids == ([],)
+    # The same name over other weights (an adapter reloaded from another directory) does not hit either.
+    assert kv.get_computed_blocks(under("sql-v2", LoraRequest("sql", "sql@3333"))).block_ids == ([],)
+    assert kv.get_computed_blocks(under("again", sql)).block_ids == ([1, 2],)
+    base = under("b", None)
+    assert admit(kv, base) == ([4, 5, 6],)  # the base model's blocks are its own, not the adapter's 1 and 2
+    kv.free(base)
+    assert kv.get_computed_blocks(under("base2", None)).block_ids == ([4, 5],)
+    assert kv.get_computed_blocks(under("sql2", sql)).block_ids == ([1, 2],)

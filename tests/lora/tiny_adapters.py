@@ -11,7 +11,8 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.tuner.utils import linear_to_lora_layers, load_adapters
 
-from tests.executor.tiny_models import tiny_model
+from metalserve.loader import LoadedModel
+from tests.models.archs import build
 
 ATTENTION_KEYS = ["self_attn.q_proj", "self_attn.v_proj"]
 ALL_KEYS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.down_proj"]
@@ -22,11 +23,17 @@ def lora_params(rank: int = 4, scale: float = 2.0, keys: list[str] | None = None
 
 
 def make_mlx_lm_adapter(
-    folder: Path, model_type: str = "llama", seed: int = 1, rank: int = 4, scale: float = 2.0, keys: list[str] | None = None
+    folder: Path,
+    model_type: str = "llama",
+    seed: int = 1,
+    rank: int = 4,
+    scale: float = 2.0,
+    keys: list[str] | None = None,
+    **shape: object,
 ) -> Path:
     """A trained-looking adapter: mlx-lm's LoRALinear layers, B drawn at random (training starts it at
-    zero), saved with mlx-lm's names and config."""
-    model = tiny_model(model_type)
+    zero), saved with mlx-lm's names and config. `shape`: config overrides (an adapter of another model)."""
+    model = build(model_type, **shape)
     params = lora_params(rank, scale, keys)
     num_layers = len(model.layers)
     linear_to_lora_layers(model, num_layers, params)
@@ -64,9 +71,25 @@ def as_peft(mlx_lm_folder: Path, folder: Path, alpha: float) -> Path:
 
 def fused_model(folder: Path, model_type: str = "llama") -> nn.Module:
     """mlx-lm's own route: load the adapter onto the base model, then fuse it into the weights."""
-    model = tiny_model(model_type)
+    model = build(model_type)
     load_adapters(model, str(folder))
     fused = [(name, module.fuse()) for name, module in model.named_modules() if hasattr(module, "fuse")]
     model.update_modules(tree_unflatten(fused))
     mx.eval(model.parameters())
     return model
+
+
+def loaded_of(model_type: str) -> LoadedModel:
+    """The tiny base model as the loader hands it over (no tokenizer: the tests feed token ids)."""
+    return LoadedModel(
+        model=build(model_type),
+        tokenizer=None,
+        model_type=model_type,
+        config={},
+        max_model_len=256,  # type: ignore[arg-type]
+        eos_token_ids=frozenset(),
+        chat_template=None,
+        source="tiny",
+        weights_desc="fp32",
+        blas_desc="-",
+    )

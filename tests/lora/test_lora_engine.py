@@ -1,0 +1,115 @@
+"""Requests under several LoRA adapters and the base model, all in one packed batch, give what mlx-lm
+gives with each adapter fused into the weights (tokens equal, logprobs within float tolerance)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+
+from metalserve.config import ConfigError, EngineConfig
+from metalserve.engine.core import EngineCore
+from metalserve.lora.request import LoraRequest
+from metalserve.request import Request
+from metalserve.sampling_params import SamplingParams
+from metalserve.serving.build import build_engine_core
+from tests.executor.test_runner_golden import prompts_of
+from tests.lora.tiny_adapters import ALL_KEYS, as_peft, fused_model, loaded_of, make_mlx_lm_adapter
+
+NUM_TOKENS = 8
+LOGPROB_TOLERANCE = 1e-3
+
+
+def reference(model: nn.Module, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """mlx-lm's own model call with its contiguous cache: greedy tokens and each one's logprob."""
+    cache = make_prompt_cache(model)
+    logits = model(mx.array(prompt)[None], cache=cache)
+    tokens, logprobs = [], []
+    for _ in range(n):
+        row = logits[0, -1].astype(mx.float32)
+        token = int(mx.argmax(row).item())
+        tokens.append(token)
+        logprobs.append(float((row - mx.logsumexp(row))[token].item()))
+        logits = model(mx.array([[token]]), cache=cache)
+    return tokens, logprobs
+
+
+def run(
+    core: EngineCore, jobs: dict[str, tuple[list[int], LoraRequest | None]]
+) -> dict[str, tuple[list[int], list[float]]]:
+    params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=0)
+    for rid, (prompt, lora) in jobs.items():
+        core.add_request(Request(rid, prompt, params, lora=lora))
+    got: dict[str, tuple[list[int], list[float]]] = {rid: ([], []) for rid in jobs}
+    while core.has_unfinished_requests():
+        for out in core.step():
+            got[out.request_id][0].extend(out.new_token_ids)
+            got[out.request_id][1].extend(lp.logprob for lp in out.new_logprobs or [])
+    return got
+
+
+def adapters(tmp_path: Path, model_type: str) -> dict[str, Path]:
+    """Three adapters: attention-only (mlx-lm), attention + MLP down projection (mlx-lm), and the first
+    one's weights saved as PEFT saves them, with another scale."""
+    keys = ALL_KEYS if model_type != "qwen3_moe" else ALL_KEYS[:4]  # MoE experts are not adapted
+    first = make_mlx_lm_adapter(tmp_path / "a", model_type, seed=1, rank=4, scale=2.0)
+    second = make_mlx_lm_adapter(tmp_path / "b", model_type, seed=2, rank=8, scale=1.0, keys=keys)
+    return {"a": first, "b": second, "c": as_peft(first, tmp_path / "c", alpha=4 * 3.0)}
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "qwen3_moe"])
+def test_a_batch_mixing_three_adapters_and_the_base_equals_the_fused_models(tmp_path: Path, model_type: str) -> None:
+    paths = adapters(tmp_path, model_type)
+    prompts = prompts_of([13, 21, 9, 30], 256, seed=7)
+    loaded = loaded_of(model_type)
+    fused = {name: fused_model(path, model_type) for name, path in paths.items() if name != "c"}
+    # PEFT's c is a's weights at scale alpha / r = 3.0: fuse a copy of a saved at that scale.
+    fused["c"] = fused_model(make_mlx_lm_adapter(tmp_path / "a3", model_type, seed=1, rank=4, scale=3.0), model_type)
+    expected = {f"base{i}": reference(loaded.model, p, NUM_TOKENS) for i, p in enumerate(prompts[:2])}
+    for i, prompt in enumerate(prompts):
+        for name, model in fused.items():
+            expected[f"{name}{i}"] = reference(model, prompt, NUM_TOKENS)
+    modules = tuple((name, str(path)) for name, path in paths.items())
+    config = EngineConfig(
+        kv_cache_memory=1 << 23, max_num_batched_tokens=512, block_size=8, enable_lora=True, lora_modules=modules
+    )
+    core = build_engine_core(config, loaded)
+    loras = core.lora_requests()
+    jobs: dict[str, tuple[list[int], LoraRequest | None]] = {f"base{i}": (p, None) for i, p in enumerate(prompts[:2])}
+    for i, prompt in enumerate(prompts):
+        jobs |= {f"{name}{i}": (prompt, loras[name]) for name in fused}
+    got = run(core, jobs)
+    for rid, (tokens, logprobs) in expected.items():
+        assert got[rid][0] == tokens, rid
+        assert max(abs(a - b) for a, b in zip(got[rid][1], logprobs, strict=True)) < LOGPROB_TOLERANCE, rid
+    # The adapters do change the output (else the test would prove nothing).
+    assert expected["a0"][0] != expected["b0"][0] != expected["c0"][0]
+
+
+def test_an_adapter_of_rank_above_the_limit_is_refused_at_start_up(tmp_path: Path) -> None:
+    path = make_mlx_lm_adapter(tmp_path / "a", rank=8)
+    config = EngineConfig(kv_cache_memory=1 << 22, enable_lora=True, max_lora_rank=4, lora_modules=(("a", str(path)),))
+    with pytest.raises(ConfigError, match="'a' has rank 8, above --max-lora-rank 4"):
+        build_engine_core(config, loaded_of("llama"))
+
+
+def test_an_adapter_of_another_model_shape_is_refused(tmp_path: Path) -> None:
+    path = make_mlx_lm_adapter(tmp_path / "a", hidden_size=32)  # trained on a narrower llama
+    config = EngineConfig(kv_cache_memory=1 << 22, enable_lora=True, lora_modules=(("a", str(path)),))
+    with pytest.raises(ConfigError, match=r"model.layers.0.self_attn.q_proj maps 32 -> 32, the model's layer 64 -> 64"):
+        build_engine_core(config, loaded_of("llama"))
+
+
+def test_a_missing_adapter_directory_is_a_start_up_error(tmp_path: Path) -> None:
+    config = EngineConfig(kv_cache_memory=1 << 22, enable_lora=True, lora_modules=(("a", str(tmp_path / "none")),))
+    with pytest.raises(ConfigError, match="--lora-modules: LoRA adapter 'a': .* is not a directory"):
+        build_engine_core(config, loaded_of("llama"))
+
+
+def test_a_request_under_an_adapter_not_loaded_is_refused(tmp_path: Path) -> None:
+    core = build_engine_core(EngineConfig(kv_cache_memory=1 << 22, enable_lora=True), loaded_of("llama"))
+    with pytest.raises(ValueError, match="LoRA adapter 'x' is not loaded"):
+        core.add_request(Request("r", [1, 2], SamplingParams(), lora=LoraRequest("x", "x@0")))
