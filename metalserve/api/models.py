@@ -17,10 +17,12 @@ from metalserve.api.model_serving import ModelServing
 from metalserve.serving.registry import ModelRegistry
 
 
-def openai_card(info: dict[str, Any], root: str, created: int) -> dict[str, Any]:
+def openai_card(info: dict[str, Any], root: str, created: int, parent: str | None = None) -> dict[str, Any]:
+    """`parent`: for a LoRA adapter, the model it runs over (vLLM's field; None for a model)."""
     card = {"id": info["id"], "object": "model", "created": created, "owned_by": "metalserve", "root": root}
     return {
         **card,
+        "parent": parent,
         "max_model_len": info["max_model_len"],
         "state": info["state"],
         "aliases": info["aliases"],
@@ -51,6 +53,11 @@ def add_model_routes(app: FastAPI, registry: ModelRegistry[ModelServing]) -> Non
         for slot, info in zip(registry.slots, registry.describe(), strict=True):
             root = slot.engine.model_name if slot.engine is not None else (slot.spec.config.model or slot.spec.name)
             out.append(anthropic_card(info, started) if anthropic else openai_card(info, root, started))
+            adapters = slot.engine.lora_requests() if slot.engine is not None else {}
+            for lora in adapters.values():  # each adapter is served like a model of its own
+                adapter = {**info, "id": lora.name, "aliases": [], "pinned": False}
+                card = openai_card(adapter, lora.path, started, parent=info["id"])
+                out.append(anthropic_card(adapter, started) if anthropic else card)
         return out
 
     @app.get("/v1/models")

@@ -274,7 +274,7 @@ class ChatServing:
             "id": gen.request_id,
             "object": "chat.completion",
             "created": now(),
-            "model": self.ctx.served_model_name,
+            "model": self.ctx.model_id(req.model),
             "choices": out,
             "usage": total_usage(choices, req.n),
         }
@@ -282,7 +282,7 @@ class ChatServing:
     async def _stream(self, req: ChatCompletionRequest, gen: Generation) -> AsyncIterator[dict[str, str]]:
         streams = gen.streams
         head = {"id": gen.request_id, "object": "chat.completion.chunk", "created": now()}
-        head["model"] = self.ctx.served_model_name
+        head["model"] = self.ctx.model_id(req.model)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         tail = {"usage": None} if include_usage else {}
         parsers = [gen.parsing.streamer(i) for i in range(len(streams))]

@@ -124,7 +124,13 @@ def start_generations(
     for i, rid in enumerate(engine_request_ids(response_id, n)):
         sample = with_seed(params, i)
         stream = ctx.engine.generate(
-            prompt, sample, rid, priority=req.priority, cache_salt=req.cache_salt, mm_inputs=mm_inputs
+            prompt,
+            sample,
+            rid,
+            priority=req.priority,
+            cache_salt=req.cache_salt,
+            mm_inputs=mm_inputs,
+            lora=ctx.lora_for(req.model),
         )
         if ctx.recorder is not None:  # the status page's recent requests
             stream = ctx.recorder.recorded(stream, ctx.served_model_name, rid, len(prompt), ctx.engine.prompt_progress)

@@ -162,7 +162,7 @@ class CompletionServing:
             "id": response_id,
             "object": "text_completion",
             "created": now(),
-            "model": self.ctx.served_model_name,
+            "model": self.ctx.model_id(req.model),
             "choices": out,
             "usage": total_usage(choices, req.n),
         }
@@ -175,7 +175,7 @@ class CompletionServing:
         streams: list[AsyncIterator[RequestOutput]],
     ) -> AsyncIterator[dict[str, str]]:
         head = {"id": response_id, "object": "text_completion", "created": now()}
-        head["model"] = self.ctx.served_model_name
+        head["model"] = self.ctx.model_id(req.model)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         offsets = [0] * len(streams)
         totals = [ChoiceState() for _ in streams]

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from metalserve.api.errors import ContextLengthError, OpenAIError
 from metalserve.api.request_log import RequestRecorder
 from metalserve.engine.async_engine import AsyncEngine
+from metalserve.lora.request import LoraRequest
 from metalserve.multimodal.limits import ImageLimits
 
 T = TypeVar("T")
@@ -38,8 +39,19 @@ class ServingContext:
     recorder: RequestRecorder | None = None  # the status page's recent requests
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.served_model_name and model not in self.aliases:
+        known = model is None or model == self.served_model_name or model in self.aliases
+        if not known and self.lora_for(model) is None:
             raise OpenAIError(f"The model `{model}` does not exist.", 404, param="model", code="model_not_found")
+
+    def model_id(self, model: str | None) -> str:
+        """The `model` an answer names: the adapter the request chose, else the served name."""
+        return model if model is not None and self.lora_for(model) is not None else self.served_model_name
+
+    def lora_for(self, model: str | None) -> LoraRequest | None:
+        """The LoRA adapter a request's `model` names (served like a model, as vLLM does); None: the base."""
+        if model is None or model == self.served_model_name or model in self.aliases:
+            return None
+        return self.engine.lora_requests().get(model)
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """Run tokenizer or template work in the tokenizer thread, so a huge prompt never stalls HTTP."""

@@ -23,6 +23,7 @@ from metalserve.engine.errors import ClientTooSlowError, EngineDeadError, Engine
 from metalserve.engine.protocol import EngineCoreProtocol
 from metalserve.engine.request_output import EngineObserver, IterationStats, RequestOutput
 from metalserve.engine.request_state import RequestState, count_prefill, hand_over, make_output
+from metalserve.lora.request import LoraRequest
 from metalserve.multimodal.inputs import MultiModalInput
 from metalserve.outputs import EngineCoreOutput
 from metalserve.request import Request
@@ -144,12 +145,13 @@ class AsyncEngine:
         priority: int = 0,
         cache_salt: str | None = None,
         mm_inputs: list[MultiModalInput] | None = None,
+        lora: LoraRequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Submit one request and yield its deltas; closing the iterator early aborts the request.
         `mm_inputs`: its images (placeholders in the prompt; a vision-language model's).
 
         Deltas that queued up while the reader was busy come merged into one."""
-        state = self._submit(prompt_token_ids, sampling_params, request_id, priority, cache_salt, mm_inputs or [])
+        state = self._submit(prompt_token_ids, sampling_params, request_id, priority, cache_salt, mm_inputs or [], lora)
         finished = False
         pending: RequestOutput | BaseException | None = None
         try:
@@ -182,6 +184,7 @@ class AsyncEngine:
         priority: int,
         cache_salt: str | None,
         mm_inputs: list[MultiModalInput],
+        lora: LoraRequest | None = None,
     ) -> RequestState:
         if self.dead_error is not None:
             raise EngineDeadError(DEAD_MESSAGE)
@@ -198,6 +201,7 @@ class AsyncEngine:
             priority=priority,
             cache_salt=cache_salt,
             mm_inputs=list(mm_inputs),
+            lora=lora,
         )
         if params.structured_outputs is not None:
             request.structured = self.grammar.make_state(params.structured_outputs)
@@ -231,6 +235,11 @@ class AsyncEngine:
             raise GrammarError(
                 params.kind, f"the grammar did not compile within {timeout:g} s (--grammar-compile-timeout)"
             ) from None
+
+    def lora_requests(self) -> dict[str, LoraRequest]:
+        """The LoRA adapters loaded now, by name (a snapshot of the engine thread's table)."""
+        lookup = getattr(self.core, "lora_requests", None)
+        return lookup() if lookup is not None else {}
 
     def prompt_progress(self, request_id: str) -> tuple[int, int] | None:
         """(prompt tokens prefilled so far, prompt tokens) of a running request; None once it ended.

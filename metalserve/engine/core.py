@@ -74,7 +74,7 @@ class EngineCore:
         lora = self.runner.lora
         if lora is None:
             return {}
-        return {name: LoraRequest(name, adapter.key) for name, adapter in list(lora.adapters.items())}
+        return {name: LoraRequest(name, adapter.key, adapter.path) for name, adapter in list(lora.adapters.items())}
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.abort_requests(request_ids)

@@ -33,6 +33,7 @@ class AdapterWeights:
     rank: int
     modules: dict[str, tuple[mx.array, mx.array]]  # module path -> (A [in, r], B [r, out] * scale)
     key: str  # name + content hash (lora/request.py)
+    path: str = ""  # the directory it was read from
 
     @property
     def nbytes(self) -> int:
@@ -59,7 +60,7 @@ def read_adapter(name: str, path: str | Path, max_rank: int) -> AdapterWeights:
     if not modules:
         raise AdapterError(f"LoRA adapter {name!r}: no LoRA weights in {weights_file.name}")
     digest = hashlib.sha256(weights_file.read_bytes()).hexdigest()[:32]
-    return AdapterWeights(name, rank, modules, f"{name}@{digest}")
+    return AdapterWeights(name, rank, modules, f"{name}@{digest}", str(folder))
 
 
 def _read_config(name: str, folder: Path) -> dict[str, Any]:

@@ -13,3 +13,4 @@ class LoraRequest:
 
     name: str
     key: str
+    path: str = ""  # the directory it was read from (/v1/models shows it as the adapter's `root`)

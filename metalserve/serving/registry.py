@@ -148,13 +148,21 @@ class ModelRegistry(Generic[S]):
         """The slot a request's `model` names (absent: the first model); unknown names are a 404."""
         if model is None or model == "":
             return self.slots[0]
-        slot = self._by_name.get(model)
+        slot = self._by_name.get(model) or self._adapter_slot(model)
         if slot is None:
             served = ", ".join(n for s in self.slots for n in s.spec.names)
             raise ModelRegistryError(
                 f"The model `{model}` does not exist. Served models: {served}.", 404, "model_not_found"
             )
         return slot
+
+    def _adapter_slot(self, name: str) -> ModelSlot[S] | None:
+        """The loaded model serving a LoRA adapter of this name (--enable-lora), if any."""
+        for slot in self.slots:
+            engine = slot.engine
+            if engine is not None and name in engine.lora_requests():
+                return slot
+        return None
 
     # ---- leases and loading ----
 

@@ -25,7 +25,7 @@ class MessagesServing:
     async def create(self, req: MessagesRequest, raw: HTTPRequest) -> Response:
         chat_req = to_chat(req, reasoning=self.chat.reasoning_parser is not None)
         gen = await self.chat.start(chat_req, id_prefix="msg")
-        model = self.chat.ctx.served_model_name
+        model = self.chat.ctx.model_id(req.model)
         omit = req.thinking is not None and req.thinking.display == "omitted"
         if req.stream:
             return EventSourceResponse(message_events(gen, model, omit), sep="\n")

@@ -41,7 +41,7 @@ class ResponsesServing:
         items = conversation(req, history)
         gen = await self.chat.start(to_chat(req, items, reasoning=self.chat.reasoning_parser is not None), "resp")
         rid, created = gen.request_id, now()
-        model = self.chat.ctx.served_model_name
+        model = self.chat.ctx.model_id(req.model)
 
         def finish(finish_reason: str | None, output: list[dict[str, Any]], usage: dict[str, Any]) -> dict[str, Any]:
             status = "incomplete" if finish_reason == "length" else "completed"

@@ -1,0 +1,102 @@
+"""LoRA adapters through the real threaded server and the official SDKs: an adapter's name is served like
+a model in every API, its answers are the fused model's, the base model's stay the base model's, and
+/v1/models lists the adapters with their parent, as vLLM does."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+from mlx.utils import tree_unflatten
+from mlx_lm.tuner.utils import load_adapters
+from mlx_lm.utils import load_model
+from transformers import AutoTokenizer
+
+from metalserve.api.settings import ServerSettings
+from metalserve.config import EngineConfig
+from tests.api.conftest import Served, live, serve_config
+from tests.distributed.tiny_dir import write_tiny_dir
+from tests.executor.test_runner_golden import mlx_lm_greedy
+from tests.lora.tiny_adapters import make_mlx_lm_adapter
+
+PROMPT = [5, 17, 33, 8, 21, 40, 12]
+MAX_TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("lora")
+    return {
+        "model": write_tiny_dir(root / "tiny-base"),
+        "sql": make_mlx_lm_adapter(root / "sql", seed=1, rank=4, scale=4.0, num_hidden_layers=4),
+        "chat": make_mlx_lm_adapter(root / "chat", seed=2, rank=8, scale=4.0, num_hidden_layers=4),
+    }
+
+
+@pytest.fixture(scope="module")
+def server(dirs: dict[str, Path]) -> Iterator[Served]:
+    modules = (("sql", str(dirs["sql"])), ("chat", str(dirs["chat"])))
+    config = EngineConfig(model=str(dirs["model"]), kv_cache_memory=1 << 24, enable_lora=True, lora_modules=modules)
+    with live(serve_config(config, ServerSettings(log_stats_interval=0))) as served:
+        yield served
+
+
+def expected_text(dirs: dict[str, Path], adapter: str | None) -> str:
+    """mlx-lm's greedy text from the model with the adapter fused into its weights (or the base model)."""
+    model, _ = load_model(dirs["model"])
+    if adapter is not None:
+        load_adapters(model, str(dirs[adapter]))
+        fused = [(n, m.fuse()) for n, m in model.named_modules() if hasattr(m, "fuse")]
+        model.update_modules(tree_unflatten(fused))
+    tokens = mlx_lm_greedy(model, PROMPT, MAX_TOKENS)
+    return str(AutoTokenizer.from_pretrained(dirs["model"]).decode(tokens))
+
+
+def test_models_lists_the_adapters_with_their_parent(server: Served, dirs: dict[str, Path]) -> None:
+    cards = httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"]
+    assert [(c["id"], c["parent"]) for c in cards] == [("tiny-base", None), ("sql", "tiny-base"), ("chat", "tiny-base")]
+    assert cards[1]["root"] == str(dirs["sql"])
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    assert client.models.retrieve("chat").id == "chat"
+
+
+def test_each_request_runs_under_the_adapter_its_model_names(server: Served, dirs: dict[str, Path]) -> None:
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+
+    def complete(model: str) -> tuple[str, str]:
+        reply = client.completions.create(model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0)
+        return reply.model, reply.choices[0].text
+
+    names = ["sql", "tiny-base", "chat", "sql", "chat", "tiny-base"]
+    with ThreadPoolExecutor(len(names)) as pool:  # concurrent: the adapters and the base share steps
+        replies = list(pool.map(complete, names))
+    expected = {
+        "sql": expected_text(dirs, "sql"),
+        "chat": expected_text(dirs, "chat"),
+        "tiny-base": expected_text(dirs, None),
+    }
+    assert len(set(expected.values())) == 3  # the adapters change the answer
+    assert replies == [(name, expected[name]) for name in names]
+
+
+def test_chat_messages_and_responses_route_by_the_adapter_name(server: Served) -> None:
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    hi = [{"role": "user", "content": "Hi"}]
+    texts = {}
+    for model in ("sql", "tiny-base"):
+        chat = client.chat.completions.create(model=model, messages=hi, max_tokens=8, temperature=0)  # type: ignore[arg-type]
+        assert chat.model == model
+        texts[model] = chat.choices[0].message.content
+        response = client.responses.create(model=model, input="Hi", max_output_tokens=8, temperature=0)
+        assert response.model == model and response.output_text == texts[model]
+        claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+        message = claude.messages.create(model=model, max_tokens=8, messages=hi, extra_body={"temperature": 0})  # type: ignore[arg-type]
+        assert message.model == model and message.content[0].text == texts[model]  # type: ignore[union-attr]
+    assert texts["sql"] != texts["tiny-base"]
+    with pytest.raises(openai.NotFoundError, match="`nope` does not exist"):
+        client.chat.completions.create(model="nope", messages=hi)  # type: ignore[arg-type]
