@@ -22,6 +22,7 @@ from metalserve.api.anthropic.protocol import CountTokensRequest, MessagesReques
 from metalserve.api.body_limit import BodyLimitMiddleware
 from metalserve.api.errors import ErrorShapes, OpenAIError, install_error_handlers
 from metalserve.api.frontend import Frontend
+from metalserve.api.lora_routes import add_lora_routes
 from metalserve.api.memory import memory_report
 from metalserve.api.metrics import MetricSeries
 from metalserve.api.model_serving import ModelServing, serve_with
@@ -163,6 +164,7 @@ def _add_info_routes(app: FastAPI, registry: ModelRegistry[ModelServing], series
         return {"version": metalserve.__version__}
 
     add_model_routes(app, registry)
+    add_lora_routes(app, registry)
 
     @app.get("/metrics")
     async def prometheus() -> Response:

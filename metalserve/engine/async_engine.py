@@ -14,15 +14,16 @@ import queue
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from metalserve.engine.commands import Abort, Add, Command, Crash, FailAll, Stop
+from metalserve.engine.commands import Abort, Add, Call, Command, Crash, FailAll, Stop
 from metalserve.engine.detokenizer import IncrementalDetokenizer
 from metalserve.engine.engine_thread import EngineThread
 from metalserve.engine.errors import ClientTooSlowError, EngineDeadError, EngineDrainingError, GrammarFailedError
 from metalserve.engine.protocol import EngineCoreProtocol
 from metalserve.engine.request_output import EngineObserver, IterationStats, RequestOutput
 from metalserve.engine.request_state import RequestState, count_prefill, hand_over, make_output
+from metalserve.lora.files import AdapterError
 from metalserve.lora.request import LoraRequest
 from metalserve.multimodal.inputs import MultiModalInput
 from metalserve.outputs import EngineCoreOutput
@@ -46,6 +47,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEAD_MESSAGE = "the engine stopped after an internal error (the server log has the details)"
 
@@ -241,6 +243,28 @@ class AsyncEngine:
         lookup = getattr(self.core, "lora_requests", None)
         return lookup() if lookup is not None else {}
 
+    async def between_steps(self, fn: Callable[[], T]) -> T:
+        """`fn()` on the engine thread between two steps (it may touch the model's MLX arrays)."""
+        if self.dead_error is not None:
+            raise EngineDeadError(DEAD_MESSAGE)
+        self.start()
+        future: Future[T] = Future()
+        self._commands.put(Call(fn, future))
+        return await asyncio.wrap_future(future)
+
+    async def load_lora(self, name: str, path: str) -> None:
+        """Load a LoRA adapter between steps; AdapterError (a ValueError) says why it cannot be."""
+        load = getattr(self.core, "load_lora", None)
+        if load is None:
+            raise AdapterError("this engine serves no LoRA adapters")
+        await self.between_steps(lambda: load(name, path))
+
+    async def unload_lora(self, name: str) -> None:
+        unload = getattr(self.core, "unload_lora", None)
+        if unload is None:
+            raise AdapterError(f"LoRA adapter {name!r} is not loaded")
+        await self.between_steps(lambda: unload(name))
+
     def prompt_progress(self, request_id: str) -> tuple[int, int] | None:
         """(prompt tokens prefilled so far, prompt tokens) of a running request; None once it ended.
         Read on the event loop while the worker thread advances it: a snapshot."""
@@ -283,6 +307,8 @@ class AsyncEngine:
                 raise command.error
             if isinstance(command, Add):
                 self._add(command.request, command.state)
+            elif isinstance(command, Call):
+                _run_call(command)
             elif isinstance(command, Abort):
                 ids = [rid for rid in command.request_ids if self._states.pop(rid, None) is not None]
                 if ids:
@@ -344,3 +370,10 @@ class AsyncEngine:
         ]
         self._states.clear()
         hand_over(deliveries)
+
+
+def _run_call(call: Call) -> None:
+    try:
+        call.future.set_result(call.fn())
+    except Exception as exc:  # the caller's error (a bad adapter), not the engine's
+        call.future.set_exception(exc)

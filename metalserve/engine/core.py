@@ -8,6 +8,7 @@ import threading
 import time
 
 from metalserve.executor.runner import InFlightStep, ModelRunner
+from metalserve.lora.files import AdapterError, read_adapter
 from metalserve.lora.request import LoraRequest
 from metalserve.outputs import EngineCoreOutput
 from metalserve.platform import Platform, current_platform
@@ -75,6 +76,30 @@ class EngineCore:
         if lora is None:
             return {}
         return {name: LoraRequest(name, adapter.key, adapter.path) for name, adapter in list(lora.adapters.items())}
+
+    def load_lora(self, name: str, path: str) -> LoraRequest:
+        """Read and load an adapter at run time (on the engine thread, between steps); AdapterError (a
+        ValueError) when LoRA is off, the name is taken, the slots are full or it does not fit the model."""
+        lora = self.runner.lora
+        if lora is None:
+            raise AdapterError("LoRA adapters are off: start the server with --enable-lora")
+        if name in lora.slots:
+            raise AdapterError(f"LoRA adapter {name!r} is already loaded")
+        adapter = read_adapter(name, path, lora.max_rank)
+        lora.load(adapter)
+        logger.info("LoRA adapter %s loaded from %s: rank %d, %d bytes", name, path, adapter.rank, adapter.nbytes)
+        return self.lora_requests()[name]
+
+    def unload_lora(self, name: str) -> None:
+        """Unload an adapter no running or waiting request uses; AdapterError otherwise."""
+        lora = self.runner.lora
+        if lora is None or name not in lora.slots:
+            raise AdapterError(f"LoRA adapter {name!r} is not loaded")
+        users = sum(1 for r in self.scheduler.requests.values() if r.lora is not None and r.lora.name == name)
+        if users:
+            raise AdapterError(f"LoRA adapter {name!r} has {users} requests in flight: unload it once they end")
+        lora.unload(name)
+        logger.info("LoRA adapter %s unloaded", name)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.abort_requests(request_ids)

@@ -71,6 +71,8 @@ def build_engine_core(config: EngineConfig, loaded: LoadedModel, draft: LoadedMo
     if lora is None:
         model = PagedModel.from_loaded(loaded, platform)
     else:  # adapters run on the MLX route: the host (numba) path's fused layers have no LoRA deltas
+        if loaded.codes:
+            logger.info("--enable-lora: every request runs on the MLX route (the CPU fast path has no LoRA deltas)")
         loaded.codes.clear()
         model = PagedModel(loaded.model, loaded.model_type)
     # This model's own parameters (MLX's active memory would count every model a server has loaded).

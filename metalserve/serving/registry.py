@@ -156,6 +156,10 @@ class ModelRegistry(Generic[S]):
             )
         return slot
 
+    def names_a_model(self, name: str) -> bool:
+        """A served name or alias of one of the models (not an adapter's)."""
+        return name in self._by_name
+
     def _adapter_slot(self, name: str) -> ModelSlot[S] | None:
         """The loaded model serving a LoRA adapter of this name (--enable-lora), if any."""
         for slot in self.slots:

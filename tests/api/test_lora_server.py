@@ -100,3 +100,33 @@ def test_chat_messages_and_responses_route_by_the_adapter_name(server: Served) -
     assert texts["sql"] != texts["tiny-base"]
     with pytest.raises(openai.NotFoundError, match="`nope` does not exist"):
         client.chat.completions.create(model="nope", messages=hi)  # type: ignore[arg-type]
+
+
+def test_adapters_load_and_unload_at_run_time_behind_the_api_key(dirs: dict[str, Path], tmp_path: Path) -> None:
+    config = EngineConfig(model=str(dirs["model"]), kv_cache_memory=1 << 24, enable_lora=True, max_loras=1)
+    settings = ServerSettings(log_stats_interval=0, api_key="secret")
+    with live(serve_config(config, settings)) as served:
+        url, auth = served.url, {"Authorization": "Bearer secret"}
+        body = {"lora_name": "sql", "lora_path": str(dirs["sql"])}
+        assert httpx.post(f"{url}/v1/load_lora_adapter", json=body, timeout=30).status_code == 401
+        loaded = httpx.post(f"{url}/v1/load_lora_adapter", json=body, headers=auth, timeout=30)
+        assert loaded.status_code == 200 and loaded.text == "Success: LoRA adapter 'sql' added successfully."
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="secret", max_retries=0)
+        reply = client.completions.create(model="sql", prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0)
+        assert reply.choices[0].text == expected_text(dirs, "sql")
+        # --max-loras 1: a second adapter is refused until the first is unloaded.
+        second = {"lora_name": "chat", "lora_path": str(dirs["chat"])}
+        full = httpx.post(f"{url}/v1/load_lora_adapter", json=second, headers=auth, timeout=30)
+        assert full.status_code == 400 and "the most --max-loras allows" in full.json()["error"]["message"]
+        bad = httpx.post(f"{url}/v1/load_lora_adapter", json={**second, "lora_path": str(tmp_path)}, headers=auth)
+        assert bad.status_code == 400 and "no adapter_config.json in" in bad.json()["error"]["message"]
+        gone = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "sql"}, headers=auth, timeout=30)
+        assert gone.status_code == 200 and gone.text == "Success: LoRA adapter 'sql' removed successfully."
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model="sql", prompt=PROMPT, max_tokens=2)
+        assert [c.id for c in client.models.list().data] == ["tiny-base"]
+        again = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "sql"}, headers=auth, timeout=30)
+        assert again.status_code == 404
+        assert httpx.post(f"{url}/v1/load_lora_adapter", json=second, headers=auth, timeout=30).status_code == 200
+        reply = client.completions.create(model="chat", prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0)
+        assert reply.model == "chat" and reply.choices[0].text == expected_text(dirs, "chat")
