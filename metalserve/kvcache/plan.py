@@ -59,30 +59,14 @@ def memory_limit(utilization: float, total: int, available: int | None, held: in
     return share, why
 
 
-def pool_budget(config: EngineConfig, memory: MachineMemory | None, peak: int, lora_bytes: int = 0) -> PoolBudget:
-    """--kv-cache-memory as given, else the machine's share less `peak` (weights and a warm-up step) and
-    `lora_bytes` (room for the LoRA adapters not loaded yet: `lora_reserve_bytes`).
+def pool_budget(config: EngineConfig, memory: MachineMemory | None, peak: int) -> PoolBudget:
+    """--kv-cache-memory as given, else the machine's share less `peak` (weights and a warm-up step).
     `memory` is None only with --kv-cache-memory (nothing was measured)."""
     if config.kv_cache_memory is not None:
         return PoolBudget(config.kv_cache_memory, "--kv-cache-memory")
     assert memory is not None, "without --kv-cache-memory the caller measures the machine's memory"
     limit, why = memory_limit(config.gpu_memory_utilization, memory.total, memory.available, memory.held)
-    why = f"{why} - {format_bytes(peak)} weights and a warm-up step"
-    if lora_bytes:
-        why += f" - {format_bytes(lora_bytes)} for LoRA adapters"
-    return PoolBudget(limit - peak - lora_bytes, why)
-
-
-def lora_adapter_bytes(layer_dims: Sequence[tuple[int, int]], rank: int) -> int:
-    """The most one adapter of `rank` can hold over linear layers of (in, out) `layer_dims`, as float32
-    A [in, r] and B [r, out] (lora/files.py keeps them so)."""
-    return sum((d_in + d_out) * rank * 4 for d_in, d_out in layer_dims)
-
-
-def lora_reserve_bytes(layer_dims: Sequence[tuple[int, int]], max_loras: int, max_rank: int, loaded: int) -> int:
-    """Room the pool leaves for `max_loras` adapters of `max_rank`, less the `loaded` bytes already held
-    (the machine's measure counts those)."""
-    return max(0, max_loras * lora_adapter_bytes(layer_dims, max_rank) - loaded)
+    return PoolBudget(limit - peak, f"{why} - {format_bytes(peak)} weights and a warm-up step")
 
 
 def pool_block_cap(

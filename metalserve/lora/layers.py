@@ -1,9 +1,11 @@
 """The base model's linear layers with a LoRA delta per token, and the table of loaded adapters.
 
-The base matmul runs once over every packed token, as without LoRA. Then, for each adapter present in
-the step, its tokens' rows are gathered, multiplied through that adapter's A and B, and added back:
-tokens under no adapter take no extra work, and a step without adapter tokens costs one Python check
-per layer. The rows per adapter come from the forward context (`LoraStep`), built once per step.
+The base matmul runs once over every packed token, as without LoRA. Each layer holds every adapter slot's
+A and B stacked (`[max_loras, in, max_rank]`, `[max_loras, max_rank, out]`, zero-padded past an adapter's
+rank and zero where an adapter leaves the layer alone), so the delta of all adapter tokens in a step is
+one gather of their rows, two gathered matmuls (`mx.gather_mm`, each token through its own slot's A and
+B, the rows sorted by slot) and one scatter-add: four ops per projection however many adapters the step
+mixes. Tokens under no adapter are not among the rows: a base-only step pays one Python check per layer.
 """
 
 from __future__ import annotations
@@ -20,51 +22,55 @@ from metalserve.executor.context import current_context
 from metalserve.lora.files import AdapterError, AdapterWeights
 
 ADAPTABLE = (nn.Linear, nn.QuantizedLinear)
+DELTA_DTYPE = mx.float32  # the adapters' arithmetic (lora/files.py reads them as float32)
 
 
 @dataclass(frozen=True)
 class LoraStep:
-    """The step's token rows per adapter slot (only slots with tokens this step)."""
+    """The step's tokens that run under an adapter: their packed rows, sorted by slot, and each one's slot."""
 
-    rows: tuple[tuple[int, mx.array], ...]  # (slot, packed token indices [n] int32)
+    rows: mx.array  # [n] int32
+    slots: mx.array  # [n] uint32
 
 
 class LoraLinear(nn.Module):
-    """A base linear plus the deltas of the adapters loaded into it, applied to their own tokens only."""
+    """A base linear plus every adapter slot's delta, each applied to its own tokens only."""
 
-    def __init__(self, base: nn.Module) -> None:
+    def __init__(self, base: nn.Module, max_loras: int, max_rank: int) -> None:
         super().__init__()
         self.base = base
-        # slot -> (A [in, r], B [r, out] * scale); kept out of the parameter tree (not mlx-lm weights).
-        self._deltas: dict[int, tuple[mx.array, mx.array]]
-        object.__setattr__(self, "_deltas", {})
+        out_dims, in_dims = base.weight.shape
+        if isinstance(base, nn.QuantizedLinear):
+            in_dims = in_dims * 32 // base.bits
+        self.in_out: tuple[int, int]
+        object.__setattr__(self, "in_out", (int(in_dims), int(out_dims)))  # not a parameter
+        self.lora_a = mx.zeros((max_loras, self.in_out[0], max_rank), dtype=DELTA_DTYPE)
+        self.lora_b = mx.zeros((max_loras, max_rank, self.in_out[1]), dtype=DELTA_DTYPE)
+        self.freeze()
 
-    @property
-    def in_out(self) -> tuple[int, int]:
-        out_dims, in_dims = self.base.weight.shape
-        if isinstance(self.base, nn.QuantizedLinear):
-            in_dims = in_dims * 32 // self.base.bits
-        return int(in_dims), int(out_dims)
+    def set_slot(self, slot: int, delta: tuple[mx.array, mx.array] | None) -> None:
+        """Put an adapter's (A [in, r], B [r, out] * scale) into `slot`; None: zero it."""
+        self.lora_a[slot] = 0.0
+        self.lora_b[slot] = 0.0
+        if delta is not None:
+            a, b = delta
+            rank = a.shape[1]
+            self.lora_a[slot, :, :rank] = a
+            self.lora_b[slot, :rank, :] = b
 
     def __call__(self, x: mx.array) -> mx.array:
         y = self.base(x)
-        if not self._deltas:
-            return y
         step: LoraStep | None = current_context().lora
         if step is None:
             return y
-        for slot, rows in step.rows:
-            delta = self._deltas.get(slot)
-            if delta is None:  # this adapter leaves this module alone
-                continue
-            a, b = delta
-            # x is [1, T, in] (the packed axis behind a batch of one).
-            part = (x[:, rows].astype(a.dtype) @ a) @ b
-            y = y.at[:, rows].add(part.astype(y.dtype))
-        return y
+        # x is [1, T, in] (the packed axis behind a batch of one); rows [n] -> [n, 1, in].
+        rows = x[0, step.rows][:, None, :].astype(DELTA_DTYPE)
+        low = mx.gather_mm(rows, self.lora_a, rhs_indices=step.slots, sorted_indices=True)
+        delta = mx.gather_mm(low, self.lora_b, rhs_indices=step.slots, sorted_indices=True)[:, 0, :]
+        return y.at[:, step.rows].add(delta.astype(y.dtype)[None])
 
 
-def install_lora_layers(model: nn.Module) -> dict[str, LoraLinear]:
+def install_lora_layers(model: nn.Module, max_loras: int, max_rank: int) -> dict[str, LoraLinear]:
     """Wrap every linear of the decoder layers (mlx-lm's module paths, `model.layers.N....`), before the
     paged attention is installed; the paths stay the adapters' keys whatever wraps the modules later."""
     found = [
@@ -72,7 +78,7 @@ def install_lora_layers(model: nn.Module) -> dict[str, LoraLinear]:
         for path, module in model.named_modules()
         if ".layers." in f".{path}" and type(module) in ADAPTABLE
     ]
-    wrapped = {path: LoraLinear(module) for path, module in found}
+    wrapped = {path: LoraLinear(module, max_loras, max_rank) for path, module in found}
     model.update_modules(tree_unflatten(list(wrapped.items())))
     return wrapped
 
@@ -105,9 +111,7 @@ class LoraSlots:
                     f"the model's layer {layer.in_out[0]} -> {layer.in_out[1]}"
                 )
         slot = min(set(range(self.max_loras)) - set(self.slots.values()))
-        for path, delta in adapter.modules.items():
-            self.layers[path]._deltas[slot] = delta
-        mx.eval([x for pair in adapter.modules.values() for x in pair])
+        self._fill(slot, adapter)
         self.slots[adapter.name] = slot
         self.adapters[adapter.name] = adapter
         return slot
@@ -115,21 +119,29 @@ class LoraSlots:
     def unload(self, name: str) -> None:
         slot = self.slots.pop(name)
         del self.adapters[name]
-        for layer in self.layers.values():
-            layer._deltas.pop(slot, None)
+        self._fill(slot, None)
+
+    def _fill(self, slot: int, adapter: AdapterWeights | None) -> None:
+        for path, layer in self.layers.items():
+            layer.set_slot(slot, adapter.modules.get(path) if adapter is not None else None)
+        mx.eval([x for layer in self.layers.values() for x in (layer.lora_a, layer.lora_b)])
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.adapters.values())
+        """The slots' bytes (allocated at start-up, whatever is loaded)."""
+        return sum(layer.lora_a.nbytes + layer.lora_b.nbytes for layer in self.layers.values())
 
 
 def lora_step(slots: Sequence[int], cu_seqlens_q: np.ndarray) -> LoraStep | None:
-    """The packed rows of each adapter's tokens: request i (slot `slots[i]`, -1 for the base model) owns
-    rows `[cu[i], cu[i+1])`. None when every request runs on the base model."""
+    """The packed rows of the adapters' tokens, sorted by slot: request i (slot `slots[i]`, -1 for the
+    base model) owns rows `[cu[i], cu[i+1])`. None when every request runs on the base model."""
     by_slot: dict[int, list[np.ndarray]] = {}
     for i, slot in enumerate(slots):
         if slot >= 0:
             by_slot.setdefault(slot, []).append(np.arange(cu_seqlens_q[i], cu_seqlens_q[i + 1], dtype=np.int32))
     if not by_slot:
         return None
-    return LoraStep(tuple((slot, mx.array(np.concatenate(parts))) for slot, parts in sorted(by_slot.items())))
+    order = sorted(by_slot)
+    rows = [np.concatenate(by_slot[s]) for s in order]
+    slot_of_row = np.concatenate([np.full(len(r), s, dtype=np.uint32) for s, r in zip(order, rows, strict=True)])
+    return LoraStep(mx.array(np.concatenate(rows)), mx.array(slot_of_row))

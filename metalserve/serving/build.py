@@ -25,7 +25,7 @@ from metalserve.platform import current_platform
 from metalserve.serving.context_len import resolve_max_model_len
 from metalserve.serving.kv_disk import attach_disk_tier
 from metalserve.serving.kv_groups import build_scheduler, state_group
-from metalserve.serving.lora import lora_reserve, prepare_lora
+from metalserve.serving.lora import prepare_lora
 from metalserve.serving.memory import machine_memory
 from metalserve.serving.parts import (
     async_scheduling_for,
@@ -109,9 +109,7 @@ def build_engine_core(config: EngineConfig, loaded: LoadedModel, draft: LoadedMo
         memory = machine_memory(held)
     _log_states(spec.groups)
     draft_bytes = kv_cache_spec(draft, config.block_size, storage).bytes_per_block if draft is not None else 0
-    plan = plan_kv_pool(
-        config, spec, max_model_len, pool_budget(config, memory, peak, lora_reserve(config, lora)), draft_bytes
-    )
+    plan = plan_kv_pool(config, spec, max_model_len, pool_budget(config, memory, peak), draft_bytes)
     spec = spec.with_blocks(plan.initial_blocks)
     scheduler = build_scheduler(
         config,

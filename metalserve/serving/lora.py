@@ -1,5 +1,6 @@
-"""--enable-lora at build time: wrap the model's linears, load the --lora-modules adapters, and size the
-room the pool plan leaves for the adapters still to come."""
+"""--enable-lora at build time: wrap the model's linears with their adapter slots and load the
+--lora-modules adapters. The slots (--max-loras x --max-lora-rank in every linear) are allocated here,
+before the engine measures its memory, so the pool plan counts them as held, with the weights."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import mlx.nn as nn
 
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.executor.models.families import model_family
-from metalserve.kvcache.plan import lora_reserve_bytes
 from metalserve.lora.files import AdapterError, read_adapter
 from metalserve.lora.layers import LoraSlots, install_lora_layers
 from metalserve.units import format_bytes
@@ -26,7 +26,15 @@ def prepare_lora(config: EngineConfig, model: nn.Module, model_type: str) -> Lor
     family = model_family(model_type)
     if family.hybrid or family.mla:
         raise ConfigError(f"--enable-lora: {model_type} models are not served with LoRA adapters yet")
-    slots = LoraSlots(install_lora_layers(model), config.max_loras, config.max_lora_rank)
+    layers = install_lora_layers(model, config.max_loras, config.max_lora_rank)
+    slots = LoraSlots(layers, config.max_loras, config.max_lora_rank)
+    logger.info(
+        "LoRA: %d slots of rank %d in %d linear layers, %s",
+        config.max_loras,
+        config.max_lora_rank,
+        len(layers),
+        format_bytes(slots.nbytes),
+    )
     for name, path in config.lora_modules:
         try:
             adapter = read_adapter(name, path, config.max_lora_rank)
@@ -41,11 +49,3 @@ def prepare_lora(config: EngineConfig, model: nn.Module, model_type: str) -> Lor
             format_bytes(adapter.nbytes),
         )
     return slots
-
-
-def lora_reserve(config: EngineConfig, slots: LoraSlots | None) -> int:
-    """Bytes the pool leaves for adapters loaded later (up to --max-loras of --max-lora-rank)."""
-    if slots is None:
-        return 0
-    dims = [layer.in_out for layer in slots.layers.values()]
-    return lora_reserve_bytes(dims, config.max_loras, config.max_lora_rank, slots.nbytes)

@@ -113,3 +113,14 @@ def test_a_request_under_an_adapter_not_loaded_is_refused(tmp_path: Path) -> Non
     core = build_engine_core(EngineConfig(kv_cache_memory=1 << 22, enable_lora=True), loaded_of("llama"))
     with pytest.raises(ValueError, match="LoRA adapter 'x' is not loaded"):
         core.add_request(Request("r", [1, 2], SamplingParams(), lora=LoraRequest("x", "x@0")))
+
+
+def test_the_adapter_slots_are_held_from_start_up_and_counted_with_the_weights(tmp_path: Path) -> None:
+    plain = build_engine_core(EngineConfig(kv_cache_memory=1 << 22), loaded_of("llama"))
+    config = EngineConfig(kv_cache_memory=1 << 22, enable_lora=True, max_loras=3, max_lora_rank=8)
+    core = build_engine_core(config, loaded_of("llama"))
+    # llama's 7 linears per layer, 2 layers: q, o (64 -> 64), k, v (64 -> 32), gate, up (64 -> 128), down.
+    dims = [(64, 64), (64, 32), (64, 32), (64, 64), (64, 128), (64, 128), (128, 64)] * 2
+    slots = 3 * sum((d_in + d_out) * 8 * 4 for d_in, d_out in dims)
+    assert core.runner.lora is not None and core.runner.lora.nbytes == slots
+    assert core.weight_bytes == plain.weight_bytes + slots
