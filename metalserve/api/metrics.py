@@ -98,6 +98,17 @@ class MetricSeries:
             labels,
             registry=r,
         )
+        # LoRA adapters (--enable-lora): the model's series count every request; these split out each adapter's.
+        lora = [*labels, "lora_name"]
+        self.lora_gen = Counter(
+            "metalserve:lora_generation_tokens", "Tokens generated under a LoRA adapter.", lora, registry=r
+        )
+        self.lora_success = Counter(
+            "metalserve:lora_request_success",
+            "Finished requests under a LoRA adapter.",
+            [*lora, "finished_reason"],
+            registry=r,
+        )
         self.spec = SpecDecodeMetrics(r, labels)
         self.kv_disk = KVDiskMetrics(r, labels)
 
@@ -145,6 +156,10 @@ class Metrics:
         for reason, latency in iteration.finished:
             series.e2e.labels(m).observe(latency)
             series.success.labels(m, reason).inc()
+        for adapter, count in iteration.lora_generation_tokens.items():
+            series.lora_gen.labels(m, adapter).inc(count)
+        for adapter, reason in iteration.lora_finished:
+            series.lora_success.labels(m, adapter, reason).inc()
         series.spec.observe(m, s)
         series.kv_disk.observe(m, s.connector)
         self.log_state.record(scheduler_stats, iteration)

@@ -53,6 +53,9 @@ class IterationStats:
     time_to_first_tokens: list[float] = field(default_factory=list)
     inter_token_latencies: list[float] = field(default_factory=list)
     finished: list[tuple[str, float]] = field(default_factory=list)  # (finish_reason, e2e latency)
+    # Requests under a LoRA adapter: generated tokens by adapter name, and (adapter, finish_reason) of those ending.
+    lora_generation_tokens: dict[str, int] = field(default_factory=dict)
+    lora_finished: list[tuple[str, str]] = field(default_factory=list)
 
 
 class EngineObserver(Protocol):

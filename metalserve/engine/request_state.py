@@ -72,11 +72,16 @@ def make_output(out: EngineCoreOutput, state: RequestState, now: float, iteratio
         state.last_token_time = now
         state.num_output_tokens += n_new
         iteration.num_generation_tokens += n_new
+    lora = state.request.lora if state.request is not None else None
+    if lora is not None:  # the per-adapter series (metrics.py)
+        iteration.lora_generation_tokens[lora.name] = iteration.lora_generation_tokens.get(lora.name, 0) + n_new
     finish_reason, stop_reason = out.finish_reason, out.stop_reason
     if detok.stop_reason is not None:
         finish_reason, stop_reason = "stop", detok.stop_reason
     if finish_reason is not None:
         iteration.finished.append((finish_reason, now - state.arrival_time))
+        if lora is not None:
+            iteration.lora_finished.append((lora.name, finish_reason))
     return RequestOutput(
         request_id=out.request_id,
         text=text,

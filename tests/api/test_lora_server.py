@@ -82,6 +82,13 @@ def test_each_request_runs_under_the_adapter_its_model_names(server: Served, dir
     }
     assert len(set(expected.values())) == 3  # the adapters change the answer
     assert replies == [(name, expected[name]) for name in names]
+    # Each adapter's own series: two requests of MAX_TOKENS each under sql and under chat.
+    metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+    for adapter in ("sql", "chat"):
+        tokens = f'metalserve:lora_generation_tokens_total{{lora_name="{adapter}",model_name="tiny-base"}}'
+        assert f"{tokens} {2.0 * MAX_TOKENS}" in metrics
+        done = f'lora_request_success_total{{finished_reason="length",lora_name="{adapter}",model_name="tiny-base"}}'
+        assert f"metalserve:{done} 2.0" in metrics
 
 
 def test_chat_messages_and_responses_route_by_the_adapter_name(server: Served) -> None:
