@@ -21,12 +21,10 @@ from typing import Any
 
 import regex
 
-from metalserve.api.tool_parsers.base import ParsedToolCall, Segment, ToolParser, parse_call_object
+from metalserve.api.tool_parsers.base import ParsedToolCall, Segment, ToolParser, parse_call_object, tool_schemas
+from metalserve.api.tool_parsers.hermes_grammar import CALL_TAGS, FENCE_LANGS, hermes_call_grammar
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-# The tags llama.cpp's Hermes 2 Pro parser accepts before a call object.
-CALL_TAGS = ("tool_call", "function_call", "tool", "tools", "response", "json", "xml", "JSON")
-FENCE_LANGS = ("json", "xml")
 _STARTS = "<`{"  # a call can only begin at one of these characters
 
 
@@ -58,6 +56,10 @@ class HermesToolParser(ToolParser):
         names = sorted(parser.tool_names or ())
         parser._loose = regex.compile(f"{head_pattern(names)}|{function_pattern(names)}") if names else None
         return parser
+
+    def call_grammar(self, tools: list[Any], *, parallel: bool, special_tokens: frozenset[str]) -> str | None:
+        schemas = {name: schema for name, schema in tool_schemas(tools).items() if name}
+        return hermes_call_grammar(schemas, parallel=parallel, special_tokens=special_tokens) if schemas else None
 
     def parse(self, text: str, final: bool) -> list[Segment]:
         segments: list[Segment] = []
