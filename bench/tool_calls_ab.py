@@ -305,7 +305,10 @@ def run_arm(url: str, settings: list[tuple[str, float, int]], args: argparse.Nam
         for label, temperature, samples in settings:
             jobs = [(c, s) for s in range(samples) for c in CASES]
             futures = [pool.submit(ask, url, model, c, temperature, 1000 + s, args.max_tokens) for c, s in jobs]
-            out[label] = [f.result() for f in futures]
+            out[label] = []
+            for f in futures:
+                out[label].append(f.result())
+                print(f"  {label}: {len(out[label])}/{len(futures)} answers", file=sys.stderr, flush=True)
     return out
 
 
@@ -313,8 +316,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="the GGUF file (or any model metalserve serves)")
     parser.add_argument("--samples", type=int, default=1, help="seeds per request at temperature 1")
-    parser.add_argument("--max-tokens", type=int, default=200)
-    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--json", help="write every answer here")
     parser.add_argument("--verbose", action="store_true")
     args, extra = parser.parse_known_args()

@@ -118,8 +118,8 @@ class HermesToolParser(ToolParser):
         if not text.startswith(OPEN, start):
             return "pending" if not final and OPEN.startswith(text[start:]) else None
         close = text.find(CLOSE, start + len(OPEN))
-        if close < 0:  # unclosed: content once the text is all there, else not settled yet
-            return (len(text), None) if final else "pending"
+        if close < 0:  # unclosed: not settled yet; once the text is all there, a call object inside still counts
+            return None if final else "pending"
         return close + len(CLOSE), parse_call_object(text[start + len(OPEN) : close])
 
 
