@@ -1,17 +1,19 @@
 """Calls that are always valid under `tool_choice: auto`: llama.cpp's lazy grammar, in llguidance's Lark.
 
 Text is free until the model writes the opening of a call of a declared tool in a form the Hermes
-parser reads (hermes.py): an optional fence, an optional tag, then `{"name": "NAME"`; or
+parser reads (hermes.py): an optional fence, an optional tag, then `{"name": "NAME`; or
 `<function=NAME>` / `<function name="NAME">`. Each opening is a lazy lexeme (`rule[lazy]: TEXT /.../`):
 it ends at the first place the text matches it, so prose before it stays free. From there on the
-output is that tool's call: `, "arguments": `, an object valid for the tool's JSON schema, `}`, and a
-closing. After the call the output ends or (parallel calls) goes on with another call right away.
+output is that tool's call: the name's closing quote, `, "arguments": `, an object valid for the tool's
+JSON schema, `}`, and a closing. After the call the output ends or (parallel calls) goes on with
+another call right away.
 
 One lexeme per tool and form keeps llguidance's lexer small (a lexeme per tool, tag and fence blew
-its expression limit at 20 tools), so the closing is not tied to the opening: any tag closing and
-fence closing may follow, or none. The model closes what it opened; the parser reads a call whatever
-closing follows it. A tag that the tokenizer holds as one added token (Qwen's `<tool_call>`) is not
-text to the grammar engine: it is named as a token and triggers the call by itself.
+its expression limit at 20 tools), so a text tag's closing is not tied to its opening: any tag closing
+and fence closing may follow, or none. The model closes what it opened; the parser reads a call
+whatever closing follows it. A tag that the tokenizer holds as one added token (Qwen's `<tool_call>`)
+is not text to the grammar engine: it is named as a token, opens a call by itself and is closed by its
+own closing token.
 """
 
 from __future__ import annotations
@@ -91,7 +93,8 @@ def hermes_call_grammar(
 
 def _with_options(schema: dict[str, Any]) -> dict[str, Any]:
     """The arguments' schema: an object (a call's arguments always are), with our JSON options."""
-    given = schema.get("x-guidance") if isinstance(schema.get("x-guidance"), dict) else {}
+    given = schema.get("x-guidance")
+    given = given if isinstance(given, dict) else {}
     return {"type": "object", **schema, "x-guidance": {**ARGUMENT_OPTIONS, **given}}
 
 
