@@ -98,8 +98,7 @@ class PagedModel:
         self.tied = parts.lm_head is None
         self.kv_layout = self.family.kv_layout(model)
         self.state_layout = parts.state_layout
-        layers = self.family.state_layers(model)
-        self.state_groups = (RecurrentState(layers=layers, state_bytes=parts.state_layout.slot_bytes),)
+        self.state_groups = self.family.state_groups(model, parts.state_layout)
         self.logits_scaling = parts.logits_divisor if parts.logits_divisor != 1.0 else None
         self.final_softcap = self.logit_scale = None
 
