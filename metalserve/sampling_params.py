@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from metalserve.structured.params import StructuredOutputsParams
 
@@ -80,3 +81,22 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+class SamplingRequest(Protocol):
+    """What the sampler reads from a request; the runner's per-request state satisfies it."""
+
+    @property
+    def sampling_params(self) -> SamplingParams: ...
+
+    @property
+    def prompt_token_ids(self) -> list[int]: ...
+
+    @property
+    def output_token_ids(self) -> list[int]: ...
+
+    @property
+    def num_output_tokens(self) -> int: ...
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]: ...

@@ -17,6 +17,8 @@ from metalserve.engine.kv_plan import plan_kv_pool
 from metalserve.engine.memory import format_bytes
 from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.select import select_attention
+from metalserve.executor.draft_model import build_draft_proposer
+from metalserve.executor.host import paged_model
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.families import check_supported, kv_cache_spec
 from metalserve.executor.runner import InFlightStep, ModelRunner
@@ -30,7 +32,6 @@ from metalserve.sampling_params import SamplingParams
 from metalserve.scheduler.output import NewRequestData, SchedulerOutput
 from metalserve.scheduler.scheduler import Scheduler, SchedulerStats
 from metalserve.spec_decode.config import SpeculativeConfig
-from metalserve.spec_decode.draft_model import build_draft_proposer
 from metalserve.spec_decode.proposer import Proposer, make_proposer
 
 logger = logging.getLogger("metalserve.engine")
@@ -90,7 +91,7 @@ class EngineCore:
         """`draft`: the draft model of `--speculative-config` method draft_model, if already loaded."""
         platform = current_platform()
         max_model_len = resolve_max_model_len(config, loaded.max_model_len, loaded.rope_scaled_len, warn=True)
-        model = PagedModel.from_loaded(loaded, platform)
+        model = paged_model(loaded, platform)
         # This model's own parameters (MLX's active memory would count every model a server has loaded).
         weight_bytes = parameter_bytes(loaded.model) + model.host_bytes()
         storage = config.kv_cache_dtype

@@ -61,4 +61,4 @@ def make_proposer(config: SpeculativeConfig | None) -> Proposer | None:
         return None
     if config.method == "ngram":
         return NgramProposer(config)
-    raise ValueError(f"method {config.method!r} needs its model: see spec_decode/draft_model.py")
+    raise ValueError(f"method {config.method!r} needs its model: see executor/draft_model.py")

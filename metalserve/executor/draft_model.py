@@ -1,4 +1,5 @@
-"""Draft-model proposals: a small model of the same vocabulary guesses the next tokens, batched.
+"""Draft-model proposals: a small model of the same vocabulary guesses the next tokens, batched. A
+`Proposer` (spec_decode/proposer.py) that lives in the executor because it runs a model through a runner.
 
 Its KV lives in pools of its own, indexed by the same block tables the KV manager hands the target
 (one slot per token position), so the manager needs no second allocator. After each target step the
@@ -18,7 +19,11 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 import numpy as np
 
+from metalserve.config import ConfigError
+from metalserve.executor.attention.select import select_attention
 from metalserve.executor.context import forward_context
+from metalserve.executor.host import paged_model
+from metalserve.executor.runner import ModelRunner
 from metalserve.executor.step_inputs import pack_step
 from metalserve.spec_decode.proposer import DraftedRequest
 
@@ -44,8 +49,6 @@ class DraftModelProposer:
     """Greedy drafts from a second, smaller model; see the module docstring."""
 
     def __init__(self, model: PagedModel, spec: KVCacheSpec, backend: AttentionBackend[Any, Any], k: int) -> None:
-        from metalserve.executor.runner import ModelRunner
-
         # A runner of its own holds the draft's pools and builds its forward contexts; it never samples.
         self.runner = ModelRunner(model, spec, backend=backend)
         self.k = k
@@ -111,17 +114,13 @@ def build_draft_proposer(
 ) -> DraftModelProposer:
     """The draft model on the target's platform, with pools of `num_blocks` blocks stored as `storage`
     (the target's --kv-cache-dtype); same vocabulary only."""
-    from metalserve.config import ConfigError
-    from metalserve.executor.attention.select import select_attention
-    from metalserve.executor.models.adapter import PagedModel
-
     vocab = int(draft.model.args.vocab_size)
     if vocab != target_vocab:
         raise ConfigError(
             f"--speculative-config: the draft model's vocabulary ({vocab} tokens) differs from the target's "
             f"({target_vocab}); a draft must share the target's tokenizer"
         )
-    model = PagedModel.from_loaded(draft, platform)
+    model = paged_model(draft, platform)
     if len(model.kv_layout.groups) != 1 or model.state_layout is not None:
         raise ConfigError("--speculative-config: the draft model must be all full attention (one KV layer group)")
     spec = model.get_kv_cache_spec(model.family.page(draft.model, storage), block_size, num_blocks)
