@@ -12,7 +12,7 @@ from mlx.utils import tree_flatten
 
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.engine.kv_disk import attach_disk_tier
-from metalserve.engine.kv_groups import build_scheduler, state_group
+from metalserve.engine.kv_groups import build_scheduler
 from metalserve.engine.kv_plan import plan_kv_pool
 from metalserve.engine.memory import format_bytes
 from metalserve.executor.attention.base import AttentionBackend
@@ -119,13 +119,12 @@ class EngineCore:
         logger.info("attention: %s", attention.description)
         logger.info("on the host: %s", model.host_description())
         peak = held = 0
-        states = state_group(spec.groups)
         speculation, draft = draft_for(config, list(spec.groups), draft)
         if config.kv_cache_memory is None:
             # The CPU path's stored codes (the draft's too) live outside MLX's counters.
             host = model.host_bytes() + (host_code_bytes(draft) if draft is not None else 0)
             held = int(mx.get_active_memory()) + host
-            peak = measure_step_peak(model, spec, config, attention, states) + host
+            peak = measure_step_peak(model, spec, config, attention) + host
         for g in spec.groups:
             if isinstance(g, RecurrentState):
                 logger.info(
@@ -150,7 +149,6 @@ class EngineCore:
             eos_token_ids=loaded.eos_token_ids,
             sampler=Sampler(config.seed),
             backend=attention,
-            state_group=states or 1,
             proposer=build_proposer(speculation, config, loaded, platform, plan.initial_blocks, draft),
             **vision_parts(loaded, model, dtype),
             async_eval=platform.metal,
@@ -390,19 +388,15 @@ def measure_step_peak(
     spec: KVCacheSpec,
     config: EngineConfig,
     attention: AttentionBackend[Any, Any],
-    states: int = 0,
 ) -> int:
-    """Run one prefill of max_num_batched_tokens tokens on a throw-away pool and return MLX's peak memory.
-    `states`: the recurrent-state group's index (hybrid models; 0: none)."""
+    """Run one prefill of max_num_batched_tokens tokens on a throw-away pool and return MLX's peak memory."""
     n = config.max_num_batched_tokens
     blocks = -(-n // config.block_size)
     mx.reset_peak_memory()
-    runner = ModelRunner(
-        model, spec.with_blocks(blocks), sampler=Sampler(0), backend=attention, state_group=states or 1
-    )
+    runner = ModelRunner(model, spec.with_blocks(blocks), sampler=Sampler(0), backend=attention)
     params = SamplingParams(temperature=0, max_tokens=1)
     # Every group's table over the same throw-away blocks: the values written are never read back.
-    tables = tuple(list(range(blocks)) for _ in range(runner.num_tables + 1))
+    tables = tuple(list(range(blocks)) for _ in spec.groups)
     new = NewRequestData("warmup", [0] * n, n, params, tables, 0)
     runner.execute_model(SchedulerOutput([new], [], {"warmup": n}, n))
     peak = mx.get_peak_memory()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import mlx.core as mx
 import numpy as np
@@ -43,6 +43,8 @@ class _View:
     num_computed_tokens: int
     block_array: np.ndarray
     wants_prompt_logprobs = False  # the draft's forwards report none
+    num_prompt_tokens = 0  # read only for prompt logprobs
+    mm_inputs: ClassVar[list[Any]] = []  # the draft runs without images
 
 
 class DraftModelProposer:
@@ -94,7 +96,7 @@ class DraftModelProposer:
 
     def _forward(self, views: dict[str, _View], num_tokens: dict[str, int]) -> dict[str, int]:
         """One packed draft forward; the greedy next token of each request."""
-        step = pack_step(views, num_tokens, self.spec.block_size)  # type: ignore[arg-type]
+        step = pack_step(views, num_tokens, self.spec.block_size)
         with forward_context(self.runner._context(step)):
             logits = self.runner.model(step.token_ids, step.logits_indices)
         tokens = np.array(mx.argmax(logits, axis=-1)).tolist()

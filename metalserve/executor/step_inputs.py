@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 
-from metalserve.executor.input_batch import CachedRequestState
+
+class PackedRequest(Protocol):
+    """What packing reads of a request (the runner's CachedRequestState; the draft model's view of one)."""
+
+    @property
+    def token_ids(self) -> list[int]: ...
+    @property
+    def num_computed_tokens(self) -> int: ...
+    @property
+    def num_prompt_tokens(self) -> int: ...
+    @property
+    def block_array(self) -> np.ndarray: ...
+    @property
+    def wants_prompt_logprobs(self) -> bool: ...
+    @property
+    def mm_inputs(self) -> list[Any]: ...
 
 
 @dataclass
@@ -41,14 +58,29 @@ class StepInputs:
         return table
 
 
+def table_slots(
+    tables: Sequence[np.ndarray], positions: np.ndarray, cu_seqlens_q: np.ndarray, block_size: int
+) -> np.ndarray:
+    """Where each packed token's K/V goes through `tables` (each request's block ids in one layer group,
+    in packed order): slot `block * block_size + offset` of its position's block."""
+    slots = np.empty(len(positions), dtype=np.int32)
+    for i, table in enumerate(tables):
+        start, stop = cu_seqlens_q[i], cu_seqlens_q[i + 1]
+        pos = positions[start:stop]
+        slots[start:stop] = table[pos // block_size] * block_size + pos % block_size
+    return slots
+
+
 def pack_step(
-    states: dict[str, CachedRequestState],
+    states: Mapping[str, PackedRequest],
     num_scheduled: dict[str, int],
     block_size: int,
     drafts: dict[str, list[int]] | None = None,
     bidirectional_images: bool = False,
 ) -> StepInputs:
-    """Lay out the step: requests with one query first (they form the batched decode group).
+    """Lay out the step: requests with one query first (they form the batched decode group), its slots
+    and block rows through each request's `block_array` (the runner's first layer group; block_table.py
+    gives the step through the other groups' tables).
 
     `drafts`: speculative tokens that follow a request's known tokens; its window (last token plus
     drafts) gets a logits row per query, so one forward verifies every draft."""
@@ -59,7 +91,7 @@ def pack_step(
         num_scheduled,
         key=lambda rid: (num_scheduled[rid] != 1, states[rid].num_computed_tokens if num_scheduled[rid] == 1 else 0),
     )
-    tokens, positions, slots, rows = [], [], [], []
+    tokens, positions, rows = [], [], []
     cu = [0]
     seq_lens: list[int] = []
     sampling_rows: list[int] = []
@@ -80,7 +112,6 @@ def pack_step(
             raise ValueError(f"request {rid}: {len(blocks)} blocks cannot hold {end} tokens")
         tokens.append(state.token_ids[start:end] if not spec else state.token_ids[start:] + list(spec))
         positions.append(pos)
-        slots.append(blocks[pos // block_size] * block_size + pos % block_size)
         rows.append(blocks)
         cu.append(cu[-1] + n)
         seq_lens.append(end)
@@ -96,12 +127,14 @@ def pack_step(
             if start < last_row:
                 prompt_rows.append((rid, start + 1, last_row - start))
                 prompt_indices.extend(range(cu[-2], cu[-2] + last_row - start))
+    packed_positions = np.concatenate(positions).astype(np.int32)
+    cu_seqlens_q = np.asarray(cu, dtype=np.int32)
     return StepInputs(
         request_ids=order,
         token_ids=np.fromiter((t for chunk in tokens for t in chunk), dtype=np.int32),
-        positions=np.concatenate(positions).astype(np.int32),
-        slot_mapping=np.concatenate(slots).astype(np.int32),
-        cu_seqlens_q=np.asarray(cu, dtype=np.int32),
+        positions=packed_positions,
+        slot_mapping=table_slots(rows, packed_positions, cu_seqlens_q, block_size),
+        cu_seqlens_q=cu_seqlens_q,
         seq_lens=np.asarray(seq_lens, dtype=np.int32),
         block_rows=rows,
         sampling_rows=sampling_rows,
