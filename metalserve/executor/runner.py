@@ -73,9 +73,9 @@ class ModelRunner:
         async_eval: bool = False,
     ) -> None:
         """`backend`: how attention runs (executor/attention/), chosen by the engine from the Platform;
-        `proposer`: drafts for
-        speculative decoding (spec_decode/), None: off; `encoder`: a vision-language model's tower, one
-        image to its placeholder embeddings (executor/encoders/vision.py); `mrope_merge_size`: set for a
+        `proposer`: drafts for speculative decoding (spec_decode/), None: off; `encoder`: a
+        vision-language model's tower, one image to its placeholder embeddings
+        (executor/encoders/vision.py); `mrope_merge_size`: set for a
         model with multimodal RoPE (positions [3, T]), its vision patch merge; `async_eval`: overlapped
         steps run through `mx.async_eval` (the engine sets it on Metal only: on MLX's CPU backend, mlx
         0.32.4, evaluating quantized matmuls asynchronously and then sampling from them died with SIGFPE)."""
