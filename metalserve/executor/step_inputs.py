@@ -58,17 +58,19 @@ class StepInputs:
         return table
 
 
+def request_slots(table: np.ndarray, positions: np.ndarray, block_size: int) -> np.ndarray:
+    """Where the K/V of a request's tokens at `positions` goes through its `table` (its block ids in one
+    layer group): slot `block * block_size + offset` of the position's block."""
+    return table[positions // block_size] * block_size + positions % block_size
+
+
 def table_slots(
     tables: Sequence[np.ndarray], positions: np.ndarray, cu_seqlens_q: np.ndarray, block_size: int
 ) -> np.ndarray:
-    """Where each packed token's K/V goes through `tables` (each request's block ids in one layer group,
-    in packed order): slot `block * block_size + offset` of its position's block."""
-    slots = np.empty(len(positions), dtype=np.int32)
-    for i, table in enumerate(tables):
-        start, stop = cu_seqlens_q[i], cu_seqlens_q[i + 1]
-        pos = positions[start:stop]
-        slots[start:stop] = table[pos // block_size] * block_size + pos % block_size
-    return slots
+    """`request_slots` of every packed request (`tables` in packed order), on the packed axis."""
+    cu = cu_seqlens_q.tolist()
+    parts = [request_slots(t, positions[cu[i] : cu[i + 1]], block_size) for i, t in enumerate(tables)]
+    return np.concatenate(parts).astype(np.int32)
 
 
 def pack_step(
@@ -91,7 +93,7 @@ def pack_step(
         num_scheduled,
         key=lambda rid: (num_scheduled[rid] != 1, states[rid].num_computed_tokens if num_scheduled[rid] == 1 else 0),
     )
-    tokens, positions, rows = [], [], []
+    tokens, positions, slots, rows = [], [], [], []
     cu = [0]
     seq_lens: list[int] = []
     sampling_rows: list[int] = []
@@ -112,6 +114,7 @@ def pack_step(
             raise ValueError(f"request {rid}: {len(blocks)} blocks cannot hold {end} tokens")
         tokens.append(state.token_ids[start:end] if not spec else state.token_ids[start:] + list(spec))
         positions.append(pos)
+        slots.append(request_slots(blocks, pos, block_size))
         rows.append(blocks)
         cu.append(cu[-1] + n)
         seq_lens.append(end)
@@ -127,14 +130,12 @@ def pack_step(
             if start < last_row:
                 prompt_rows.append((rid, start + 1, last_row - start))
                 prompt_indices.extend(range(cu[-2], cu[-2] + last_row - start))
-    packed_positions = np.concatenate(positions).astype(np.int32)
-    cu_seqlens_q = np.asarray(cu, dtype=np.int32)
     return StepInputs(
         request_ids=order,
         token_ids=np.fromiter((t for chunk in tokens for t in chunk), dtype=np.int32),
-        positions=packed_positions,
-        slot_mapping=table_slots(rows, packed_positions, cu_seqlens_q, block_size),
-        cu_seqlens_q=cu_seqlens_q,
+        positions=np.concatenate(positions).astype(np.int32),
+        slot_mapping=np.concatenate(slots).astype(np.int32),
+        cu_seqlens_q=np.asarray(cu, dtype=np.int32),
         seq_lens=np.asarray(seq_lens, dtype=np.int32),
         block_rows=rows,
         sampling_rows=sampling_rows,
