@@ -56,6 +56,10 @@ _DOWNWARD_ONLY = [
     ("metalserve.platform", "metalserve.loader"),
     ("metalserve.config", "metalserve.distributed"),
     ("metalserve.config", "metalserve.spec_decode"),
+    # The runner calls into spec_decode and the kernels; the host path builds on the model adapter.
+    ("metalserve.kernels", "metalserve.executor"),
+    ("metalserve.spec_decode", "metalserve.executor"),
+    ("metalserve.executor.models", "metalserve.executor.host"),
 ]
 
 
