@@ -26,6 +26,7 @@ import numpy as np
 from llguidance.hf import from_tokenizer
 
 from metalserve.structured.params import StructuredOutputsParams
+from metalserve.structured.schema import drop_annotation_formats
 from metalserve.structured.state import CompiledGrammar, GrammarState
 
 if TYPE_CHECKING:  # the options type exists only in llguidance's stubs
@@ -121,6 +122,7 @@ def grammar_text(params: StructuredOutputsParams) -> str:
                 schema = json.loads(schema)
             if not isinstance(schema, dict):
                 raise ValueError("a JSON schema must be an object")
+            schema = drop_annotation_formats(schema)
             return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
         if kind == "json_object":
             return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
@@ -147,7 +149,8 @@ def _structural_tag_grammar(text: str) -> str:
         trigger = next((t for t in triggers if begin.startswith(t)), None)
         if trigger is None:
             raise ValueError(f"no trigger in {triggers} starts the structure beginning {begin!r}")
-        tags.append(llguidance.StructTag(trigger=trigger, begin=begin, grammar=item["schema"], end=item["end"]))
+        schema = drop_annotation_formats(item["schema"])
+        tags.append(llguidance.StructTag(trigger=trigger, begin=begin, grammar=schema, end=item["end"]))
     if not tags:
         raise ValueError("the structural tag has no structures")
     return llguidance.StructTag.to_grammar(tags)
