@@ -12,8 +12,8 @@ from metalserve.engine.core import EngineCore
 from metalserve.outputs import EngineCoreOutput
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
-from tests.engine.test_kv_disk import PROMPT, make_core
 from tests.engine.test_core import tiny_loaded
+from tests.engine.test_kv_disk import PROMPT, make_core
 
 
 def prompt_logprobs(core: EngineCore) -> list[EngineCoreOutput]:

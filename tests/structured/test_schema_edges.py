@@ -39,7 +39,9 @@ TREE = {
 
 def tools(*schemas: dict[str, object]) -> list[dict[str, object]]:
     names = ["plan_trip", "tree", "now"]
-    return [{"type": "function", "function": {"name": n, "parameters": s}} for n, s in zip(names, schemas)]
+    return [
+        {"type": "function", "function": {"name": n, "parameters": s}} for n, s in zip(names, schemas, strict=False)
+    ]
 
 
 def matches(spec: S, text: str) -> bool:
