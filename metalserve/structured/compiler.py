@@ -129,12 +129,27 @@ def grammar_text(params: StructuredOutputsParams) -> str:
         if kind == "regex":
             return llguidance.grammar_from("regex", params.regex or "")
         if kind == "choice":
-            return llguidance.grammar_from("choice", json.dumps(list(params.choice or ())))
+            return _choice_grammar(list(params.choice or ()))
         if kind == "grammar":
             return llguidance.grammar_from("grammar", params.grammar or "")  # Lark or GBNF
         return _structural_tag_grammar(params.structural_tag or "")
     except (ValueError, KeyError, TypeError, AssertionError) as exc:
         raise GrammarError(kind, str(exc) or type(exc).__name__) from None
+
+
+# llguidance caps one alternation at 2,000 items (its own `choice` grammar adds one): longer lists are
+# split into rows of this many, each its own rule.
+CHOICE_ROW = 1000
+
+
+def _choice_grammar(choices: list[str]) -> str:
+    """A grammar matching exactly one of `choices`, for any number of them (the limit is the spec's bytes)."""
+    if len(choices) <= CHOICE_ROW:
+        return llguidance.grammar_from("choice", json.dumps(choices))
+    rows = [choices[i : i + CHOICE_ROW] for i in range(0, len(choices), CHOICE_ROW)]
+    lines = ["start: " + " | ".join(f"ROW{i}" for i in range(len(rows)))]
+    lines += [f"ROW{i}: " + " | ".join(json.dumps(c) for c in row) for i, row in enumerate(rows)]
+    return llguidance.grammar_from("lark", "\n".join(lines))
 
 
 def _structural_tag_grammar(text: str) -> str:

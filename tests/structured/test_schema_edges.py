@@ -50,9 +50,8 @@ def matches(spec: S, text: str) -> bool:
     COMPILER.submit(spec).result()
     assert state.is_ready() and state.error is None and state.matcher is not None
     for token in TOK.encode(text, add_special_tokens=False):
-        state.accept(token)
-        if state.error is not None:
-            return False
+        if state.terminated or (state.accept(token) and state.error is not None):
+            return False  # ended before the text did, or refused a token
     return state.matcher.is_accepting()
 
 
@@ -96,3 +95,10 @@ def test_only_format_keywords_are_dropped_not_data_or_property_names() -> None:
         "properties": {"format": {"type": "string"}, "when": {"type": "string", "format": "date"}},
         "const": {"format": "password"},
     }
+
+
+@pytest.mark.parametrize("n", [2000, 5000])
+def test_a_long_choice_list_is_one_grammar_that_takes_exactly_its_entries(n: int) -> None:
+    spec = S(choice=tuple(f"c{i}" for i in range(n)))  # before: 2,000 entries were refused by the engine
+    assert matches(spec, f"c{n - 1}") and matches(spec, "c1") and matches(spec, "c1000")
+    assert not matches(spec, f"c{n}") and not matches(spec, "c1x")
