@@ -19,6 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from metalserve.engine.async_engine import AsyncEngine
 from metalserve.engine.engine_thread import EngineThread
+from metalserve.engine.errors import shown_name
 from metalserve.engine.memory import format_bytes
 from metalserve.engine.model_spec import ModelSpec
 from metalserve.engine.model_thread import EngineLoader, LoadedEngine, start_engine_thread
@@ -144,7 +145,7 @@ class ModelRegistry(Generic[S]):
         if slot is None:
             served = ", ".join(n for s in self.slots for n in s.spec.names)
             raise ModelRegistryError(
-                f"The model `{model}` does not exist. Served models: {served}.", 404, "model_not_found"
+                f"The model `{shown_name(model)}` does not exist. Served models: {served}.", 404, "model_not_found"
             )
         return slot
 
