@@ -19,6 +19,7 @@ from metalserve.api.tool_parsers.base import (
     make_tool_call_id,
 )
 from metalserve.structured.params import StructuredOutputsParams
+from metalserve.structured.schema import strict_schema
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
@@ -32,7 +33,8 @@ def _tool_fields(tool: Any) -> tuple[str, dict[str, Any]]:
     if not isinstance(tool, dict):
         tool = tool.model_dump()
     function = tool.get("function") or {}
-    return function["name"], function.get("parameters") or ANY_OBJECT
+    schema = function.get("parameters") or ANY_OBJECT
+    return function["name"], strict_schema(schema) if function.get("strict") is True else schema
 
 
 def forced_name(tool_choice: Any) -> str | None:

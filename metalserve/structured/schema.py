@@ -35,3 +35,24 @@ def drop_annotation_formats(node: Any) -> Any:
         else:
             out[key] = drop_annotation_formats(value)
     return out
+
+
+def strict_schema(node: Any) -> Any:
+    """A copy of the schema `node` as OpenAI's `strict: true` reads it: an object schema that does not say
+    otherwise takes no keys beyond its `properties` (`additionalProperties: false`), at every depth."""
+    if isinstance(node, list):
+        return [strict_schema(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in ("properties", "$defs", "definitions", "patternProperties") and isinstance(value, dict):
+            out[key] = {name: strict_schema(sub) for name, sub in value.items()}
+        elif key in _DATA_KEYWORDS:
+            out[key] = value
+        else:
+            out[key] = strict_schema(value)
+    is_object = node.get("type") == "object" or (isinstance(node.get("type"), list) and "object" in node["type"])
+    if (is_object or "properties" in node) and "additionalProperties" not in node:
+        out["additionalProperties"] = False
+    return out

@@ -12,7 +12,7 @@ import pytest
 
 from metalserve.api.app import _OPEN_PATHS, _OPEN_PREFIXES
 from metalserve.multimodal.images import ImageError, decode_base64
-from tests.api.conftest import Served, live, make_served
+from tests.api.conftest import MODEL, Served, live, make_served
 
 ROOT = Path(__file__).resolve().parents[2]
 HUGE = "m" * 100_000
@@ -57,3 +57,20 @@ def test_the_docs_name_every_route_open_without_the_key() -> None:
     flag_row = next(line for line in serving.splitlines() if line.startswith("| `--api-key`"))
     for path in sorted(_OPEN_PATHS) + [p + "*" for p in _OPEN_PREFIXES]:
         assert f"`{path}`" in flag_row, path  # before: the docs said only /health was open
+
+
+STRICT_SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize("route", ["responses", "chat/completions"])
+def test_strict_true_reaches_the_grammar_without_extra_keys(server: Served, route: str) -> None:
+    if route == "responses":
+        fmt = {"type": "json_schema", "name": "a", "schema": STRICT_SCHEMA, "strict": True}
+        body: dict[str, object] = {"input": "say:{}", "text": {"format": fmt}, "max_output_tokens": 8}
+    else:
+        fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": STRICT_SCHEMA, "strict": True}}
+        body = {"messages": [{"role": "user", "content": "say:{}"}], "response_format": fmt, "max_tokens": 8}
+    response = httpx.post(f"{server.url}/v1/{route}", json={"model": MODEL, **body}, timeout=30)
+    assert response.status_code == 200, response.text
+    schema = server.core.added[-1].sampling_params.structured_outputs.json
+    assert schema == {**STRICT_SCHEMA, "additionalProperties": False}  # before: the schema as sent

@@ -8,7 +8,7 @@ import pytest
 from metalserve.api.tool_choice import forced_tool_params
 from metalserve.structured.compiler import GrammarCompiler
 from metalserve.structured.params import StructuredOutputsParams as S
-from metalserve.structured.schema import drop_annotation_formats
+from metalserve.structured.schema import drop_annotation_formats, strict_schema
 from tests.api.fakes import tiny_tokenizer
 
 TOK = tiny_tokenizer()
@@ -102,3 +102,14 @@ def test_a_long_choice_list_is_one_grammar_that_takes_exactly_its_entries(n: int
     spec = S(choice=tuple(f"c{i}" for i in range(n)))  # before: 2,000 entries were refused by the engine
     assert matches(spec, f"c{n - 1}") and matches(spec, "c1") and matches(spec, "c1000")
     assert not matches(spec, f"c{n}") and not matches(spec, "c1x")
+
+
+def test_strict_takes_no_keys_beyond_the_properties_at_any_depth() -> None:
+    inner = {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]}
+    schema = {"type": "object", "properties": {"a": inner}, "required": ["a"]}
+    extra = '{"a": {"b": 1, "c": 2}}'
+    assert matches(S(json=schema), extra)  # JSON Schema's default: more keys allowed
+    assert not matches(S(json=strict_schema(schema)), extra)
+    assert matches(S(json=strict_schema(schema)), '{"a": {"b": 1}}')
+    loose = {**schema, "additionalProperties": True}
+    assert strict_schema(loose)["additionalProperties"] is True  # what the schema says stays
