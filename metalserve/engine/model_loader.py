@@ -8,6 +8,7 @@ import ctypes
 import gc
 import struct
 import sys
+import traceback
 from pathlib import Path
 
 from metalserve.engine.async_engine import AsyncEngine
@@ -50,7 +51,16 @@ def load_engine(spec: ModelSpec, thread: EngineThread) -> LoadedEngine:
 
     from metalserve.engine.core import EngineCore
 
-    core, loaded = EngineCore.from_config(spec.config)
+    try:
+        core, loaded = EngineCore.from_config(spec.config)
+    except BaseException as exc:
+        # The error travels on (to the registry's 503, and a while in its records); its traceback's frames
+        # would keep the loaded weights alive with it, ~800 MiB per failed load of the default model.
+        drop_frames(exc)
+        gc.collect()
+        mx.clear_cache()
+        return_freed_memory()
+        raise
     engine = AsyncEngine(
         core,
         loaded.tokenizer,
@@ -71,6 +81,16 @@ def load_engine(spec: ModelSpec, thread: EngineThread) -> LoadedEngine:
         return_freed_memory()
 
     return LoadedEngine(engine, weights, kv_bytes, release, thread)
+
+
+def drop_frames(exc: BaseException) -> None:
+    """Clear the local variables of the finished frames in `exc`'s traceback and in those it chains."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        current = current.__cause__ or current.__context__
 
 
 def return_freed_memory() -> None:

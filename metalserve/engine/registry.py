@@ -162,6 +162,7 @@ class ModelRegistry(Generic[S]):
             while slot.state is not ModelState.LOADED or slot.serving is None:
                 if slot.load_task is None:
                     slot.load_task = asyncio.create_task(self._load(slot))
+                    slot.load_task.add_done_callback(_retrieved)  # a waiter may have timed out: _load logged it
                 left = deadline - time.monotonic()
                 try:
                     await asyncio.wait_for(asyncio.shield(slot.load_task), max(left, 0.0))
@@ -374,3 +375,9 @@ class ModelRegistry(Generic[S]):
             }
             for s in self.slots
         ]
+
+
+def _retrieved(task: asyncio.Task[None]) -> None:
+    """Mark a load task's error as seen: every waiter may have given up on it, and _load logged it."""
+    if not task.cancelled():
+        task.exception()
