@@ -15,6 +15,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from metalserve.api.app import build_app
+from metalserve.api.header_timeout import HeaderTimeoutProtocol
 from metalserve.api.settings import ServerSettings
 from metalserve.api.shutdown import GracefulServer
 from metalserve.config import EngineConfig, default_token_budget
@@ -108,7 +109,7 @@ def start_engine(config: EngineConfig) -> AsyncEngine:
 
 def serve_app(app: FastAPI, settings: ServerSettings) -> None:
     """Run uvicorn until SIGINT/SIGTERM (a graceful stop, exit 0) or an engine failure (exit 1)."""
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info")
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info", http=HeaderTimeoutProtocol)
     server = GracefulServer(config, app.state.engine, settings.graceful_shutdown_timeout)
     logger.info("serving on http://%s:%d/v1", settings.host, settings.port)
     server.run()
