@@ -45,7 +45,7 @@ def closed_by_server(conn: socket.socket, within: float) -> bool:
     conn.settimeout(within)
     try:
         return conn.recv(1024) == b""
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         return False
     except ConnectionResetError:
         return True
