@@ -18,6 +18,7 @@ from metalserve.api.app import build_app
 from metalserve.api.header_timeout import HeaderTimeoutProtocol
 from metalserve.api.settings import ServerSettings
 from metalserve.api.shutdown import GracefulServer
+from metalserve.api.startup import serve_while_loading
 from metalserve.config import EngineConfig, default_token_budget
 from metalserve.engine.async_engine import AsyncEngine
 from metalserve.engine.engine_thread import EngineThread
@@ -71,10 +72,10 @@ def run_server(config: EngineConfig, settings: ServerSettings) -> None:
 
         serve_app(build_app(build_registry(config, settings), settings), settings)
         return
-    engine = start_engine(config)
     if settings.tool_call_parser is None and config.tool_call_parser:
         settings = dataclasses.replace(settings, tool_call_parser=config.tool_call_parser)
-    serve_app(build_app(engine, settings), settings)
+    # The port answers from the start: /health is 503 "starting" until the model is loaded and warm.
+    serve_while_loading(lambda: build_app(start_engine(config), settings), settings)
 
 
 def start_engine(config: EngineConfig) -> AsyncEngine:
