@@ -1,8 +1,9 @@
 """GET /debug/memory: the process's resident memory split by component, for operators and bench/soak.py.
 
 Weights and the KV pool come from the engine core (the pool as grown so far), the grammar cache and the
-Responses store from their own byte counts; "other" is what the resident set holds beyond them
-(Python objects, allocator slack, MLX's buffer cache, llguidance's lexer tables).
+Responses store from their own byte counts, `mlx_cache` from MLX (freed buffers kept for reuse, handed
+back when the engine goes idle); "other" is what the resident set holds beyond them (Python objects,
+allocator slack, llguidance's lexer tables).
 """
 
 from __future__ import annotations
@@ -25,6 +26,13 @@ def process_rss() -> int:
         return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
+def mlx_cache_bytes() -> int:
+    """MLX's buffer cache: freed arrays kept for reuse (the engine hands it back when it goes idle)."""
+    import mlx.core as mx
+
+    return int(mx.get_cache_memory())
+
+
 def memory_report(engines: list[Any], store: ResponseStore) -> dict[str, int]:
     """Every loaded model's weights, KV pool and grammar cache together (one model: its own)."""
     parts = {"weights": 0, "kv_pool": 0, "grammar_cache": 0}
@@ -35,6 +43,7 @@ def memory_report(engines: list[Any], store: ResponseStore) -> dict[str, int]:
         compiler = getattr(engine, "_grammar", None)
         parts["grammar_cache"] += compiler.cache_bytes if compiler is not None else 0
     parts["responses_store"] = store.num_bytes
+    parts["mlx_cache"] = mlx_cache_bytes()
     rss = process_rss()
     parts["other"] = max(0, rss - sum(parts.values()))
     parts["rss"] = rss

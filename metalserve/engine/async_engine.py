@@ -236,9 +236,18 @@ class AsyncEngine:
     # ---- worker thread ----
 
     def _run(self) -> None:
+        busy = False
         try:
-            while self._apply_commands(block=not self.core.has_unfinished_requests()):
-                if self.core.has_unfinished_requests():
+            while True:
+                idle = not self.core.has_unfinished_requests()
+                if idle and busy:  # the last request ended: give back what the burst held (once)
+                    release = getattr(self.core, "release_idle_memory", None)
+                    if callable(release):
+                        release()
+                if not self._apply_commands(block=idle):
+                    break
+                busy = self.core.has_unfinished_requests()
+                if busy:
                     self._process(self.core.step())
         except BaseException as exc:  # the core is broken: fail everyone, refuse new work
             logger.exception("engine core failed")

@@ -69,6 +69,15 @@ class EngineCore:
         self.weight_bytes = 0  # measured at load: the model's parameters plus host-side codes
         self.kv_bytes_per_block = 0
 
+    def release_idle_memory(self) -> None:
+        """Nothing is running: hand MLX's buffer cache (the activations of the largest step so far) and
+        the allocator's freed heap back to the OS, so the resident set falls at idle instead of staying at
+        the peak of the last burst. The next step allocates afresh."""
+        from metalserve.engine.model_loader import return_freed_memory
+
+        mx.clear_cache()
+        return_freed_memory()
+
     def memory_report(self) -> dict[str, int]:
         """Bytes by component: the weights (fixed at load) and the KV pool as grown so far."""
         return {"weights": self.weight_bytes, "kv_pool": len(self.scheduler.kv.pool.blocks) * self.kv_bytes_per_block}
