@@ -1,5 +1,6 @@
-"""When the last running request ends the engine hands back what the burst held: MLX's buffer cache (and
-the allocator's freed heap), once per busy period, on the engine thread."""
+"""Idle a while after the last request ended, the engine hands back what the burst held: MLX's buffer cache
+(and the allocator's freed heap), once per busy period, on the engine thread; back-to-back requests keep
+their warm buffers."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import asyncio
 import threading
 
 import mlx.core as mx
+import pytest
 
 from metalserve.config import EngineConfig
+from metalserve.engine import async_engine
 from metalserve.engine.async_engine import AsyncEngine
 from metalserve.engine.core import EngineCore
 from metalserve.sampling_params import SamplingParams
@@ -34,33 +37,37 @@ class CountingCore(FakeCore):
         self.releases.append((threading.get_ident(), self.has_unfinished_requests()))
 
 
-def test_the_engine_releases_once_each_time_it_goes_idle() -> None:
+def test_the_engine_releases_once_it_has_been_idle_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(async_engine, "IDLE_RELEASE_S", 0.3)
     core = CountingCore()
     engine = AsyncEngine(core, core.tokenizer, model_name="m", max_model_len=core.max_model_len, eos_token_ids={2})
 
-    async def one(rid: str) -> None:
-        prompt = core.tokenizer.encode(f"hello {rid}")
-        async for _ in engine.generate(prompt, SamplingParams(max_tokens=4), rid):
-            pass
+    async def burst(tag: str, n: int) -> None:
+        async def one(rid: str) -> None:
+            prompt = core.tokenizer.encode(f"hello {rid}")
+            async for _ in engine.generate(prompt, SamplingParams(max_tokens=4), rid):
+                pass
 
-    async def released(n: int) -> None:
-        for _ in range(200):  # the engine thread releases right after the last output went out
-            if len(core.releases) >= n:
-                return
-            await asyncio.sleep(0.01)
+        await asyncio.gather(*(one(f"{tag}{i}") for i in range(n)))
 
-    async def bursts() -> None:
+    async def scenario() -> list[int]:
+        counts = []
         engine.start()
         try:
-            await asyncio.gather(*(one(f"a{i}") for i in range(3)))
-            await released(1)
-            await asyncio.gather(*(one(f"b{i}") for i in range(2)))
-            await released(2)
-            await asyncio.sleep(0.1)  # and not again while idle
+            await burst("a", 3)
+            await burst("b", 2)  # back to back: within the idle window, nothing is released
+            counts.append(len(core.releases))
+            await asyncio.sleep(1.0)
+            counts.append(len(core.releases))  # idle 1 s: released once
+            await asyncio.sleep(0.5)
+            counts.append(len(core.releases))  # and not again while idle
+            await burst("c", 1)
+            await asyncio.sleep(1.0)
+            counts.append(len(core.releases))
         finally:
             await engine.shutdown()
+        return counts
 
-    asyncio.run(bursts())
-    assert len(core.releases) == 2  # before: never (the resident set stayed at the burst's peak)
+    assert asyncio.run(scenario()) == [0, 1, 1, 2]  # before: never (RSS stayed at the burst's peak)
     assert all(not running for _, running in core.releases)
     assert {thread for thread, _ in core.releases} <= core.threads  # on the engine thread
