@@ -57,8 +57,11 @@ def _sample(a: mx.array) -> bytes:
 
 def _stable(value: Any) -> Any:
     """JSON for what json cannot write, the same in every process (no object addresses)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # one level: json recurses
+        return {
+            "__type__": type(value).__qualname__,
+            **{f.name: getattr(value, f.name) for f in dataclasses.fields(value)},
+        }
     if isinstance(value, (set, frozenset)):
         return sorted(map(str, value))
     text = str(value)
