@@ -27,7 +27,8 @@ from metalserve.multimodal.inputs import MultiModalInput
 from metalserve.outputs import EngineCoreOutput
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
-from metalserve.structured.compiler import GrammarCompiler, GrammarError, GrammarLimits
+from metalserve.structured.compiler import GrammarCompiler, GrammarError
+from metalserve.structured.limits import GrammarLimits
 from metalserve.structured.params import StructuredOutputsParams
 
 if TYPE_CHECKING:
@@ -223,7 +224,7 @@ class AsyncEngine:
         """Compile the spec (off the event loop and the engine thread); GrammarError when it is invalid
         or takes longer than the limit to compile (it is then dropped from the cache when it ends)."""
         future = self.grammar.submit(params)
-        timeout = self.grammar.limits.compile_timeout_s
+        timeout = self.grammar.limits.grammar_compile_timeout
         try:
             await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)
         except TimeoutError:
