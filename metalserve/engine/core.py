@@ -23,7 +23,7 @@ from metalserve.executor.sampler import Sampler
 from metalserve.kvcache.specs import KVCacheSpec, LayerGroupSpec, RecurrentState
 from metalserve.loader import LoadedModel, load_model
 from metalserve.outputs import EngineCoreOutput
-from metalserve.platform import Platform, current_platform
+from metalserve.platform import Platform, current_platform, return_freed_memory
 from metalserve.request import Request, RequestStatus
 from metalserve.sampling_params import SamplingParams
 from metalserve.scheduler.output import NewRequestData, SchedulerOutput
@@ -73,8 +73,6 @@ class EngineCore:
         """Nothing is running: hand MLX's buffer cache (the activations of the largest step so far) and
         the allocator's freed heap back to the OS, so the resident set falls at idle instead of staying at
         the peak of the last burst. The next step allocates afresh."""
-        from metalserve.engine.model_loader import return_freed_memory
-
         mx.clear_cache()
         return_freed_memory()
 

@@ -3,11 +3,8 @@ expected to take before its first load."""
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import gc
 import struct
-import sys
 import traceback
 from pathlib import Path
 
@@ -17,6 +14,7 @@ from metalserve.engine.model_spec import ModelSpec
 from metalserve.engine.model_thread import LoadedEngine
 from metalserve.engine.protocol import SchedulerStatsLike
 from metalserve.outputs import EngineCoreOutput
+from metalserve.platform import return_freed_memory
 from metalserve.request import Request
 
 
@@ -91,15 +89,6 @@ def drop_frames(exc: BaseException) -> None:
         seen.add(id(current))
         traceback.clear_frames(current.__traceback__)
         current = current.__cause__ or current.__context__
-
-
-def return_freed_memory() -> None:
-    """Linux: hand the freed heap back to the OS. glibc keeps freed blocks for reuse, so after an unload the
-    server's resident memory stayed ~700 MiB above its start for the default model (malloc_trim: ~100)."""
-    if sys.platform != "linux":
-        return
-    with contextlib.suppress(OSError, AttributeError):  # not glibc (musl has no malloc_trim)
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def estimate_bytes(spec: ModelSpec) -> int:
