@@ -26,24 +26,17 @@ def process_rss() -> int:
         return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
-def mlx_cache_bytes() -> int:
-    """MLX's buffer cache: freed arrays kept for reuse (the engine hands it back when it goes idle)."""
-    import mlx.core as mx
-
-    return int(mx.get_cache_memory())
-
-
 def memory_report(engines: list[Any], store: ResponseStore) -> dict[str, int]:
     """Every loaded model's weights, KV pool and grammar cache together (one model: its own)."""
-    parts = {"weights": 0, "kv_pool": 0, "grammar_cache": 0}
+    parts = {"weights": 0, "kv_pool": 0, "mlx_cache": 0, "grammar_cache": 0}
     for engine in engines:
         report = getattr(engine.core, "memory_report", None)
         for key, value in (report() if callable(report) else {}).items():
-            parts[key] = parts.get(key, 0) + value
+            # MLX's buffer cache is the process's, reported alike by every engine: counted once.
+            parts[key] = max(parts.get(key, 0), value) if key == "mlx_cache" else parts.get(key, 0) + value
         compiler = getattr(engine, "_grammar", None)
         parts["grammar_cache"] += compiler.cache_bytes if compiler is not None else 0
     parts["responses_store"] = store.num_bytes
-    parts["mlx_cache"] = mlx_cache_bytes()
     rss = process_rss()
     parts["other"] = max(0, rss - sum(parts.values()))
     parts["rss"] = rss

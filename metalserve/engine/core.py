@@ -77,8 +77,10 @@ class EngineCore:
         return_freed_memory()
 
     def memory_report(self) -> dict[str, int]:
-        """Bytes by component: the weights (fixed at load) and the KV pool as grown so far."""
-        return {"weights": self.weight_bytes, "kv_pool": len(self.scheduler.kv.pool.blocks) * self.kv_bytes_per_block}
+        """Bytes by component: the weights (fixed at load), the KV pool as grown so far, and MLX's buffer
+        cache (the process's: freed arrays kept for reuse)."""
+        pool = len(self.scheduler.kv.pool.blocks) * self.kv_bytes_per_block
+        return {"weights": self.weight_bytes, "kv_pool": pool, "mlx_cache": int(mx.get_cache_memory())}
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> tuple[EngineCore, LoadedModel]:

@@ -24,8 +24,9 @@ def test_the_core_gives_back_mlx_s_buffer_cache() -> None:
     core = EngineCore.from_loaded(EngineConfig(kv_cache_memory=1 << 22, block_size=8), tiny_loaded())
     run_all(core, prompts_of([40, 30, 20], 97, seed=3), 8)
     assert mx.get_cache_memory() > 0  # the steps' activations, freed but kept by MLX
+    assert core.memory_report()["mlx_cache"] == mx.get_cache_memory()  # /debug/memory's mlx_cache
     core.release_idle_memory()
-    assert mx.get_cache_memory() == 0
+    assert mx.get_cache_memory() == 0 and core.memory_report()["mlx_cache"] == 0
 
 
 class CountingCore(FakeCore):
