@@ -1,6 +1,6 @@
 """Builds the launches of the Metal paged-attention kernel from the backend contract's arguments.
 
-The contract is `reference.paged_attention`'s (see its module docstring). One launch covers the whole
+The contract is `mlx_ops.paged_attention`'s (executor/attention/base.py). One launch covers the whole
 packed batch; when few threadgroups would run over long contexts, the KV range is split into partitions
 and a second launch merges them. The executor (Metal or the CPU emulator) is passed in, so both run
 exactly the same launches.
