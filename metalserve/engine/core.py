@@ -25,7 +25,7 @@ from metalserve.executor.sampler import Sampler
 from metalserve.kvcache.specs import KVCacheSpec, LayerGroupSpec, RecurrentState
 from metalserve.loader import LoadedModel, load_model
 from metalserve.outputs import EngineCoreOutput
-from metalserve.platform import Platform, current_platform
+from metalserve.platform import Platform, current_platform, return_freed_memory
 from metalserve.request import Request, RequestStatus
 from metalserve.sampling_params import SamplingParams
 from metalserve.scheduler.output import NewRequestData, SchedulerOutput
@@ -70,9 +70,18 @@ class EngineCore:
         self.weight_bytes = 0  # measured at load: the model's parameters plus host-side codes
         self.kv_bytes_per_block = 0
 
+    def release_idle_memory(self) -> None:
+        """Nothing is running: hand MLX's buffer cache (the activations of the largest step so far) and
+        the allocator's freed heap back to the OS, so the resident set falls at idle instead of staying at
+        the peak of the last burst. The next step allocates afresh."""
+        mx.clear_cache()
+        return_freed_memory()
+
     def memory_report(self) -> dict[str, int]:
-        """Bytes by component: the weights (fixed at load) and the KV pool as grown so far."""
-        return {"weights": self.weight_bytes, "kv_pool": len(self.scheduler.kv.pool.blocks) * self.kv_bytes_per_block}
+        """Bytes by component: the weights (fixed at load), the KV pool as grown so far, and MLX's buffer
+        cache (the process's: freed arrays kept for reuse)."""
+        pool = len(self.scheduler.kv.pool.blocks) * self.kv_bytes_per_block
+        return {"weights": self.weight_bytes, "kv_pool": pool, "mlx_cache": int(mx.get_cache_memory())}
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> tuple[EngineCore, LoadedModel]:
