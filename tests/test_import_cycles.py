@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -79,11 +77,6 @@ def test_imports_point_down() -> None:
     assert upward == []
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="one cycle through imports inside functions is another branch's work (issue 34): "
-    "distributed.serve <-> distributed.worker",
-)
 def test_no_cycle_counting_imports_inside_functions() -> None:
     found = _tool().cycles(_tool().import_graph(lazy=True))
     assert found == []

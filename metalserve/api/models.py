@@ -15,7 +15,7 @@ from metalserve.api.anthropic.errors import anthropic_error_body
 from metalserve.api.errors import OpenAIError, log_client_error, retry_headers
 from metalserve.api.model_serving import ModelServing
 from metalserve.engine.errors import shown_name
-from metalserve.engine.registry import ModelRegistry
+from metalserve.serving.registry import ModelRegistry
 
 
 def openai_card(info: dict[str, Any], root: str, created: int) -> dict[str, Any]:

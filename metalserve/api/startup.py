@@ -103,7 +103,7 @@ def load_behind(gate: StartupGate, load: Callable[[], ASGIApp], on_error: Callab
 
 
 def serve_while_loading(load: Callable[[], Any], settings: Any) -> None:
-    """Serve the gate at once and `load` (-> the app; its `state.engine` the registry) on a thread of its
+    """Serve the gate at once and `load` (-> the app; its `state.registry` the registry) on a thread of its
     own; the app serves once loaded. A load that fails stops the server and is raised here."""
     import time
 
@@ -120,7 +120,7 @@ def serve_while_loading(load: Callable[[], Any], settings: Any) -> None:
 
     def loaded_app() -> ASGIApp:
         app = load()
-        server.attach(app.state.engine)
+        server.attach(app.state.registry)
         return app
 
     def failed(exc: BaseException) -> None:

@@ -67,10 +67,12 @@ class AsyncEngine:
         observer: EngineObserver | None = None,
         thread: EngineThread | None = None,
         image_processor: ImageProcessor | None = None,
+        grammar_limits: GrammarLimits | None = None,
     ) -> None:
         """`thread`: the thread that built `core` (EngineThread.call), where its steps run; None: a new
         one (for a core that holds no MLX arrays, or whose every array is already evaluated);
-        `image_processor`: a vision-language model's (multimodal/processor.py), None for a text model."""
+        `image_processor`: a vision-language model's (multimodal/processor.py), None for a text model;
+        `grammar_limits`: the server's limits on structured-output grammars (None: the defaults)."""
         self.core = core
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -89,7 +91,7 @@ class AsyncEngine:
         self._owns_thread = thread is None
         self._loop: Future[None] | None = None  # the step loop's run on the engine thread
         self._grammar: GrammarCompiler | None = None
-        self.grammar_limits = GrammarLimits()  # set by the server before the first grammar compiles
+        self.grammar_limits = GrammarLimits() if grammar_limits is None else grammar_limits
 
     @property
     def is_running(self) -> bool:

@@ -98,6 +98,6 @@ def test_the_server_runs_uvicorn_with_this_protocol(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(server, "GracefulServer", Recorder)
     app = FastAPI()
-    app.state.engine = None
+    app.state.registry = None
     server.serve_app(app, ServerSettings(log_stats_interval=0))
     assert seen == [HeaderTimeoutProtocol]

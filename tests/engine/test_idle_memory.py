@@ -13,15 +13,15 @@ import pytest
 from metalserve.config import EngineConfig
 from metalserve.engine import async_engine
 from metalserve.engine.async_engine import AsyncEngine
-from metalserve.engine.core import EngineCore
 from metalserve.sampling_params import SamplingParams
+from metalserve.serving.build import build_engine_core
 from tests.api.fakes import FakeCore, tiny_tokenizer
 from tests.engine.test_core import run_all, tiny_loaded
 from tests.executor.test_runner_golden import prompts_of
 
 
 def test_the_core_gives_back_mlx_s_buffer_cache() -> None:
-    core = EngineCore.from_loaded(EngineConfig(kv_cache_memory=1 << 22, block_size=8), tiny_loaded())
+    core = build_engine_core(EngineConfig(kv_cache_memory=1 << 22, block_size=8), tiny_loaded())
     run_all(core, prompts_of([40, 30, 20], 97, seed=3), 8)
     assert mx.get_cache_memory() > 0  # the steps' activations, freed but kept by MLX
     assert core.memory_report()["mlx_cache"] == mx.get_cache_memory()  # /debug/memory's mlx_cache

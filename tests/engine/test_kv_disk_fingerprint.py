@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from metalserve.config import EngineConfig
-from metalserve.engine.core import EngineCore
 from metalserve.executor.connector.fingerprint import kv_shaping_config
 from metalserve.loader import LoadedModel
+from metalserve.serving.build import build_engine_core
 from tests.engine.test_core import run_all
 from tests.executor.test_runner_golden import mlx_lm_greedy, prompts_of
 from tests.executor.tiny_models import TINY, tiny_model
@@ -42,7 +42,7 @@ def serve(directory: Path, loaded: LoadedModel) -> tuple[list[int], int]:
         max_model_len=64,
         kv_disk_dir=str(directory),
     )  # type: ignore[arg-type]
-    core = EngineCore.from_loaded(config, loaded)
+    core = build_engine_core(config, loaded)
     got, _ = run_all(core, [PROMPT], 8)
     stats = core.make_stats().connector
     assert stats is not None

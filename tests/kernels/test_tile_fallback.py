@@ -174,9 +174,9 @@ def test_a_gpu_that_refuses_every_launch_still_serves_mlx_lm_s_tokens(
 ) -> None:
     """Through the real engine: the Metal backend whose every launch (tiled, decode) is refused runs its
     attention on MLX ops; a prefill and decodes are served, with one warning."""
-    from metalserve.engine import core
     from metalserve.executor.attention.metal import KernelAttention
     from metalserve.kernels.metal.paged import PagedArgs
+    from metalserve.serving import build as core
     from tests.models import golden
     from tests.models.archs import VOCAB, build
 

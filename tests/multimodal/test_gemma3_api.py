@@ -10,12 +10,10 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from metalserve.api.app import build_app
-from metalserve.api.server import start_engine
 from metalserve.api.settings import ServerSettings
 from metalserve.config import EngineConfig
 from metalserve.multimodal.images import ImageLimits, open_image
-from tests.api.conftest import Served, live
+from tests.api.conftest import Served, live, serve_config
 from tests.multimodal.test_vision_api import data_url, token_ids
 from tests.multimodal.tiny_gemma3 import bidirectional_reference, build, gemma_tokenizer, processor, prompt, save
 from tests.multimodal.vl_golden import png
@@ -28,13 +26,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     directory = save(build(), tmp_path_factory.mktemp("gemma3") / MODEL)
     config = EngineConfig(
         model=str(directory),
-        served_model_name=MODEL,
         kv_cache_memory=1 << 24,
         max_num_batched_tokens=256,
         max_model_len=1024,
     )
-    engine = start_engine(config)
-    with live(Served(build_app(engine, ServerSettings(log_stats_interval=0)), None, engine)) as running:  # type: ignore[arg-type]
+    settings = ServerSettings(served_model_name=((MODEL,),), log_stats_interval=0)
+    with live(serve_config(config, settings)) as running:
         yield running
 
 

@@ -1,5 +1,6 @@
-"""The real loader of a served model (it runs on the model's own engine thread), and the size a model is
-expected to take before its first load."""
+"""A served model's engine: started for one model (`start_engine`, pipeline stages included) or loaded on
+its own engine thread by the registry (`load_engine`), and the size a model is expected to take before its
+first load. The core itself is built by serving/build.py."""
 
 from __future__ import annotations
 
@@ -7,15 +8,21 @@ import gc
 import struct
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from metalserve.engine.async_engine import AsyncEngine
 from metalserve.engine.engine_thread import EngineThread
-from metalserve.engine.model_spec import ModelSpec
-from metalserve.engine.model_thread import LoadedEngine
 from metalserve.engine.protocol import SchedulerStatsLike
 from metalserve.outputs import EngineCoreOutput
 from metalserve.platform import return_freed_memory
 from metalserve.request import Request
+from metalserve.serving.model_spec import ModelSpec
+from metalserve.serving.model_thread import EngineLoader, LoadedEngine
+from metalserve.structured.limits import GrammarLimits
+
+if TYPE_CHECKING:
+    from metalserve.engine.core import EngineCore
+    from metalserve.loader import LoadedModel
 
 
 class UnloadedCore:
@@ -43,14 +50,38 @@ class UnloadedCore:
         raise self._gone()
 
 
-def load_engine(spec: ModelSpec, thread: EngineThread) -> LoadedEngine:
+def start_engine(spec: ModelSpec, grammar_limits: GrammarLimits | None = None) -> AsyncEngine:
+    """One model served alone (or as pipeline stages): load it and build its core on a new engine thread,
+    the one that then runs every step (MLX arrays belong to the thread that made them)."""
+    from metalserve.serving.build import load_engine_core  # heavy (MLX); only a real server needs it
+
+    thread = EngineThread()
+    config = spec.config
+    if config.pipeline_parallel_size == 1:
+        core, loaded = thread.call(load_engine_core, config)
+        return _engine_of(spec, core, loaded, thread, grammar_limits, images=True)
+    from metalserve.serving.pipeline import start_pipeline  # on ranks other than 0 it serves and exits
+
+    core, loaded, watchdog = thread.call(start_pipeline, config)
+    # Pipeline ranks run the language model's layers only: images need the single-process engine.
+    engine = _engine_of(spec, core, loaded, thread, grammar_limits, images=False)
+    watchdog.on_failure = lambda problem: engine.crash(RuntimeError(problem))
+    return engine
+
+
+def engine_loader(grammar_limits: GrammarLimits | None = None) -> EngineLoader:
+    """The registry's loader of a served model, with the server's grammar limits."""
+    return lambda spec, thread: load_engine(spec, thread, grammar_limits)
+
+
+def load_engine(spec: ModelSpec, thread: EngineThread, grammar_limits: GrammarLimits | None = None) -> LoadedEngine:
     """Load the model and build its engine core on `thread`, the model's engine thread (the caller)."""
     import mlx.core as mx
 
-    from metalserve.engine.core import EngineCore
+    from metalserve.serving.build import load_engine_core
 
     try:
-        core, loaded = EngineCore.from_config(spec.config)
+        core, loaded = load_engine_core(spec.config)
     except BaseException as exc:
         # The error travels on (to the registry's 503, and a while in its records); its traceback's frames
         # would keep the loaded weights alive with it, ~800 MiB per failed load of the default model.
@@ -59,16 +90,7 @@ def load_engine(spec: ModelSpec, thread: EngineThread) -> LoadedEngine:
         mx.clear_cache()
         return_freed_memory()
         raise
-    engine = AsyncEngine(
-        core,
-        loaded.tokenizer,
-        model_name=spec.name,
-        max_model_len=core.max_model_len,
-        eos_token_ids=loaded.eos_token_ids,
-        chat_template=loaded.chat_template,
-        thread=thread,
-        image_processor=loaded.image_processor,  # a vision-language model's; None for a text model
-    )
+    engine = _engine_of(spec, core, loaded, thread, grammar_limits, images=True)
     weights, kv_bytes = core.weight_bytes, core.kv_pool_bytes
     del core, loaded
 
@@ -89,6 +111,27 @@ def drop_frames(exc: BaseException) -> None:
         seen.add(id(current))
         traceback.clear_frames(current.__traceback__)
         current = current.__cause__ or current.__context__
+
+
+def _engine_of(
+    spec: ModelSpec,
+    core: EngineCore,
+    loaded: LoadedModel,
+    thread: EngineThread,
+    grammar_limits: GrammarLimits | None,
+    images: bool,
+) -> AsyncEngine:
+    return AsyncEngine(
+        core,
+        loaded.tokenizer,
+        model_name=spec.name,
+        max_model_len=core.max_model_len,  # resolved against the model's context by the core
+        eos_token_ids=loaded.eos_token_ids,
+        chat_template=loaded.chat_template,
+        thread=thread,
+        image_processor=loaded.image_processor if images else None,  # a vision-language model's, else None
+        grammar_limits=grammar_limits,
+    )
 
 
 def estimate_bytes(spec: ModelSpec) -> int:

@@ -11,8 +11,8 @@ import pytest
 
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.engine.engine_thread import EngineThread
-from metalserve.engine.model_loader import load_engine
-from metalserve.engine.model_spec import ModelSpec
+from metalserve.serving.engine_loader import load_engine
+from metalserve.serving.model_spec import ModelSpec
 from tests.loader.tiny_models import write_mlx_dir
 
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from metalserve.engine.engine_thread import EngineThread
-from metalserve.engine.model_spec import ModelSpec
-from metalserve.engine.model_thread import LoadedEngine
-from metalserve.engine.registry import ModelRegistry, ModelRegistryError
+from metalserve.serving.model_spec import ModelSpec
+from metalserve.serving.model_thread import LoadedEngine
+from metalserve.serving.registry import ModelRegistry, ModelRegistryError
 from tests.api.multi_fakes import spec
 
 
@@ -25,7 +25,13 @@ def test_a_load_failing_after_the_timeout_leaves_no_unretrieved_exception() -> N
         raise RuntimeError("the weights do not fit")
 
     registry: ModelRegistry[Any] = ModelRegistry(
-        [spec("a")], failing_load, memory_budget=None, idle_timeout=0.0, load_timeout=0.2, estimate=lambda s: 1
+        [spec("a")],
+        failing_load,
+        lambda s, e: None,
+        memory_budget=None,
+        idle_timeout=0.0,
+        load_timeout=0.2,
+        estimate=lambda s: 1,
     )
     unhandled: list[dict[str, Any]] = []
 
