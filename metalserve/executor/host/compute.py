@@ -45,7 +45,7 @@ class HostCompute:
     def install(self, model: PagedModel) -> None:
         self._root = model.model
         for layer in model.backbone.layers:
-            if is_swiglu_mlp(layer.mlp) and type(layer.mlp.gate_proj) is nn.Linear:
+            if is_swiglu_mlp(layer.mlp) and type(layer.mlp.gate_proj) in (nn.Linear, CodesLinear):
                 layer.mlp = HostSwiGLUMLP(layer.mlp)
         for i, layer in enumerate(model.backbone.layers):
             owners: list[tuple[nn.Module, nn.Module, str, Projections]] = [
