@@ -122,7 +122,7 @@ def swap_in_codes(model: nn.Module, codes: dict[str, PackedCodes]) -> dict[str, 
     Returns the codes the model holds (paths the model dropped, e.g. a tied head or a pipeline stage's
     other layers, left out)."""
     modules = dict(model.named_modules())
-    swapped = []
+    swapped: list[tuple[str, nn.Module]] = []
     held = {}
     for path, packed in codes.items():
         module = modules.get(path)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import gguf
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np

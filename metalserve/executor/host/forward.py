@@ -3,7 +3,7 @@
 A decode step of the default model ran some ten MLX ops per layer between its host kernels (norms,
 residual adds, RoPE, reshapes), each costing 20-90 us of dispatch and a sync: a third of the step at
 batch 1. Here every layer runs in one numba call (`kernels/cpu/decoder.py`) over the layers' weights
-stacked once: the projections read their stored codes (`kernels/cpu/affine_linear.py`), attention is the CPU path's
+stacked once: the projections read their packed codes (`kernels/cpu/packed_linear.py`), attention is the CPU path's
 kernel on the same pool views. It reads the same weights as the MLX modules and is checked against
 mlx-lm's generation token for token.
 

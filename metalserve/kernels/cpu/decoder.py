@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 import numba
 import numpy as np
 
-from metalserve.kernels.cpu import affine_linear as cpu_affine_linear
 from metalserve.kernels.cpu import attention as cpu_attention
 from metalserve.kernels.cpu import layer_ops as cpu_layer_ops
 from metalserve.kernels.cpu import packed_linear as cpu_packed_linear
@@ -39,7 +38,7 @@ def kernel_sources_digest() -> str:
     below closes over this digest, so such an edit is a cache miss instead.
     """
     digest = hashlib.sha256()
-    for module in (cpu_affine_linear, cpu_attention, cpu_layer_ops, cpu_packed_linear, cpu_swiglu):
+    for module in (cpu_attention, cpu_layer_ops, cpu_packed_linear, cpu_swiglu):
         digest.update(Path(str(module.__file__)).read_bytes())
     return digest.hexdigest()
 

@@ -4,11 +4,11 @@
 and in every GGUF type metalserve reads (Q4_0 is `d * (q - 8)`: scale d, offset -8 d; Q6_K's groups are
 16 wide). The codes stay packed, so a weight costs what the file spends on it, not four bytes of fp32:
 
-- 4 bits: half a byte. Within each 32 columns, byte j holds column j in its low nibble and j + 16 in its
-  high one (ggml's Q4_0 order): the kernel unpacks 16 bytes into 32 weights with two vector ops.
-- 5 and 6 bits: those nibbles, then the high bits of the row in a tail: per 32 columns, 4 bytes with bit
-  j the fifth bit of column j (5 bits), or 8 bytes with byte j % 8 holding column j's two high bits at
-  bit 2 (j // 8) (6 bits).
+- 4 bits: half a byte. Byte i of a row holds column i in its low nibble and column i + columns/2 in its
+  high one, so the kernel unpacks a row with contiguous vector loops (a per-block order, ggml's, left
+  LLVM with 16-iteration loops it unrolled to scalar code: ten times slower).
+- 5 and 6 bits: those nibbles, then the high bits of the row in a tail of bit planes: tail byte i holds
+  column i + q * columns/8 in bit q (5 bits), or column i + q * columns/4 in bits 2q, 2q+1 (6 bits).
 - 8 bits: one byte a weight. Codes of 2, 3 and 7 bits are stored as 4 and 8 bits, unchanged.
 
 Plain NumPy here: the loader builds these, the numba kernels (packed_linear.py) read them.
@@ -40,33 +40,30 @@ def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
     rows, columns = codes.shape
     if bits == 8:
         return np.ascontiguousarray(codes, np.uint8)
-    blocks = codes.reshape(rows, columns // _BLOCK, _BLOCK)
-    low = (blocks[..., :16] & 0x0F) | ((blocks[..., 16:] & 0x0F) << 4)
-    parts = [low.reshape(rows, -1)]
-    if bits == 5:
-        fifth = ((blocks >> 4) & 1).astype(np.uint32) << np.arange(_BLOCK, dtype=np.uint32)
-        parts.append(fifth.sum(axis=2, dtype=np.uint32).astype("<u4").view(np.uint8).reshape(rows, -1))
-    elif bits == 6:
-        high = ((blocks >> 4) & 3).reshape(rows, -1, 4, 8)  # [.., j // 8, j % 8]
-        shifted = high << (2 * np.arange(4, dtype=np.uint8))[:, None]
-        parts.append(np.bitwise_or.reduce(shifted, axis=2).reshape(rows, -1))
+    half = columns // 2
+    parts = [(codes[:, :half] & 0x0F) | ((codes[:, half:] & 0x0F) << 4)]
+    if bits > 4:
+        planes = 8 // (bits - 4)  # columns sharing a tail byte: 8 one-bit or 4 two-bit planes
+        high = (codes >> 4).reshape(rows, planes, columns // planes)  # [.., plane q, byte i]
+        shifts = ((bits - 4) * np.arange(planes, dtype=np.uint8))[:, None]
+        parts.append(np.bitwise_or.reduce(high << shifts, axis=1))
     return np.ascontiguousarray(np.concatenate(parts, axis=1), np.uint8)
 
 
 def _unpack(packed: np.ndarray, bits: int, columns: int) -> np.ndarray:
-    rows = packed.shape[0]
     if bits == 8:
         return packed.copy()
-    low = packed[:, : columns // 2].reshape(rows, -1, 16)
-    codes = np.concatenate([low & 0x0F, low >> 4], axis=2)
-    tail = packed[:, columns // 2 :].reshape(rows, columns // _BLOCK, -1)
-    if bits == 5:
-        word = tail.copy().view("<u4")  # [rows, blocks, 1]
-        codes |= (((word >> np.arange(_BLOCK, dtype=np.uint32)) & 1).astype(np.uint8)) << 4
-    elif bits == 6:
-        j = np.arange(_BLOCK)
-        codes |= ((tail[:, :, j % 8] >> (2 * (j // 8)).astype(np.uint8)) & 3) << 4
-    return codes.reshape(rows, columns)
+    half = columns // 2
+    low = packed[:, :half]
+    codes = np.concatenate([low & 0x0F, low >> 4], axis=1)
+    if bits > 4:
+        width = bits - 4
+        planes = 8 // width
+        tail = packed[:, half:]
+        shifts = (width * np.arange(planes, dtype=np.uint8))[None, :, None]
+        high = (tail[:, None, :] >> shifts) & ((1 << width) - 1)  # [rows, plane, byte]
+        codes |= high.reshape(codes.shape) << 4
+    return codes
 
 
 @dataclass(frozen=True)
@@ -133,5 +130,5 @@ class PackedCodes:
         """The row-wise concatenation (a fused projection); None unless every part packs alike."""
         if len({(p.bits, p.columns, p.group_size) for p in parts}) != 1:
             return None
-        fields = (np.concatenate([getattr(p, f) for p in parts]) for f in ("codes", "scales", "biases"))
-        return PackedCodes(*fields, parts[0].bits, parts[0].columns)
+        codes, scales, biases = (np.concatenate([getattr(p, f) for p in parts]) for f in ("codes", "scales", "biases"))
+        return PackedCodes(codes, scales, biases, parts[0].bits, parts[0].columns)
