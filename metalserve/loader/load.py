@@ -53,7 +53,7 @@ def _read(model: str | None, weights: str, platform: Platform) -> tuple[RawModel
 
 def _takes_host_path(path: Path) -> bool:
     """Whether the GGUF's architecture is one the CPU fast path runs (so its codes need no fp32 copy)."""
-    from metalserve.executor.models.families import HOST_MODEL_TYPES
+    from metalserve.kernels.cpu.decoder_weights import HOST_MODEL_TYPES
     from metalserve.loader.gguf_header import read_header
 
     try:

@@ -12,6 +12,11 @@ import numpy as np
 if TYPE_CHECKING:
     from metalserve.kernels.cpu.packed_linear import Segments
 
+# The model types whose blocks the host decoder reproduces (dense llama-family: pre-norm RMSNorm, plain
+# RoPE, SwiGLU); every other family runs mlx-lm's own modules on MLX. The loader keeps such a GGUF in its
+# codes alone (no fp32 copy), the executor installs the host twins (executor/models/families.py).
+HOST_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
 
 class DecoderWeights(NamedTuple):
     """The weights of `L` identical pre-norm blocks, stacked on a leading layer axis."""
