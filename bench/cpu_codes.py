@@ -1,7 +1,7 @@
 """The CPU fast path with weights in their codes vs the fp32 copy it replaced: decode, prefill, memory.
 
     .venv/bin/python bench/cpu_codes.py [--model PATH] [--old-tree /work/main] [--rounds 2]
-        [--prefill 4096] [--steps 24]
+        [--prefill 4096] [--steps 24] [--threads N]
 
 Each arm runs in its own process (so its resident memory is its own), the arms alternating for
 `--rounds` rounds: "old" imports metalserve from `--old-tree` (a checkout before this change: fp32
@@ -9,7 +9,8 @@ weights for MKL plus one byte a weight for the decode kernel), "new" from this c
 codes, packed, and nothing else). Both load with `--weights auto` and run the paged runner with the CPU
 attention backend. Printed per arm: decode TPOT at one stream (median step, 256-token context),
 a `--prefill`-token prompt in the server's 512-token chunks, and resident memory after load and at the
-end; then the new / old ratios.
+end; then the new / old ratios. On a machine whose cores other work keeps busy, `--threads 1` keeps
+both arms off numba's fork-join, where a preempted worker stalls every parallel region.
 """
 
 from __future__ import annotations
@@ -104,6 +105,8 @@ def _run_arm(tree: Path, args: argparse.Namespace) -> dict[str, float]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--prefill", str(args.prefill)]
     cmd += ["--steps", str(args.steps)] + (["--model", args.model] if args.model else [])
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    if args.threads:
+        env["NUMBA_NUM_THREADS"] = str(args.threads)
     out = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)
     if out.returncode:
         raise SystemExit(f"{tree}: {out.stderr[-2000:]}")
@@ -117,6 +120,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--prefill", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--threads", type=int, default=0, help="NUMBA_NUM_THREADS for both arms (0: numba's own)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
