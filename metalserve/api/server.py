@@ -15,8 +15,10 @@ import uvicorn
 from fastapi import FastAPI
 
 from metalserve.api.app import build_app
+from metalserve.api.header_timeout import HeaderTimeoutProtocol
 from metalserve.api.settings import ServerSettings
 from metalserve.api.shutdown import GracefulServer
+from metalserve.api.startup import serve_while_loading
 from metalserve.config import EngineConfig, default_token_budget
 from metalserve.engine.async_engine import AsyncEngine
 from metalserve.engine.engine_thread import EngineThread
@@ -70,10 +72,10 @@ def run_server(config: EngineConfig, settings: ServerSettings) -> None:
 
         serve_app(build_app(build_registry(config, settings), settings), settings)
         return
-    engine = start_engine(config)
     if settings.tool_call_parser is None and config.tool_call_parser:
         settings = dataclasses.replace(settings, tool_call_parser=config.tool_call_parser)
-    serve_app(build_app(engine, settings), settings)
+    # The port answers from the start: /health is 503 "starting" until the model is loaded and warm.
+    serve_while_loading(lambda: build_app(start_engine(config), settings), settings)
 
 
 def start_engine(config: EngineConfig) -> AsyncEngine:
@@ -108,7 +110,7 @@ def start_engine(config: EngineConfig) -> AsyncEngine:
 
 def serve_app(app: FastAPI, settings: ServerSettings) -> None:
     """Run uvicorn until SIGINT/SIGTERM (a graceful stop, exit 0) or an engine failure (exit 1)."""
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info")
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info", http=HeaderTimeoutProtocol)
     server = GracefulServer(config, app.state.engine, settings.graceful_shutdown_timeout)
     logger.info("serving on http://%s:%d/v1", settings.host, settings.port)
     server.run()

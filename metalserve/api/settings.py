@@ -54,7 +54,10 @@ class ServerSettings:
 
     host: str = flag("127.0.0.1", "address to bind (0.0.0.0 for every interface)")
     port: int = flag(8000, "port to bind")
-    api_key: str | None = flag(None, "require `Authorization: Bearer KEY` or `x-api-key: KEY` (not on /health)")
+    api_key: str | None = flag(
+        None,
+        "require `Authorization: Bearer KEY` or `x-api-key: KEY` (not on /health, /favicon.ico, / and /web/)",
+    )
     served_model_name: str | None = None  # the flag is EngineConfig's; None: the engine's model name
     log_stats_interval: float = flag(10.0, "seconds between throughput log lines; 0: off")
     tool_call_parser: str | None = flag(None, "how tool calls are read from the model's text", choices=_tool_parsers)
@@ -88,6 +91,11 @@ class ServerSettings:
         False,
         "vLLM's flag: serve tool_choice 'auto' (given, or implied by tools) through --tool-call-parser, "
         "which it needs; without it such requests get a 400. Forced calls (required, named) need neither",
+    )
+    tool_call_grammar: bool = flag(
+        True,
+        "under tool_choice 'auto', constrain a call from its opening on to a declared tool with arguments "
+        "valid for its schema, text before it free (llama.cpp's lazy grammar; docs/structured-outputs.md)",
     )
     graceful_shutdown_timeout: float = flag(
         30.0, "seconds running requests get to finish after SIGTERM/SIGINT; then they end with an error"

@@ -30,14 +30,21 @@ class GracefulServer(uvicorn.Server):
     """A uvicorn server whose signals drain the engine; the first signal starts a graceful stop, a second
     one ends open requests at once. A signal is an orderly end: exit status 0."""
 
-    def __init__(self, config: uvicorn.Config, engine: ModelRegistry[Any], grace_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, engine: ModelRegistry[Any] | None, grace_s: float) -> None:
         config.timeout_graceful_shutdown = int(grace_s + _FLUSH_MARGIN_S)
         super().__init__(config)
-        self.engine = engine
+        self.engine: ModelRegistry[Any] | None = None
         self.grace_s = grace_s
         self.engine_failed = False
-        engine.on_dead = self.exit_after_engine_failure
+        if engine is not None:
+            self.attach(engine)
         AppStatus.disable_automatic_graceful_drain()  # we end streams ourselves, with an error event
+
+    def attach(self, engine: ModelRegistry[Any]) -> None:
+        """The engines whose requests a signal drains (None while the model still loads: a signal then
+        just stops the server)."""
+        self.engine = engine
+        engine.on_dead = self.exit_after_engine_failure
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -52,6 +59,10 @@ class GracefulServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.engine is None:
+            logger.info("shutting down while the model loads")
+            self.should_exit = True
+            return
         if self.should_exit:
             logger.info("second signal: ending %d open request(s) now", self.engine.num_active_requests)
             self.engine.fail_open_requests("the server is shutting down")

@@ -12,10 +12,12 @@ from mlx.utils import tree_flatten
 
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.engine.kv_disk import attach_disk_tier
-from metalserve.engine.kv_groups import build_scheduler, state_group
+from metalserve.engine.kv_groups import build_scheduler
 from metalserve.engine.kv_plan import plan_kv_pool
 from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.select import select_attention
+from metalserve.executor.draft_model import build_draft_proposer
+from metalserve.executor.host import paged_model
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.families import check_supported, kv_cache_spec
 from metalserve.executor.runner import InFlightStep, ModelRunner
@@ -23,12 +25,11 @@ from metalserve.executor.sampler import Sampler
 from metalserve.kvcache.specs import KVCacheSpec, LayerGroupSpec, RecurrentState
 from metalserve.loader import LoadedModel, load_model
 from metalserve.outputs import EngineCoreOutput
-from metalserve.platform import Platform, current_platform
+from metalserve.platform import Platform, current_platform, return_freed_memory
 from metalserve.request import Request, RequestStatus
 from metalserve.sampling_params import SamplingParams
 from metalserve.scheduler.output import NewRequestData, SchedulerOutput
 from metalserve.scheduler.scheduler import Scheduler, SchedulerStats
-from metalserve.spec_decode.draft_model import build_draft_proposer
 from metalserve.spec_decode.proposer import Proposer, make_proposer
 from metalserve.speculative_config import SpeculativeConfig
 from metalserve.units import format_bytes
@@ -69,9 +70,18 @@ class EngineCore:
         self.weight_bytes = 0  # measured at load: the model's parameters plus host-side codes
         self.kv_bytes_per_block = 0
 
+    def release_idle_memory(self) -> None:
+        """Nothing is running: hand MLX's buffer cache (the activations of the largest step so far) and
+        the allocator's freed heap back to the OS, so the resident set falls at idle instead of staying at
+        the peak of the last burst. The next step allocates afresh."""
+        mx.clear_cache()
+        return_freed_memory()
+
     def memory_report(self) -> dict[str, int]:
-        """Bytes by component: the weights (fixed at load) and the KV pool as grown so far."""
-        return {"weights": self.weight_bytes, "kv_pool": len(self.scheduler.kv.pool.blocks) * self.kv_bytes_per_block}
+        """Bytes by component: the weights (fixed at load), the KV pool as grown so far, and MLX's buffer
+        cache (the process's: freed arrays kept for reuse)."""
+        pool = len(self.scheduler.kv.pool.blocks) * self.kv_bytes_per_block
+        return {"weights": self.weight_bytes, "kv_pool": pool, "mlx_cache": int(mx.get_cache_memory())}
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> tuple[EngineCore, LoadedModel]:
@@ -90,7 +100,7 @@ class EngineCore:
         """`draft`: the draft model of `--speculative-config` method draft_model, if already loaded."""
         platform = current_platform()
         max_model_len = resolve_max_model_len(config, loaded.max_model_len, loaded.rope_scaled_len, warn=True)
-        model = PagedModel.from_loaded(loaded, platform)
+        model = paged_model(loaded, platform)
         # This model's own parameters (MLX's active memory would count every model a server has loaded).
         weight_bytes = parameter_bytes(loaded.model) + model.host_bytes()
         storage = config.kv_cache_dtype
@@ -118,13 +128,12 @@ class EngineCore:
         logger.info("attention: %s", attention.description)
         logger.info("on the host: %s", model.host_description())
         peak = held = 0
-        states = state_group(spec.groups)
         speculation, draft = draft_for(config, list(spec.groups), draft)
         if config.kv_cache_memory is None:
             # The CPU path's stored codes (the draft's too) live outside MLX's counters.
             host = model.host_bytes() + (host_code_bytes(draft) if draft is not None else 0)
             held = int(mx.get_active_memory()) + host
-            peak = measure_step_peak(model, spec, config, attention, states) + host
+            peak = measure_step_peak(model, spec, config, attention) + host
         for g in spec.groups:
             if isinstance(g, RecurrentState):
                 logger.info(
@@ -149,7 +158,6 @@ class EngineCore:
             eos_token_ids=loaded.eos_token_ids,
             sampler=Sampler(config.seed),
             backend=attention,
-            state_group=states or 1,
             proposer=build_proposer(speculation, config, loaded, platform, plan.initial_blocks, draft),
             **vision_parts(loaded, model, dtype),
             async_eval=platform.metal,
@@ -389,19 +397,15 @@ def measure_step_peak(
     spec: KVCacheSpec,
     config: EngineConfig,
     attention: AttentionBackend[Any, Any],
-    states: int = 0,
 ) -> int:
-    """Run one prefill of max_num_batched_tokens tokens on a throw-away pool and return MLX's peak memory.
-    `states`: the recurrent-state group's index (hybrid models; 0: none)."""
+    """Run one prefill of max_num_batched_tokens tokens on a throw-away pool and return MLX's peak memory."""
     n = config.max_num_batched_tokens
     blocks = -(-n // config.block_size)
     mx.reset_peak_memory()
-    runner = ModelRunner(
-        model, spec.with_blocks(blocks), sampler=Sampler(0), backend=attention, state_group=states or 1
-    )
+    runner = ModelRunner(model, spec.with_blocks(blocks), sampler=Sampler(0), backend=attention)
     params = SamplingParams(temperature=0, max_tokens=1)
     # Every group's table over the same throw-away blocks: the values written are never read back.
-    tables = tuple(list(range(blocks)) for _ in range(runner.num_tables + 1))
+    tables = tuple(list(range(blocks)) for _ in spec.groups)
     new = NewRequestData("warmup", [0] * n, n, params, tables, 0)
     runner.execute_model(SchedulerOutput([new], [], {"warmup": n}, n))
     peak = mx.get_peak_memory()

@@ -3,11 +3,9 @@ expected to take before its first load."""
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import gc
 import struct
-import sys
+import traceback
 from pathlib import Path
 
 from metalserve.engine.async_engine import AsyncEngine
@@ -16,6 +14,7 @@ from metalserve.engine.model_spec import ModelSpec
 from metalserve.engine.model_thread import LoadedEngine
 from metalserve.engine.protocol import SchedulerStatsLike
 from metalserve.outputs import EngineCoreOutput
+from metalserve.platform import return_freed_memory
 from metalserve.request import Request
 
 
@@ -50,7 +49,16 @@ def load_engine(spec: ModelSpec, thread: EngineThread) -> LoadedEngine:
 
     from metalserve.engine.core import EngineCore
 
-    core, loaded = EngineCore.from_config(spec.config)
+    try:
+        core, loaded = EngineCore.from_config(spec.config)
+    except BaseException as exc:
+        # The error travels on (to the registry's 503, and a while in its records); its traceback's frames
+        # would keep the loaded weights alive with it, ~800 MiB per failed load of the default model.
+        drop_frames(exc)
+        gc.collect()
+        mx.clear_cache()
+        return_freed_memory()
+        raise
     engine = AsyncEngine(
         core,
         loaded.tokenizer,
@@ -73,13 +81,14 @@ def load_engine(spec: ModelSpec, thread: EngineThread) -> LoadedEngine:
     return LoadedEngine(engine, weights, kv_bytes, release, thread)
 
 
-def return_freed_memory() -> None:
-    """Linux: hand the freed heap back to the OS. glibc keeps freed blocks for reuse, so after an unload the
-    server's resident memory stayed ~700 MiB above its start for the default model (malloc_trim: ~100)."""
-    if sys.platform != "linux":
-        return
-    with contextlib.suppress(OSError, AttributeError):  # not glibc (musl has no malloc_trim)
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+def drop_frames(exc: BaseException) -> None:
+    """Clear the local variables of the finished frames in `exc`'s traceback and in those it chains."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        current = current.__cause__ or current.__context__
 
 
 def estimate_bytes(spec: ModelSpec) -> int:

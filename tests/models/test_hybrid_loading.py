@@ -13,7 +13,7 @@ from mlx.utils import tree_flatten
 
 from metalserve.config import EngineConfig
 from metalserve.engine.core import EngineCore
-from metalserve.engine.kv_groups import state_group
+from metalserve.executor.block_table import BlockTables
 from metalserve.executor.models.families import SUPPORTED_MODEL_TYPES, kv_cache_spec, kv_shape, model_family
 from metalserve.executor.models.hybrid import state_layout_of
 from metalserve.generate import generate_config
@@ -48,7 +48,8 @@ def test_layer_groups_are_attention_then_recurrent_state(model_type: str) -> Non
     assert (groups[0].layers, groups[1].layers) == (attention, state)
     assert groups[1] == RecurrentState(layers=state, snapshots=True, state_bytes=groups[1].state_bytes)
     assert groups[1].state_bytes == state_layout_of(loaded.model, model_type).slot_bytes > 0
-    assert state_group(groups) == 1
+    tables = BlockTables(groups, 16)
+    assert (tables.attention_groups, tables.state_group) == ((0,), 1)
 
 
 def test_the_state_layout_is_mlx_lm_s_own_cache_arrays() -> None:
