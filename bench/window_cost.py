@@ -17,11 +17,11 @@ import metalserve  # noqa: F401  (must come before MLX: it loads the optimized B
 # isort: on
 import numpy as np
 from affine_linear import median_ms  # this folder's: the same timing as the codes-kernel bench
+from metalserve.kernels.cpu.affine_linear import affine_linear
 
 from metalserve.executor.host import paged_model
 from metalserve.executor.host.compute import HostCompute
 from metalserve.executor.models.families import kv_shape
-from metalserve.kernels.cpu.affine_linear import affine_linear
 from metalserve.kernels.cpu.decoder import decoder_layers
 from metalserve.kernels.cpu.paged import CpuStepPlan
 from metalserve.loader import load_model

@@ -22,7 +22,7 @@ from metalserve.executor.models.families import (
     model_family,
 )
 from metalserve.executor.models.hybrid_families import FAMILIES
-from metalserve.kernels.cpu.affine_codes import AffineCodes
+from metalserve.kernels.cpu.packed_codes import PackedCodes
 from metalserve.platform import Platform
 from tests.executor.tiny_models import tiny_model
 from tests.models import golden
@@ -65,8 +65,8 @@ def test_dense_windowed_latent_and_hybrid_models_read_off_by_their_family() -> N
     assert kv_shape(hybrid)[:3] == (2, 2, 16)  # the attention layers only
 
 
-def _codes() -> dict[str, AffineCodes]:
-    codes = AffineCodes(np.zeros((4, 32), np.uint8), np.ones((4, 1), np.float32), np.zeros((4, 1), np.float32))
+def _codes() -> dict[str, PackedCodes]:
+    codes = PackedCodes.pack(np.zeros((4, 32), np.uint8), np.ones((4, 1), np.float32), np.zeros((4, 1), np.float32), 4)
     return {"model.layers.0.mlp.down_proj": codes}
 
 

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 from metalserve.executor.models.adapter import ModelCompute, PagedModel
 from metalserve.executor.models.compute import MlxCompute
 from metalserve.executor.models.families import model_family
-from metalserve.kernels.cpu.affine_codes import AffineCodes
+from metalserve.kernels.cpu.packed_codes import PackedCodes
 from metalserve.platform import Platform
 
 if TYPE_CHECKING:
     from metalserve.loader import LoadedModel
 
 
-def choose_compute(platform: Platform, codes: Mapping[str, AffineCodes], model_type: str) -> ModelCompute:
+def choose_compute(platform: Platform, codes: Mapping[str, PackedCodes], model_type: str) -> ModelCompute:
     """Host compute where MLX runs on the CPU, numba is installed and the family may take the host path
     (families.py: the dense llama family), else everything in MLX.
 

@@ -23,6 +23,7 @@ from metalserve.executor.models.hybrid import state_layout_of
 from metalserve.executor.models.hybrid_families import FAMILIES, Family, attention_shape, embedding_of, mixers_of
 from metalserve.executor.models.kv_layout import KVLayout, hybrid_kv_layout, mla_kv_layout, model_kv_layout
 from metalserve.executor.models.mla import latent_kv_shape
+from metalserve.kernels.cpu.decoder_weights import HOST_MODEL_TYPES
 from metalserve.kvcache.specs import KVCacheDtype, KVCacheSpec, PageDtype, RecurrentState, SlidingWindow
 
 if TYPE_CHECKING:
@@ -83,9 +84,9 @@ MROPE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl"})
 # attention honours it, and the scheduler never splits an image across prefill chunks.
 BIDIRECTIONAL_IMAGE_MODEL_TYPES = frozenset({"gemma3"})
 MLA_MODEL_TYPES = frozenset({"deepseek_v2", "deepseek_v3", "glm4_moe_lite"})
-# The dense llama-family models whose blocks the host twins reproduce (executor/host/); every other
-# family runs mlx-lm's own modules on MLX.
-HOST_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+# HOST_MODEL_TYPES (metalserve/kernels/cpu/decoder_weights.py, where the loader reads it too): the dense
+# llama-family models whose blocks the host twins reproduce (executor/host/); every other family runs
+# mlx-lm's own modules on MLX.
 
 
 class UnsupportedModelType(ValueError):
