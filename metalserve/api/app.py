@@ -98,6 +98,7 @@ def build_app(engine: AsyncEngine | ModelRegistry[ModelServing], settings: Serve
             settings.image_limits(),
             settings.default_max_tokens,
             settings.generic_tool_prompt,
+            settings.tool_call_grammar,
         )
         engine.grammar_limits = grammar_limits(settings)
         serving = make_model_serving(engine, options, store, series, recorder)
@@ -173,6 +174,7 @@ def _serving_for(
         settings.image_limits(),
         settings.default_max_tokens,
         settings.generic_tool_prompt,
+        settings.tool_call_grammar,
     )
     engine.grammar_limits = grammar_limits(settings)
     serving = make_model_serving(engine, options, store, series, recorder)

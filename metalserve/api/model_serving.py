@@ -56,6 +56,7 @@ class ServingOptions:
     image_limits: ImageLimits = field(default_factory=ImageLimits)
     default_max_tokens: int = 0  # --default-max-tokens
     generic_tool_prompt: bool = True  # --generic-tool-prompt
+    tool_call_grammar: bool = True  # --tool-call-grammar
 
 
 def make_model_serving(
@@ -90,6 +91,7 @@ def make_model_serving(
         reasoning,
         auto_tools=options.enable_auto_tool_choice,
         generic_tool_prompt=options.generic_tool_prompt,
+        tool_call_grammar=options.tool_call_grammar,
     )
     return ModelServing(
         ctx, chat, CompletionServing(ctx), MessagesServing(chat), ResponsesServing(chat, store), metrics

@@ -99,6 +99,11 @@ class ServerSettings:
         "vLLM's flag: serve tool_choice 'auto' (given, or implied by tools) through --tool-call-parser, "
         "which it needs; without it such requests get a 400. Forced calls (required, named) need neither",
     )
+    tool_call_grammar: bool = flag(
+        True,
+        "under tool_choice 'auto', constrain a call from its opening on to a declared tool with arguments "
+        "valid for its schema, text before it free (llama.cpp's lazy grammar; docs/structured-outputs.md)",
+    )
     graceful_shutdown_timeout: float = flag(
         30.0, "seconds running requests get to finish after SIGTERM/SIGINT; then they end with an error"
     )
