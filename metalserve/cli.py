@@ -86,15 +86,14 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def packaged_defaults(model: str | None, settings: ServerSettings) -> ServerSettings:
-    """A packaged model (`serve qwen2.5-coder-0.5b`) is served for tools: its parser (unless a flag names
-    one) and tool_choice "auto" on, as its name promises; other models keep the flags as given."""
+    """A packaged model (`serve qwen2.5-coder-0.5b`) is served for tools: tool_choice "auto" on, as its name
+    promises (its parser is detected from its chat template, or named by the flag); unless the flag says
+    `none`. Other models keep the flags as given."""
     from metalserve.loader.packaged import PACKAGED_MODELS
 
-    packaged = PACKAGED_MODELS.get((model or "").lower())
-    if packaged is None or settings.tool_call_parser == "none":
+    if (model or "").lower() not in PACKAGED_MODELS or settings.tool_call_parser == "none":
         return settings
-    parser = settings.tool_call_parser or packaged.tool_call_parser
-    return dataclasses.replace(settings, tool_call_parser=parser, enable_auto_tool_choice=True)
+    return dataclasses.replace(settings, enable_auto_tool_choice=True)
 
 
 def _models_args(sub: argparse._SubParsersAction) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from metalserve import cli
+from metalserve.api.parser_detection import choose_parsers
 from metalserve.api.settings import ServerSettings
 from metalserve.loader import ModelLoadError
 from metalserve.loader.packaged import INSTALL_HINT, PACKAGED_MODELS, PackagedModel, assemble, cache_dir
@@ -117,7 +118,11 @@ def test_cache_folder_follows_the_environment(monkeypatch: pytest.MonkeyPatch, t
 def test_a_packaged_model_is_served_for_tools() -> None:
     plain = ServerSettings()
     served = cli.packaged_defaults("qwen2.5-coder-1.5b", plain)
-    assert (served.tool_call_parser, served.enable_auto_tool_choice) == ("hermes", True)
+    # The parser is left to detection, which reads hermes off these models' real templates.
+    assert (served.tool_call_parser, served.enable_auto_tool_choice) == (None, True)
+    template = Path(__file__).parents[1] / "api" / "data" / "templates" / "qwen2.5-coder-1.5b.jinja"
+    detected = choose_parsers(served.tool_call_parser, served.reasoning_parser, template.read_text())
+    assert detected.tool_call_parser == PACKAGED_MODELS["qwen2.5-coder-1.5b"].tool_call_parser == "hermes"
     named = cli.packaged_defaults("Qwen2.5-Coder-0.5B", ServerSettings(tool_call_parser="generic"))
     assert named.tool_call_parser == "generic" and named.enable_auto_tool_choice
     off = ServerSettings(tool_call_parser="none")
