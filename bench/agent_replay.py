@@ -4,8 +4,8 @@ tokens, prefill and decode tokens/s.
 
     .venv/bin/python bench/agent_replay.py --url http://127.0.0.1:8000 [SESSION.json ...] [--model NAME]
 
-A session file is either bench/data/agent_sessions/*.json ({"agent", "model", "task", "requests": [{"path",
-"body"}]}) or a `*_exchanges.json` that tests/agents/test_real_agents.py writes with
+A session file is either bench/data/agent_sessions/*.json ({"recorded_from", "requests": [{"path", "body"}]};
+`--save DIR` writes them from exchanges) or a `*_exchanges.json` that tests/agents/test_real_agents.py writes with
 METALSERVE_AGENT_SUMMARY=DIR (the proxy's exchanges; count_tokens and other routes are skipped). Without
 files it replays every session in bench/data/agent_sessions/. Each body goes out as recorded but with
 `stream: true` and the served model's name, so the second turn on finds the first turn's prefix in the
@@ -60,6 +60,12 @@ def load_session(path: Path) -> list[dict[str, Any]]:
     else:  # the proxy's exchanges
         requests = [{"path": e["path"], "body": e["request"]} for e in data if e.get("request") is not None]
     return [r for r in requests if r["path"].split("?")[0] in ROUTES]
+
+
+def write_session(path: Path, requests: list[dict[str, Any]], source: str) -> None:
+    """A session file: the model requests only (a recorded exchange also holds every streamed event)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"recorded_from": source, "requests": requests}, indent=1))
 
 
 def is_output(event: dict[str, Any]) -> bool:
@@ -129,15 +135,23 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sessions", nargs="*", type=Path, help="session files (default: bench/data/agent_sessions)")
-    parser.add_argument("--url", required=True, help="the server root, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--url", default=None, help="the server root, e.g. http://127.0.0.1:8000")
     parser.add_argument("--model", default=None, help="the model name to send (default: the server's first)")
     parser.add_argument("--api-key", default="unused")
     parser.add_argument("--json", type=Path, default=None, help="also write the per-turn results here")
+    parser.add_argument("--save", type=Path, default=None, help="only write each file's requests as a session here")
     args = parser.parse_args(argv)
     files = args.sessions or sorted(SESSIONS.glob("*.json"))
     if not files:
         print(f"no session files (give some, or record them into {SESSIONS})", file=sys.stderr)
         return 2
+    if args.save:
+        for path in files:
+            name = path.name.replace("_exchanges", "")
+            write_session(args.save / name, load_session(path), source=path.name)
+        return 0
+    if not args.url:
+        parser.error("--url is needed to replay")
     auth = {"authorization": f"Bearer {args.api_key}", "x-api-key": args.api_key}
     client = httpx.Client(base_url=args.url, timeout=None, headers=auth)
     model = args.model or client.get("/v1/models").json()["data"][0]["id"]

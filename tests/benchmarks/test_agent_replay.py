@@ -57,6 +57,10 @@ def test_replays_a_session_turn_by_turn(tmp_path: Path, monkeypatch: pytest.Monk
         # The first token comes after a 0.3 s step; the keep-alives sent before it are not output.
         assert 0.25 < row["ttft"] <= row["seconds"]
     assert rows[0]["cached_tokens"] == 0 and rows[1]["cached_tokens"] > 0  # turn 2 reuses turn 1's prefix
+    # --save keeps the requests of an exchanges file as a session file (what bench/data/agent_sessions holds).
+    assert agent_replay.main([str(exchanges), "--save", str(tmp_path / "saved")]) == 0
+    saved = json.loads((tmp_path / "saved" / "codex.json").read_text())
+    assert saved == {"recorded_from": "codex_exchanges.json", "requests": [responses]}
     first = agent_replay.TurnResult(
         "/v1/messages", 200, 2.0, 4.0, prompt_tokens=1000, cached_tokens=200, output_tokens=21
     )
