@@ -47,7 +47,7 @@ CLAUDE_TOOLS = {"read": "Read", "fix": "Read,Edit,Bash"}
 def _flags(model: str) -> tuple[str, ...]:
     # fp32 weights run the CPU fast path (the 1.5B's 6 GB is above the default dequantize limit). On a busy
     # CPU the tool-call grammar of an agent's tools took more than the default 10 s to compile.
-    memory = ("--weights", "dequantize", "--kv-cache-memory", str(4 << 30))
+    memory = ("--weights", "dequantize", "--kv-cache-memory", str(2 << 30))
     return (model, "--max-model-len", "32768", *memory, "--grammar-compile-timeout", "300")
 
 
