@@ -2,7 +2,7 @@
 forgiving parser with constrained calls (the lazy tool-call grammar).
 
     PYTHONPATH=$PWD .venv/bin/python bench/tool_calls_ab.py /work/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
-        [--samples 2] [--max-tokens 200] [--concurrency 4] [--json out.json]
+        [--samples 1] [--max-tokens 160] [--concurrency 10] [--json out.json] [--verbose] [-- serve flags]
 
 It starts `metalserve serve MODEL --enable-auto-tool-choice --tool-call-parser hermes` twice, one after the
 other: with `--no-tool-call-grammar` (arms A and B read the same answers) and with the grammar (arm C).
@@ -305,20 +305,23 @@ def run_arm(url: str, settings: list[tuple[str, float, int]], args: argparse.Nam
         for label, temperature, samples in settings:
             jobs = [(c, s) for s in range(samples) for c in CASES]
             futures = [pool.submit(ask, url, model, c, temperature, 1000 + s, args.max_tokens) for c, s in jobs]
-            out[label] = [f.result() for f in futures]
+            out[label] = []
+            for f in futures:
+                out[label].append(f.result())
+                print(f"  {label}: {len(out[label])}/{len(futures)} answers", file=sys.stderr, flush=True)
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="the GGUF file (or any model metalserve serves)")
-    parser.add_argument("--samples", type=int, default=1, help="seeds per request at temperature 1")
-    parser.add_argument("--max-tokens", type=int, default=200)
-    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--samples", type=int, default=1, help="seeds per request at temperature 1 (0: greedy only)")
+    parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--json", help="write every answer here")
     parser.add_argument("--verbose", action="store_true")
     args, extra = parser.parse_known_args()
-    settings = [("greedy", 0.0, 1), ("T=1", 1.0, args.samples)]
+    settings = [("greedy", 0.0, 1)] + ([("T=1", 1.0, args.samples)] if args.samples else [])
     answers: dict[str, dict[str, list[Answer]]] = {}
     timing: dict[str, float] = {}
     for grammar in (False, True):

@@ -43,13 +43,13 @@ from metalserve.config import EngineConfig
 from metalserve.engine.async_engine import DEAD_MESSAGE, AsyncEngine
 from metalserve.engine.model_spec import ModelSpec
 from metalserve.engine.registry import ModelRegistry
-from metalserve.structured.compiler import GrammarLimits
+from metalserve.structured.limits import GrammarLimits
 
 _stats_logger = logging.getLogger("metalserve.stats")
 
 # Paths a load balancer or supervisor must reach without the key, and the web page (which holds no data:
 # it asks for the key and sends it with every API call).
-_OPEN_PATHS = {"/health", "/"}
+_OPEN_PATHS = {"/health", "/", "/favicon.ico"}
 _OPEN_PREFIXES = ("/web/",)
 
 
@@ -95,7 +95,7 @@ def build_app(engine: AsyncEngine | ModelRegistry[ModelServing], settings: Serve
             settings.tool_call_parser,
             settings.reasoning_parser,
             settings.enable_auto_tool_choice,
-            settings.image_limits(),
+            settings.images,
             settings.default_max_tokens,
             settings.generic_tool_prompt,
             settings.tool_call_grammar,
@@ -171,7 +171,7 @@ def _serving_for(
         spec.config.tool_call_parser or settings.tool_call_parser,
         spec.reasoning_parser or settings.reasoning_parser,
         spec.enable_auto_tool_choice or settings.enable_auto_tool_choice,
-        settings.image_limits(),
+        settings.images,
         settings.default_max_tokens,
         settings.generic_tool_prompt,
         settings.tool_call_grammar,
@@ -183,11 +183,7 @@ def _serving_for(
 
 
 def grammar_limits(settings: ServerSettings) -> GrammarLimits:
-    return GrammarLimits(
-        max_spec_bytes=settings.max_grammar_bytes,
-        compile_timeout_s=settings.grammar_compile_timeout,
-        cache_bytes=settings.grammar_cache_bytes,
-    )
+    return settings.grammar
 
 
 def _add_middleware(app: FastAPI, settings: ServerSettings, max_model_len: int) -> None:

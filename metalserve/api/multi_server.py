@@ -8,10 +8,10 @@ from typing import Any
 
 from metalserve.api.settings import ServerSettings
 from metalserve.config import ConfigError, EngineConfig
-from metalserve.engine.memory import format_bytes
 from metalserve.engine.model_loader import estimate_bytes, load_engine
 from metalserve.engine.model_spec import ModelSpec, build_specs, read_models_file
 from metalserve.engine.registry import ModelRegistry
+from metalserve.units import format_bytes
 
 logger = logging.getLogger("metalserve.server")
 

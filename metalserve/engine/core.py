@@ -14,7 +14,6 @@ from metalserve.config import ConfigError, EngineConfig
 from metalserve.engine.kv_disk import attach_disk_tier
 from metalserve.engine.kv_groups import build_scheduler, state_group
 from metalserve.engine.kv_plan import plan_kv_pool
-from metalserve.engine.memory import format_bytes
 from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.models.adapter import PagedModel
@@ -29,9 +28,10 @@ from metalserve.request import Request, RequestStatus
 from metalserve.sampling_params import SamplingParams
 from metalserve.scheduler.output import NewRequestData, SchedulerOutput
 from metalserve.scheduler.scheduler import Scheduler, SchedulerStats
-from metalserve.spec_decode.config import SpeculativeConfig
 from metalserve.spec_decode.draft_model import build_draft_proposer
 from metalserve.spec_decode.proposer import Proposer, make_proposer
+from metalserve.speculative_config import SpeculativeConfig
+from metalserve.units import format_bytes
 
 logger = logging.getLogger("metalserve.engine")
 

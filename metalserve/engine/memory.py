@@ -10,6 +10,7 @@ import sys
 
 from metalserve.kvcache.block_pool import NUM_RESERVED_BLOCKS
 from metalserve.platform import current_platform
+from metalserve.units import format_bytes
 
 # The pool starts this small and doubles as it fills (metalserve/kvcache/block_pool.py).
 INITIAL_POOL_BLOCKS = 256
@@ -69,11 +70,3 @@ def pool_block_cap(
     `blocks_per_request`: what one such request holds over all layer groups (default: one group's)."""
     per_request = -(-max_model_len // block_size) if blocks_per_request is None else blocks_per_request
     return max_num_seqs * per_request + NUM_RESERVED_BLOCKS
-
-
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} GiB"

@@ -19,9 +19,9 @@ from typing import Any, Generic, TypeVar
 
 from metalserve.engine.async_engine import AsyncEngine
 from metalserve.engine.engine_thread import EngineThread
-from metalserve.engine.memory import format_bytes
 from metalserve.engine.model_spec import ModelSpec
 from metalserve.engine.model_thread import EngineLoader, LoadedEngine, start_engine_thread
+from metalserve.units import format_bytes
 
 logger = logging.getLogger("metalserve.registry")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from metalserve.config import ConfigError
-from metalserve.engine.memory import format_bytes
 from metalserve.kvcache.block_pool import NUM_RESERVED_BLOCKS
 from metalserve.kvcache.specs import LayerGroupSpec, RecurrentState
+from metalserve.units import format_bytes
 
 
 def blocks_for_request(specs: Sequence[LayerGroupSpec], num_tokens: int, block_size: int) -> int:

@@ -40,7 +40,6 @@ TEXTS = [
     "<function=rm_rf>{}</function>",
     '```json\n{"city": "Paris"}\n```',
     "<function=read>not json</function>",
-    '<tool_call>{"name": "read", "arguments": {}}</tools> and on',
     '{"name": "read", "arguments": [1]}',
 ]
 
@@ -68,6 +67,12 @@ def test_loose_forms_are_calls_streamed_and_not(text: str, content: str | None, 
 def test_other_json_and_unknown_tools_stay_text(text: str) -> None:
     got = get_tool_parser("hermes").for_request(TOOLS).extract(text)
     assert got.calls == [] and got.content == text
+
+
+def test_a_wrong_closing_keeps_the_call_and_leaves_the_tags_as_text() -> None:
+    text = '<tool_call>{"name": "read", "arguments": {}}</tools> on'
+    got = get_tool_parser("hermes").for_request(TOOLS).extract(text)
+    assert [c.name for c in got.calls] == ["read"] and got.content == "<tool_call></tools> on"
 
 
 def test_loose_forms_need_declared_tools() -> None:

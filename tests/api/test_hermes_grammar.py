@@ -117,3 +117,21 @@ def test_schemas_are_leniently_compiled_and_made_objects() -> None:
     assert feed(m, '{"name": "fetch", "arguments": {"url": "x"}}')
     with pytest.raises(ValueError, match="at least one tool"):
         hermes_call_grammar({})
+
+
+def test_a_name_the_model_would_go_on_past_is_held_to_the_tools() -> None:
+    m = matcher()
+    assert feed(m, 'Sure: {"name": "get_weather')
+    assert not feed(m, '.py", "arguments": {}}')  # the opening ends at the name: the quote comes next
+    names = {"read": {}, "read_file": {}}  # one name the start of another: both stay reachable
+    for name in names:
+        m = COMPILER.compile(StructuredOutputsParams(grammar=hermes_call_grammar(names))).matcher.deep_copy()
+        assert feed(m, f'{{"name": "{name}", "arguments": {{}}}}') and m.is_accepting()
+
+
+def test_arguments_may_be_pretty_printed_but_whitespace_is_bounded() -> None:
+    m = matcher()
+    assert feed(m, '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n```')
+    assert m.is_accepting()
+    m = matcher()
+    assert not feed(m, '{"name": "get_weather", "arguments": {"city":' + "\n" * 40)

@@ -13,7 +13,7 @@ from metalserve.generate import encode_chat, generate_config
 from metalserve.loader import load_model
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
-from metalserve.spec_decode.config import SpeculativeConfig
+from metalserve.speculative_config import SpeculativeConfig
 
 pytestmark = pytest.mark.slow
 

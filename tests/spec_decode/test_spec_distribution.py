@@ -21,7 +21,7 @@ from metalserve.engine.core import EngineCore
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
 from metalserve.spec_decode import verify
-from metalserve.spec_decode.config import SpeculativeConfig
+from metalserve.speculative_config import SpeculativeConfig
 from tests.engine.test_core import tiny_loaded
 from tests.executor.tiny_models import tiny_model
 

@@ -17,7 +17,7 @@ Text around the calls is content; a block that is not a call is content as the m
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 import regex
 
@@ -26,6 +26,9 @@ from metalserve.api.tool_parsers.hermes_grammar import CALL_TAGS, FENCE_LANGS, h
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _STARTS = "<`{"  # a call can only begin at one of these characters
+# What starts at a position: a span (end, its call or None for text), "pending" (more text may decide),
+# or None (no call starts here).
+Found = tuple[int, ParsedToolCall | None] | Literal["pending"] | None
 
 
 def head_pattern(names: list[str]) -> str:
@@ -69,10 +72,10 @@ class HermesToolParser(ToolParser):
             if start < 0:
                 segments.append(Segment(text[pos:]))
                 return segments
-            found = self._loose_call(text, start, final)
+            found: Found = self._loose_call(text, start, final)
             if found is None:
                 found = self._tagged_call(text, start, final)
-            if found == "pending":  # may still become a call: nothing from here on is settled
+            if isinstance(found, str):  # "pending": may still become a call: nothing from here on is settled
                 segments.append(Segment(text[pos:start]))
                 return segments
             if found is None:
@@ -82,7 +85,7 @@ class HermesToolParser(ToolParser):
             segments += [Segment(text[pos:start]), Segment(text[start:end], [call] if call is not None else [])]
             pos = scan = end
 
-    def _loose_call(self, text: str, start: int, final: bool) -> tuple[int, ParsedToolCall] | str | None:
+    def _loose_call(self, text: str, start: int, final: bool) -> Found:
         """A fenced, tagged, bare or `<function...>` call of a declared tool at `start`; "pending" while
         more text could make one; None when none starts here."""
         if self._loose is None:
@@ -113,13 +116,13 @@ class HermesToolParser(ToolParser):
             return None
         return tail.end(), call
 
-    def _tagged_call(self, text: str, start: int, final: bool) -> tuple[int, ParsedToolCall | None] | str | None:
+    def _tagged_call(self, text: str, start: int, final: bool) -> Found:
         """A `<tool_call>` block (any call object inside); its span as text when the body is no call."""
         if not text.startswith(OPEN, start):
             return "pending" if not final and OPEN.startswith(text[start:]) else None
         close = text.find(CLOSE, start + len(OPEN))
-        if close < 0:  # unclosed: content once the text is all there, else not settled yet
-            return (len(text), None) if final else "pending"
+        if close < 0:  # unclosed: not settled yet; once the text is all there, a call object inside still counts
+            return None if final else "pending"
         return close + len(CLOSE), parse_call_object(text[start + len(OPEN) : close])
 
 
