@@ -6,11 +6,12 @@ import argparse
 import dataclasses
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from metalserve import __version__
 from metalserve.config import WeightsMode
 
-if typing.TYPE_CHECKING:
+if TYPE_CHECKING:
     from metalserve.api.settings import ServerSettings
 
 
