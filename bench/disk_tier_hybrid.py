@@ -32,6 +32,7 @@ from metalserve.engine.core import EngineCore  # noqa: E402
 from metalserve.loader import LoadedModel  # noqa: E402
 from metalserve.request import Request  # noqa: E402
 from metalserve.sampling_params import SamplingParams  # noqa: E402
+from metalserve.serving.build import build_engine_core
 from tests.models.golden import loaded_of  # noqa: E402
 from tests.models.hybrid_tiny import _BASE, CONFIGS  # noqa: E402
 
@@ -71,7 +72,7 @@ def make_core(args: argparse.Namespace, directory: str | None) -> EngineCore:
         max_model_len=16384,
         kv_disk_dir=directory,
     )
-    return EngineCore.from_loaded(config, hybrid_model(args.hidden, args.layers))
+    return build_engine_core(config, hybrid_model(args.hidden, args.layers))
 
 
 def first_token(core: EngineCore, prompt: list[int], n: int, rid: str) -> tuple[float, list[int]]:

@@ -26,6 +26,7 @@ from metalserve.config import EngineConfig
 from metalserve.engine.core import EngineCore
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
+from metalserve.serving.build import load_engine_core
 from metalserve.structured.compiler import GrammarCompiler
 from metalserve.structured.params import StructuredOutputsParams
 from metalserve.structured.state import GrammarState
@@ -124,7 +125,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=24, help="decode steps measured per batch")
     a = p.parse_args()
     config = EngineConfig(max_model_len=1024, max_num_seqs=max(a.batches), enable_prefix_caching=False)
-    core, loaded = EngineCore.from_config(config)
+    core, loaded = load_engine_core(config)
     compiler = GrammarCompiler(loaded.tokenizer)
     compiler.compile(StructuredOutputsParams(json=SCHEMA))  # compile (and build the vocabulary) outside the timing
     mask_timer, accept_timer = Timer(), Timer()

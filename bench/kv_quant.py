@@ -30,11 +30,12 @@ from metalserve.config import EngineConfig
 from metalserve.engine.core import EngineCore
 from metalserve.executor.attention.base import AttentionCall
 from metalserve.executor.attention.mlx import MlxAttention, PortableKV
-from metalserve.executor.attention.reference import AttentionPlan
+from metalserve.executor.attention.mlx_ops import AttentionPlan
 from metalserve.kvcache.specs import KVCacheSpec
 from metalserve.loader import LoadedModel, load_model
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
+from metalserve.serving.build import build_engine_core
 
 TEXT = Path(__file__).resolve().parent / "data" / "sonnet.txt"
 STORAGES = ("auto", "int8", "q4")
@@ -75,7 +76,7 @@ def engine(storage: str, backend: str, max_model_len: int) -> tuple[EngineCore, 
         kv_cache_dtype=storage,
         attention_backend=backend,
     )  # type: ignore[arg-type]
-    return EngineCore.from_loaded(config, loaded), loaded
+    return build_engine_core(config, loaded), loaded
 
 
 def run(core: EngineCore, prompts: list[list[int]], params: SamplingParams) -> dict[str, list]:  # type: ignore[type-arg]

@@ -27,7 +27,7 @@ import numpy as np
 
 from metalserve.distributed.launch import init_group, write_local_hostfile
 from metalserve.distributed.partition import split_layers
-from metalserve.distributed.stage import Stage, keep_layers, layer_bytes, non_layer_bytes, param_bytes, run_layers
+from metalserve.distributed.stage import Stage, keep_layers, layer_bytes, non_layer_bytes, run_layers
 from metalserve.distributed.wire import (
     Header,
     Kind,
@@ -45,6 +45,7 @@ from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.compute import MlxCompute
 from metalserve.executor.models.families import kv_cache_spec, kv_shape
 from metalserve.loader import load_model
+from metalserve.loader.weights_mode import parameter_bytes
 from metalserve.platform import current_platform
 
 BLOCK = 16
@@ -74,7 +75,7 @@ def build_stage(args: argparse.Namespace, rank: int) -> tuple[Stage, PagedModel,
     blocks = max(args.batches) * -(-args.context // BLOCK) + 1
     spec = kv_cache_spec(loaded, BLOCK, num_blocks=blocks)  # the slice's layers
     backend = select_attention("auto", kv_shape(loaded).dtype, current_platform())
-    return Stage(model, spec, backend), model, slices[rank], param_bytes(loaded.model)
+    return Stage(model, spec, backend), model, slices[rank], parameter_bytes(loaded.model)
 
 
 def rank0_step(stage: Stage, model: PagedModel, meta: StepMeta, group: mx.distributed.Group) -> list[float]:

@@ -25,6 +25,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from metalserve.executor.attention.cpu import CpuAttention
 from metalserve.executor.attention.mlx import MlxAttention
+from metalserve.executor.host import paged_model
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import ModelRunner
 from metalserve.executor.sampler import Sampler
@@ -157,7 +158,7 @@ def main() -> None:
     args = ap.parse_args()
     reference = load_model(args.model)
     ours = load_model(args.model)  # a second copy: PagedModel takes over its attention layers
-    paged = PagedModel.from_loaded(ours, current_platform())
+    paged = paged_model(ours, current_platform())
     print(reference.describe(), flush=True)
     rows = []
     for path in args.attention:  # each measured right after mlx-lm, so both see the same machine load

@@ -184,15 +184,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
     from metalserve.config import EngineConfig
-    from metalserve.engine.core import EngineCore
     from metalserve.generate import generate_config
     from metalserve.loader import load_model
+    from metalserve.serving.build import build_engine_core
     from metalserve.speculative_config import SpeculativeConfig
 
     loaded = load_model(None)
     spec = SpeculativeConfig(args.method, args.k, args.lookup_min, args.lookup_max, model=args.draft_model)
     base = EngineConfig(max_num_batched_tokens=512, enable_prefix_caching=False, speculative_config=spec)
-    core = EngineCore.from_loaded(generate_config(loaded, 8, base), loaded)
+    core = build_engine_core(generate_config(loaded, 8, base), loaded)
     proposer = core.runner.proposer
     cells = {name: cell for name, cell in workloads(loaded, args).items() if name in args.workloads.split(",")}
     # numba compiles per shape on first use (tens of seconds): every cell's shapes once, both arms, untimed.

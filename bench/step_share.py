@@ -24,10 +24,11 @@ import metalserve  # noqa: F401  (before MLX: it loads the optimized BLAS that M
 # isort: on
 import numpy as np
 
-from metalserve.api.server import start_engine
 from metalserve.config import EngineConfig
 from metalserve.engine.async_engine import AsyncEngine
 from metalserve.sampling_params import SamplingParams
+from metalserve.serving.engine_loader import start_engine
+from metalserve.serving.model_spec import ModelSpec
 
 
 class ForwardClock:
@@ -125,7 +126,7 @@ def main() -> None:
     engines = {}
     for mode in (True, False):
         config = EngineConfig(async_scheduling=mode, max_model_len=1024, kv_cache_memory=256 << 20)
-        engine = start_engine(config)
+        engine = start_engine(ModelSpec.of(config))
         engines[mode] = (engine, ForwardClock(engine))
         measure(engine, engines[mode][1], 2, 8, seed=0)  # warm-up: numba, the first steps
     rows: dict[tuple[bool, int], list[dict[str, float]]] = {}

@@ -22,12 +22,10 @@ import openai
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from metalserve.api.app import build_app  # noqa: E402
-from metalserve.api.server import start_engine  # noqa: E402
 from metalserve.api.settings import ServerSettings  # noqa: E402
 from metalserve.config import EngineConfig  # noqa: E402
 from metalserve.multimodal.images import ImageLimits, open_image  # noqa: E402
-from tests.api.conftest import Served, live  # noqa: E402
+from tests.api.conftest import live, serve_config  # noqa: E402
 from tests.multimodal import tiny_gemma3, tiny_vlm  # noqa: E402
 from tests.multimodal.vl_golden import png  # noqa: E402
 
@@ -63,9 +61,10 @@ def main() -> None:
         directory = tiny_gemma3.save(tiny_gemma3.build(), Path(tempfile.mkdtemp()) / model)
     else:
         directory = tiny_vlm.save(tiny_vlm.build("qwen2_vl"), "qwen2_vl", Path(tempfile.mkdtemp()) / model)
-    config = EngineConfig(model=str(directory), served_model_name=model, kv_cache_memory=1 << 26, max_model_len=4096)
-    engine = start_engine(config)
-    with live(Served(build_app(engine, ServerSettings(log_stats_interval=0)), None, engine)) as served:  # type: ignore[arg-type]
+    config = EngineConfig(model=str(directory), kv_cache_memory=1 << 26, max_model_len=4096)
+    settings = ServerSettings(served_model_name=((model,),), log_stats_interval=0)
+    with live(serve_config(config, settings)) as served:
+        engine = served.engine
         client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x")
         ttft(client, model, png(1, size))  # warm-up: compiles, first allocations
         encoder = engine.core.runner.encoder_outputs  # type: ignore[attr-defined]

@@ -87,7 +87,6 @@ class EngineConfig:
     """The model, the scheduler's budgets, the KV cache, the weights and the attention backend."""
 
     model: str | None = flag(None, "GGUF file, model directory or hub id (default: embedded)", positional=True)
-    served_model_name: str | None = flag(None, "the model id clients send and see")
     max_model_len: int | None = flag(None, "context length (default: the model's)")
     allow_long_max_model_len: bool = flag(
         False,

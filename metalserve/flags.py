@@ -41,10 +41,11 @@ T = TypeVar("T")
 class Flag:
     help: str
     choices: Sequence[Any] | Callable[[], Sequence[Any]] | None = None  # a callable: looked up when parsing
-    parse: Callable[[str], Any] | None = None  # text -> value, applied when the configs are built
+    parse: Callable[[Any], Any] | None = None  # text (a repeated flag: lists of words) -> value, when built
     when_absent: Callable[[], Any] | None = None  # the value when the flag is not given (else the default)
     aliases: tuple[str, ...] = ()  # more option strings, e.g. "-pp"
     positional: bool = False  # an optional positional argument (`metalserve serve MODEL`)
+    repeated: bool = False  # each use takes one or more words; `parse` gets a list of lists, one per use
 
 
 def flag(
@@ -52,13 +53,14 @@ def flag(
     help: str,
     *,
     choices: Sequence[Any] | Callable[[], Sequence[Any]] | None = None,
-    parse: Callable[[str], Any] | None = None,
+    parse: Callable[[Any], Any] | None = None,
     when_absent: Callable[[], Any] | None = None,
     aliases: tuple[str, ...] = (),
     positional: bool = False,
+    repeated: bool = False,
 ) -> Any:
     """A dataclass field that is also a command-line flag (see the module docstring)."""
-    spec = Flag(help, choices, parse, when_absent, aliases, positional)
+    spec = Flag(help, choices, parse, when_absent, aliases, positional, repeated)
     return dataclasses.field(default=default, metadata={FLAG: spec})
 
 
@@ -112,6 +114,8 @@ def _argparse_kwargs(f: dataclasses.Field[Any], spec: Flag, hint: Any, owner: ty
         kwargs["default"] = None  # absent: the field's default or when_absent(), applied by build()
     if spec.parse is not None:
         kwargs["metavar"] = f.name.upper()
+        if spec.repeated:
+            kwargs.update(nargs="+", action="append")
     elif base is bool:
         kwargs["action"] = argparse.BooleanOptionalAction if f.default in (True, None) else "store_true"
     elif typing.get_origin(base) is Literal:

@@ -11,12 +11,13 @@ from dataclasses import dataclass, replace
 import mlx.core as mx
 
 from metalserve.config import EngineConfig
-from metalserve.engine.core import EngineCore, resolve_max_model_len
 from metalserve.executor.models.families import kv_cache_spec
-from metalserve.kvcache.sizing import blocks_for_request
+from metalserve.kvcache.plan import bytes_for_requests
 from metalserve.loader import LoadedModel
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
+from metalserve.serving.build import build_engine_core
+from metalserve.serving.context_len import resolve_max_model_len
 
 
 @dataclass
@@ -42,8 +43,8 @@ def generate_config(loaded: LoadedModel, num_prompts: int, config: EngineConfig 
         return replace(config, max_num_seqs=max(num_prompts, 1))
     max_model_len = resolve_max_model_len(config, loaded.max_model_len, loaded.rope_scaled_len)
     spec = kv_cache_spec(loaded, config.block_size, config.kv_cache_dtype)
-    blocks = num_prompts * blocks_for_request(spec.groups, max_model_len, config.block_size) + 1
-    return replace(config, kv_cache_memory=blocks * spec.bytes_per_block, max_num_seqs=max(num_prompts, 1))
+    kv_bytes = bytes_for_requests(spec, num_prompts, max_model_len)
+    return replace(config, kv_cache_memory=kv_bytes, max_num_seqs=max(num_prompts, 1))
 
 
 def generate(
@@ -51,7 +52,7 @@ def generate(
 ) -> list[Generation]:
     """Run all prompts together through an EngineCore until each stops."""
     config = generate_config(loaded, len(prompts), config)
-    core = EngineCore.from_loaded(config, loaded)
+    core = build_engine_core(config, loaded)
     for i, prompt in enumerate(prompts):
         if len(prompt) > core.max_model_len:
             raise ValueError(f"prompt {i} has {len(prompt)} tokens, longer than the context ({core.max_model_len})")

@@ -209,7 +209,6 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
     config, settings = config_from_args(_parser().parse_args(argv))
     assert config == EngineConfig(
         model="m.gguf",
-        served_model_name="served",
         max_model_len=4096,
         block_size=32,
         max_num_seqs=7,
@@ -237,7 +236,7 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         host="0.0.0.0",
         port=9001,
         api_key="k",
-        served_model_name="served",
+        served_model_name=(("served",),),
         log_stats_interval=2.5,
         tool_call_parser="hermes",
         reasoning_parser="qwen3",

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from metalserve import blas
-from metalserve.api.server import add_cli_args, config_from_args, start_engine
+from metalserve.api.server import add_cli_args, config_from_args
 from metalserve.platform import Platform, current_platform
 from metalserve.sampling_params import SamplingParams
+from metalserve.serving.engine_loader import start_engine
+from metalserve.serving.model_spec import ModelSpec
 from tests.e2e.family_dirs import write_model_dir
 
 GREEDY = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
@@ -48,7 +50,7 @@ def test_the_server_start_up_probes_the_machine_once(monkeypatch: pytest.MonkeyP
 
     async def serve_one() -> list[int]:
         config, _ = config_from_args(parser.parse_args([str(model), "--kv-cache-memory", "4194304"]))
-        engine = start_engine(config)
+        engine = start_engine(ModelSpec.of(config))
         try:
             return [t async for out in engine.generate([5, 6, 7], GREEDY, "r") for t in out.token_ids]
         finally:

@@ -21,9 +21,10 @@ from metalserve.api.anthropic.errors import anthropic_error_body
 from metalserve.api.anthropic.protocol import CountTokensRequest, MessagesRequest
 from metalserve.api.body_limit import BodyLimitMiddleware
 from metalserve.api.errors import ErrorShapes, OpenAIError, install_error_handlers
+from metalserve.api.frontend import Frontend
 from metalserve.api.memory import memory_report
 from metalserve.api.metrics import MetricSeries
-from metalserve.api.model_serving import ModelServing, ServingOptions, make_model_serving, serve_with
+from metalserve.api.model_serving import ModelServing, serve_with
 from metalserve.api.models import add_model_routes
 from metalserve.api.protocol import (
     ChatCompletionRequest,
@@ -31,7 +32,6 @@ from metalserve.api.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from metalserve.api.request_log import RequestRecorder
 from metalserve.api.responses.errors import responses_error_body
 from metalserve.api.responses.protocol import ResponsesRequest
 from metalserve.api.responses.serving import ResponsesServing
@@ -39,11 +39,8 @@ from metalserve.api.responses.store import ResponseStore
 from metalserve.api.settings import ServerSettings
 from metalserve.api.status import add_status_routes
 from metalserve.api.text_guard import TextCheckedRoute
-from metalserve.config import EngineConfig
-from metalserve.engine.async_engine import DEAD_MESSAGE, AsyncEngine
-from metalserve.engine.model_spec import ModelSpec
-from metalserve.engine.registry import ModelRegistry
-from metalserve.structured.limits import GrammarLimits
+from metalserve.engine.async_engine import DEAD_MESSAGE
+from metalserve.serving.registry import ModelRegistry
 
 _stats_logger = logging.getLogger("metalserve.stats")
 
@@ -84,32 +81,9 @@ class ApiKeyMiddleware:
         await response(scope, receive, send)
 
 
-def build_app(engine: AsyncEngine | ModelRegistry[ModelServing], settings: ServerSettings) -> FastAPI:
-    """Wire one AsyncEngine (real or fake core inside), or a registry of several models, to the routes."""
-    store = ResponseStore(settings.responses_store_size, settings.responses_store_bytes)
-    series, recorder = MetricSeries(), RequestRecorder()
-    if isinstance(engine, AsyncEngine):
-        name = settings.served_model_name or engine.model_name
-        options = ServingOptions(
-            (name,),
-            settings.tool_call_parser,
-            settings.reasoning_parser,
-            settings.enable_auto_tool_choice,
-            settings.images,
-            settings.default_max_tokens,
-            settings.generic_tool_prompt,
-            settings.tool_call_grammar,
-        )
-        engine.grammar_limits = grammar_limits(settings)
-        serving = make_model_serving(engine, options, store, series, recorder)
-        registry: ModelRegistry[ModelServing] = ModelRegistry.of_engine(
-            ModelSpec((name,), EngineConfig()), engine, serving
-        )
-        series.loaded.labels(name).set(1)
-    else:
-        registry = engine
-        registry.make_serving = lambda spec, eng: _serving_for(spec, eng, settings, store, series, recorder)
-    registry.on_unload = lambda spec: series.model_unloaded(spec.name)
+def build_app(registry: ModelRegistry[ModelServing], frontend: Frontend) -> FastAPI:
+    """Wire a ready registry (one model or several, its hooks given by `frontend`) to the routes."""
+    settings, store, series, recorder = frontend.settings, frontend.store, frontend.series, frontend.recorder
     first = registry.slots[0]
 
     @contextlib.asynccontextmanager
@@ -130,8 +104,7 @@ def build_app(engine: AsyncEngine | ModelRegistry[ModelServing], settings: Serve
     _add_middleware(app, settings, max(s.max_model_len or s.spec.config.max_model_len or 0 for s in registry.slots))
     app.state.metrics = first.serving.metrics if first.serving is not None else None
     app.state.series = series
-    app.state.registry = registry
-    app.state.engine = registry  # what GracefulServer drains: every loaded model
+    app.state.registry = registry  # what GracefulServer drains: every loaded model
     app.state.responses_store = store
 
     def alive() -> None:
@@ -155,35 +128,6 @@ def build_app(engine: AsyncEngine | ModelRegistry[ModelServing], settings: Serve
     _add_token_routes(app, registry)
     add_status_routes(app, registry, recorder)
     return app
-
-
-def _serving_for(
-    spec: ModelSpec,
-    engine: AsyncEngine,
-    settings: ServerSettings,
-    store: ResponseStore,
-    series: MetricSeries,
-    recorder: RequestRecorder,
-) -> ModelServing:
-    """A loaded model's serving classes, with its own parsers (or the server's)."""
-    options = ServingOptions(
-        spec.names,
-        spec.config.tool_call_parser or settings.tool_call_parser,
-        spec.reasoning_parser or settings.reasoning_parser,
-        spec.enable_auto_tool_choice or settings.enable_auto_tool_choice,
-        settings.images,
-        settings.default_max_tokens,
-        settings.generic_tool_prompt,
-        settings.tool_call_grammar,
-    )
-    engine.grammar_limits = grammar_limits(settings)
-    serving = make_model_serving(engine, options, store, series, recorder)
-    series.loaded.labels(spec.name).set(1)
-    return serving
-
-
-def grammar_limits(settings: ServerSettings) -> GrammarLimits:
-    return settings.grammar
 
 
 def _add_middleware(app: FastAPI, settings: ServerSettings, max_model_len: int) -> None:

@@ -23,8 +23,8 @@ from metalserve.api.serving_completion import CompletionServing
 from metalserve.api.serving_context import ServingContext
 from metalserve.api.tool_parsers import get_tool_parser
 from metalserve.engine.async_engine import AsyncEngine
-from metalserve.engine.registry import ModelRegistry, ModelRegistryError
 from metalserve.multimodal.limits import ImageLimits
+from metalserve.serving.registry import ModelRegistry, ModelRegistryError
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,8 @@ from fastapi.responses import JSONResponse
 from metalserve.api.anthropic.errors import anthropic_error_body
 from metalserve.api.errors import OpenAIError, log_client_error, retry_headers
 from metalserve.api.model_serving import ModelServing
-from metalserve.engine.registry import ModelRegistry
+from metalserve.engine.errors import shown_name
+from metalserve.serving.registry import ModelRegistry
 
 
 def openai_card(info: dict[str, Any], root: str, created: int) -> dict[str, Any]:
@@ -67,7 +68,7 @@ def add_model_routes(app: FastAPI, registry: ModelRegistry[ModelServing]) -> Non
             if card["id"] == model_id:
                 return JSONResponse(card)
         error = OpenAIError(
-            f"model: {model_id}" if anthropic else f"The model `{model_id}` does not exist.",
+            f"model: {shown_name(model_id)}" if anthropic else f"The model `{shown_name(model_id)}` does not exist.",
             404,
             param="model",
             code="model_not_found",

@@ -44,6 +44,11 @@ def _json_strings(option: str) -> Callable[[str], tuple[str, ...]]:
     return parse
 
 
+def _names_per_model(uses: list[list[str]]) -> tuple[tuple[str, ...], ...]:
+    """--served-model-name's words, one tuple per use of the flag (a model's id, then its aliases)."""
+    return tuple(tuple(dict.fromkeys(names)) for names in uses)
+
+
 def _comma_list(text: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in text.split(",") if name.strip())
 
@@ -54,8 +59,17 @@ class ServerSettings:
 
     host: str = flag("127.0.0.1", "address to bind (0.0.0.0 for every interface)")
     port: int = flag(8000, "port to bind")
-    api_key: str | None = flag(None, "require `Authorization: Bearer KEY` or `x-api-key: KEY` (not on /health)")
-    served_model_name: str | None = None  # the flag is EngineConfig's; None: the engine's model name
+    api_key: str | None = flag(
+        None,
+        "require `Authorization: Bearer KEY` or `x-api-key: KEY` (not on /health, /favicon.ico, / and /web/)",
+    )
+    served_model_name: tuple[tuple[str, ...], ...] = flag(
+        (),
+        "the model id clients send and see, then its aliases; several models: once per model argument, in order "
+        "(`serve A B --served-model-name a --served-model-name b b-alias`)",
+        parse=_names_per_model,
+        repeated=True,
+    )
     log_stats_interval: float = flag(10.0, "seconds between throughput log lines; 0: off")
     tool_call_parser: str | None = flag(
         None,
@@ -163,8 +177,8 @@ class ServerSettings:
             raise ValueError("--model-idle-timeout must be >= 0 and --model-load-timeout > 0 (seconds)")
         if self.memory_budget is not None and self.memory_budget <= 0:
             raise ValueError("--memory-budget must be a positive number of bytes")
-        if self.multi_model and self.served_model_name:
-            raise ValueError("several models: give names and aliases per model in --models, not --served-model-name")
+        if not all(name for names in self.served_model_name for name in names):
+            raise ValueError("--served-model-name: names must not be empty")
         if self.pinned_models and not self.multi_model:
             raise ValueError("--pinned-models is for several models (--models, or more than one model argument)")
 

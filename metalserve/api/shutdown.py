@@ -17,7 +17,7 @@ from typing import Any
 import uvicorn
 from sse_starlette.sse import AppStatus
 
-from metalserve.engine.registry import ModelRegistry
+from metalserve.serving.registry import ModelRegistry
 
 logger = logging.getLogger("metalserve.server")
 
@@ -27,17 +27,24 @@ _FLUSH_MARGIN_S = 5.0
 
 
 class GracefulServer(uvicorn.Server):
-    """A uvicorn server whose signals drain the engine; the first signal starts a graceful stop, a second
-    one ends open requests at once. A signal is an orderly end: exit status 0."""
+    """A uvicorn server whose signals drain every served model's engine; the first signal starts a graceful
+    stop, a second one ends open requests at once. A signal is an orderly end: exit status 0."""
 
-    def __init__(self, config: uvicorn.Config, engine: ModelRegistry[Any], grace_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, registry: ModelRegistry[Any] | None, grace_s: float) -> None:
         config.timeout_graceful_shutdown = int(grace_s + _FLUSH_MARGIN_S)
         super().__init__(config)
-        self.engine = engine
+        self.registry: ModelRegistry[Any] | None = None
         self.grace_s = grace_s
         self.engine_failed = False
-        engine.on_dead = self.exit_after_engine_failure
+        if registry is not None:
+            self.attach(registry)
         AppStatus.disable_automatic_graceful_drain()  # we end streams ourselves, with an error event
+
+    def attach(self, registry: ModelRegistry[Any]) -> None:
+        """The engines whose requests a signal drains (None while the model still loads: a signal then
+        just stops the server)."""
+        self.registry = registry
+        registry.on_dead = self.exit_after_engine_failure
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -52,18 +59,22 @@ class GracefulServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.registry is None:
+            logger.info("shutting down while the model loads")
+            self.should_exit = True
+            return
         if self.should_exit:
-            logger.info("second signal: ending %d open request(s) now", self.engine.num_active_requests)
-            self.engine.fail_open_requests("the server is shutting down")
+            logger.info("second signal: ending %d open request(s) now", self.registry.num_active_requests)
+            self.registry.fail_open_requests("the server is shutting down")
             return
         logger.info(
             "shutting down: no new requests; %d running get %.0f s to finish",
-            self.engine.num_active_requests,
+            self.registry.num_active_requests,
             self.grace_s,
         )
-        self.engine.begin_drain()
+        self.registry.begin_drain()
         self.should_exit = True
-        timer = threading.Timer(self.grace_s, self.engine.fail_open_requests, ("the server is shutting down",))
+        timer = threading.Timer(self.grace_s, self.registry.fail_open_requests, ("the server is shutting down",))
         timer.daemon = True
         timer.start()
 

@@ -15,7 +15,7 @@ from fastapi.staticfiles import StaticFiles
 import metalserve
 from metalserve.api.memory import process_rss
 from metalserve.api.request_log import RequestRecorder
-from metalserve.engine.registry import ModelRegistry, ModelSlot
+from metalserve.serving.registry import ModelRegistry, ModelSlot
 
 if TYPE_CHECKING:
     from metalserve.api.model_serving import ModelServing

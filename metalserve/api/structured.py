@@ -19,6 +19,7 @@ from metalserve.api.tool_choice import ToolChoiceError, forced_tool_params
 from metalserve.api.tool_parsers import ToolParser
 from metalserve.structured.compiler import GrammarError
 from metalserve.structured.params import StructuredOutputsParams
+from metalserve.structured.schema import strict_schema
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,10 @@ def from_response_format(response_format: Any) -> StructuredOutputsParams | None
         return None
     if response_format.type == "json_object":
         return StructuredOutputsParams(json_object=True)
-    return StructuredOutputsParams(json=response_format.json_schema["schema"])
+    schema = response_format.json_schema["schema"]
+    if response_format.json_schema.get("strict") is True:
+        schema = strict_schema(schema)
+    return StructuredOutputsParams(json=schema)
 
 
 def chat_structured(req: Any) -> tuple[StructuredOutputsParams | None, str]:

@@ -2,7 +2,7 @@
 
 `mlx.launch --backend ring` gives each process MLX_RANK and MLX_HOSTFILE (a JSON list of each rank's
 `ip:port`s); on one machine `--pipeline-parallel-size N` writes such a file itself and starts ranks
-1..N-1 as `python -m metalserve.distributed.worker`, with the engine config in the environment.
+1..N-1 as `python -m metalserve.serving.pipeline`, with the engine config in the environment.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def spawn_local_ranks(config: EngineConfig) -> list[subprocess.Popen[bytes]]:
     children = []
     for rank in range(1, n):
         env = {**os.environ, "MLX_RANK": str(rank), CONFIG_ENV: config_to_env(config)}
-        cmd = [sys.executable, "-m", "metalserve.distributed.worker"]
+        cmd = [sys.executable, "-m", "metalserve.serving.pipeline"]
         children.append(subprocess.Popen(cmd, env=env))
     logger.info("started %d local rank(s) over the ring backend (hostfile %s)", n - 1, hostfile)
     return children

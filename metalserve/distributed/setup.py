@@ -13,24 +13,19 @@ import mlx.nn as nn
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.distributed.handshake import RankReport, check_reports, exchange, fingerprint
 from metalserve.distributed.partition import split_layers
-from metalserve.distributed.stage import keep_layers, layer_bytes, non_layer_bytes, param_bytes
-from metalserve.engine.core import resolve_max_model_len
-from metalserve.engine.memory import (
-    INITIAL_POOL_BLOCKS,
-    available_memory_bytes,
-    format_bytes,
-    memory_limit,
-    pool_block_cap,
-    total_memory_bytes,
-)
+from metalserve.distributed.stage import keep_layers, layer_bytes, non_layer_bytes
 from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.compute import MlxCompute
 from metalserve.executor.models.families import check_supported, kv_cache_spec, kv_shape
+from metalserve.kvcache.plan import plan_stage_pool, stage_blocks_fit, stage_step_bytes
 from metalserve.loader import LoadedModel, load_model
-from metalserve.loader.weights_mode import fp32_bytes, should_dequantize
+from metalserve.loader.weights_mode import fp32_bytes, parameter_bytes, should_dequantize
 from metalserve.platform import current_platform
+from metalserve.serving.context_len import resolve_max_model_len
+from metalserve.serving.memory import machine_memory
+from metalserve.units import format_bytes
 
 logger = logging.getLogger("metalserve.distributed")
 
@@ -105,24 +100,17 @@ def loaded_config(model: nn.Module) -> dict[str, object]:
     return {k: v for k, v in vars(model.args).items() if isinstance(v, (int, float, str, bool, list, type(None)))}
 
 
-def _blocks_fit(
-    config: EngineConfig, loaded: LoadedModel, layers: range, rank: int, max_num_seqs: int
-) -> tuple[int, int]:
-    """(KV blocks this rank can hold for its layers, bytes per block here)."""
-    shape = kv_shape(loaded)
+def _blocks_fit(config: EngineConfig, loaded: LoadedModel, rank: int) -> tuple[int, int]:
+    """(KV blocks this rank can hold for its layers, bytes per block here): the facts of this rank, sized
+    by the pool planner (kvcache/plan.py)."""
     per_block = kv_cache_spec(loaded, config.block_size, config.kv_cache_dtype).bytes_per_block  # this rank's layers
     if config.kv_cache_memory is not None:
-        return config.kv_cache_memory // per_block, per_block
-    held = int(mx.get_active_memory())
-    limit, _ = memory_limit(config.gpu_memory_utilization, total_memory_bytes(), available_memory_bytes(), held)
+        return stage_blocks_fit(config, per_block, None, 0), per_block
     hidden = int(loaded.config.get("hidden_size", 0))
     inter = int(loaded.config.get("intermediate_size", 4 * hidden))
-    # An estimate of a full step's activations (no warm-up step runs across ranks): a few hidden-sized
-    # and MLP-sized rows per token, and on rank 0 the logits of every sampling row.
-    step = config.max_num_batched_tokens * shape.dtype.size * (8 * hidden + 3 * inter)
-    if rank == 0:
-        step += max_num_seqs * int(loaded.config.get("vocab_size", 0)) * 4
-    return max(0, (limit - held - step) // per_block), per_block
+    vocab = int(loaded.config.get("vocab_size", 0))
+    step = stage_step_bytes(config, kv_shape(loaded).dtype.size, hidden, inter, vocab, first=rank == 0)
+    return stage_blocks_fit(config, per_block, machine_memory(int(mx.get_active_memory())), step), per_block
 
 
 def setup_rank(config: EngineConfig, group: mx.distributed.Group) -> RankSetup:
@@ -134,18 +122,17 @@ def setup_rank(config: EngineConfig, group: mx.distributed.Group) -> RankSetup:
         backend = select_attention(
             config.attention_backend, kv_shape(loaded).dtype, current_platform(), kv_storage=config.kv_cache_dtype
         )
-        fits, per_block = _blocks_fit(config, loaded, layers, rank, config.max_num_seqs)
-        weight_mib = param_bytes(model.model) >> 20
+        fits, per_block = _blocks_fit(config, loaded, rank)
+        weight_mib = parameter_bytes(model.model) >> 20
         report = RankReport(True, fp, fits, layers, weight_mib, per_block, "", config.block_size)
     except Exception as exc:  # reported to every rank, then raised here too
         exchange(RankReport.failed(f"{type(exc).__name__}: {exc}"), group)
         raise
     reports = exchange(report, group)
     check_reports(reports)
-    cap = pool_block_cap(config.max_num_seqs, max_model_len, config.block_size)
-    num_blocks = min(min(r.blocks_fit for r in reports), cap)
+    plan = plan_stage_pool(config, [r.blocks_fit for r in reports], max_model_len)
     if rank == 0:
-        log_ranks(reports, num_blocks, config.block_size)
+        log_ranks(reports, plan.num_blocks, config.block_size)
     return RankSetup(
         rank,
         size,
@@ -154,8 +141,8 @@ def setup_rank(config: EngineConfig, group: mx.distributed.Group) -> RankSetup:
         layers,
         backend,
         max_model_len,
-        num_blocks,
-        min(num_blocks, INITIAL_POOL_BLOCKS),
+        plan.num_blocks,
+        plan.initial_blocks,
         reports,
     )
 

@@ -10,28 +10,23 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 
 from metalserve.executor.attention.base import AttentionBackend, LayerCacheSpec
 from metalserve.executor.context import ForwardContext, GroupStep, forward_context
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.step_inputs import StepInputs
 from metalserve.kvcache.specs import AttentionSpec, KVCacheSpec
-
-
-def param_bytes(module: nn.Module) -> int:
-    leaves: list[mx.array] = list(dict(tree_flatten(module.parameters())).values())
-    return sum(a.nbytes for a in leaves)
+from metalserve.loader.weights_mode import parameter_bytes
 
 
 def layer_bytes(model: nn.Module) -> list[int]:
     """Bytes of each decoder layer's parameters (what a rank holding it must store and read per step)."""
-    return [param_bytes(layer) for layer in model.model.layers]
+    return [parameter_bytes(layer) for layer in model.model.layers]
 
 
 def non_layer_bytes(model: nn.Module) -> int:
     """Embedding, final norm and vocabulary projection: what rank 0 holds besides its layers."""
-    return param_bytes(model) - sum(layer_bytes(model))
+    return parameter_bytes(model) - sum(layer_bytes(model))
 
 
 def keep_layers(model: nn.Module, layers: range, first: bool) -> None:

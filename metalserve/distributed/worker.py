@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import statistics
-import sys
 import time
 from collections import deque
 from typing import NamedTuple
@@ -105,16 +104,3 @@ def summary(times: list[StepTimes]) -> str:
         return "no steps"
     med = [statistics.median(t[i] for t in times) * 1e3 for i in range(3)]
     return f"last {len(times)} steps, median ms: receive {med[0]:.2f}, compute {med[1]:.2f}, send {med[2]:.2f}"
-
-
-def main() -> int:
-    """`python -m metalserve.distributed.worker`: a local rank started by rank 0 (launch.py)."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
-    from metalserve.distributed.launch import config_from_env
-    from metalserve.distributed.serve import run_rank
-
-    return run_rank(config_from_env())
-
-
-if __name__ == "__main__":
-    sys.exit(main())

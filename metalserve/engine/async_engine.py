@@ -46,6 +46,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+# Idle this long after the last request ended, the engine hands MLX's buffer cache and the freed heap
+# back (core.release_idle_memory); a client sending one request after another keeps its warm buffers.
+IDLE_RELEASE_S = 2.0
 DEAD_MESSAGE = "the engine stopped after an internal error (the server log has the details)"
 
 
@@ -64,10 +67,12 @@ class AsyncEngine:
         observer: EngineObserver | None = None,
         thread: EngineThread | None = None,
         image_processor: ImageProcessor | None = None,
+        grammar_limits: GrammarLimits | None = None,
     ) -> None:
         """`thread`: the thread that built `core` (EngineThread.call), where its steps run; None: a new
         one (for a core that holds no MLX arrays, or whose every array is already evaluated);
-        `image_processor`: a vision-language model's (multimodal/processor.py), None for a text model."""
+        `image_processor`: a vision-language model's (multimodal/processor.py), None for a text model;
+        `grammar_limits`: the server's limits on structured-output grammars (None: the defaults)."""
         self.core = core
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -86,7 +91,7 @@ class AsyncEngine:
         self._owns_thread = thread is None
         self._loop: Future[None] | None = None  # the step loop's run on the engine thread
         self._grammar: GrammarCompiler | None = None
-        self.grammar_limits = GrammarLimits()  # set by the server before the first grammar compiles
+        self.grammar_limits = GrammarLimits() if grammar_limits is None else grammar_limits
 
     @property
     def is_running(self) -> bool:
@@ -243,9 +248,17 @@ class AsyncEngine:
     # ---- worker thread ----
 
     def _run(self) -> None:
+        held = False  # a busy period's buffers not yet handed back
         try:
-            while self._apply_commands(block=not self.core.has_unfinished_requests()):
+            while True:
+                idle = not self.core.has_unfinished_requests()
+                if idle and held and not self._next_command_within(IDLE_RELEASE_S):
+                    self._release_idle_memory()  # idle a while: give back what the burst held, once
+                    held = False
+                if not self._apply_commands(block=idle):
+                    break
                 if self.core.has_unfinished_requests():
+                    held = True
                     self._process(self.core.step())
         except BaseException as exc:  # the core is broken: fail everyone, refuse new work
             logger.exception("engine core failed")
@@ -258,6 +271,16 @@ class AsyncEngine:
         close = getattr(self.core, "close", None)
         if close is not None:  # e.g. the KV disk tier finishes its queued saves
             close()
+
+    def _next_command_within(self, seconds: float) -> bool:
+        """Wait up to `seconds` for a command to arrive (without taking it)."""
+        with self._commands.not_empty:
+            return self._commands.not_empty.wait_for(lambda: len(self._commands.queue) > 0, seconds)
+
+    def _release_idle_memory(self) -> None:
+        release = getattr(self.core, "release_idle_memory", None)
+        if callable(release):
+            release()
 
     def _apply_commands(self, block: bool) -> bool:
         """Apply queued commands; False once a stop command arrives."""

@@ -20,7 +20,7 @@ from typing import NamedTuple
 from metalserve.kvcache.block_pool import BlockPool, KVBlock
 from metalserve.kvcache.groups import FullAttentionGroup, make_group
 from metalserve.kvcache.hashing import DEFAULT_HASH_ALGORITHM, BlockHash, block_extra_keys, hash_block_tokens
-from metalserve.kvcache.sizing import blocks_for_request
+from metalserve.kvcache.plan import blocks_for_request
 from metalserve.kvcache.specs import FullAttention, LayerGroupSpec, RecurrentState, prefix_caching_problem
 from metalserve.request import Request
 

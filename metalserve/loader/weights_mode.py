@@ -16,6 +16,12 @@ from metalserve.config import WeightsMode
 from metalserve.loader.affine_codes import AffineCodes, affine_codes
 
 
+def parameter_bytes(module: nn.Module) -> int:
+    """Bytes of an MLX module's parameters as they sit in memory (packed where quantized)."""
+    leaves: list[mx.array] = list(dict(tree_flatten(module.parameters())).values())
+    return sum(int(a.nbytes) for a in leaves)
+
+
 def fp32_bytes(model: nn.Module) -> int:
     """The model's size once every weight is dense fp32 (quantized weights counted unpacked)."""
     total = 0

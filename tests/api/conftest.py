@@ -15,8 +15,12 @@ import uvicorn
 from fastapi import FastAPI
 
 from metalserve.api.app import build_app
+from metalserve.api.frontend import Frontend
+from metalserve.api.served_models import build_registry
 from metalserve.api.settings import ServerSettings
+from metalserve.config import EngineConfig
 from metalserve.engine.async_engine import AsyncEngine
+from metalserve.serving.model_spec import ModelSpec
 from tests.api.fakes import FakeCore, say_reply, tiny_tokenizer
 
 MODEL = "tiny-model"
@@ -30,12 +34,31 @@ class Served:
     url: str = ""
 
 
+def app_of_engine(engine: AsyncEngine, settings: ServerSettings, config: EngineConfig | None = None) -> FastAPI:
+    """The app over an engine built by hand (a fake core, or a core built in the test): a registry of one,
+    named by --served-model-name or the engine's model name."""
+    frontend = Frontend.of(settings)
+    names = settings.served_model_name[0] if settings.served_model_name else (engine.model_name,)
+    spec = ModelSpec(names, config if config is not None else EngineConfig())
+    return build_app(frontend.registry_of_one(spec, engine), frontend)
+
+
+def serve_config(config: EngineConfig, settings: ServerSettings) -> Served:
+    """`metalserve serve` in this process: the registry as the server builds it (the model loaded on its
+    engine thread), and the app over it."""
+    frontend = Frontend.of(settings)
+    registry = build_registry(config, settings, frontend)
+    engine = registry.slots[0].engine
+    assert engine is not None
+    return Served(build_app(registry, frontend), None, engine)  # type: ignore[arg-type]
+
+
 def make_served(settings: ServerSettings | None = None, **core_kwargs: Any) -> Served:
     tok = tiny_tokenizer()
     core = FakeCore(tok, core_kwargs.pop("reply", say_reply(tok)), **core_kwargs)
     engine = AsyncEngine(core, tok, model_name=MODEL, max_model_len=core.max_model_len, eos_token_ids={2})
     settings = settings or ServerSettings(tool_call_parser="hermes", enable_auto_tool_choice=True, log_stats_interval=0)
-    return Served(build_app(engine, settings), core, engine)
+    return Served(app_of_engine(engine, settings), core, engine)
 
 
 def _free_port() -> int:

@@ -8,18 +8,19 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from fastapi import FastAPI
 
 from metalserve.api.app import build_app
+from metalserve.api.frontend import Frontend
 from metalserve.api.settings import ServerSettings
 from metalserve.config import EngineConfig
 from metalserve.engine.async_engine import AsyncEngine
 from metalserve.engine.engine_thread import EngineThread
-from metalserve.engine.model_spec import ModelSpec
-from metalserve.engine.model_thread import LoadedEngine
-from metalserve.engine.registry import ModelRegistry
+from metalserve.serving.model_spec import ModelSpec
+from metalserve.serving.model_thread import LoadedEngine
+from metalserve.serving.registry import ModelRegistry
 from tests.api.conftest import Served, live
 from tests.api.fakes import FakeCore, tiny_tokenizer
 
@@ -62,23 +63,37 @@ class FakeModels:
         return LoadedEngine(engine, weight_bytes=self.footprints[name], release=release, thread=thread)
 
 
+class Registered(NamedTuple):
+    registry: ModelRegistry[Any]
+    frontend: Frontend
+
+
 def make_registry(
-    fakes: FakeModels, specs: list[ModelSpec], budget: int | None, idle_timeout: float = 0.0, load_timeout: float = 30
-) -> ModelRegistry[Any]:
-    return ModelRegistry(
+    fakes: FakeModels,
+    specs: list[ModelSpec],
+    budget: int | None,
+    idle_timeout: float = 0.0,
+    load_timeout: float = 30,
+    settings: ServerSettings | None = None,
+) -> Registered:
+    """The registry over fake models, made with the frontend's hooks as the server makes it."""
+    frontend = Frontend.of(settings or ServerSettings(log_stats_interval=0))
+    registry: ModelRegistry[Any] = ModelRegistry(
         specs,
         fakes.load,
+        frontend.make_serving,
+        on_unload=frontend.model_unloaded,
         memory_budget=budget,
         idle_timeout=idle_timeout,
         load_timeout=load_timeout,
         estimate=lambda s: fakes.footprints[s.name],
     )
+    return Registered(registry, frontend)
 
 
 @contextmanager
-def serving(registry: ModelRegistry[Any], settings: ServerSettings | None = None) -> Iterator[str]:
+def serving(registered: Registered) -> Iterator[str]:
     """The registry's app under uvicorn in a thread; yields its base URL."""
-    settings = settings or ServerSettings(log_stats_interval=0)
-    app: FastAPI = build_app(registry, settings)
+    app: FastAPI = build_app(*registered)
     with live(Served(app, None, None)) as served:  # type: ignore[arg-type]
         yield served.url

@@ -13,11 +13,10 @@ import httpx
 import openai
 import pytest
 
-from metalserve.api.app import build_app
 from metalserve.api.generic_tools import TOOLS_FOOTER, template_renders_tools, with_generic_tools
 from metalserve.api.settings import ServerSettings
 from metalserve.engine.async_engine import AsyncEngine
-from tests.api.conftest import MODEL, Served, live
+from tests.api.conftest import MODEL, Served, app_of_engine, live
 from tests.api.fakes import CHAT_TEMPLATE, FakeCore, say_reply, tiny_tokenizer
 
 # A ChatML template that never looks at `tools` (SmolLM2's has the same shape).
@@ -49,7 +48,7 @@ def _served(generic: bool) -> Served:
     settings = ServerSettings(
         tool_call_parser="hermes", enable_auto_tool_choice=True, log_stats_interval=0, generic_tool_prompt=generic
     )
-    return Served(build_app(engine, settings), core, engine)
+    return Served(app_of_engine(engine, settings), core, engine)
 
 
 @pytest.fixture(scope="module")

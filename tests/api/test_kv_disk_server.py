@@ -12,7 +12,6 @@ import httpx
 import openai
 import pytest
 
-from metalserve.api.app import build_app
 from metalserve.api.metrics import StatLogState
 from metalserve.api.settings import ServerSettings
 from metalserve.engine.async_engine import AsyncEngine, IterationStats
@@ -20,7 +19,7 @@ from metalserve.engine.engine_thread import EngineThread
 from metalserve.executor.attention.metal import KernelAttention
 from metalserve.kvcache.connector.base import ConnectorStats
 from metalserve.scheduler.stats import SchedulerStats
-from tests.api.conftest import Served, live
+from tests.api.conftest import Served, app_of_engine, live, serve_config
 from tests.api.fakes import tiny_tokenizer
 from tests.engine.test_kv_disk import PROMPT, make_core
 from tests.engine.test_kv_disk_hybrid import PROMPT as HYBRID_PROMPT
@@ -56,7 +55,7 @@ def disk_server(
     engine = AsyncEngine(
         core, tiny_tokenizer(), model_name="tiny", max_model_len=128, eos_token_ids=set(), thread=thread
     )
-    app = build_app(engine, ServerSettings(log_stats_interval=0))
+    app = app_of_engine(engine, ServerSettings(log_stats_interval=0))
     with live(Served(app, core, engine)) as served:  # type: ignore[arg-type]
         yield served
 
@@ -146,19 +145,17 @@ def test_the_stats_line_shows_the_disk_hit_rate_since_the_previous_line() -> Non
 @contextmanager
 def vision_disk_server(model_dir: Path, directory: Path) -> Iterator[Served]:
     """The real server on a saved tiny Qwen2-VL directory (loaded by mlx-vlm on the engine thread)."""
-    from metalserve.api.server import start_engine
     from metalserve.config import EngineConfig
 
     config = EngineConfig(
         model=str(model_dir),
-        served_model_name="tiny-vl",
         kv_cache_memory=1 << 24,
         max_num_batched_tokens=256,
         max_model_len=2048,
         kv_disk_dir=str(directory),
     )
-    engine = start_engine(config)
-    with live(Served(build_app(engine, ServerSettings(log_stats_interval=0)), None, engine)) as served:  # type: ignore[arg-type]
+    settings = ServerSettings(served_model_name=(("tiny-vl",),), log_stats_interval=0)
+    with live(serve_config(config, settings)) as served:
         yield served
 
 

@@ -10,13 +10,12 @@ import numpy as np
 import openai
 import pytest
 
-from metalserve.api.app import build_app
 from metalserve.api.settings import ServerSettings
 from metalserve.config import EngineConfig
 from metalserve.engine.async_engine import AsyncEngine
-from metalserve.engine.core import EngineCore
 from metalserve.engine.engine_thread import EngineThread
-from tests.api.conftest import Served, live
+from metalserve.serving.build import build_engine_core
+from tests.api.conftest import Served, app_of_engine, live
 from tests.api.fakes import tiny_tokenizer
 from tests.models import golden
 from tests.models.archs import build
@@ -32,9 +31,9 @@ def client() -> Iterator[openai.OpenAI]:
     )
     thread = EngineThread()  # as the server does: the core is built on the thread that steps it
     loaded = golden.loaded_of(build("llama", vocab_size=VOCAB), "llama", 256)
-    core = thread.call(EngineCore.from_loaded, config, loaded)
+    core = thread.call(build_engine_core, config, loaded)
     engine = AsyncEngine(core, tiny_tokenizer(), model_name="tiny", max_model_len=256, eos_token_ids={2}, thread=thread)
-    served = Served(build_app(engine, ServerSettings(log_stats_interval=0)), None, engine)  # type: ignore[arg-type]
+    served = Served(app_of_engine(engine, ServerSettings(log_stats_interval=0)), None, engine)  # type: ignore[arg-type]
     with live(served) as s:
         yield openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", timeout=60)
 

@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from metalserve.api.metrics import StatLogState
-from metalserve.api.server import add_cli_args, config_from_args, default_model_name, default_token_budget
+from metalserve.api.served_models import single_model_spec
+from metalserve.api.server import add_cli_args, config_from_args, default_token_budget
 from metalserve.config import ConfigError
 from metalserve.engine.async_engine import IterationStats
 from metalserve.platform import current_platform
@@ -68,13 +69,19 @@ def test_flags_map_onto_configs(tmp_path: Path) -> None:
     )
     assert not config.enable_prefix_caching and config.scheduling_policy == "priority" and config.block_size == 32
     assert config.chat_template == "{{ messages[0].content }}" and config.tool_call_parser == "llama3_json"
-    assert (settings.host, settings.port, settings.api_key, settings.served_model_name) == ("0.0.0.0", 9001, "k", "m")
-    assert default_model_name(config, "x") == "m"
-    defaults, _ = config_from_args(_parse())
+    assert (settings.host, settings.port, settings.api_key, settings.served_model_name) == (
+        "0.0.0.0",
+        9001,
+        "k",
+        (("m",),),
+    )
+    assert single_model_spec(config, settings).names == ("m",)
+    defaults, default_settings = config_from_args(_parse())
     assert defaults.model is None and defaults.enable_prefix_caching
     assert defaults.max_num_batched_tokens == default_token_budget()
     assert default_token_budget() == (512 if current_platform().on_cpu else 2048)
-    assert default_model_name(defaults, "embedded default: /a/b/Small.Q4_1.gguf") == "Small.Q4_1"
+    # The embedded default's id, as README.md shows it.
+    assert single_model_spec(defaults, default_settings).names == ("SmolLM2-135M-Instruct.Q4_1",)
 
 
 def test_async_scheduling_defaults_to_the_platform_and_can_be_set_either_way() -> None:

@@ -63,7 +63,6 @@ def config_of(spec: dict[str, Any]) -> EngineConfig:
 
 def reference_tokens(spec: dict[str, Any]) -> dict[str, list[int]]:
     """One process, the generic MLX path (not the numba host forward): what every pipeline rank runs."""
-    from metalserve.engine.kv_groups import build_scheduler
     from metalserve.executor.attention.mlx import MlxAttention
     from metalserve.executor.models.adapter import PagedModel
     from metalserve.executor.models.compute import MlxCompute
@@ -71,6 +70,7 @@ def reference_tokens(spec: dict[str, Any]) -> dict[str, list[int]]:
     from metalserve.executor.runner import ModelRunner
     from metalserve.executor.sampler import Sampler
     from metalserve.loader import load_model
+    from metalserve.serving.kv_groups import build_scheduler
 
     config = replace(config_of(spec), pipeline_parallel_size=1)
     loaded = load_model(config.model)
@@ -84,7 +84,7 @@ def reference_tokens(spec: dict[str, Any]) -> dict[str, list[int]]:
 
 
 def main() -> int:
-    from metalserve.distributed.serve import start_pipeline
+    from metalserve.serving.pipeline import start_pipeline
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     with open(sys.argv[1]) as f:

@@ -1,8 +1,9 @@
 """Every architecture through the real threaded server, over HTTP: one short request and one batched
 request, greedy tokens equal to mlx-lm's own generation.
 
-The server loads the model and steps it on its engine thread (`start_engine`); before that was so,
-gemma4_text (whose RoPE table stays lazy after loading) failed its first request there. A small
+The server loads the model and steps it on its engine thread (`build_registry`, as `metalserve serve`);
+before that was so, gemma4_text (whose RoPE table stays lazy after loading) failed its first request
+there. A small
 `--kv-cache-memory` skips the warm-up step, as a user's flag would, so nothing is evaluated before the
 first request. The matrix runs the server in this process (the same start-up, app and uvicorn, without
 the interpreter's start each time); one test runs `metalserve serve` itself. The default run serves one
@@ -23,7 +24,8 @@ import pytest
 import uvicorn
 
 from metalserve.api.app import build_app
-from metalserve.api.server import start_engine
+from metalserve.api.frontend import Frontend
+from metalserve.api.served_models import build_registry
 from metalserve.api.settings import ServerSettings
 from metalserve.config import EngineConfig
 from tests.e2e.family_dirs import FAMILIES, MATRIX, VOCAB, mlx_lm_model, write_model_dir
@@ -43,9 +45,10 @@ def _matrix() -> list[Any]:
 def _serving(path: Path) -> Iterator[str]:
     """`metalserve serve PATH` in this process: its start-up (engine thread), app and uvicorn; the base URL."""
     config = EngineConfig(model=str(path), kv_cache_memory=KV_BYTES, max_num_batched_tokens=BUDGET, max_num_seqs=SEQS)
-    engine = start_engine(config)
     port = free_port()
-    app = build_app(engine, ServerSettings(port=port, log_stats_interval=0))
+    settings = ServerSettings(port=port, log_stats_interval=0)
+    frontend = Frontend.of(settings)
+    app = build_app(build_registry(config, settings, frontend), frontend)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -19,6 +19,7 @@ from metalserve.engine.core import EngineCore
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
 from metalserve.scheduler.scheduler import Scheduler
+from metalserve.serving.build import build_engine_core
 from tests.models import golden
 from tests.models.archs import VOCAB, build
 
@@ -62,7 +63,7 @@ def _run(async_scheduling: bool) -> tuple[dict[str, Result], EngineCore]:
         max_num_seqs=NUM_REQUESTS,
         async_scheduling=async_scheduling,
     )
-    core = EngineCore.from_loaded(config, golden.loaded_of(build("llama"), "llama", max_model_len=128))
+    core = build_engine_core(config, golden.loaded_of(build("llama"), "llama", max_model_len=128))
     assert core.async_scheduling is async_scheduling
     rng = np.random.default_rng(7)
     results: dict[str, Result] = {}
@@ -111,7 +112,7 @@ def test_speculative_decoding_turns_it_off_with_a_start_up_line(caplog: pytest.L
     spec = SpeculativeConfig.from_json('{"method": "ngram", "num_speculative_tokens": 2}')
     config = EngineConfig(kv_cache_memory=1 << 22, max_model_len=128, speculative_config=spec, async_scheduling=True)
     with caplog.at_level(logging.INFO, logger="metalserve.engine"):
-        core = EngineCore.from_loaded(config, golden.loaded_of(build("llama"), "llama", max_model_len=128))
+        core = build_engine_core(config, golden.loaded_of(build("llama"), "llama", max_model_len=128))
     assert not core.async_scheduling and not core.scheduler.lookahead
     assert "async scheduling: off, speculative decoding" in caplog.text
     (prompt,) = golden.prompts([golden.SHORT], VOCAB)
@@ -124,6 +125,6 @@ def test_by_default_it_is_off_on_the_cpu_backend_with_a_start_up_line(caplog: py
     config = EngineConfig(kv_cache_memory=1 << 22, max_model_len=128)
     assert config.async_scheduling is None
     with caplog.at_level(logging.INFO, logger="metalserve.engine"):
-        core = EngineCore.from_loaded(config, golden.loaded_of(build("llama"), "llama", max_model_len=128))
+        core = build_engine_core(config, golden.loaded_of(build("llama"), "llama", max_model_len=128))
     assert not core.async_scheduling and not core.scheduler.lookahead
     assert "async scheduling: off on MLX's CPU backend" in caplog.text

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 
 from metalserve.config import EngineConfig
-from metalserve.engine import kv_plan
 from metalserve.engine.core import EngineCore
+from metalserve.kvcache import plan as kv_plan
 from metalserve.loader import LoadedModel
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
+from metalserve.serving.build import build_engine_core
 from tests.executor.test_runner_golden import mlx_lm_greedy, prompts_of
 from tests.executor.tiny_models import tiny_model
 
@@ -48,7 +49,7 @@ def test_core_matches_mlx_lm_greedy() -> None:
     prompts = prompts_of([12, 40, 3, 25], loaded.model.args.vocab_size, seed=5)
     expected = [mlx_lm_greedy(loaded.model, p, 16) for p in prompts]
     config = EngineConfig(kv_cache_memory=1 << 22, max_num_batched_tokens=32, block_size=8)
-    core = EngineCore.from_loaded(config, loaded)
+    core = build_engine_core(config, loaded)
     got, _ = run_all(core, prompts, 16)
     assert [got[f"r{i}"] for i in range(len(prompts))] == expected
     stats = core.make_stats()
@@ -62,7 +63,7 @@ def test_a_pool_too_small_for_all_requests_preempts_or_queues_and_stays_correct(
     per_block = 2 * 2 * 2 * 16 * 4 * 8  # layers * (K, V) * kv heads * head_dim * fp32 * block size
     # 40 usable blocks of 8 tokens: enough for max_model_len, far from 8 x 54 tokens at once.
     config = EngineConfig(kv_cache_memory=41 * per_block, max_model_len=256, block_size=8, max_num_batched_tokens=64)
-    core = EngineCore.from_loaded(config, loaded)
+    core = build_engine_core(config, loaded)
     got, most_waiting = run_all(core, prompts, 24)
     assert [got[f"r{i}"] for i in range(len(prompts))] == expected
     assert most_waiting > 0 or core.make_stats().num_preemptions > 0
@@ -82,7 +83,7 @@ def test_the_pool_grows_under_load_and_outputs_stay_exact(monkeypatch: pytest.Mo
         max_num_batched_tokens=64,
         attention_backend=backend,  # type: ignore[arg-type]
     )
-    core = EngineCore.from_loaded(config, loaded)
+    core = build_engine_core(config, loaded)
     assert core.runner.spec.num_blocks == 4
     got, _ = run_all(core, prompts, 20)
     assert [got[f"r{i}"] for i in range(len(prompts))] == expected
@@ -93,5 +94,5 @@ def test_the_pool_grows_under_load_and_outputs_stay_exact(monkeypatch: pytest.Mo
 def test_the_pool_is_capped_at_what_max_num_seqs_requests_can_use() -> None:
     loaded = tiny_loaded()
     config = EngineConfig(kv_cache_memory=1 << 24, block_size=8, max_num_seqs=2, max_model_len=64)
-    core = EngineCore.from_loaded(config, loaded)
+    core = build_engine_core(config, loaded)
     assert core.scheduler.kv.pool.num_blocks == 2 * 8 + 1

@@ -15,12 +15,14 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from metalserve.api.server import start_engine
 from metalserve.config import EngineConfig
 from metalserve.engine.async_engine import AsyncEngine, EngineDeadError
-from metalserve.engine.core import EngineCore, WrongThreadError
+from metalserve.engine.core import WrongThreadError
 from metalserve.engine.engine_thread import EngineThread
 from metalserve.sampling_params import SamplingParams
+from metalserve.serving.build import build_engine_core
+from metalserve.serving.engine_loader import start_engine
+from metalserve.serving.model_spec import ModelSpec
 from tests.e2e.family_dirs import mlx_lm_model, write_model_dir
 from tests.models import golden
 
@@ -44,7 +46,7 @@ def test_the_server_start_up_loads_where_the_steps_run(gemma4_dir: Path) -> None
     want = golden.reference(mlx_lm_model(gemma4_dir), prompt, GREEDY.max_tokens or 0).tokens
 
     async def main() -> list[int]:
-        engine = start_engine(EngineConfig(model=str(gemma4_dir), **CONFIG))  # type: ignore[arg-type]
+        engine = start_engine(ModelSpec.of(EngineConfig(model=str(gemma4_dir), **CONFIG)))  # type: ignore[arg-type]
         try:
             return await _tokens(engine, prompt)
         finally:
@@ -82,7 +84,7 @@ def test_a_lazy_array_made_on_another_thread_fails_in_mlx(gemma4_dir: Path) -> N
 def test_a_core_built_on_one_thread_and_stepped_on_another_is_refused(gemma4_dir: Path) -> None:
     from metalserve.loader import load_model
 
-    core = EngineCore.from_loaded(EngineConfig(**CONFIG), load_model(str(gemma4_dir)))  # type: ignore[arg-type]
+    core = build_engine_core(EngineConfig(**CONFIG), load_model(str(gemma4_dir)))  # type: ignore[arg-type]
     (prompt,) = golden.prompts([golden.SHORT], 256, seed=4)
 
     async def main() -> None:

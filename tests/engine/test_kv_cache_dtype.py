@@ -21,6 +21,7 @@ from metalserve.kvcache.specs import PageDtype
 from metalserve.outputs import TokenLogprob
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
+from metalserve.serving.build import build_engine_core
 from metalserve.speculative_config import SpeculativeConfig
 from tests.models import golden
 from tests.models.archs import VOCAB, build
@@ -39,7 +40,7 @@ def core_of(arch: str, storage: str, *, memory: int = 1 << 24, budget: int = 204
         kv_cache_dtype=storage,
         **kw,
     )  # type: ignore[arg-type]
-    return EngineCore.from_loaded(config, golden.loaded_of(build(arch), arch))
+    return build_engine_core(config, golden.loaded_of(build(arch), arch))
 
 
 def serve_top(core: EngineCore, batch: list[list[int]], n: int = golden.NEW_TOKENS) -> list[list[TokenLogprob]]:
@@ -124,7 +125,7 @@ def test_q4_pages_serve_the_model_over_dequantized_kv() -> None:
         config = EngineConfig(
             kv_cache_memory=1 << 24, block_size=16, max_num_seqs=8, kv_cache_dtype=storage, attention_backend=backend
         )  # type: ignore[arg-type]
-        return EngineCore.from_loaded(config, golden.loaded_of(build("qwen3", head_dim=32), "qwen3"))
+        return build_engine_core(config, golden.loaded_of(build("qwen3", head_dim=32), "qwen3"))
 
     q4 = core("q4", "mlx")
     assert isinstance(q4.runner.kv[0].pool, QuantPool) and q4.runner.spec.page.group_size == 32
@@ -169,7 +170,7 @@ def test_the_numba_kernel_serves_quantized_pages_like_mlx_ops(storage: str) -> N
             kv_cache_dtype=storage,
             attention_backend=backend,
         )  # type: ignore[arg-type]
-        return EngineCore.from_loaded(config, golden.loaded_of(build(arch, **kw), arch))
+        return build_engine_core(config, golden.loaded_of(build(arch, **kw), arch))
 
     numba_core = core("auto")
     assert numba_core.runner.backend.name == "cpu"
@@ -186,7 +187,7 @@ def test_the_numba_kernel_serves_quantized_pages_like_mlx_ops(storage: str) -> N
 def test_mla_latents_keep_their_dtype_and_say_so(caplog: pytest.LogCaptureFixture) -> None:
     config = EngineConfig(kv_cache_memory=1 << 22, block_size=16, max_num_seqs=4, kv_cache_dtype="int8")
     with caplog.at_level(logging.INFO, logger="metalserve.engine"):
-        core = EngineCore.from_loaded(config, golden.loaded_of(tiny_mla(), "deepseek_v3"))
+        core = build_engine_core(config, golden.loaded_of(tiny_mla(), "deepseek_v3"))
     assert "--kv-cache-dtype int8: mla pages keep the model's dtype" in caplog.text
     assert not isinstance(core.runner.kv[0].pool, QuantPool) and core.runner.spec.page.storage == "auto"
 
@@ -197,7 +198,7 @@ def test_prefix_hits_and_preemption_on_int8_pages_keep_the_tokens() -> None:
     batch = golden.prompts([120, 90, 150, 60], VOCAB, seed=7)
     want = golden.serve(core_of("gemma3_text", "int8"), batch, 16)
     spec_bytes = core_of("gemma3_text", "int8").runner.spec.bytes_per_block
-    tight = EngineCore.from_loaded(
+    tight = build_engine_core(
         EngineConfig(
             kv_cache_memory=31 * spec_bytes,
             max_model_len=200,

@@ -17,12 +17,13 @@ import pytest
 
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.engine.core import EngineCore
-from metalserve.engine.kv_disk import attach_disk_tier
 from metalserve.kvcache.connector.disk_scheduler import DiskConnectorScheduler
 from metalserve.kvcache.connector.disk_store import SUFFIX, DiskStore, decode_block
 from metalserve.kvcache.specs import FullAttention, RecurrentState
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
+from metalserve.serving.build import build_engine_core
+from metalserve.serving.kv_disk import attach_disk_tier
 from tests.engine.test_core import run_all, tiny_loaded
 from tests.executor.test_runner_golden import mlx_lm_greedy, prompts_of
 
@@ -51,7 +52,7 @@ def make_core(
         kv_disk_size=size,
         kv_cache_dtype=kv_dtype,
     )  # type: ignore[arg-type]
-    return EngineCore.from_loaded(config, tiny_loaded())
+    return build_engine_core(config, tiny_loaded())
 
 
 def expected(prompts: list[list[int]], n: int) -> list[list[int]]:

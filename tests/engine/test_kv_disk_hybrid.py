@@ -15,6 +15,7 @@ from metalserve.kvcache.connector.disk_scheduler import RECURRENT_STATE, DiskCon
 from metalserve.kvcache.connector.disk_store import SUFFIX, decode_block
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
+from metalserve.serving.build import build_engine_core
 from tests.models import golden
 from tests.models.hybrid_golden import BLOCK_SIZE, bytes_per_block, prompts_of
 from tests.models.hybrid_tiny import tiny_hybrid_loaded
@@ -34,7 +35,7 @@ def make_core(directory: Path | None, async_scheduling: bool | None = None) -> E
         max_model_len=128,
         kv_disk_dir=None if directory is None else str(directory),
     )
-    return EngineCore.from_loaded(config, loaded)
+    return build_engine_core(config, loaded)
 
 
 def connector(core: EngineCore) -> DiskConnectorScheduler:

@@ -31,7 +31,7 @@ def refusing_kernel(*args: Any, **kwargs: Any) -> mx.array:
 
 def fake_a_mac(monkeypatch: pytest.MonkeyPatch) -> None:
     """Engines built from here on see a Mac and get the Metal backend with `refusing_kernel`."""
-    monkeypatch.setattr("metalserve.engine.core.current_platform", lambda: MAC)
+    monkeypatch.setattr("metalserve.serving.build.current_platform", lambda: MAC)
     monkeypatch.setattr("metalserve.executor.attention.select.metal_kernel_problem", lambda head_dims: None)
     monkeypatch.setattr("metalserve.executor.attention.metal.metal_attention", lambda: KernelAttention(refusing_kernel))
 

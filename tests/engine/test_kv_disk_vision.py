@@ -120,9 +120,9 @@ def test_the_fingerprint_covers_the_vision_tower_and_the_image_processor() -> No
     in the chain is taken before processing): a change to either is another model on disk."""
     from mlx.utils import tree_flatten, tree_unflatten
 
-    from metalserve.engine.kv_disk import fingerprinted
     from metalserve.executor.connector.fingerprint import model_fingerprint
     from metalserve.multimodal.processor import QwenVLImageProcessor
+    from metalserve.serving.kv_disk import fingerprinted
     from tests.multimodal.tiny_vlm import build, config
     from tests.multimodal.vl_golden import loaded_vlm
 

@@ -16,11 +16,11 @@ import pytest
 
 from metalserve.config import EngineConfig
 from metalserve.engine.async_engine import AsyncEngine
-from metalserve.engine.core import EngineCore
 from metalserve.engine.engine_thread import EngineThread
 from metalserve.engine.protocol import SchedulerStatsLike
 from metalserve.engine.request_output import IterationStats
 from metalserve.sampling_params import SamplingParams
+from metalserve.serving.build import load_engine_core
 from tests.e2e.family_dirs import write_model_dir
 
 BUDGET = 32
@@ -60,7 +60,7 @@ def engine(model_dir: Path) -> Iterator[tuple[AsyncEngine, StepLog]]:
         model=str(model_dir), kv_cache_memory=1 << 22, max_num_batched_tokens=BUDGET, max_model_len=256
     )
     thread = EngineThread()
-    core, loaded = thread.call(EngineCore.from_config, config)
+    core, loaded = thread.call(load_engine_core, config)
     log = StepLog()
     engine = AsyncEngine(
         core,

@@ -12,6 +12,7 @@ from metalserve.engine.core import EngineCore
 from metalserve.outputs import EngineCoreOutput
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
+from metalserve.serving.build import build_engine_core
 from tests.models import golden
 from tests.models.archs import VOCAB, build
 
@@ -38,7 +39,7 @@ def test_prompt_logprobs_match_the_full_forward_over_chunks_and_a_warm_prefix_ca
     config = EngineConfig(
         kv_cache_memory=1 << 24, block_size=16, max_num_batched_tokens=32, max_num_seqs=4, kv_cache_dtype=storage
     )  # type: ignore[arg-type]
-    core = EngineCore.from_loaded(config, golden.loaded_of(build(arch), arch))
+    core = build_engine_core(config, golden.loaded_of(build(arch), arch))
     plain = Request("warm", list(prompt), SamplingParams(temperature=0, max_tokens=1))
     core.add_request(plain)  # publishes the prompt's blocks: the next request must not take them
     while core.has_unfinished_requests():

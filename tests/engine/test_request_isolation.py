@@ -11,10 +11,10 @@ import pytest
 from metalserve.config import EngineConfig
 from metalserve.engine import async_engine, request_state
 from metalserve.engine.async_engine import AsyncEngine, ClientTooSlowError
-from metalserve.engine.core import EngineCore
 from metalserve.engine.detokenizer import IncrementalDetokenizer
 from metalserve.engine.engine_thread import EngineThread
 from metalserve.sampling_params import SamplingParams
+from metalserve.serving.build import build_engine_core
 from tests.api.fakes import FakeCore, tiny_tokenizer
 from tests.engine.test_core import tiny_loaded
 from tests.executor.test_runner_golden import mlx_lm_greedy, prompts_of
@@ -28,7 +28,7 @@ def _real_engine() -> tuple[AsyncEngine, list[list[int]], list[list[int]]]:
     expected = [mlx_lm_greedy(loaded.model, p, 12) for p in prompts]
     config = EngineConfig(kv_cache_memory=1 << 22, max_num_batched_tokens=32, block_size=8)
     thread = EngineThread()  # as the server does: the core is built on the thread that steps it
-    core = thread.call(EngineCore.from_loaded, config, loaded)
+    core = thread.call(build_engine_core, config, loaded)
     engine = AsyncEngine(
         core, tiny_tokenizer(), model_name="tiny", max_model_len=256, eos_token_ids=set(), thread=thread
     )

@@ -9,6 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from metalserve.executor.host import paged_model
 from metalserve.executor.host.compute import HostCompute
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.families import kv_cache_spec, kv_shape
@@ -33,7 +34,7 @@ def golden() -> tuple[LoadedModel, PagedModel, list[list[int]], list[list[int]]]
     prompts = [text_ids[int(o) : int(o) + n] for o, n in zip(rng.integers(0, 20, len(LENGTHS)), LENGTHS, strict=True)]
     # mlx-lm first, while the model still has its own attention layers.
     expected = [mlx_lm_greedy(loaded.model, p, NUM_TOKENS) for p in prompts]
-    return loaded, PagedModel.from_loaded(loaded, current_platform()), prompts, expected
+    return loaded, paged_model(loaded, current_platform()), prompts, expected
 
 
 def runner_for(loaded: LoadedModel, model: PagedModel) -> ModelRunner:

@@ -10,7 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from metalserve.executor.models.adapter import PagedModel
+from metalserve.executor.host import paged_model
 from metalserve.executor.models.compute import MlxCompute
 from metalserve.executor.models.families import (
     HOST_MODEL_TYPES,
@@ -74,11 +74,11 @@ def test_the_stored_codes_stay_only_for_a_family_on_the_host_path() -> None:
     cpu = Platform(on_cpu=True, metal=False, numba=True, blas="test")
     hybrid = tiny_hybrid_loaded("lfm2")
     hybrid.codes.update(_codes())  # the loader keeps them on MLX's CPU backend, whatever the family
-    assert isinstance(PagedModel.from_loaded(hybrid, cpu).compute, MlxCompute)
+    assert isinstance(paged_model(hybrid, cpu).compute, MlxCompute)
     assert hybrid.codes == {}
     llama = golden.loaded_of(tiny_model("llama"), "llama")
     llama.codes.update(_codes())
-    assert not isinstance(PagedModel.from_loaded(llama, cpu).compute, MlxCompute)
+    assert not isinstance(paged_model(llama, cpu).compute, MlxCompute)
     assert set(llama.codes) == {"model.layers.0.mlp.down_proj"}
 
 

@@ -9,7 +9,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from metalserve.executor.attention.reference import AttentionOptions
+from metalserve.executor.attention.base import AttentionOptions
 from metalserve.executor.host.compute import HostCompute
 from metalserve.executor.host.forward import HostForward
 from metalserve.executor.models.adapter import PagedModel

@@ -11,7 +11,7 @@ import pytest
 
 from metalserve.config import ConfigError
 from metalserve.kvcache.hashing import BlockHash, block_extra_keys, hash_block_tokens
-from metalserve.kvcache.sizing import blocks_for_request, num_blocks_for_budget
+from metalserve.kvcache.plan import blocks_for_request, num_blocks_for_budget
 from metalserve.kvcache.specs import KVCacheSpec, RecurrentState
 
 
@@ -125,7 +125,8 @@ def test_no_mlx_import_statement_in_kvcache_or_scheduler() -> None:
 
 
 def test_memory_readers_and_the_pool_cap() -> None:
-    from metalserve.engine.memory import memory_limit, parse_meminfo, parse_vm_stat, pool_block_cap
+    from metalserve.kvcache.plan import memory_limit, pool_block_cap
+    from metalserve.serving.memory import parse_meminfo, parse_vm_stat
 
     assert parse_meminfo("MemTotal:       24000000 kB\nMemAvailable:   12000000 kB\n") == 12000000 * 1024
     assert parse_meminfo("MemTotal: 1 kB\n") is None
@@ -143,8 +144,7 @@ def test_memory_readers_and_the_pool_cap() -> None:
 
 
 def test_sizing_over_layer_groups_sharing_the_pool() -> None:
-    from metalserve.engine.memory import pool_block_cap
-    from metalserve.kvcache.sizing import blocks_for_request
+    from metalserve.kvcache.plan import blocks_for_request, pool_block_cap
     from metalserve.kvcache.specs import FullAttention, RecurrentState, SlidingWindow
 
     groups = [FullAttention(layers=(1, 3)), SlidingWindow(16, layers=(0, 2))]

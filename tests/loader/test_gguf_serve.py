@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from metalserve.config import EngineConfig
-from metalserve.engine.core import EngineCore
 from metalserve.loader import load_model
+from metalserve.serving.build import build_engine_core
 from tests.engine.test_core import run_all
 from tests.executor.test_runner_golden import mlx_lm_greedy, prompts_of
 from tests.loader.gguf_arch_models import reference_model, write_arch_gguf
@@ -26,6 +26,6 @@ def test_gguf_serves_mlx_lm_greedy_tokens_batched_with_chunked_prefill(tmp_path:
     prompts = prompts_of([5, 40, 23], loaded.config["vocab_size"], seed=3)
     expected = [mlx_lm_greedy(reference, p, 10) for p in prompts]
     config = EngineConfig(kv_cache_memory=1 << 23, max_num_batched_tokens=16, block_size=8)
-    core = EngineCore.from_loaded(config, loaded)
+    core = build_engine_core(config, loaded)
     got, _ = run_all(core, prompts, 10)
     assert [got[f"r{i}"] for i in range(len(prompts))] == expected

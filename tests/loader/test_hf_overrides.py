@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from metalserve.config import ConfigError, EngineConfig
-from metalserve.engine.core import resolve_max_model_len
 from metalserve.loader import ModelLoadError, load_model
 from metalserve.loader.build import model_classes
 from metalserve.loader.overrides import apply_hf_overrides, scaled_context
+from metalserve.serving.context_len import resolve_max_model_len
 from tests.loader.tiny_models import logits, tiny_config, write_gguf
 from tests.models import golden
 

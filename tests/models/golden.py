@@ -22,6 +22,7 @@ from metalserve.engine.core import EngineCore
 from metalserve.loader import LoadedModel
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
+from metalserve.serving.build import build_engine_core
 
 LOGPROB_TOL = 1e-2
 SHORT, LONG = 11, 300  # prompt lengths: one within a block, one crossing a 16-token window many times
@@ -90,7 +91,7 @@ def engine(
         "enable_prefix_caching": True,
     }
     config = EngineConfig(**{**fields, **overrides})
-    return EngineCore.from_loaded(config, loaded or loaded_of(model, model_type or model.model_type))
+    return build_engine_core(config, loaded or loaded_of(model, model_type or model.model_type))
 
 
 def serve(core: EngineCore, batch: list[list[int]], n: int = NEW_TOKENS, tag: str = "r") -> list[Generation]:

@@ -12,6 +12,7 @@ from metalserve.executor.models.families import kv_cache_spec
 from metalserve.loader import LoadedModel
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
+from metalserve.serving.build import build_engine_core
 from tests.models.golden import reference
 from tests.models.hybrid_tiny import VOCAB, tiny_hybrid
 
@@ -60,7 +61,7 @@ def engine(
         enable_prefix_caching=caching,
         attention_backend=attention,
     )
-    core = EngineCore.from_loaded(config, loaded)
+    core = build_engine_core(config, loaded)
     assert core.scheduler.kv.pool.num_blocks == num_blocks
     return core
 

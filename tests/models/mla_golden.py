@@ -17,6 +17,7 @@ from metalserve.engine.core import EngineCore
 from metalserve.loader import LoadedModel
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
+from metalserve.serving.build import build_engine_core
 from tests.models.golden import reference
 
 # Three layers: one dense MLP, then two MoE layers (sigmoid gate with grouped top-k, shared expert);
@@ -133,7 +134,7 @@ def make_core(model: nn.Module, model_type: str, *, budget: int = 512, backend: 
     config = EngineConfig(
         kv_cache_memory=1 << 22, max_num_batched_tokens=budget, block_size=16, attention_backend=backend
     )
-    return EngineCore.from_loaded(config, loaded_of(model, model_type))
+    return build_engine_core(config, loaded_of(model, model_type))
 
 
 def assert_matches(got: Greedy, want: Greedy) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from metalserve.config import EngineConfig
-from metalserve.engine.kv_plan import plan_kv_pool
 from metalserve.executor.models.families import kv_cache_spec, kv_shape
 from metalserve.executor.models.mla import PagedMLA
 from metalserve.generate import generate_config
+from metalserve.kvcache.plan import plan_kv_pool, pool_budget
 from metalserve.kvcache.specs import MLALatent
 from tests.models.mla_golden import (
     Greedy,
@@ -65,7 +65,7 @@ def test_the_kv_cache_counts_the_latent_alone() -> None:
     assert spec.bytes_per_block == 3 * 40 * 4 * 16
     assert spec.tensors[0] == MLALatent(num_kv_heads=1, head_dim=40, value_dim=32)
     config = EngineConfig(kv_cache_memory=100 * spec.bytes_per_block, block_size=16, max_num_seqs=1000)
-    assert plan_kv_pool(config, spec, 1024, 0, 0).num_blocks == 100
+    assert plan_kv_pool(config, spec, 1024, pool_budget(config, None, 0)).num_blocks == 100
     sized = generate_config(loaded, 2, EngineConfig(block_size=16, max_model_len=160))
     assert sized.kv_cache_memory == (2 * 10 + 1) * spec.bytes_per_block  # room for both prompts, + the null block
     # every MLA layer attends over all its pages, which keep the model's dtype under int8

@@ -18,8 +18,8 @@ from mlx_lm.models.switch_layers import SwitchLinear
 from mlx_lm.utils import load as mlx_lm_load
 
 from metalserve.config import EngineConfig
-from metalserve.engine.core import EngineCore
 from metalserve.loader import load_model
+from metalserve.serving.build import build_engine_core
 from tests.loader.tiny_tokenizer import save_hf_tokenizer, vocab_tokens
 from tests.models import golden
 from tests.models.archs import build, config_of
@@ -63,5 +63,5 @@ def test_a_quantized_directory_serves_mlx_lm_tokens(tmp_path: Path, case: str, w
     assert ("QuantizedSwitchLinear" in quantized) == (case != "affine8" and weights == "quantized")
     assert ("QuantizedLinear" in quantized) == (weights == "quantized" and case != "mxfp4")
     config = EngineConfig(kv_cache_memory=1 << 24, block_size=16, max_num_batched_tokens=16)  # chunked
-    (got,) = golden.serve(EngineCore.from_loaded(config, loaded), [prompt])
+    (got,) = golden.serve(build_engine_core(config, loaded), [prompt])
     golden.check(got, want)

@@ -84,12 +84,12 @@ def test_windowed_requests_preempted_under_a_tight_pool_resume_with_the_same_tok
     per_block = kv_cache_spec(loaded, BLOCK).bytes_per_block
     # 30 usable blocks: one 200-token request's two groups fit (26), four 150-token requests' do not.
     from metalserve.config import EngineConfig
-    from metalserve.engine.core import EngineCore
+    from metalserve.serving.build import build_engine_core
 
     config = EngineConfig(
         kv_cache_memory=31 * per_block, max_model_len=200, block_size=BLOCK, max_num_batched_tokens=64, max_num_seqs=4
     )
-    core = EngineCore.from_loaded(config, loaded)
+    core = build_engine_core(config, loaded)
     got = golden.serve(core, batch, 16)
     assert [g.tokens for g in got] == [w.tokens for w in want]
     stats = core.make_stats()
@@ -100,7 +100,7 @@ def test_windowed_requests_preempted_under_a_tight_pool_resume_with_the_same_tok
 def test_the_mlx_ops_plan_gathers_only_the_pages_a_window_reads() -> None:
     import numpy as np
 
-    from metalserve.executor.attention.reference import build_plan
+    from metalserve.executor.attention.mlx_ops import build_plan
 
     table = np.arange(1, 21)  # 20 pages: 320 slots
     plan = build_plan([table, table], np.array([0, 1, 65]), np.array([300, 300]), BLOCK, sliding_window=WINDOW)
@@ -111,7 +111,7 @@ def test_the_mlx_ops_plan_gathers_only_the_pages_a_window_reads() -> None:
 
 
 def test_the_pool_tensors_of_every_shape_grow_under_load(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from metalserve.engine import kv_plan
+    from metalserve.kvcache import plan as kv_plan
 
     monkeypatch.setattr(kv_plan, "INITIAL_POOL_BLOCKS", 4)
     batch = golden.prompts([golden.LONG, 40], VOCAB, seed=8)

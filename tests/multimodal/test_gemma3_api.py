@@ -10,13 +10,12 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from metalserve.api.app import build_app
-from metalserve.api.server import start_engine
 from metalserve.api.settings import ServerSettings
 from metalserve.config import EngineConfig
-from tests.api.conftest import Served, live
+from metalserve.multimodal.images import ImageLimits, open_image
+from tests.api.conftest import Served, live, serve_config
 from tests.multimodal.test_vision_api import data_url, token_ids
-from tests.multimodal.tiny_gemma3 import bidirectional_reference, build, gemma_tokenizer, prompt, save
+from tests.multimodal.tiny_gemma3 import bidirectional_reference, build, gemma_tokenizer, processor, prompt, save
 from tests.multimodal.vl_golden import png
 
 MODEL = "tiny-gemma3"
@@ -27,13 +26,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     directory = save(build(), tmp_path_factory.mktemp("gemma3") / MODEL)
     config = EngineConfig(
         model=str(directory),
-        served_model_name=MODEL,
         kv_cache_memory=1 << 24,
         max_num_batched_tokens=256,
         max_model_len=1024,
     )
-    engine = start_engine(config)
-    with live(Served(build_app(engine, ServerSettings(log_stats_interval=0)), None, engine)) as running:  # type: ignore[arg-type]
+    settings = ServerSettings(served_model_name=((MODEL,),), log_stats_interval=0)
+    with live(serve_config(config, settings)) as running:
         yield running
 
 
@@ -44,7 +42,10 @@ def test_openai_image_on_gemma3(served: Served) -> None:
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
     template_ids = gemma_tokenizer().apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     ids = template_ids if isinstance(template_ids, list) else template_ids["input_ids"]
-    tokens, images = prompt(list(ids), [image])
+    # The layout HF's processor gives (blank lines around the image; tests/multimodal/test_gemma3_prompt_ids.py).
+    spaced = processor(gemma_tokenizer())
+    tokens, images = spaced.process(list(ids), [open_image(image, ImageLimits())])
+    assert len(tokens) == len(prompt(list(ids), [image])[0]) + 4
     want = bidirectional_reference(build(), tokens, images)
     content = [{"type": "image_url", "image_url": {"url": data_url(image)}}, {"type": "text", "text": text}]
 

@@ -15,12 +15,10 @@ import openai
 import pytest
 from PIL import Image
 
-from metalserve.api.app import build_app
-from metalserve.api.server import start_engine
 from metalserve.api.settings import ServerSettings
 from metalserve.config import EngineConfig
 from metalserve.multimodal.limits import ImageLimits
-from tests.api.conftest import Served, live
+from tests.api.conftest import Served, live, serve_config
 from tests.multimodal.tiny_vlm import build, save
 from tests.multimodal.vl_golden import png, prompt, reference, user
 
@@ -38,13 +36,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     directory = save(build("qwen2_vl"), "qwen2_vl", tmp_path_factory.mktemp("vlm") / MODEL)
     config = EngineConfig(
         model=str(directory),
-        served_model_name=MODEL,
         kv_cache_memory=1 << 24,
         max_num_batched_tokens=256,
         max_model_len=2048,
     )
-    engine = start_engine(config)
-    with live(Served(build_app(engine, SETTINGS), None, engine)) as running:  # type: ignore[arg-type]
+    with live(serve_config(config, SETTINGS)) as running:  # named by its directory, as `metalserve serve DIR`
         yield running
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from metalserve.config import EngineConfig
-from metalserve.engine.core import EngineCore
 from metalserve.generate import encode_chat, generate_config
 from metalserve.loader import load_model
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
+from metalserve.serving.build import build_engine_core
 from metalserve.speculative_config import SpeculativeConfig
 
 pytestmark = pytest.mark.slow
@@ -26,7 +26,7 @@ def test_an_edit_is_the_same_text_in_fewer_steps() -> None:
     prompt = encode_chat(loaded, f"Repeat this code exactly:\n```python\n{code}\n```")
     spec = SpeculativeConfig("ngram", 4, 2, 4)
     base = EngineConfig(max_num_batched_tokens=512, enable_prefix_caching=False, speculative_config=spec)
-    core = EngineCore.from_loaded(generate_config(loaded, 2, base), loaded)
+    core = build_engine_core(generate_config(loaded, 2, base), loaded)
     proposer = core.runner.proposer
     params = SamplingParams(temperature=0, max_tokens=96)
     results = {}

@@ -20,6 +20,7 @@ from metalserve.config import EngineConfig
 from metalserve.engine.core import EngineCore
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
+from metalserve.serving.build import build_engine_core
 from metalserve.spec_decode import verify
 from metalserve.speculative_config import SpeculativeConfig
 from tests.engine.test_core import tiny_loaded
@@ -59,7 +60,7 @@ def samples(spec: SpeculativeConfig | None, seed0: int) -> tuple[np.ndarray, Eng
     config = EngineConfig(
         kv_cache_memory=1 << 25, max_num_batched_tokens=4096, max_num_seqs=N, block_size=8, speculative_config=spec
     )
-    core = EngineCore.from_loaded(config, loaded)
+    core = build_engine_core(config, loaded)
     for i in range(N):
         params = SamplingParams(temperature=1.0, top_p=0.85, seed=seed0 + i, max_tokens=5, ignore_eos=True)
         core.add_request(Request(f"s{i}", PROMPT, params))

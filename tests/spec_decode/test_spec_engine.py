@@ -14,6 +14,7 @@ from metalserve.config import EngineConfig
 from metalserve.engine.core import EngineCore
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
+from metalserve.serving.build import build_engine_core
 from metalserve.speculative_config import SpeculativeConfig
 from metalserve.structured.compiler import GrammarCompiler
 from metalserve.structured.params import StructuredOutputsParams
@@ -27,7 +28,7 @@ PER_BLOCK = 2 * 2 * 2 * 16 * 4 * 8  # layers * (K, V) * kv heads * head_dim * fp
 def tiny_core(spec: SpeculativeConfig | None, **config: object) -> EngineCore:
     defaults: dict[str, object] = {"kv_cache_memory": 1 << 22, "max_num_batched_tokens": 64, "block_size": 8}
     merged = {**defaults, **config, "speculative_config": spec}
-    return EngineCore.from_loaded(EngineConfig(**merged), tiny_loaded())  # type: ignore[arg-type]
+    return build_engine_core(EngineConfig(**merged), tiny_loaded())  # type: ignore[arg-type]
 
 
 def drive(core: EngineCore, requests: list[Request]) -> dict[str, list[int]]:
@@ -126,8 +127,8 @@ def test_grammar_constrained_windows_are_masked_per_position_and_match() -> None
 
 
 def test_a_model_with_recurrent_layers_runs_without_speculation() -> None:
-    from metalserve.engine.core import speculation_for
     from metalserve.kvcache.specs import FullAttention, RecurrentState, SlidingWindow
+    from metalserve.serving.parts import speculation_for
 
     config = EngineConfig(block_size=8, speculative_config=NGRAM)
     windowed = [FullAttention(layers=(0,)), SlidingWindow(layers=(1,), window=16)]
@@ -145,7 +146,7 @@ def draft_core(draft_seed: int, **config: object) -> EngineCore:
     defaults: dict[str, object] = {"kv_cache_memory": 1 << 22, "max_num_batched_tokens": 64, "block_size": 8}
     spec = SpeculativeConfig("draft_model", num_speculative_tokens=3)
     merged = {**defaults, **config, "speculative_config": spec}
-    return EngineCore.from_loaded(EngineConfig(**merged), tiny_loaded(), draft=draft)  # type: ignore[arg-type]
+    return build_engine_core(EngineConfig(**merged), tiny_loaded(), draft=draft)  # type: ignore[arg-type]
 
 
 def test_the_memory_plan_counts_the_draft_models_kv_at_every_block() -> None:
@@ -171,7 +172,7 @@ def test_draft_model_greedy_32_requests_with_chunked_prefill_and_preemption_matc
 
 
 def test_draft_model_pools_grow_with_the_target_and_sampling_matches(monkeypatch: object) -> None:
-    from metalserve.engine import kv_plan
+    from metalserve.kvcache import plan as kv_plan
 
     monkeypatch.setattr(kv_plan, "INITIAL_POOL_BLOCKS", 4)  # type: ignore[attr-defined]
     core = draft_core(0)
@@ -196,7 +197,7 @@ def test_a_draft_with_another_vocabulary_is_refused() -> None:
         speculative_config=SpeculativeConfig("draft_model", num_speculative_tokens=2),
     )
     with pytest.raises(ConfigError, match="vocabulary"):
-        EngineCore.from_loaded(config, tiny_loaded(), draft=draft)
+        build_engine_core(config, tiny_loaded(), draft=draft)
 
 
 class OracleProposer:
@@ -246,7 +247,7 @@ def test_a_sliding_window_model_speculates_with_the_same_text_under_preemption()
             max_num_seqs=4,
             speculative_config=spec,
         )
-        return EngineCore.from_loaded(config, golden.loaded_of(build("gemma3_text"), "gemma3_text"))
+        return build_engine_core(config, golden.loaded_of(build("gemma3_text"), "gemma3_text"))
 
     def requests() -> list[Request]:
         return [Request(f"w{i}", p, params) for i, p in enumerate(batch)]

@@ -21,6 +21,7 @@ from metalserve.executor.sampler import Sampler
 from metalserve.outputs import TokenLogprob
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
+from metalserve.serving.build import build_engine_core
 from metalserve.structured.compiler import CompiledGrammar, GrammarCompiler
 from metalserve.structured.params import StructuredOutputsParams as S
 from metalserve.structured.state import GrammarState
@@ -48,7 +49,7 @@ def make_core(**config: object) -> EngineCore:
     loaded.model = tiny_model("llama", vocab_size=len(TOK))
     loaded.eos_token_ids = EOS
     defaults: dict[str, object] = {"kv_cache_memory": 1 << 22, "max_num_batched_tokens": 64, "block_size": 8}
-    return EngineCore.from_loaded(EngineConfig(**{**defaults, **config}), loaded)  # type: ignore[arg-type]
+    return build_engine_core(EngineConfig(**{**defaults, **config}), loaded)  # type: ignore[arg-type]
 
 
 def request(rid: str, compiler: GrammarCompiler, spec: S | None, **params: object) -> Request:

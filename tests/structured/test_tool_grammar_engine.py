@@ -10,12 +10,12 @@ import json
 
 import jsonschema
 import pytest
-from metalserve.spec_decode.config import SpeculativeConfig
 
 from metalserve.api.tool_parsers import get_tool_parser
 from metalserve.api.tool_parsers.hermes_grammar import hermes_call_grammar
 from metalserve.engine.core import EngineCore
 from metalserve.request import Request
+from metalserve.speculative_config import SpeculativeConfig
 from metalserve.structured.compiler import GrammarCompiler
 from metalserve.structured.params import StructuredOutputsParams
 from tests.structured.test_engine import SCHEMA, TOK, make_core, request, run

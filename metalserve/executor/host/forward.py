@@ -19,8 +19,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from metalserve.executor.attention.base import AttentionOptions
 from metalserve.executor.attention.cpu import HostKV
-from metalserve.executor.attention.reference import AttentionOptions
 from metalserve.executor.context import ForwardContext
 from metalserve.executor.host.linear import HostLinear
 from metalserve.executor.host.mlp import HostSwiGLUMLP

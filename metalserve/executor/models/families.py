@@ -26,6 +26,7 @@ from metalserve.executor.models.mla import latent_kv_shape
 from metalserve.kvcache.specs import KVCacheDtype, KVCacheSpec, PageDtype, RecurrentState, SlidingWindow
 
 if TYPE_CHECKING:
+    from metalserve.executor.state_cache import StateLayout
     from metalserve.loader import LoadedModel
 
 # mistral loads as llama in mlx-lm. Each type has a golden test in tests/models/ (tiny random weights,
@@ -144,13 +145,14 @@ class ModelFamily:
             return ()
         return tuple(m.layer_idx for m in mixers_of(model, self.model_type) if m.kind == "state")
 
-    def state_groups(self, model: nn.Module) -> tuple[RecurrentState, ...]:
+    def state_groups(self, model: nn.Module, layout: StateLayout | None = None) -> tuple[RecurrentState, ...]:
         """A hybrid's recurrent layers, in one group; a boundary state (conv + recurrent arrays) is the
-        whole state, so it can be snapshotted for the prefix cache. Its slot is the state's bytes."""
+        whole state, so it can be snapshotted for the prefix cache. Its slot is the state's bytes.
+        `layout`: the states as already probed (PagedModel has it); None probes the model's mixers."""
         layers = self.state_layers(model)
         if not layers:
             return ()
-        state_bytes = state_layout_of(model, self.model_type).slot_bytes
+        state_bytes = (layout or state_layout_of(model, self.model_type)).slot_bytes
         return (RecurrentState(layers=layers, snapshots=True, state_bytes=state_bytes),)
 
     def page(self, model: nn.Module, storage: KVCacheDtype = KVCacheDtype.AUTO) -> PageDtype:

@@ -1,5 +1,5 @@
-"""How much memory the KV cache may take: a share of memory that is really free, less the weights and a
-full step; and no more than the running requests can use."""
+"""What the machine has: its memory as MLX sees it (unified memory on a Mac) and what other programs leave
+free now. The pool planner (kvcache/plan.py) turns these into a budget."""
 
 from __future__ import annotations
 
@@ -8,12 +8,8 @@ import re
 import subprocess
 import sys
 
-from metalserve.kvcache.block_pool import NUM_RESERVED_BLOCKS
+from metalserve.kvcache.plan import MachineMemory
 from metalserve.platform import current_platform
-from metalserve.units import format_bytes
-
-# The pool starts this small and doubles as it fills (metalserve/kvcache/block_pool.py).
-INITIAL_POOL_BLOCKS = 256
 
 
 def total_memory_bytes() -> int:
@@ -52,21 +48,6 @@ def available_memory_bytes() -> int | None:
         return None
 
 
-def memory_limit(utilization: float, total: int, available: int | None, held: int) -> tuple[int, str]:
-    """The bytes the server may use, and why: its share of total memory, unless less is free.
-
-    `held` is what this process already holds (the loaded weights), which `available` no longer counts."""
-    share = int(total * utilization)
-    why = f"{100 * utilization:.0f}% of {format_bytes(total)}"
-    if available is not None and available + held < share:
-        return available + held, f"{format_bytes(available)} available + {format_bytes(held)} held (less than {why})"
-    return share, why
-
-
-def pool_block_cap(
-    max_num_seqs: int, max_model_len: int, block_size: int, blocks_per_request: int | None = None
-) -> int:
-    """More blocks than `max_num_seqs` requests of `max_model_len` tokens can never be in use at once.
-    `blocks_per_request`: what one such request holds over all layer groups (default: one group's)."""
-    per_request = -(-max_model_len // block_size) if blocks_per_request is None else blocks_per_request
-    return max_num_seqs * per_request + NUM_RESERVED_BLOCKS
+def machine_memory(held: int) -> MachineMemory:
+    """The machine's memory now; `held`: what this process holds already."""
+    return MachineMemory(total_memory_bytes(), available_memory_bytes(), held)

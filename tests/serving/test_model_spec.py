@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from metalserve.api.multi_server import model_specs, with_kv_share
+from metalserve.api.served_models import model_specs, single_model_spec, with_kv_share
 from metalserve.api.server import config_from_args
 from metalserve.cli import build_parser
 from metalserve.config import ConfigError, EngineConfig
-from metalserve.engine.model_spec import build_specs, read_models_file
+from metalserve.serving.model_spec import build_specs, read_models_file, served_names
 
 YAML = """
 - model: /models/coder.gguf
@@ -72,15 +72,42 @@ def test_several_model_arguments_and_pins_from_the_command_line(tmp_path: Path) 
     assert config.model == str(gguf) and settings.more_models == ("hub/model",)
     assert settings.multi_model and settings.model_idle_timeout == 5
     first, second = model_specs(config, settings)
-    assert first.names == (str(gguf), "tiny") and first.pinned and second.names == ("hub/model",)
+    assert first.names == ("tiny", str(gguf)) and first.pinned and second.names == ("hub/model",)
     assert first.config.model == str(gguf) and second.config.model == "hub/model"
     shared = with_kv_share(second, budget=8000, num_models=2)
     assert shared.config.kv_cache_memory == 2000  # half the budget, shared equally by the pools
     args = build_parser().parse_args(["serve", "a", "b", "--pinned-models", "c"])
     with pytest.raises(ConfigError, match="--pinned-models c: no such served model"):
         model_specs(*config_from_args(args))
-    with pytest.raises(ValueError, match="not --served-model-name"):
-        config_from_args(build_parser().parse_args(["serve", "a", "b", "--served-model-name", "x"]))
+
+
+def test_served_model_name_once_per_model_argument_in_order() -> None:
+    """vLLM's --served-model-name (an id, then aliases), given once per model argument."""
+    argv = ["serve", "a", "b", "c", "--served-model-name", "x", "--served-model-name", "y", "y-alias"]
+    first, second, third = model_specs(*config_from_args(build_parser().parse_args(argv)))
+    assert first.names == ("x",) and second.names == ("y", "y-alias") and third.names == ("c",)
+    assert (first.config.model, second.config.model) == ("a", "b")
+    too_many = ["serve", "a", "b", "--served-model-name", "x", "--served-model-name", "y", "--served-model-name", "z"]
+    with pytest.raises(ConfigError, match="given 3 times for 2 model argument"):
+        model_specs(*config_from_args(build_parser().parse_args(too_many)))
+    two_for_one = build_parser().parse_args(["serve", "a", "--served-model-name", "x", "--served-model-name", "y"])
+    with pytest.raises(ConfigError, match="given 2 times for one model"):
+        single_model_spec(*config_from_args(two_for_one))
+    with pytest.raises(ValueError, match="names must not be empty"):
+        config_from_args(build_parser().parse_args(["serve", "a", "--served-model-name", ""]))
+
+
+def test_default_served_names_are_readable_and_keep_the_old_ids_as_aliases(tmp_path: Path) -> None:
+    gguf = tmp_path / "Qwen3-8B-Q4_K_M.gguf"
+    gguf.write_bytes(b"")
+    directory = tmp_path / "smollm2-360m"
+    directory.mkdir()
+    assert served_names(str(gguf)) == ("Qwen3-8B-Q4_K_M", str(gguf))  # the path as written was the old id
+    relative = Path("..") / tmp_path.name / directory.name
+    assert served_names(str(tmp_path / relative)) == ("smollm2-360m", str(tmp_path / relative), str(directory))
+    assert served_names("mlx-community/Qwen3-8B-4bit") == ("mlx-community/Qwen3-8B-4bit",)  # a hub id as written
+    assert served_names(None) == ("SmolLM2-135M-Instruct.Q4_1",)  # the embedded default
+    assert served_names(str(gguf), ["qwen", "gpt-4o"]) == ("qwen", "gpt-4o")  # given names replace them
 
 
 def test_one_model_argument_serves_as_before() -> None:

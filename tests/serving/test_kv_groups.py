@@ -7,9 +7,9 @@ import logging
 import pytest
 
 from metalserve.config import EngineConfig
-from metalserve.engine import kv_groups
 from metalserve.executor.models.families import kv_cache_spec, kv_shape
 from metalserve.kvcache.specs import FullAttention, KVCacheSpec, RecurrentState
+from metalserve.serving import kv_groups
 from tests.engine.test_core import tiny_loaded
 
 

@@ -1,5 +1,6 @@
-"""`--pipeline-parallel-size N`: start or join the ranks, set each up, and hand rank 0's engine core to
-the server (ranks 1..N-1 serve the pipeline until rank 0 stops them)."""
+"""`--pipeline-parallel-size N`, assembled: start or join the ranks, set each up (distributed/setup.py,
+its pool sized by kvcache/plan.py), build rank 0's engine core and hand it to the server (ranks 1..N-1
+serve the pipeline until rank 0 stops them)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,11 @@ from metalserve.distributed.rank0 import PipelineRunner
 from metalserve.distributed.setup import RankSetup, setup_rank
 from metalserve.distributed.watchdog import Watchdog
 from metalserve.distributed.worker import run_worker
-from metalserve.engine.core import BUFFER_CACHE_FRACTION
-from metalserve.engine.kv_groups import build_scheduler
 from metalserve.executor.models.families import kv_cache_spec
 from metalserve.executor.sampler import Sampler
 from metalserve.loader import LoadedModel, ModelLoadError
+from metalserve.serving.build import BUFFER_CACHE_FRACTION
+from metalserve.serving.kv_groups import build_scheduler
 
 logger = logging.getLogger("metalserve.distributed")
 
@@ -103,3 +104,15 @@ def _stop(core: PipelineEngineCore, watchdog: Watchdog) -> None:
     except RuntimeError as exc:
         logger.warning("pipeline: could not send STOP (%s)", exc)
     watchdog.stop_children()
+
+
+def main() -> int:
+    """`python -m metalserve.serving.pipeline`: a local rank started by rank 0 (distributed/launch.py)."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
+    from metalserve.distributed.launch import config_from_env
+
+    return run_rank(config_from_env())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,11 @@ class ModelSpec:
     reasoning_parser: str | None = None
     enable_auto_tool_choice: bool = False
 
+    @classmethod
+    def of(cls, config: EngineConfig, names: Sequence[str] = ()) -> ModelSpec:
+        """The spec of `config`'s model under `names` (none: its default names, `served_names`)."""
+        return cls(served_names(config.model, names), config)
+
     @property
     def name(self) -> str:
         return self.names[0]
@@ -55,12 +61,21 @@ class ModelSpec:
         return self.names[1:]
 
 
-def default_names(model: str | None) -> tuple[str, ...]:
-    """A model's names when none are given: the argument as written and, for a path, its file stem."""
+def served_names(model: str | None, given: Sequence[str] = ()) -> tuple[str, ...]:
+    """A model's served names, its id first: the names `given` (--served-model-name, a models file's
+    `served_model_name`), else an id a person can read (a GGUF file's stem, a model directory's name, a hub
+    id as written, the embedded default's file stem) and, as aliases, the argument as written and its full
+    path (the ids earlier versions served it under)."""
+    if given:
+        return tuple(dict.fromkeys(given))
     if model is None:
         return (Path(DEFAULT_FILE).stem,)
-    stem = Path(model).stem if Path(model).exists() else None
-    return (model,) if stem in (None, model) else (model, stem)
+    path = Path(model).expanduser()
+    if not path.exists():
+        return (model,)  # a hub id
+    full = path.resolve()
+    readable = full.stem if full.is_file() else full.name
+    return tuple(dict.fromkeys((readable, model, str(full))))
 
 
 def spec_from_entry(entry: Any, base: EngineConfig, index: int) -> ModelSpec:
@@ -85,7 +100,7 @@ def spec_from_entry(entry: Any, base: EngineConfig, index: int) -> ModelSpec:
     if isinstance(options.get("chat_template"), str) and Path(options["chat_template"]).is_file():
         options["chat_template"] = Path(options["chat_template"]).read_text()
     try:
-        config = dataclasses.replace(base, model=model, served_model_name=names[0], **options)
+        config = dataclasses.replace(base, model=model, **options)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where} ({names[0]}): {exc}") from None
     pinned = entry.get("pinned", False)
@@ -99,12 +114,23 @@ def spec_from_entry(entry: Any, base: EngineConfig, index: int) -> ModelSpec:
 
 def _names(entry: dict[str, Any], model: str | None, where: str) -> tuple[str, ...]:
     given = entry.get("served_model_name", entry.get("name"))
-    names = list(default_names(model)) if given is None else [given] if isinstance(given, str) else list(given)
     aliases = entry.get("aliases", [])
-    names += [aliases] if isinstance(aliases, str) else list(aliases)
-    if not names or not all(isinstance(n, str) and n for n in names):
+    words = [*_as_list(given), *_as_list(aliases)]
+    if (given is not None and not _as_list(given)) or not all(isinstance(n, str) and n for n in words):
         raise ConfigError(f"{where}: names and aliases must be non-empty strings")
-    return tuple(dict.fromkeys(names))
+    return tuple(dict.fromkeys([*served_names(model, _as_list(given)), *_as_list(aliases)]))
+
+
+def _as_list(value: Any) -> list[Any]:
+    return (
+        []
+        if value is None
+        else [value]
+        if isinstance(value, str)
+        else list(value)
+        if isinstance(value, list)
+        else [value]
+    )
 
 
 def read_models_file(path: str) -> list[Any]:

@@ -2,7 +2,7 @@
 when memory is needed (least recently used first, pinned never), within one memory budget.
 
 Each loaded model has its own engine core (scheduler, KV pool, runner) on its own engine thread, and that
-thread loads the model too (engine/model_thread.py): every MLX array of a model is made, stepped and freed
+thread loads the model too (serving/model_thread.py): every MLX array of a model is made, stepped and freed
 on one thread. Everything here runs on the event loop; a lease keeps a model loaded while a request
 (streamed answers included) is using it.
 """
@@ -19,8 +19,9 @@ from typing import Any, Generic, TypeVar
 
 from metalserve.engine.async_engine import AsyncEngine
 from metalserve.engine.engine_thread import EngineThread
-from metalserve.engine.model_spec import ModelSpec
-from metalserve.engine.model_thread import EngineLoader, LoadedEngine, start_engine_thread
+from metalserve.engine.errors import shown_name
+from metalserve.serving.model_spec import ModelSpec
+from metalserve.serving.model_thread import EngineLoader, LoadedEngine, start_engine_thread
 from metalserve.units import format_bytes
 
 logger = logging.getLogger("metalserve.registry")
@@ -97,8 +98,9 @@ class ModelRegistry(Generic[S]):
         self,
         specs: list[ModelSpec],
         loader: EngineLoader,
-        make_serving: Callable[[ModelSpec, AsyncEngine], S] | None = None,
+        make_serving: Callable[[ModelSpec, AsyncEngine], S],
         *,
+        on_unload: Callable[[ModelSpec], None] | None = None,
         memory_budget: int | None,
         idle_timeout: float = 0.0,
         load_timeout: float = 600.0,
@@ -107,26 +109,33 @@ class ModelRegistry(Generic[S]):
         self.slots: list[ModelSlot[S]] = [ModelSlot(spec, estimate(spec)) for spec in specs]
         self._by_name = {name: slot for slot in self.slots for name in slot.spec.names}
         self.loader = loader
-        self.make_serving = make_serving  # the frontend's (build_app sets it)
+        self.make_serving = make_serving  # the frontend's serving classes for a loaded model
         self.memory_budget = memory_budget  # None: no limit (one model, sized as it always was)
         self.idle_timeout = idle_timeout  # seconds; 0: idle models stay loaded
         self.load_timeout = load_timeout
-        self.on_unload: Callable[[ModelSpec], None] | None = None
+        self.on_unload = on_unload
         self.on_dead: Callable[[], None] | None = None
         self.draining = False
         self._load_lock: asyncio.Lock | None = None  # made on the event loop
         self._sweeper: asyncio.Task[None] | None = None
 
     @classmethod
-    def of_engine(cls, spec: ModelSpec, engine: AsyncEngine, serving: S) -> ModelRegistry[S]:
-        """One model, loaded already and never unloaded: the server as it was before several models."""
+    def of_one(
+        cls,
+        spec: ModelSpec,
+        engine: AsyncEngine,
+        make_serving: Callable[[ModelSpec, AsyncEngine], S],
+        on_unload: Callable[[ModelSpec], None] | None = None,
+    ) -> ModelRegistry[S]:
+        """One model, loaded already (at start-up) and never unloaded: a registry of one."""
 
         def no_loader(_: ModelSpec, __: EngineThread) -> LoadedEngine:
             raise RuntimeError("a single-model server does not load models on demand")
 
-        registry: ModelRegistry[S] = cls([spec], no_loader, memory_budget=None)
+        registry: ModelRegistry[S] = cls([spec], no_loader, make_serving, on_unload=on_unload, memory_budget=None)
         slot = registry.slots[0]
-        slot.loaded, slot.serving, slot.state = LoadedEngine(engine, 0), serving, ModelState.LOADED
+        slot.loaded, slot.state = LoadedEngine(engine, 0), ModelState.LOADED
+        slot.serving = make_serving(spec, engine)
         slot.footprint, slot.max_model_len = 0, engine.max_model_len
         return registry
 
@@ -144,7 +153,7 @@ class ModelRegistry(Generic[S]):
         if slot is None:
             served = ", ".join(n for s in self.slots for n in s.spec.names)
             raise ModelRegistryError(
-                f"The model `{model}` does not exist. Served models: {served}.", 404, "model_not_found"
+                f"The model `{shown_name(model)}` does not exist. Served models: {served}.", 404, "model_not_found"
             )
         return slot
 
@@ -161,6 +170,7 @@ class ModelRegistry(Generic[S]):
             while slot.state is not ModelState.LOADED or slot.serving is None:
                 if slot.load_task is None:
                     slot.load_task = asyncio.create_task(self._load(slot))
+                    slot.load_task.add_done_callback(_retrieved)  # a waiter may have timed out: _load logged it
                 left = deadline - time.monotonic()
                 try:
                     await asyncio.wait_for(asyncio.shield(slot.load_task), max(left, 0.0))
@@ -220,8 +230,6 @@ class ModelRegistry(Generic[S]):
         engine.on_dead = self.on_dead
         engine.start()  # its step loop, on the thread that loaded it
         slot.loaded, slot.footprint, slot.max_model_len = loaded, loaded.footprint, engine.max_model_len
-        if self.make_serving is None:
-            raise RuntimeError("the registry has no frontend to build serving classes")
         slot.serving = self.make_serving(slot.spec, engine)
         slot.state = ModelState.LOADED
         slot.loads += 1
@@ -373,3 +381,9 @@ class ModelRegistry(Generic[S]):
             }
             for s in self.slots
         ]
+
+
+def _retrieved(task: asyncio.Task[None]) -> None:
+    """Mark a load task's error as seen: every waiter may have given up on it, and _load logged it."""
+    if not task.cancelled():
+        task.exception()

@@ -12,10 +12,10 @@ import gguf
 import mlx.core as mx
 
 from metalserve.config import EngineConfig
-from metalserve.engine.model_loader import UnloadedCore, estimate_bytes, load_engine
-from metalserve.engine.model_spec import ModelSpec
-from metalserve.engine.model_thread import start_engine_thread
 from metalserve.sampling_params import SamplingParams
+from metalserve.serving.engine_loader import UnloadedCore, estimate_bytes, load_engine
+from metalserve.serving.model_spec import ModelSpec
+from metalserve.serving.model_thread import start_engine_thread
 from tests.loader.tiny_models import write_gguf, write_mlx_dir
 
 

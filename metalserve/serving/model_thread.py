@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from metalserve.engine.async_engine import AsyncEngine
 from metalserve.engine.engine_thread import EngineThread
-from metalserve.engine.model_spec import ModelSpec
+from metalserve.serving.model_spec import ModelSpec
 
 
 @dataclass

@@ -1,0 +1,144 @@
+"""One model's engine, built in one place: config -> loaded model -> KV spec -> pool plan -> scheduler +
+runner + connector -> EngineCore (and, for the server, its AsyncEngine on its engine thread). `generate`,
+the server, the registry's model threads and the benchmarks all build here."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from metalserve.config import ConfigError, EngineConfig
+from metalserve.engine.core import EngineCore
+from metalserve.executor.attention.select import select_attention
+from metalserve.executor.host import paged_model
+from metalserve.executor.models.families import check_supported, kv_cache_spec
+from metalserve.executor.runner import ModelRunner
+from metalserve.executor.sampler import Sampler
+from metalserve.kvcache.plan import plan_kv_pool, pool_budget
+from metalserve.kvcache.specs import LayerGroupSpec, RecurrentState
+from metalserve.loader import LoadedModel, load_model
+from metalserve.loader.weights_mode import parameter_bytes
+from metalserve.platform import current_platform
+from metalserve.serving.context_len import resolve_max_model_len
+from metalserve.serving.kv_disk import attach_disk_tier
+from metalserve.serving.kv_groups import build_scheduler
+from metalserve.serving.memory import machine_memory
+from metalserve.serving.parts import (
+    async_scheduling_for,
+    build_proposer,
+    draft_for,
+    host_code_bytes,
+    measure_step_peak,
+    vision_parts,
+)
+from metalserve.units import format_bytes
+
+logger = logging.getLogger("metalserve.engine")
+
+# MLX keeps freed buffers for reuse; cap that cache so memory does not creep while serving.
+BUFFER_CACHE_FRACTION = 0.1
+
+
+def load_model_for(config: EngineConfig, prepare: Callable[[nn.Module], None] | None = None) -> LoadedModel:
+    """The config's model, loaded as the config says (weights mode, chat template, overrides)."""
+    return load_model(
+        config.model,
+        weights=config.weights,
+        dequantize_max_bytes=config.dequantize_max_bytes,
+        chat_template=config.chat_template,
+        prepare=prepare,
+        check_model_type=check_supported,
+        hf_overrides=config.hf_overrides,
+    )
+
+
+def load_engine_core(config: EngineConfig) -> tuple[EngineCore, LoadedModel]:
+    """Load the config's model and build its core (on the thread that will step it)."""
+    loaded = load_model_for(config)
+    return build_engine_core(config, loaded), loaded
+
+
+def build_engine_core(config: EngineConfig, loaded: LoadedModel, draft: LoadedModel | None = None) -> EngineCore:
+    """The engine core of a loaded model. `draft`: the draft model of `--speculative-config` method
+    draft_model, if already loaded."""
+    platform = current_platform()
+    max_model_len = resolve_max_model_len(config, loaded.max_model_len, loaded.rope_scaled_len, warn=True)
+    model = paged_model(loaded, platform)
+    # This model's own parameters (MLX's active memory would count every model a server has loaded).
+    weight_bytes = parameter_bytes(loaded.model) + model.host_bytes()
+    storage = config.kv_cache_dtype
+    try:
+        spec = model.get_kv_cache_spec(model.family.page(loaded.model, storage), config.block_size)
+    except ValueError as exc:  # a page format this model's shape cannot take (q4 groups)
+        raise ConfigError(f"--kv-cache-dtype {storage}: {exc}") from exc
+    dtype = model.family.activation_dtype(loaded.model)
+    attention = select_attention(
+        config.attention_backend,
+        dtype,
+        platform,
+        {t.head_dim for t in spec.tensors},
+        latent_kv=model.kv_layout.value_dim is not None,
+        kv_storage=spec.page.storage,
+        image_masks=model.family.bidirectional_images and loaded.vision is not None,
+    )
+    note = spec.kept_dtype_note(storage)
+    if note:
+        logger.info("%s", note)
+    logger.info("platform: %s", platform.describe())
+    logger.info("attention: %s", attention.description)
+    logger.info("on the host: %s", model.host_description())
+    speculation, draft = draft_for(config, list(spec.groups), draft)
+    memory, peak = None, 0
+    if config.kv_cache_memory is None:
+        # The CPU path's stored codes (the draft's too) live outside MLX's counters.
+        host = model.host_bytes() + (host_code_bytes(draft) if draft is not None else 0)
+        held = int(mx.get_active_memory()) + host
+        peak = measure_step_peak(model, spec, config, attention) + host
+        memory = machine_memory(held)
+    _log_states(spec.groups)
+    draft_bytes = kv_cache_spec(draft, config.block_size, storage).bytes_per_block if draft is not None else 0
+    plan = plan_kv_pool(config, spec, max_model_len, pool_budget(config, memory, peak), draft_bytes)
+    spec = spec.with_blocks(plan.initial_blocks)
+    scheduler = build_scheduler(
+        config,
+        spec,
+        plan.num_blocks,
+        max_model_len,
+        plan.initial_blocks,
+        mm_splittable=not model.family.bidirectional_images,
+    )
+    runner = ModelRunner(
+        model,
+        spec,
+        eos_token_ids=loaded.eos_token_ids,
+        sampler=Sampler(config.seed),
+        backend=attention,
+        proposer=build_proposer(speculation, config, loaded, platform, plan.initial_blocks, draft),
+        **vision_parts(loaded, model, dtype),
+        async_eval=platform.metal,
+    )
+    attach_disk_tier(config, loaded, spec, scheduler, runner)
+    mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * plan.num_blocks * spec.bytes_per_block))
+    return EngineCore(
+        scheduler,
+        runner,
+        max_model_len,
+        platform,
+        async_scheduling_for(config, speculation, platform.metal),
+        weight_bytes=weight_bytes,
+        kv_bytes_per_block=spec.bytes_per_block,
+        kv_pool_bytes=plan.num_blocks * spec.bytes_per_block,
+    )
+
+
+def _log_states(groups: Sequence[LayerGroupSpec]) -> None:
+    for g in groups:
+        if isinstance(g, RecurrentState):
+            logger.info(
+                "recurrent state: %d layers, %s per request, a slot in every KV block (counted in its size)",
+                len(g.layers),
+                format_bytes(g.state_bytes),
+            )
