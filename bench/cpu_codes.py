@@ -39,7 +39,6 @@ def worker(model: str | None, prefill: int, steps: int) -> dict[str, float]:
 
     import metalserve  # noqa: F401  (before MLX: the BLAS)
     from metalserve.executor.attention.cpu import CpuAttention
-    from metalserve.executor.models.adapter import PagedModel
     from metalserve.executor.runner import ModelRunner
     from metalserve.executor.sampler import Sampler
     from metalserve.loader import load_model
@@ -49,7 +48,13 @@ def worker(model: str | None, prefill: int, steps: int) -> dict[str, float]:
 
     t = time.perf_counter()
     loaded = load_model(model)
-    paged = PagedModel.from_loaded(loaded, current_platform())
+    try:
+        from metalserve.executor.host import paged_model
+    except ImportError:  # an old tree: the adapter built itself
+        from metalserve.executor.models.adapter import PagedModel
+
+        paged_model = PagedModel.from_loaded  # type: ignore[attr-defined]
+    paged = paged_model(loaded, current_platform())
     load_s = time.perf_counter() - t
     rss_loaded = _rss_mb()
     bs, chunk = 16, 512

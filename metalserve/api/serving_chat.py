@@ -16,6 +16,7 @@ from metalserve.api.deltas import ChoiceDelta, OutputParsing
 from metalserve.api.errors import OpenAIError
 from metalserve.api.generic_tools import template_renders_tools, with_generic_tools
 from metalserve.api.images import content_chars, image_error, read_images, template_content
+from metalserve.api.keepalive import with_keepalive
 from metalserve.api.logprobs_format import TokenText, chat_logprobs
 from metalserve.api.protocol import ChatCompletionRequest, ChatMessage
 from metalserve.api.reasoning import ReasoningParser, gate_on_reasoning
@@ -301,7 +302,12 @@ class ChatServing:
             }
             yield sse_data({**head, "choices": [role], **tail})
         try:
-            async for index, out in merge_streams(streams):
+            async for item in with_keepalive(merge_streams(streams)):
+                if item is None:  # a long prefill: an empty delta resets the client's idle timer
+                    waiting = [_empty_delta(i) for i, t in enumerate(totals) if t.finish_reason is None]
+                    yield sse_data({**head, "choices": waiting[:1], **tail})
+                    continue
+                index, out = item
                 totals[index].add(out)
                 choice = self._chunk_choice(req, parsers[index].feed(out))
                 if choice is not None:
@@ -333,3 +339,8 @@ class ChatServing:
             "finish_reason": d.finish_reason,
             "stop_reason": d.stop_reason,
         }
+
+
+def _empty_delta(index: int) -> dict[str, Any]:
+    """A chunk that adds nothing (the role chunk already set content to "") but is a real event."""
+    return {"index": index, "delta": {"content": ""}, "logprobs": None, "finish_reason": None}

