@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from metalserve.api.errors import ContextLengthError, OpenAIError
 from metalserve.api.request_log import RequestRecorder
 from metalserve.engine.async_engine import AsyncEngine
+from metalserve.engine.errors import shown_name
 from metalserve.lora.request import LoraRequest
 from metalserve.multimodal.limits import ImageLimits
 
@@ -39,9 +40,11 @@ class ServingContext:
     recorder: RequestRecorder | None = None  # the status page's recent requests
 
     def check_model(self, model: str | None) -> None:
-        known = model is None or model == self.served_model_name or model in self.aliases
-        if not known and self.lora_for(model) is None:
-            raise OpenAIError(f"The model `{model}` does not exist.", 404, param="model", code="model_not_found")
+        if model is None or model == self.served_model_name or model in self.aliases:
+            return
+        if self.lora_for(model) is None:
+            message = f"The model `{shown_name(model)}` does not exist."
+            raise OpenAIError(message, 404, param="model", code="model_not_found")
 
     def model_id(self, model: str | None) -> str:
         """The `model` an answer names: the adapter the request chose, else the served name."""
