@@ -105,6 +105,10 @@ def test_chat_messages_and_responses_route_by_the_adapter_name(server: Served) -
         message = claude.messages.create(model=model, max_tokens=8, messages=hi, extra_body={"temperature": 0})  # type: ignore[arg-type]
         assert message.model == model and message.content[0].text == texts[model]  # type: ignore[union-attr]
     assert texts["sql"] != texts["tiny-base"]
+    stream = client.chat.completions.create(model="sql", messages=hi, max_tokens=8, temperature=0, stream=True)  # type: ignore[arg-type]
+    chunks = list(stream)
+    assert {c.model for c in chunks} == {"sql"}
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == texts["sql"]
     with pytest.raises(openai.NotFoundError, match="`nope` does not exist"):
         client.chat.completions.create(model="nope", messages=hi)  # type: ignore[arg-type]
 

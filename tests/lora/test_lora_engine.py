@@ -12,6 +12,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.engine.core import EngineCore
+from metalserve.lora.files import AdapterError
 from metalserve.lora.request import LoraRequest
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
@@ -124,3 +125,19 @@ def test_the_adapter_slots_are_held_from_start_up_and_counted_with_the_weights(t
     slots = 3 * sum((d_in + d_out) * 8 * 4 for d_in, d_out in dims)
     assert core.runner.lora is not None and core.runner.lora.nbytes == slots
     assert core.weight_bytes == plain.weight_bytes + slots
+
+
+def test_an_adapter_in_use_is_not_unloaded_and_a_reload_under_its_name_is_a_new_key(tmp_path: Path) -> None:
+    first, second = make_mlx_lm_adapter(tmp_path / "a", seed=1), make_mlx_lm_adapter(tmp_path / "b", seed=2)
+    core = build_engine_core(EngineConfig(kv_cache_memory=1 << 22, enable_lora=True, max_loras=1), loaded_of("llama"))
+    old = core.load_lora("x", str(first))
+    core.add_request(Request("r", [1, 2, 3], SamplingParams(max_tokens=2), lora=old))
+    with pytest.raises(AdapterError, match="'x' has 1 requests in flight"):
+        core.unload_lora("x")
+    while core.has_unfinished_requests():
+        core.step()
+    core.unload_lora("x")
+    new = core.load_lora("x", str(second))  # the one slot is free again
+    assert new.name == old.name and new.key != old.key  # its blocks never hit the old adapter's
+    with pytest.raises(AdapterError, match="'x' is already loaded"):
+        core.load_lora("x", str(first))
