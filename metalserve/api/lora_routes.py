@@ -11,7 +11,7 @@ from metalserve.api.errors import OpenAIError
 from metalserve.api.model_serving import ModelServing
 from metalserve.engine.async_engine import AsyncEngine
 from metalserve.lora.files import AdapterError
-from metalserve.serving.registry import ModelRegistry
+from metalserve.serving.registry import ModelRegistry, ModelRegistryError
 
 
 class LoadLoraRequest(BaseModel):
@@ -29,7 +29,10 @@ class UnloadLoraRequest(BaseModel):
 
 def add_lora_routes(app: FastAPI, registry: ModelRegistry[ModelServing]) -> None:
     def engine_of(model: str | None) -> AsyncEngine:
-        engine = registry.resolve(model).engine
+        try:
+            engine = registry.resolve(model).engine
+        except ModelRegistryError as exc:
+            raise OpenAIError(str(exc), exc.status, param="model", code=exc.code) from None
         if engine is None:
             raise OpenAIError(f"the model `{model}` is not loaded", 400, param="model")
         return engine
@@ -52,7 +55,7 @@ def add_lora_routes(app: FastAPI, registry: ModelRegistry[ModelServing]) -> None
     async def unload(req: UnloadLoraRequest) -> PlainTextResponse:
         try:
             engine = registry.resolve(req.lora_name).engine
-        except Exception:
+        except ModelRegistryError:
             raise OpenAIError(f"LoRA adapter '{req.lora_name}' is not loaded", 404, param="lora_name") from None
         if engine is None or req.lora_name not in engine.lora_requests():
             raise OpenAIError(f"LoRA adapter '{req.lora_name}' is not loaded", 404, param="lora_name")
