@@ -16,10 +16,12 @@ from metalserve.distributed.partition import parse_partition
 from metalserve.flags import flag
 from metalserve.kvcache.specs import KV_CACHE_DTYPES, KVCacheDtype
 from metalserve.platform import CPU_MAX_NUM_BATCHED_TOKENS, MAX_NUM_BATCHED_TOKENS
+from metalserve.pooling_params import POOLING_TYPES, PoolingType
 from metalserve.spec_decode.config import SpeculativeConfig
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 WeightsMode = Literal["auto", "dequantize", "quantized"]
+RunnerKind = Literal["auto", "generate", "pooling"]
 AttentionBackendName = Literal["auto", "metal", "cpu", "mlx"]  # mlx: the MLX-ops backend
 ATTENTION_BACKEND_NAMES: tuple[str, ...] = get_args(AttentionBackendName)
 
@@ -106,6 +108,14 @@ class EngineConfig:
     )
     chat_template: str | None = flag(None, "a Jinja chat template, or a file holding one", parse=_chat_template)
     tool_call_parser: str | None = None  # the flag is ServerSettings' (api/settings.py)
+    runner: RunnerKind = flag(
+        "auto",
+        "generate, or pooling: embeddings, score and rerank only (vLLM's --runner); auto: pooling for a "
+        "sentence-transformers model (modules.json) or an encoder (BERT family), else generate",
+    )
+    pooling_type: PoolingType | None = flag(
+        None, "a pooling model's pooling: last, mean or cls (default: its sentence-transformers config, else last)"
+    )
     seed: int = flag(0, "seeds the random stream that requests without a seed draw from")
     pipeline_parallel_size: int = flag(
         1,
@@ -179,6 +189,10 @@ class EngineConfig:
         if self.attention_backend not in ATTENTION_BACKEND_NAMES:
             names = ", ".join(ATTENTION_BACKEND_NAMES)
             raise ConfigError(f"--attention-backend must be one of {names}, got {self.attention_backend!r}")
+        if self.runner not in ("auto", "generate", "pooling"):
+            raise ConfigError(f"--runner must be auto, generate or pooling, got {self.runner!r}")
+        if self.pooling_type is not None and self.pooling_type not in POOLING_TYPES:
+            raise ConfigError(f"--pooling-type must be one of {', '.join(POOLING_TYPES)}, got {self.pooling_type!r}")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ConfigError("--scheduling-policy must be 'fcfs' or 'priority'")
         self._validate_kv_disk()

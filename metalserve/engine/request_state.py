@@ -68,6 +68,7 @@ def make_output(out: EngineCoreOutput, state: RequestState, now: float, iteratio
         num_cached_tokens=out.num_cached_tokens,
         num_output_tokens=state.num_output_tokens,
         prompt_logprobs=out.prompt_logprobs,
+        pooled=out.pooled,
     )
 
 

@@ -34,6 +34,7 @@ from metalserve.serving.parts import (
     measure_step_peak,
     vision_parts,
 )
+from metalserve.serving.pooling import pooling_model_of
 from metalserve.units import format_bytes
 
 logger = logging.getLogger("metalserve.engine")
@@ -66,7 +67,16 @@ def build_engine_core(config: EngineConfig, loaded: LoadedModel, draft: LoadedMo
     draft_model, if already loaded."""
     platform = current_platform()
     max_model_len = resolve_max_model_len(config, loaded.max_model_len, loaded.rope_scaled_len, warn=True)
-    model = PagedModel.from_loaded(loaded, platform)
+    try:
+        pooling = pooling_model_of(config, loaded.source, int(loaded.config.get("hidden_size", 0)))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    if pooling is not None:  # pooled rows need the hidden states, which only the all-MLX forward keeps
+        loaded.codes.clear()
+        model = PagedModel(loaded.model, loaded.model_type)
+        logger.info("pooling model: %s pooling%s", pooling.pooling_type, ", normalised" if pooling.normalize else "")
+    else:
+        model = PagedModel.from_loaded(loaded, platform)
     # This model's own parameters (MLX's active memory would count every model a server has loaded).
     weight_bytes = parameter_bytes(loaded.model) + model.host_bytes()
     storage = config.kv_cache_dtype
@@ -133,6 +143,7 @@ def build_engine_core(config: EngineConfig, loaded: LoadedModel, draft: LoadedMo
         weight_bytes=weight_bytes,
         kv_bytes_per_block=spec.bytes_per_block,
         kv_pool_bytes=plan.num_blocks * spec.bytes_per_block,
+        pooling=pooling,
     )
 
 
