@@ -18,6 +18,10 @@ class PoolingModel:
     pooling_type: PoolingType = "last"
     normalize: bool = True
     hidden_size: int = 0
+    # A decoder reranker (vLLM's hf override `classifier_from_token`, e.g. Qwen3-Reranker's ["no", "yes"]):
+    # the two token ids whose last-token logits score a (query, document) prompt; None: an embedder.
+    score_token_ids: tuple[int, int] | None = None
+    score_template: str = "{query}\n{document}"  # how a pair becomes the reranker's prompt
 
     def params(self, dimensions: int | None = None, logit_token_ids: tuple[int, ...] | None = None) -> PoolingParams:
         """A request's pooling: ValueError for a `dimensions` the model cannot give."""

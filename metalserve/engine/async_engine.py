@@ -25,6 +25,7 @@ from metalserve.engine.request_output import EngineObserver, IterationStats, Req
 from metalserve.engine.request_state import RequestState, hand_over, make_output
 from metalserve.multimodal.inputs import MultiModalInput
 from metalserve.outputs import EngineCoreOutput
+from metalserve.pooling_params import PoolingModel
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
 from metalserve.structured.compiler import GrammarCompiler, GrammarError, GrammarLimits
@@ -210,6 +211,12 @@ class AsyncEngine:
         self._active_ids.add(request_id)
         self._commands.put(Add(request, state))
         return state
+
+    @property
+    def pooling(self) -> PoolingModel | None:
+        """A pooling model's defaults (embeddings, score, rerank); None: a generating model."""
+        pooling = getattr(self.core, "pooling", None)  # pipeline stages and stand-ins have none
+        return pooling if isinstance(pooling, PoolingModel) else None
 
     @property
     def grammar(self) -> GrammarCompiler:

@@ -34,7 +34,7 @@ from metalserve.serving.parts import (
     measure_step_peak,
     vision_parts,
 )
-from metalserve.serving.pooling import pooling_model_of
+from metalserve.serving.pooling import pooling_model_of, reranker_of
 from metalserve.units import format_bytes
 
 logger = logging.getLogger("metalserve.engine")
@@ -69,6 +69,8 @@ def build_engine_core(config: EngineConfig, loaded: LoadedModel, draft: LoadedMo
     max_model_len = resolve_max_model_len(config, loaded.max_model_len, loaded.rope_scaled_len, warn=True)
     try:
         pooling = pooling_model_of(config, loaded.source, int(loaded.config.get("hidden_size", 0)))
+        if pooling is not None:
+            pooling = reranker_of(pooling, config.hf_overrides, loaded.tokenizer)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     if pooling is not None:  # pooled rows need the hidden states, which only the all-MLX forward keeps

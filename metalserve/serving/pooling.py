@@ -5,6 +5,8 @@ module's config.json)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,33 @@ def sentence_transformers_pooling(model_dir: Path) -> tuple[PoolingType, bool] |
             raise ValueError(f"{settings_file}: pooling {modes} is not one of cls, mean, last token")
         pooling = found[0] if found else pooling
     return pooling, _NORMALIZE_MODULE in kinds
+
+
+# Qwen3-Reranker's prompt (its model card's format): the answer's first token is "yes" or "no".
+QWEN3_RERANKER_TEMPLATE = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
+    'Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
+    "<Instruct>: Given a web search query, retrieve relevant passages that answer the query\n"
+    "<Query>: {query}\n<Document>: {document}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+)
+
+
+def reranker_of(model: PoolingModel, overrides: Mapping[str, Any] | None, tokenizer: Any) -> PoolingModel:
+    """A decoder reranker from vLLM's hf overrides: `classifier_from_token` (two tokens: the "false" one,
+    then the "true" one) and `is_original_qwen3_reranker` (Qwen3-Reranker's prompt)."""
+    tokens = (overrides or {}).get("classifier_from_token")
+    if tokens is None:
+        return model
+    if len(tokens) != 2 or tokenizer is None:
+        raise ValueError('classifier_from_token takes two tokens (false, true), e.g. ["no", "yes"]')
+    ids = []
+    for token in tokens:
+        found = tokenizer.encode(token, add_special_tokens=False)
+        if len(found) != 1:
+            raise ValueError(f"classifier_from_token: {token!r} is not one token of this tokenizer")
+        ids.append(int(found[0]))
+    template = QWEN3_RERANKER_TEMPLATE if (overrides or {}).get("is_original_qwen3_reranker") else model.score_template
+    return replace(model, pooling_type="last", score_token_ids=(ids[0], ids[1]), score_template=template)
 
 
 def pooling_model_of(config: EngineConfig, source: str, hidden_size: int, encoder: bool = False) -> PoolingModel | None:
