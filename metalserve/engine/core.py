@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 
+from metalserve.executor.encoder_runner import EncoderRunner
 from metalserve.executor.runner import InFlightStep, ModelRunner
 from metalserve.outputs import EngineCoreOutput
 from metalserve.platform import Platform, current_platform
@@ -30,7 +31,7 @@ class EngineCore:
     def __init__(
         self,
         scheduler: Scheduler,
-        runner: ModelRunner,
+        runner: ModelRunner | EncoderRunner,
         max_model_len: int,
         platform: Platform | None = None,
         async_scheduling: bool = False,

@@ -91,6 +91,8 @@ class Scheduler:
         self.lookahead = False  # async scheduling: placeholders for tokens not sampled yet (see above)
         self.num_placeholders = 0  # tokens scheduled before their input was sampled (lookahead)
         self.kv_loads: KVLoads | None = None  # a KV connector's loads (set_connector)
+        # An encoder's (bidirectional attention, no KV kept): a prompt is scheduled whole or waits.
+        self.whole_prompts = False
         if config.scheduling_policy == "priority":
             self._victim_key = lambda r: (r.priority, r.arrival_time)
         else:
@@ -207,6 +209,8 @@ class Scheduler:
         end, bs = num_computed + n, self.config.block_size
         if self._align and end < request.num_tokens and end // bs * bs > num_computed:
             n = end // bs * bs - num_computed  # recurrent states land on block boundaries: snapshots
+        if self.whole_prompts and num_computed + n < request.num_tokens:
+            return 0
         return n
 
     def _schedule_running(self, step: StepBuilder) -> None:

@@ -58,6 +58,11 @@ def load_model_for(config: EngineConfig, prepare: Callable[[nn.Module], None] | 
 
 def load_engine_core(config: EngineConfig) -> tuple[EngineCore, LoadedModel]:
     """Load the config's model and build its core (on the thread that will step it)."""
+    from metalserve.serving.encoder import build_encoder_core, encoder_model_type, load_encoder
+
+    if encoder_model_type(config.model) is not None:  # BERT family: through mlx-embeddings' classes
+        loaded = load_encoder(config)
+        return build_encoder_core(config, loaded), loaded
     loaded = load_model_for(config)
     return build_engine_core(config, loaded), loaded
 
