@@ -13,6 +13,9 @@ import numpy as np
 import openai
 import pytest
 
+from metalserve.api.app import build_app
+from metalserve.api.frontend import Frontend
+from metalserve.api.served_models import build_registry
 from metalserve.api.settings import ServerSettings
 from metalserve.config import EngineConfig
 from tests.api.conftest import Served, live, serve_config
@@ -56,3 +59,27 @@ def test_encoder_score_is_the_cosine_of_its_embeddings(encoder: Served) -> None:
     score = httpx.post(f"{encoder.url}/score", json={"text_1": texts[0], "text_2": texts[1:]}, timeout=60).json()
     np.testing.assert_allclose([d["score"] for d in score["data"]], vectors[1:] @ vectors[0], atol=1e-4)
     assert score["data"][0]["score"] > score["data"][1]["score"]  # bread is nearer food than a plane
+
+
+@pytest.mark.slow  # loads two models (~100 s here under load)
+def test_an_encoder_beside_a_chat_model_is_routed_by_name() -> None:
+    from metalserve.loader.embedded import default_model_path
+
+    config = EngineConfig(model=str(default_model_path()), kv_cache_memory=1 << 24, max_model_len=256)
+    settings = ServerSettings(
+        more_models=(MODEL_DIR,), served_model_name=(("chat",), ("minilm",)), log_stats_interval=0
+    )
+    frontend = Frontend.of(settings)
+    app = build_app(build_registry(config, settings, frontend), frontend)  # models load on first use
+    with live(Served(app, None, None)) as served:  # type: ignore[arg-type]
+        client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0, timeout=300)
+        vector = client.embeddings.create(model="minilm", input="hello").data[0].embedding
+        assert len(vector) == 384
+        reply = client.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "hi"}], max_tokens=2, temperature=0
+        )
+        assert reply.choices[0].message.content is not None
+        with pytest.raises(openai.BadRequestError, match="does not serve embeddings"):
+            client.embeddings.create(model="chat", input="hello")
+        with pytest.raises(openai.BadRequestError, match="is a pooling model"):
+            client.chat.completions.create(model="minilm", messages=[{"role": "user", "content": "hi"}])
