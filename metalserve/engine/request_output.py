@@ -55,6 +55,7 @@ class IterationStats:
     time_to_first_tokens: list[float] = field(default_factory=list)
     inter_token_latencies: list[float] = field(default_factory=list)
     finished: list[tuple[str, float]] = field(default_factory=list)  # (finish_reason, e2e latency)
+    num_pooling_requests: int = 0  # pooling requests (embeddings, score, rerank inputs) finished this step
 
 
 class EngineObserver(Protocol):

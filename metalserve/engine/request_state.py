@@ -52,6 +52,9 @@ def make_output(out: EngineCoreOutput, state: RequestState, now: float, iteratio
         state.last_token_time = now
         state.num_output_tokens += n_new
         iteration.num_generation_tokens += n_new
+    if out.pooled is not None:  # a pooling request: its prompt is all it computed
+        iteration.num_prompt_tokens += state.num_prompt_tokens
+        iteration.num_pooling_requests += 1
     finish_reason, stop_reason = out.finish_reason, out.stop_reason
     if detok.stop_reason is not None:
         finish_reason, stop_reason = "stop", detok.stop_reason

@@ -122,6 +122,23 @@ def test_score_and_rerank_of_an_embedder_are_cosines(embedder: Served) -> None:
     assert [r["index"] for r in rerank["results"]] == order and "document" not in rerank["results"][0]
 
 
+def test_metrics_count_pooling_requests_and_their_prompt_tokens(embedder: Served) -> None:
+    def counters() -> tuple[float, float]:
+        text = httpx.get(f"{embedder.url}/metrics", timeout=30).text
+        values = {}
+        for line in text.splitlines():
+            for name in ("metalserve:pooling_requests_total", "vllm:prompt_tokens_total"):
+                if line.startswith(name + '{model_name="embedder"}'):
+                    values[name] = float(line.split()[-1])
+        return values.get("metalserve:pooling_requests_total", 0.0), values.get("vllm:prompt_tokens_total", 0.0)
+
+    requests_before, tokens_before = counters()
+    usage = httpx.post(f"{embedder.url}/v1/embeddings", json={"input": TEXTS}, timeout=60).json()["usage"]
+    requests_after, tokens_after = counters()
+    assert requests_after - requests_before == len(TEXTS)
+    assert tokens_after - tokens_before == usage["prompt_tokens"]
+
+
 def test_a_generating_model_refuses_embeddings(server: Served) -> None:
     response = httpx.post(f"{server.url}/v1/embeddings", json={"input": "hi"}, timeout=30)
     assert response.status_code == 400 and "does not serve embeddings" in response.json()["error"]["message"]
