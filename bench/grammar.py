@@ -97,7 +97,7 @@ def decode(
         start = time.perf_counter()
         core.step()
         elapsed = time.perf_counter() - start
-        if decoding and any(not r.is_finished for r in requests):
+        if decoding and any(not r.status.finished for r in requests):
             step_s.append(elapsed)
             mask_s.append(timers[0].take())
             accept_s.append(timers[1].take())

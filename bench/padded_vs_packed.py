@@ -27,7 +27,7 @@ from peers.servers import spec_for
 from metalserve.benchmarks.client import RequestSettings, send_request
 from metalserve.benchmarks.text_fill import random_text
 from metalserve.benchmarks.tokenizer import LocalTokenizer, TokenCounter
-from metalserve.loader.blas import blas_description
+from metalserve.blas import blas_description
 
 OUT = RESULTS / "padded_vs_packed"
 BATCH = 8

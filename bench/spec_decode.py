@@ -187,7 +187,7 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
     from metalserve.generate import generate_config
     from metalserve.loader import load_model
     from metalserve.serving.build import build_engine_core
-    from metalserve.spec_decode.config import SpeculativeConfig
+    from metalserve.speculative_config import SpeculativeConfig
 
     loaded = load_model(None)
     spec = SpeculativeConfig(args.method, args.k, args.lookup_min, args.lookup_max, model=args.draft_model)

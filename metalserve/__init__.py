@@ -1,8 +1,8 @@
 """metalserve: a vLLM-V1-style inference server on MLX."""
 
-# Before anything imports MLX: give its CPU backend an optimized BLAS (see loader/blas.py).
+# Before anything imports MLX: give its CPU backend an optimized BLAS (see metalserve/blas.py).
 try:
-    from metalserve.loader.blas import preload_blas as _preload_blas
+    from metalserve.blas import preload_blas as _preload_blas
 
     _preload_blas()
 except Exception:  # noqa: BLE001 - a faster BLAS is an optimisation; never fail the import over it

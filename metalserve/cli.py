@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import typing
 
 from metalserve import __version__
 from metalserve.config import WeightsMode
@@ -25,7 +24,7 @@ def _generate_args(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop-token-id", type=int, action="append", default=[], help="stop at this id (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--max-model-len", type=int, default=None, help="the context limit (default: the model's)")
-    p.add_argument("--weights", choices=typing.get_args(WeightsMode), default="auto")
+    p.add_argument("--weights", choices=[mode.value for mode in WeightsMode], default=WeightsMode.AUTO.value)
 
 
 def run_generate(args: argparse.Namespace) -> int:

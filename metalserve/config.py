@@ -9,18 +9,32 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from metalserve.distributed.partition import parse_partition
-from metalserve.flags import flag
-from metalserve.kvcache.specs import KV_CACHE_DTYPES, KVCacheDtype
+from metalserve.flags import flag, option_name
+from metalserve.kvcache.specs import BLOCK_SIZES, KVCacheDtype
 from metalserve.platform import CPU_MAX_NUM_BATCHED_TOKENS, MAX_NUM_BATCHED_TOKENS
 from metalserve.pooling_params import POOLING_TYPES, PoolingType
-from metalserve.spec_decode.config import SpeculativeConfig
+from metalserve.speculative_config import SpeculativeConfig
 
-SchedulingPolicy = Literal["fcfs", "priority"]
-WeightsMode = Literal["auto", "dequantize", "quantized"]
+
+class SchedulingPolicy(StrEnum):
+    """Which waiting request is admitted first (--scheduling-policy)."""
+
+    FCFS = "fcfs"
+    PRIORITY = "priority"  # the request's `priority` field, then arrival
+
+
+class WeightsMode(StrEnum):
+    """What the forward runs on (--weights): fp32 dequantized at load or the stored quantized weights."""
+
+    AUTO = "auto"  # dequantize below EngineConfig.dequantize_max_bytes, off Metal
+    DEQUANTIZE = "dequantize"
+    QUANTIZED = "quantized"
+
+
 RunnerKind = Literal["auto", "generate", "pooling"]
 AttentionBackendName = Literal["auto", "metal", "cpu", "mlx"]  # mlx: the MLX-ops backend
 ATTENTION_BACKEND_NAMES: tuple[str, ...] = get_args(AttentionBackendName)
@@ -53,6 +67,16 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
+def parse_layer_partition(text: str) -> tuple[int, ...] | None:
+    """--pipeline-layer-partition: `10,20` -> (10, 20); empty: None (split automatically)."""
+    if text == "":
+        return None
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--pipeline-layer-partition takes comma-separated layer counts, got {text!r}") from None
+
+
 def default_token_budget() -> int:
     """The step token budget when --max-num-batched-tokens is not given: the Platform's."""
     from metalserve.platform import current_platform  # probes MLX once, on the engine's side
@@ -77,7 +101,7 @@ class EngineConfig:
         '"yarn", "factor": 4.0, "original_max_position_embeddings": 8192}}\' (docs/agents.md)',
         parse=_json_object,
     )
-    block_size: int = flag(16, "tokens per KV cache block", choices=(8, 16, 32))
+    block_size: int = flag(16, "tokens per KV cache block", choices=BLOCK_SIZES)
     max_num_seqs: int = flag(64, "most requests in one batch")
     max_num_batched_tokens: int = flag(
         MAX_NUM_BATCHED_TOKENS,
@@ -93,15 +117,17 @@ class EngineConfig:
         16384, "image placeholder tokens whose vision-tower outputs the encoder cache holds at once"
     )
     enable_prefix_caching: bool = flag(True, "reuse the KV blocks of prompts that share a prefix")
-    scheduling_policy: SchedulingPolicy = flag("fcfs", "fcfs, or priority (the request's `priority` field)")
+    scheduling_policy: SchedulingPolicy = flag(
+        SchedulingPolicy.FCFS, "fcfs, or priority (the request's `priority` field)"
+    )
     gpu_memory_utilization: float = flag(0.5, "fraction of the device's memory for weights and KV cache")
     kv_cache_memory: int | None = flag(None, "KV cache bytes (overrides the fraction)")
     kv_cache_dtype: KVCacheDtype = flag(
-        "auto",
+        KVCacheDtype.AUTO,
         "how K/V pages are stored: auto (the model's dtype), int8 (a scale per token and head) or q4 "
         "(4-bit groups with a scale and bias each); about 2x / 3.5x the tokens of fp16 in the same memory",
     )
-    weights: WeightsMode = flag("auto", "quantized weights: keep them packed, or dequantize (auto: by size)")
+    weights: WeightsMode = flag(WeightsMode.AUTO, "quantized weights: keep them packed, or dequantize (auto: by size)")
     dequantize_max_bytes: int = 4 * 1024**3  # "auto": dequantize to fp32 only below this size
     attention_backend: AttentionBackendName = flag(
         "auto", "auto, metal (the Metal kernel), cpu (the numba kernel) or mlx (MLX ops)"
@@ -126,7 +152,7 @@ class EngineConfig:
     pipeline_layer_partition: tuple[int, ...] | None = flag(
         None,
         "layers per rank, comma-separated (e.g. 12,18); default: balanced by weight bytes",
-        parse=parse_partition,
+        parse=parse_layer_partition,
     )
     pipeline_step_timeout: float = flag(
         120.0, "seconds to wait for a step's result from the last rank before failing open requests and exiting"
@@ -149,11 +175,24 @@ class EngineConfig:
     )
 
     def __post_init__(self) -> None:
+        # A plain string names an enum value too (a models file, a test): hold the member from here on.
+        self._as_enum("scheduling_policy", SchedulingPolicy)
+        self._as_enum("kv_cache_dtype", KVCacheDtype)
+        self._as_enum("weights", WeightsMode)
         self.validate()
 
+    def _as_enum(self, name: str, enum: type[StrEnum]) -> None:
+        value = getattr(self, name)
+        try:
+            object.__setattr__(self, name, enum(value))
+        except ValueError:
+            choices = ", ".join(enum)
+            raise ConfigError(f"{option_name(name)} must be one of {choices}, got {value!r}") from None
+
     def validate(self) -> None:
-        if self.block_size not in (8, 16, 32):
-            raise ConfigError(f"--block-size must be 8, 16 or 32, got {self.block_size}")
+        if self.block_size not in BLOCK_SIZES:
+            sizes = ", ".join(map(str, BLOCK_SIZES[:-1])) + f" or {BLOCK_SIZES[-1]}"
+            raise ConfigError(f"--block-size must be {sizes}, got {self.block_size}")
         if self.max_num_seqs < 1:
             raise ConfigError("--max-num-seqs must be at least 1")
         if self.max_num_batched_tokens < 1:
@@ -164,9 +203,6 @@ class EngineConfig:
             raise ConfigError("--hf-overrides takes a JSON object, e.g. '{\"rope_scaling\": {...}}'")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError("--gpu-memory-utilization must be in (0, 1]")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            choices = ", ".join(KV_CACHE_DTYPES)
-            raise ConfigError(f"--kv-cache-dtype must be one of {choices}, got {self.kv_cache_dtype!r}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ConfigError("--kv-cache-memory must be a positive number of bytes")
         if self.max_num_encoder_input_tokens < 1 or self.encoder_cache_size < 1:
@@ -193,8 +229,6 @@ class EngineConfig:
             raise ConfigError(f"--runner must be auto, generate or pooling, got {self.runner!r}")
         if self.pooling_type is not None and self.pooling_type not in POOLING_TYPES:
             raise ConfigError(f"--pooling-type must be one of {', '.join(POOLING_TYPES)}, got {self.pooling_type!r}")
-        if self.scheduling_policy not in ("fcfs", "priority"):
-            raise ConfigError("--scheduling-policy must be 'fcfs' or 'priority'")
         self._validate_kv_disk()
 
     def _validate_kv_disk(self) -> None:

@@ -7,10 +7,12 @@ How to add a `metalserve serve` flag: add one field to `EngineConfig` (metalserv
 
 The flag is `--max-num-seqs` (the field name with dashes). From the field's type it gets
 - `int`, `float`, `str` (or `X | None`): `type=X`;
-- a `Literal[...]`: `choices` (the literal's values);
+- a `Literal[...]` or an `enum.StrEnum`: `choices` (its values; the config turns the text into the member);
 - `bool`: `--name` sets True when the default is False; `--name/--no-name` when the default is True;
 - anything else: give `parse=` (text -> value, run when the configs are built, so its ValueError reaches
   the user as `metalserve serve: error: ...`); without one, building the parser raises TypeError.
+A field declared with `flag_group(Cls)` holds a config of its own whose flags join its owner's (in the
+field's place, under the same names: ServerSettings' `images: ImageLimits = flag_group(ImageLimits)`).
 The parser's default is the field's default (None for a `parse` or `when_absent` flag: absent, then the
 field's default or `when_absent()`). A field with a plain default is not a flag. When both classes have
 a field of one name (e.g. `tool_call_parser`), declare the flag on one of them: the value goes to both.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import json
 import types
 import typing
@@ -29,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 FLAG = "metalserve.flag"  # the key of a field's metadata that holds its Flag
+GROUP = "metalserve.flag_group"  # the key of a field's metadata that marks a nested config of flags
 
 T = TypeVar("T")
 
@@ -60,9 +64,25 @@ def flag(
     return dataclasses.field(default=default, metadata={FLAG: spec})
 
 
+def flag_group(cls: type[T]) -> T:
+    """A dataclass field holding a `cls` (default: `cls()`) whose flags are its owner's too."""
+    return dataclasses.field(default_factory=cls, metadata={GROUP: cls})
+
+
+def _leaf_flags(cls: type) -> list[tuple[type, dataclasses.Field[Any], Flag]]:
+    """(declaring class, field, Flag) of every flag of `cls`, a flag group's in the group field's place."""
+    leaves: list[tuple[type, dataclasses.Field[Any], Flag]] = []
+    for f in dataclasses.fields(cls):
+        if GROUP in f.metadata:
+            leaves += _leaf_flags(f.metadata[GROUP])
+        elif FLAG in f.metadata:
+            leaves.append((cls, f, f.metadata[FLAG]))
+    return leaves
+
+
 def flag_fields(cls: type) -> list[tuple[dataclasses.Field[Any], Flag]]:
-    """The fields of a config dataclass that are flags, in declaration order."""
-    return [(f, f.metadata[FLAG]) for f in dataclasses.fields(cls) if FLAG in f.metadata]
+    """The fields of a config dataclass that are flags (a flag group's included), in declaration order."""
+    return [(f, spec) for _, f, spec in _leaf_flags(cls)]
 
 
 def option_name(name: str) -> str:
@@ -100,6 +120,8 @@ def _argparse_kwargs(f: dataclasses.Field[Any], spec: Flag, hint: Any, owner: ty
         kwargs["action"] = argparse.BooleanOptionalAction if f.default in (True, None) else "store_true"
     elif typing.get_origin(base) is Literal:
         kwargs["choices"] = list(typing.get_args(base))
+    elif isinstance(base, type) and issubclass(base, enum.StrEnum):
+        kwargs["choices"] = [member.value for member in base]
     elif base in (int, float, str):
         kwargs["type"] = base
     else:
@@ -112,10 +134,9 @@ def _argparse_kwargs(f: dataclasses.Field[Any], spec: Flag, hint: Any, owner: ty
 def add_flags(parser: argparse.ArgumentParser, *classes: type) -> None:
     """One argument group per config class, one argument per flag field."""
     for cls in classes:
-        hints = typing.get_type_hints(cls)
         group = parser.add_argument_group(cls.__name__, (cls.__doc__ or "").strip().splitlines()[0])
-        for f, spec in flag_fields(cls):
-            kwargs = _argparse_kwargs(f, spec, hints[f.name], cls)
+        for owner, f, spec in _leaf_flags(cls):
+            kwargs = _argparse_kwargs(f, spec, typing.get_type_hints(owner)[f.name], owner)
             if spec.positional:  # a tuple field takes the rest of the positional arguments
                 group.add_argument(f.name, nargs="*" if isinstance(f.default, tuple) else "?", **kwargs)
             else:
@@ -138,6 +159,12 @@ def flag_values(args: argparse.Namespace, *classes: type) -> dict[str, Any]:
 
 
 def build(cls: type[T], values: Mapping[str, Any]) -> T:
-    """`cls` from the flag values that name one of its fields (the rest keep their defaults)."""
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    return cls(**{name: value for name, value in values.items() if name in names})
+    """`cls` from the flag values that name one of its fields (the rest keep their defaults); a flag
+    group's field is built from the values in turn."""
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if GROUP in f.metadata:
+            kwargs[f.name] = build(f.metadata[GROUP], values)
+        elif f.name in values:
+            kwargs[f.name] = values[f.name]
+    return cls(**kwargs)

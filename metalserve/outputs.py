@@ -15,9 +15,10 @@ class TokenLogprob:
     rank: int | None = None  # among the whole vocabulary, 1 the best (prompt logprobs; None: not computed)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EngineCoreOutput:
-    """A delta for one request: the tokens generated in this step, and why it finished if it did."""
+    """A delta for one request: the tokens generated in this step, and why it finished if it did.
+    Keywords only: most fields are optional, and a row of positional Nones says nothing."""
 
     request_id: str
     new_token_ids: list[int]

@@ -27,7 +27,7 @@ class Platform:
     on_cpu: bool  # MLX's default device is the CPU (its CPU backend computes every op)
     metal: bool  # a Metal device is available (a Mac's GPU)
     numba: bool  # the numba package is importable (the CPU attention path and host compute need it)
-    blas: str  # which BLAS MLX's CPU backend binds (loader/blas.py)
+    blas: str  # which BLAS MLX's CPU backend binds (metalserve/blas.py)
     metal_memory: int | None = None  # the Metal device's (unified) memory in bytes, where there is one
 
     @property
@@ -57,7 +57,7 @@ def current_platform() -> Platform:
     """Probe the machine once (importing MLX, after the BLAS preload in metalserve/__init__.py)."""
     import mlx.core as mx
 
-    from metalserve.loader.blas import blas_description
+    from metalserve.blas import blas_description
 
     metal = bool(mx.metal.is_available())
     memory = int(mx.device_info()["memory_size"]) if metal else None

@@ -125,10 +125,3 @@ class Request:
         """The content hashes of the images with placeholder tokens in `[start, end)` (the prefix cache's
         extra keys for a block there)."""
         return mm_hashes_in_block(self.mm_inputs, start, end) if self.mm_inputs else ()
-
-    def append_output_token(self, token_id: int) -> None:
-        self.output_token_ids.append(token_id)
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status.finished

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Set
 from dataclasses import dataclass, field
 
 from metalserve.pooling_params import PoolingParams
@@ -85,3 +86,14 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    # The stop rule, written once: the scheduler ends a request on these ids and the sampler bans them
+    # below min_tokens.
+    def eos_stop_ids(self, eos_token_ids: Set[int]) -> frozenset[int]:
+        """The model's EOS ids that end this request: all of them, or none under ignore_eos."""
+        return frozenset() if self.ignore_eos else frozenset(eos_token_ids)
+
+    def stop_ids(self, eos_token_ids: Set[int]) -> frozenset[int]:
+        """Every token id that ends this request (once min_tokens outputs exist): its stop_token_ids
+        plus EOS unless ignore_eos."""
+        return frozenset(self.stop_token_ids) | self.eos_stop_ids(eos_token_ids)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
@@ -13,9 +14,12 @@ import pytest
 from metalserve.api.server import add_cli_args, config_from_args, default_token_budget
 from metalserve.api.settings import ServerSettings
 from metalserve.cli import main
-from metalserve.config import EngineConfig
-from metalserve.flags import add_flags, build, flag, flag_fields, flag_values
-from metalserve.spec_decode.config import SpeculativeConfig
+from metalserve.config import ConfigError, EngineConfig, SchedulingPolicy, WeightsMode
+from metalserve.flags import add_flags, build, flag, flag_fields, flag_group, flag_values
+from metalserve.kvcache.specs import BLOCK_SIZES, KVCacheDtype
+from metalserve.multimodal.limits import ImageLimits
+from metalserve.speculative_config import SpeculativeConfig
+from metalserve.structured.limits import GrammarLimits
 
 # `serve`'s option strings as released: renaming or dropping one breaks users' command lines.
 SERVE_OPTIONS = {
@@ -244,13 +248,9 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         allowed_methods=("GET", "POST"),
         allowed_headers=("x-h",),
         responses_store_bytes=4096,
-        max_grammar_bytes=5000,
-        grammar_compile_timeout=2.5,
-        grammar_cache_bytes=65536,
+        grammar=GrammarLimits(max_grammar_bytes=5000, grammar_compile_timeout=2.5, grammar_cache_bytes=65536),
         request_body_timeout=7.5,
-        max_images_per_request=2,
-        max_image_pixels=1000,
-        max_image_bytes_per_request=5000,
+        images=ImageLimits(max_images_per_request=2, max_image_pixels=1000, max_image_bytes_per_request=5000),
         default_max_tokens=77,
         generic_tool_prompt=False,
     )
@@ -366,3 +366,58 @@ def test_one_flag_declared_by_both_configs_is_refused() -> None:
 
     with pytest.raises(argparse.ArgumentError, match="--port"):
         add_flags(argparse.ArgumentParser(), ServerSettings, Clash)
+
+
+@pytest.mark.parametrize(
+    ("field", "enum"),
+    [("scheduling_policy", SchedulingPolicy), ("kv_cache_dtype", KVCacheDtype), ("weights", WeightsMode)],
+)
+def test_an_enum_field_offers_its_values_and_holds_the_member(field: str, enum: type[StrEnum]) -> None:
+    """The CLI's choices come from the enum; a value given as text (a models file) becomes the member."""
+    option = next(a for a in _parser()._actions if a.dest == field)
+    assert option.choices == [member.value for member in enum]
+    last = list(enum)[-1]
+    config = EngineConfig(**{field: last.value})  # type: ignore[arg-type]
+    assert getattr(config, field) is last
+    assert getattr(config_from_args(_parser().parse_args([option.option_strings[0], last.value]))[0], field) is last
+    with pytest.raises(ConfigError, match=f"{option.option_strings[0]} must be one of {', '.join(enum)}, got 'x'"):
+        EngineConfig(**{field: "x"})  # type: ignore[arg-type]
+
+
+def test_block_sizes_are_one_fact() -> None:
+    option = next(a for a in _parser()._actions if a.dest == "block_size")
+    assert tuple(option.choices) == BLOCK_SIZES
+    with pytest.raises(ConfigError, match="--block-size must be 8, 16 or 32, got 12"):
+        EngineConfig(block_size=12)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ToyLimits:
+    """Limits that declare their own flags."""
+
+    most: int = flag(3, "a limit")
+    plain: int = 1  # not a flag
+
+
+@dataclasses.dataclass(frozen=True)
+class _ToyOwner:
+    """A config that nests the limits."""
+
+    before: int = flag(0, "declared before the group")
+    limits: _ToyLimits = flag_group(_ToyLimits)
+    after: int = flag(0, "declared after the group")
+
+
+def test_a_flag_group_joins_its_owner_in_place() -> None:
+    parser = argparse.ArgumentParser()
+    add_flags(parser, _ToyOwner)
+    assert [a.dest for a in parser._actions[1:]] == ["before", "most", "after"]  # the group's flags in its place
+    assert build(_ToyOwner, flag_values(parser.parse_args([]), _ToyOwner)) == _ToyOwner()
+    built = build(_ToyOwner, flag_values(parser.parse_args(["--most", "5", "--after", "1"]), _ToyOwner))
+    assert built == _ToyOwner(limits=_ToyLimits(most=5), after=1)
+    # ServerSettings nests the image and grammar limits: each default is written once, in its dataclass.
+    settings_flags = {f.name: f.default for f, _ in flag_fields(ServerSettings)}
+    assert (
+        settings_flags["max_image_pixels"] == ImageLimits().max_image_pixels == ServerSettings().images.max_image_pixels
+    )
+    assert settings_flags["max_grammar_bytes"] == GrammarLimits().max_grammar_bytes

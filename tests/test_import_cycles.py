@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -45,3 +47,43 @@ def test_a_type_checking_import_closes_a_cycle(tmp_path: Path) -> None:
     (package / "c.py").write_text("def f():\n    from metalserve import a\n")
     assert tool.cycles(tool.import_graph(tmp_path)) == []  # an import inside a function is not counted...
     assert tool.cycles(tool.import_graph(tmp_path, lazy=True)) == [["metalserve.a", "metalserve.c"]]  # ...unless asked
+
+
+# Edges a lower layer must not have: (importer prefix, imported prefix). The KV manager and the config
+# sit below the engine, the distributed stages and speculative decoding; the platform probe below loading.
+_DOWNWARD_ONLY = [
+    ("metalserve.kvcache", "metalserve.engine"),
+    ("metalserve.platform", "metalserve.loader"),
+    ("metalserve.config", "metalserve.distributed"),
+    ("metalserve.config", "metalserve.spec_decode"),
+]
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def test_imports_point_down() -> None:
+    graph = _tool().import_graph(lazy=True)
+    upward = [
+        (a, b)
+        for a, targets in graph.items()
+        for b in targets
+        for low, high in _DOWNWARD_ONLY
+        if _under(a, low) and _under(b, high)
+    ]
+    assert upward == []
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="two cycles through imports inside functions are other branches' work (issue 34): "
+    "distributed.serve <-> distributed.worker, and executor.host <-> executor.models.adapter",
+)
+def test_no_cycle_counting_imports_inside_functions() -> None:
+    found = _tool().cycles(_tool().import_graph(lazy=True))
+    assert found == []
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "import_cycles.py"), "--lazy"], capture_output=True, text=True
+    )
+    assert result.returncode == 0 and "0 cycle(s)" in result.stdout, result.stdout

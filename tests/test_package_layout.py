@@ -22,9 +22,9 @@ def test_package_data_is_the_metal_sources_and_the_web_page() -> None:
         warnings.simplefilter("ignore")
         config = read_configuration(ROOT / "pyproject.toml")
     data = config["tool"]["setuptools"]["package-data"]["metalserve"]
-    shipped = {p.relative_to(PACKAGE).as_posix() for pattern in data for p in PACKAGE.glob(pattern)}
+    shipped = {p.relative_to(PACKAGE).as_posix() for pattern in data for p in PACKAGE.glob(pattern) if p.is_file()}
     metal = {p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "kernels" / "metal").glob("*.metal")}
-    web = {p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "api" / "web").iterdir() if p.is_file()}
-    assert metal and {"api/web/index.html"} <= web
+    web = {p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "api" / "web").rglob("*") if p.is_file()}
+    assert metal and {"api/web/index.html", "api/web/vendor/marked.umd.js", "api/web/vendor/marked.LICENSE"} <= web
     assert shipped == metal | web | {"py.typed"}
     assert not list(PACKAGE.rglob("*.h")) and not list(PACKAGE.rglob("*.cpp"))

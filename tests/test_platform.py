@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from metalserve import blas
 from metalserve.api.server import add_cli_args, config_from_args
-from metalserve.loader import blas
 from metalserve.platform import Platform, current_platform
 from metalserve.sampling_params import SamplingParams
 from metalserve.serving.engine_loader import start_engine

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from metalserve.loader.blas import preload_blas
+from metalserve.blas import preload_blas
 
 
 def main() -> None:

@@ -47,7 +47,7 @@ _stats_logger = logging.getLogger("metalserve.stats")
 
 # Paths a load balancer or supervisor must reach without the key, and the web page (which holds no data:
 # it asks for the key and sends it with every API call).
-_OPEN_PATHS = {"/health", "/"}
+_OPEN_PATHS = {"/health", "/", "/favicon.ico"}
 _OPEN_PREFIXES = ("/web/",)
 
 

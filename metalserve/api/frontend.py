@@ -14,7 +14,6 @@ from metalserve.api.settings import ServerSettings
 from metalserve.engine.async_engine import AsyncEngine
 from metalserve.serving.model_spec import ModelSpec
 from metalserve.serving.registry import ModelRegistry
-from metalserve.structured.compiler import GrammarLimits
 
 
 @dataclass
@@ -36,7 +35,7 @@ class Frontend:
             spec.config.tool_call_parser or settings.tool_call_parser,
             spec.reasoning_parser or settings.reasoning_parser,
             spec.enable_auto_tool_choice or settings.enable_auto_tool_choice,
-            settings.image_limits(),
+            settings.images,
             settings.default_max_tokens,
             settings.generic_tool_prompt,
         )
@@ -50,12 +49,3 @@ class Frontend:
     def registry_of_one(self, spec: ModelSpec, engine: AsyncEngine) -> ModelRegistry[ModelServing]:
         """One model, loaded already: a registry of one."""
         return ModelRegistry.of_one(spec, engine, self.make_serving, self.model_unloaded)
-
-
-def grammar_limits(settings: ServerSettings) -> GrammarLimits:
-    """The engines' limits on structured-output grammars, from the server's flags."""
-    return GrammarLimits(
-        max_spec_bytes=settings.max_grammar_bytes,
-        compile_timeout_s=settings.grammar_compile_timeout,
-        cache_bytes=settings.grammar_cache_bytes,
-    )

@@ -23,10 +23,6 @@ def image_error(message: str, path: str) -> OpenAIError:
     return OpenAIError(f"{text} ({path})", 400, param=path, code="invalid_image")
 
 
-def has_images(messages: list[ChatMessage]) -> bool:
-    return any(isinstance(m.content, list) and any(isinstance(p, ImageURLPart) for p in m.content) for m in messages)
-
-
 def read_images(messages: list[ChatMessage], limits: ImageLimits, takes_images: bool) -> list[DecodedImage]:
     """Every image part, in conversation order, decoded; OpenAIError (400) for the first that fails."""
     budget = ImageBudget(limits)

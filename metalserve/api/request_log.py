@@ -1,11 +1,12 @@
-"""The status page's recent requests: each engine request's sizes and latencies, kept in a short ring."""
+"""The status page's requests: each finished engine request's sizes and latencies, kept in a short ring,
+and the running ones with their prefill progress (the page shows it while the first token is awaited)."""
 
 from __future__ import annotations
 
 import collections
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -31,13 +32,49 @@ class RequestRecord:
         return asdict(self)
 
 
+# The engine's (prompt tokens prefilled, prompt tokens) of a running request, None once it ended.
+ProgressReader = Callable[[str], "tuple[int, int] | None"]
+
+
+@dataclass
+class RunningRequest:
+    request_id: str
+    model: str
+    prompt_tokens: int
+    started: float  # monotonic
+    progress: ProgressReader | None
+    output_tokens: int = 0
+
+    def to_dict(self, now: float) -> dict[str, Any]:
+        got = self.progress(self.request_id) if self.progress is not None else None
+        done = got[0] if got is not None else (self.prompt_tokens if self.output_tokens else 0)
+        return {
+            "request_id": self.request_id,
+            "model": self.model,
+            "prompt_tokens": self.prompt_tokens,
+            "prompt_tokens_done": done,
+            "output_tokens": self.output_tokens,
+            "elapsed_s": round(now - self.started, 2),
+        }
+
+
 class RequestRecorder:
-    """The last `RECENT_REQUESTS` finished requests of every model, newest first."""
+    """The last `RECENT_REQUESTS` finished requests of every model, newest first, and the running ones."""
 
     def __init__(self, size: int = RECENT_REQUESTS) -> None:
         self._records: collections.deque[RequestRecord] = collections.deque(maxlen=size)
+        self._running: dict[str, RunningRequest] = {}  # event loop only
         self._lock = threading.Lock()
         self.total = 0
+
+    def running(self, response_id: str | None = None) -> list[dict[str, Any]]:
+        """The running requests, oldest first; with `response_id`, that response's (its one request, or
+        `<id>-<i>` for each of several samples)."""
+        now = time.monotonic()
+        items = list(self._running.items())
+        if response_id is not None:
+            items = [(rid, r) for rid, r in items if rid == response_id or rid.startswith(response_id + "-")]
+        return [r.to_dict(now) for _, r in items]
 
     def add(self, record: RequestRecord) -> None:
         with self._lock:
@@ -49,18 +86,28 @@ class RequestRecorder:
             return list(self._records)
 
     async def recorded(
-        self, stream: AsyncIterator[RequestOutput], model: str, request_id: str
+        self,
+        stream: AsyncIterator[RequestOutput],
+        model: str,
+        request_id: str,
+        prompt_tokens: int = 0,
+        progress: ProgressReader | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """`stream` as it is, recording the request when it ends (closing this closes, so aborts, it)."""
+        """`stream` as it is, listed as running until it ends and then recorded (closing this closes, so
+        aborts, it). `prompt_tokens`: the prompt's length, which a request aborted before its first output
+        reports too; `progress`: the engine's prefill progress (AsyncEngine.prompt_progress)."""
         started = time.monotonic()
         first: float | None = None
         last: RequestOutput | None = None
         status = "aborted"
+        running = RunningRequest(request_id, model, prompt_tokens, started, progress)
+        self._running[request_id] = running
         try:
             async for out in stream:
                 if first is None and out.num_output_tokens:
                     first = time.monotonic()
                 last = out
+                running.output_tokens = out.num_output_tokens
                 if out.finished:
                     status = out.finish_reason or "stop"
                 yield out
@@ -68,12 +115,19 @@ class RequestRecorder:
             status = "error"
             raise
         finally:
+            self._running.pop(request_id, None)
             await stream.aclose()  # type: ignore[attr-defined]
-            self.add(_record(request_id, model, status, last, started, first))
+            self.add(_record(request_id, model, status, last, started, first, prompt_tokens))
 
 
 def _record(
-    request_id: str, model: str, status: str, last: RequestOutput | None, started: float, first: float | None
+    request_id: str,
+    model: str,
+    status: str,
+    last: RequestOutput | None,
+    started: float,
+    first: float | None,
+    prompt_tokens: int,
 ) -> RequestRecord:
     ended = time.monotonic()
     outputs = last.num_output_tokens if last else 0
@@ -82,7 +136,7 @@ def _record(
         request_id=request_id,
         model=model,
         status=status,
-        prompt_tokens=last.num_prompt_tokens if last else 0,
+        prompt_tokens=last.num_prompt_tokens if last else prompt_tokens,
         cached_tokens=last.num_cached_tokens if last else 0,
         output_tokens=outputs,
         ttft_s=None if first is None else first - started,

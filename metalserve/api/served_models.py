@@ -7,7 +7,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from metalserve.api.frontend import Frontend, grammar_limits
+from metalserve.api.frontend import Frontend
 from metalserve.api.model_serving import ModelServing
 from metalserve.api.settings import ServerSettings
 from metalserve.config import ConfigError, EngineConfig
@@ -77,7 +77,7 @@ def build_registry(config: EngineConfig, settings: ServerSettings, frontend: Fro
     """The ready registry: one model loaded now (a registry of one), or several loaded on first use."""
     if not settings.multi_model:
         spec = single_model_spec(config, settings)
-        return frontend.registry_of_one(spec, start_engine(spec, grammar_limits(settings)))
+        return frontend.registry_of_one(spec, start_engine(spec, settings.grammar))
     specs = model_specs(config, settings)
     budget = settings.memory_budget if settings.memory_budget is not None else default_memory_budget(config)
     specs = [with_kv_share(s, budget, len(specs)) for s in specs]
@@ -99,7 +99,7 @@ def build_registry(config: EngineConfig, settings: ServerSettings, frontend: Fro
     )
     return ModelRegistry(
         specs,
-        engine_loader(grammar_limits(settings)),
+        engine_loader(settings.grammar),
         frontend.make_serving,
         on_unload=frontend.model_unloaded,
         memory_budget=budget,

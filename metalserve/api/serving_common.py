@@ -127,7 +127,7 @@ def start_generations(
             prompt, sample, rid, priority=req.priority, cache_salt=req.cache_salt, mm_inputs=mm_inputs
         )
         if ctx.recorder is not None:  # the status page's recent requests
-            stream = ctx.recorder.recorded(stream, ctx.served_model_name, rid)
+            stream = ctx.recorder.recorded(stream, ctx.served_model_name, rid, len(prompt), ctx.engine.prompt_progress)
         streams.append(stream)
     return streams
 

@@ -10,8 +10,9 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from metalserve.flags import flag
+from metalserve.flags import flag, flag_group
 from metalserve.multimodal.limits import ImageLimits
+from metalserve.structured.limits import GrammarLimits
 
 MIN_DEFAULT_BODY_BYTES = 16 * 1024 * 1024
 
@@ -80,13 +81,7 @@ class ServerSettings:
         64 * 1024 * 1024,
         "most bytes (JSON, conversation included) the stored responses hold together; the oldest go first",
     )
-    max_grammar_bytes: int = flag(
-        256 * 1024, "largest structured-output spec (JSON schema, regex, choices, grammar); 400 above it"
-    )
-    grammar_compile_timeout: float = flag(10.0, "seconds a grammar may take to compile; its request gets a 400 past it")
-    grammar_cache_bytes: int = flag(
-        64 * 1024 * 1024, "compiled grammars kept for reuse (LRU, counted by grammar text bytes)"
-    )
+    grammar: GrammarLimits = flag_group(GrammarLimits)  # --max-grammar-bytes and the like
     request_body_timeout: float = flag(
         30.0, "seconds a request body may take to arrive after its headers (408 past it, connection closed)"
     )
@@ -112,12 +107,8 @@ class ServerSettings:
     max_request_body_bytes: int | None = flag(
         None, "largest request body (413 above it; default: 64 bytes per context token, at least 16 MiB)"
     )
-    # Images in (vision-language models; metalserve/multimodal/images.py): 400 above these, per request.
-    max_images_per_request: int = flag(8, "most images one request may hold")
-    max_image_pixels: int = flag(16_777_216, "most pixels one image may have (width x height; checked before decoding)")
-    max_image_bytes_per_request: int = flag(
-        20 * 1024 * 1024, "most bytes a request's images may take, decoded from base64"
-    )
+    # Images in (vision-language models): --max-images-per-request and the like.
+    images: ImageLimits = flag_group(ImageLimits)
     # CORS, as vLLM's flags and defaults.
     allowed_origins: tuple[str, ...] = flag(("*",), "CORS, JSON list", parse=_json_strings("--allowed-origins"))
     allow_credentials: bool = flag(False, "CORS: allow credentials")
@@ -158,18 +149,12 @@ class ServerSettings:
             raise ValueError("--default-max-tokens must be >= 0 (0: up to the end of the context)")
         if self.responses_store_bytes < 0:
             raise ValueError("--responses-store-bytes must be >= 0")
-        if self.max_grammar_bytes < 1 or self.grammar_cache_bytes < 0:
-            raise ValueError("--max-grammar-bytes must be >= 1 and --grammar-cache-bytes >= 0")
-        if self.grammar_compile_timeout <= 0 or self.request_body_timeout <= 0:
-            raise ValueError("--grammar-compile-timeout and --request-body-timeout must be > 0")
+        if self.request_body_timeout <= 0:
+            raise ValueError("--request-body-timeout must be > 0")
         if self.log_stats_interval < 0:
             raise ValueError("--log-stats-interval must be >= 0")
         if self.graceful_shutdown_timeout < 0:
             raise ValueError("--graceful-shutdown-timeout must be >= 0")
-        if min(self.max_images_per_request, self.max_image_pixels, self.max_image_bytes_per_request) < 1:
-            raise ValueError(
-                "--max-images-per-request, --max-image-pixels and --max-image-bytes-per-request must be >= 1"
-            )
         self._check_models()
         if self.max_request_body_bytes is not None and self.max_request_body_bytes < 1024:
             raise ValueError("--max-request-body-bytes must be at least 1024")
@@ -183,9 +168,6 @@ class ServerSettings:
             raise ValueError("--served-model-name: names must not be empty")
         if self.pinned_models and not self.multi_model:
             raise ValueError("--pinned-models is for several models (--models, or more than one model argument)")
-
-    def image_limits(self) -> ImageLimits:
-        return ImageLimits(self.max_images_per_request, self.max_image_pixels, self.max_image_bytes_per_request)
 
     def body_limit(self, max_model_len: int) -> int:
         """The request body limit: the flag, else room for a full context of text as JSON (escapes and

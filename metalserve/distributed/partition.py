@@ -14,17 +14,6 @@ class PartitionError(ValueError):
     """A layer split that cannot work; the message names the flag."""
 
 
-def parse_partition(text: str | None) -> tuple[int, ...] | None:
-    """`--pipeline-layer-partition 10,20` -> (10, 20); None stays None (split automatically)."""
-    if text is None or text == "":
-        return None
-    try:
-        counts = tuple(int(part) for part in text.split(","))
-    except ValueError as exc:
-        raise PartitionError(f"--pipeline-layer-partition takes comma-separated layer counts, got {text!r}") from exc
-    return counts
-
-
 def split_layers(
     layer_bytes: Sequence[int], num_ranks: int, rank0_extra_bytes: int = 0, override: Sequence[int] | None = None
 ) -> list[range]:

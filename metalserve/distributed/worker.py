@@ -83,7 +83,9 @@ class Worker:
         self.times.append(StepTimes(t1 - t0, t2 - t1, t3 - t2, header.payload_bytes, reply.payload_bytes))
 
 
-def run_worker(setup: RankSetup, group: mx.distributed.Group, block_size: int, storage: KVCacheDtype = "auto") -> None:
+def run_worker(
+    setup: RankSetup, group: mx.distributed.Group, block_size: int, storage: KVCacheDtype = KVCacheDtype.AUTO
+) -> None:
     from metalserve.executor.models.families import kv_cache_spec, kv_shape
 
     spec = kv_cache_spec(setup.loaded, block_size, storage, setup.initial_blocks)

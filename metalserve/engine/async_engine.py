@@ -22,13 +22,14 @@ from metalserve.engine.engine_thread import EngineThread
 from metalserve.engine.errors import ClientTooSlowError, EngineDeadError, EngineDrainingError, GrammarFailedError
 from metalserve.engine.protocol import EngineCoreProtocol
 from metalserve.engine.request_output import EngineObserver, IterationStats, RequestOutput
-from metalserve.engine.request_state import RequestState, hand_over, make_output
+from metalserve.engine.request_state import RequestState, count_prefill, hand_over, make_output
 from metalserve.multimodal.inputs import MultiModalInput
 from metalserve.outputs import EngineCoreOutput
 from metalserve.pooling_params import PoolingModel
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
-from metalserve.structured.compiler import GrammarCompiler, GrammarError, GrammarLimits
+from metalserve.structured.compiler import GrammarCompiler, GrammarError
+from metalserve.structured.limits import GrammarLimits
 from metalserve.structured.params import StructuredOutputsParams
 
 if TYPE_CHECKING:
@@ -207,7 +208,7 @@ class AsyncEngine:
             self._commands.put(Abort([request_id]))
 
         loop = asyncio.get_running_loop()
-        state = RequestState(loop, asyncio.Queue(), detok, len(request.prompt_token_ids), on_overflow)
+        state = RequestState(loop, asyncio.Queue(), detok, len(request.prompt_token_ids), on_overflow, request=request)
         self._active_ids.add(request_id)
         self._commands.put(Add(request, state))
         return state
@@ -229,7 +230,7 @@ class AsyncEngine:
         """Compile the spec (off the event loop and the engine thread); GrammarError when it is invalid
         or takes longer than the limit to compile (it is then dropped from the cache when it ends)."""
         future = self.grammar.submit(params)
-        timeout = self.grammar.limits.compile_timeout_s
+        timeout = self.grammar.limits.grammar_compile_timeout
         try:
             await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)
         except TimeoutError:
@@ -237,6 +238,12 @@ class AsyncEngine:
             raise GrammarError(
                 params.kind, f"the grammar did not compile within {timeout:g} s (--grammar-compile-timeout)"
             ) from None
+
+    def prompt_progress(self, request_id: str) -> tuple[int, int] | None:
+        """(prompt tokens prefilled so far, prompt tokens) of a running request; None once it ended.
+        Read on the event loop while the worker thread advances it: a snapshot."""
+        state = self._states.get(request_id)
+        return None if state is None else (state.prompt_done, state.num_prompt_tokens)
 
     async def abort(self, request_id: str) -> None:
         """Abort a request (a client went away); its blocks are freed before the next step."""
@@ -303,6 +310,7 @@ class AsyncEngine:
         iteration = IterationStats()
         deliveries: list[tuple[RequestState, RequestOutput | BaseException]] = []
         stopped: list[str] = []
+        count_prefill(self._states.values(), iteration)
         for out in outputs:
             state = self._states.get(out.request_id)
             if state is None:

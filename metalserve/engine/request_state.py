@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from metalserve.engine.detokenizer import IncrementalDetokenizer
 from metalserve.engine.errors import ClientTooSlowError
 from metalserve.engine.request_output import IterationStats, RequestOutput
 from metalserve.outputs import EngineCoreOutput
+from metalserve.request import Request
 
 # Deltas a stream's reader may leave unread before its request is aborted: a client that stops reading
 # must not make the server buffer its whole output (it is about that many tokens behind).
@@ -29,6 +30,24 @@ class RequestState:
     last_token_time: float = 0.0
     num_output_tokens: int = 0
     overflowed: bool = False  # event loop only
+    # The core's view of the request (worker thread); its num_computed_tokens shows the prefill's progress.
+    request: Request | None = None
+    # Prompt tokens counted in the stats so far: they grow as prefill chunks are computed (worker thread
+    # writes, the event loop may read: a plain int).
+    prompt_done: int = 0
+
+
+def count_prefill(states: Iterable[RequestState], iteration: IterationStats) -> None:
+    """Count the prompt tokens each request's prefill got through since the last step, so throughput
+    follows a long prefill as it happens instead of landing all at once with the first token. Prefix-cache
+    hits count when they are found, as part of the prompt; tokens recomputed after a preemption count once."""
+    for state in states:
+        if state.prompt_done >= state.num_prompt_tokens or state.request is None:
+            continue
+        done = min(state.request.num_computed_tokens, state.num_prompt_tokens)
+        if done > state.prompt_done:
+            iteration.num_prompt_tokens += done - state.prompt_done
+            state.prompt_done = done
 
 
 def make_output(out: EngineCoreOutput, state: RequestState, now: float, iteration: IterationStats) -> RequestOutput:
@@ -45,7 +64,8 @@ def make_output(out: EngineCoreOutput, state: RequestState, now: float, iteratio
     n_new = len(token_ids)
     if n_new:
         if state.num_output_tokens == 0:
-            iteration.num_prompt_tokens += state.num_prompt_tokens
+            iteration.num_prompt_tokens += state.num_prompt_tokens - state.prompt_done  # what count_prefill left
+            state.prompt_done = state.num_prompt_tokens
             iteration.time_to_first_tokens.append(now - state.arrival_time)
         else:
             iteration.inter_token_latencies.append((now - state.last_token_time) / n_new)

@@ -47,10 +47,7 @@ def apply_min_tokens(
     r: list[np.ndarray] = []
     c: list[np.ndarray] = []
     for row in rows:
-        params = requests[row].sampling_params
-        banned = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            banned |= requests[row].eos_token_ids
+        banned = requests[row].sampling_params.stop_ids(requests[row].eos_token_ids)
         tokens = _in_vocab(np.fromiter(banned, dtype=np.int64, count=len(banned)), vocab_size)
         r.append(np.full(tokens.shape, row, dtype=np.int64))
         c.append(tokens)

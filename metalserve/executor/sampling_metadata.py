@@ -44,7 +44,7 @@ def needs_min_tokens_mask(request: SamplingRequest) -> bool:
     params = request.sampling_params
     if params.min_tokens == 0 or request.num_output_tokens >= params.min_tokens:
         return False
-    return bool(params.stop_token_ids) or (not params.ignore_eos and bool(request.eos_token_ids))
+    return bool(params.stop_ids(request.eos_token_ids))
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,24 @@ All groups share one block pool and one block size; each keeps its own block tab
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import ClassVar, Literal, Self, get_args
+from enum import StrEnum
+from typing import ClassVar, Self
 
 from metalserve.kvcache.hashing import BlockHash
 
-KVCacheDtype = Literal["auto", "int8", "q4"]
-KV_CACHE_DTYPES: tuple[str, ...] = get_args(KVCacheDtype)
+# The block sizes (tokens per block) every attention backend supports: the Metal kernels are compiled
+# for these, and --block-size offers them.
+BLOCK_SIZES = (8, 16, 32)
+
+
+class KVCacheDtype(StrEnum):
+    """How K/V pages are stored (--kv-cache-dtype): the model's float dtype, or quantized codes."""
+
+    AUTO = "auto"
+    INT8 = "int8"
+    Q4 = "q4"
+
+
 # Scales (and q4's biases) are kept in float16 whatever the model's dtype: an int8 page of head dim 64
 # then costs 66 bytes per head and token against fp16's 128 (1.94x the tokens), a q4 one 40 (3.2x).
 SCALE_DTYPE = "float16"
@@ -39,12 +51,15 @@ class PageDtype:
 
     dtype: str = "float32"
     itemsize: int = 4
-    storage: KVCacheDtype = "auto"
+    storage: KVCacheDtype = KVCacheDtype.AUTO
     group_size: int = 32
 
     def __post_init__(self) -> None:
-        if self.storage not in KV_CACHE_DTYPES:
-            raise ValueError(f"KV cache dtype must be one of {KV_CACHE_DTYPES}, got {self.storage!r}")
+        try:
+            object.__setattr__(self, "storage", KVCacheDtype(self.storage))  # a plain string names one too
+        except ValueError:
+            names = tuple(s.value for s in KVCacheDtype)
+            raise ValueError(f"KV cache dtype must be one of {names}, got {self.storage!r}") from None
         if self.itemsize < 1:
             raise ValueError(f"itemsize must be at least 1, got {self.itemsize}")
 
@@ -234,7 +249,7 @@ class KVCacheSpec:
         itemsize: int,
         block_size: int,
         num_blocks: int = 0,
-        storage: KVCacheDtype = "auto",
+        storage: KVCacheDtype = KVCacheDtype.AUTO,
     ) -> KVCacheSpec:
         """One full-attention group of `num_layers` alike layers (a plain model, or a pipeline stage's)."""
         page = PageDtype(dtype, itemsize)

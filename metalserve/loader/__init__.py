@@ -8,14 +8,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from metalserve.loader.errors import ModelLoadError, PromptTooLongError, check_prompt_length
+from metalserve.loader.errors import ModelLoadError
 from metalserve.loader.loaded import LoadedModel
 
 __all__ = [
     "LoadedModel",
     "ModelLoadError",
-    "PromptTooLongError",
-    "check_prompt_length",
     "load_model",
 ]
 

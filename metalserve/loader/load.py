@@ -11,6 +11,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from metalserve.config import WeightsMode
 from metalserve.kernels.cpu.affine_codes import AffineCodes
 from metalserve.loader.build import build_model
 from metalserve.loader.directory import load_directory
@@ -22,7 +23,7 @@ from metalserve.loader.hub import download, looks_like_repo_id
 from metalserve.loader.loaded import LoadedModel, RawModel
 from metalserve.loader.overrides import apply_hf_overrides, scaled_context
 from metalserve.loader.vision import is_vision_directory, language_model_of, load_vision_directory
-from metalserve.loader.weights_mode import WEIGHTS_MODES, cast_floats, dequantize_model, fp32_bytes, should_dequantize
+from metalserve.loader.weights_mode import cast_floats, dequantize_model, fp32_bytes, should_dequantize
 from metalserve.platform import Platform, current_platform
 
 logger = logging.getLogger(__name__)
@@ -86,8 +87,8 @@ def load(
     check_model_type: Callable[[str], None] | None = None,
 ) -> LoadedModel:
     """See metalserve.loader.load_model."""
-    if weights not in WEIGHTS_MODES:
-        raise ModelLoadError(f"weights must be one of {', '.join(WEIGHTS_MODES)}, got {weights!r}")
+    if weights not in set(WeightsMode):
+        raise ModelLoadError(f"weights must be one of {', '.join(WeightsMode)}, got {weights!r}")
     platform = current_platform()
     raw, source = _read(model, weights, platform)
     if check_model_type is not None:

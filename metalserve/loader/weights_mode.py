@@ -12,9 +12,8 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
+from metalserve.config import WeightsMode
 from metalserve.loader.affine_codes import AffineCodes, affine_codes
-
-WEIGHTS_MODES = ("auto", "dequantize", "quantized")
 
 
 def parameter_bytes(module: nn.Module) -> int:
@@ -38,10 +37,12 @@ def fp32_bytes(model: nn.Module) -> int:
 
 
 def should_dequantize(mode: str, fp32_size: int, max_bytes: int, on_metal: bool) -> bool:
-    if mode not in WEIGHTS_MODES:
-        raise ValueError(f"weights must be one of {', '.join(WEIGHTS_MODES)}, got {mode!r}")
-    if mode != "auto":
-        return mode == "dequantize"
+    try:
+        mode = WeightsMode(mode)
+    except ValueError:
+        raise ValueError(f"weights must be one of {', '.join(WeightsMode)}, got {mode!r}") from None
+    if mode != WeightsMode.AUTO:
+        return mode == WeightsMode.DEQUANTIZE
     return not on_metal and fp32_size <= max_bytes
 
 

@@ -65,10 +65,10 @@ def open_image(data: bytes, limits: ImageLimits) -> DecodedImage:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data), formats=FORMATS)
             width, height = image.size
-            if width * height > limits.max_pixels:
+            if width * height > limits.max_image_pixels:
                 raise ImageError(
                     f"the image has {width}x{height} = {width * height} pixels, more than the limit of "
-                    f"{limits.max_pixels} (--max-image-pixels)"
+                    f"{limits.max_image_pixels} (--max-image-pixels)"
                 )
             if width < 1 or height < 1:
                 raise ImageError("the image has no pixels")
@@ -78,7 +78,7 @@ def open_image(data: bytes, limits: ImageLimits) -> DecodedImage:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):  # Pillow's own check, on open
         raise ImageError(
-            f"the image has more pixels than the limit of {limits.max_pixels} (--max-image-pixels)"
+            f"the image has more pixels than the limit of {limits.max_image_pixels} (--max-image-pixels)"
         ) from None
     except Image.UnidentifiedImageError:
         raise ImageError("could not process image: not a PNG, JPEG, GIF or WebP image Pillow can read") from None
@@ -100,12 +100,14 @@ class ImageBudget:
 
     def take(self, data: bytes) -> DecodedImage:
         self.count += 1
-        if self.count > self.limits.max_images:
-            raise ImageError(f"a request may hold at most {self.limits.max_images} images (--max-images-per-request)")
-        self.bytes += len(data)
-        if self.bytes > self.limits.max_bytes:
+        if self.count > self.limits.max_images_per_request:
             raise ImageError(
-                f"the request's images take more than {self.limits.max_bytes} bytes decoded "
+                f"a request may hold at most {self.limits.max_images_per_request} images (--max-images-per-request)"
+            )
+        self.bytes += len(data)
+        if self.bytes > self.limits.max_image_bytes_per_request:
+            raise ImageError(
+                f"the request's images take more than {self.limits.max_image_bytes_per_request} bytes decoded "
                 "(--max-image-bytes-per-request)"
             )
         return open_image(data, self.limits)

@@ -8,6 +8,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterator
 
+from metalserve.config import SchedulingPolicy
 from metalserve.request import Request
 
 
@@ -94,9 +95,9 @@ class PriorityQueue(RequestQueue):
         return (e[3] for e in sorted(self._heap))
 
 
-def make_queue(policy: str) -> RequestQueue:
-    if policy == "fcfs":
+def make_queue(policy: SchedulingPolicy) -> RequestQueue:
+    if policy == SchedulingPolicy.FCFS:
         return FCFSQueue()
-    if policy == "priority":
+    if policy == SchedulingPolicy.PRIORITY:
         return PriorityQueue()
     raise ValueError(f"unknown scheduling policy {policy!r}; expected 'fcfs' or 'priority'")

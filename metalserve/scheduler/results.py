@@ -4,6 +4,8 @@ requests they touch and frees what finishes."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from metalserve.outputs import EngineCoreOutput
 from metalserve.request import Request, RequestStatus
 from metalserve.scheduler.output import ModelRunnerOutput, SchedulerOutput
@@ -11,17 +13,21 @@ from metalserve.scheduler.stop import check_stop
 from metalserve.spec_decode.rollback import num_rejected
 from metalserve.spec_decode.stats import SpecDecodingCounter
 
-# Token ids that may stop a request, and the output count at which a length limit hits.
-StopHint = tuple[frozenset[int], int]
+
+class StopHint(NamedTuple):
+    """What may end a request, computed once when it is added: a token that is neither a stop id nor
+    reaches `max_output_tokens` cannot end it, so only such tokens need the full check (`check_stop`)."""
+
+    stop_ids: frozenset[int]  # the request's stop ids plus EOS unless ignore_eos
+    max_output_tokens: int  # the output count at which max_tokens or the context limit ends it
 
 
 def stop_hint(request: Request, max_model_len: int) -> StopHint:
     params = request.sampling_params
-    ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(request.eos_token_ids))
     max_out = max_model_len - request.num_prompt_tokens
     if params.max_tokens is not None:
         max_out = min(max_out, params.max_tokens)
-    return frozenset(ids), max_out
+    return StopHint(params.stop_ids(request.eos_token_ids), max_out)
 
 
 def append_sampled(
@@ -55,13 +61,11 @@ def output_of(
     """The output record of the first `num_new` of this step's tokens (with their logprobs, if any)."""
     logprobs = runner_output.logprobs.get(request.request_id) if runner_output.logprobs else None
     return EngineCoreOutput(
-        request.request_id,
-        token_ids[:num_new] if num_new < len(token_ids) else token_ids,
-        logprobs[:num_new] if logprobs is not None else None,
-        None,
-        None,
-        len(request.prompt_token_ids),
-        request.num_cached_tokens or 0,
+        request_id=request.request_id,
+        new_token_ids=token_ids[:num_new] if num_new < len(token_ids) else token_ids,
+        new_logprobs=logprobs[:num_new] if logprobs is not None else None,
+        num_prompt_tokens=len(request.prompt_token_ids),
+        num_cached_tokens=request.num_cached_tokens or 0,
     )
 
 

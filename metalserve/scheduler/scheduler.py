@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from metalserve.config import ConfigError, EngineConfig
+from metalserve.config import ConfigError, EngineConfig, SchedulingPolicy
 from metalserve.kvcache.block_pool import NUM_RESERVED_BLOCKS
 from metalserve.kvcache.connector.base import KVConnectorScheduler
 from metalserve.kvcache.manager import BlockIds, KVCacheManager
@@ -93,7 +93,7 @@ class Scheduler:
         self.kv_loads: KVLoads | None = None  # a KV connector's loads (set_connector)
         # An encoder's (bidirectional attention, no KV kept): a prompt is scheduled whole or waits.
         self.whole_prompts = False
-        if config.scheduling_policy == "priority":
+        if config.scheduling_policy == SchedulingPolicy.PRIORITY:
             self._victim_key = lambda r: (r.priority, r.arrival_time)
         else:
             self._victim_key = lambda r: (0, r.arrival_time)
@@ -151,9 +151,6 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         loads = self.kv_loads is not None and self.kv_loads.busy
         return bool(self.requests) or bool(self._pending_outputs) or loads
-
-    def get_num_unfinished_requests(self) -> int:
-        return len(self.requests)
 
     def make_stats(self) -> SchedulerStats:
         """Counts now, cumulative counters, and the counters' deltas since the previous call."""
@@ -266,13 +263,13 @@ class Scheduler:
         return (
             self.lookahead
             and request.num_computed_tokens >= len(request.prompt_token_ids)
-            and len(request.output_token_ids) + 1 < self._stop_hints[request.request_id][1]
+            and len(request.output_token_ids) + 1 < self._stop_hints[request.request_id].max_output_tokens
         )
 
     def _num_drafts(self, request: Request, budget: int) -> int:
         """How many of the request's drafts fit the budget and its output limit (max_tokens or the
         context, whichever comes first); the window's last token is one more output."""
-        max_out = self._stop_hints[request.request_id][1]
+        max_out = self._stop_hints[request.request_id].max_output_tokens
         room = min(budget - 1, max_out - request.num_output_tokens - 1)
         return max(0, min(len(request.spec_token_ids), room))
 
@@ -385,6 +382,7 @@ class Scheduler:
         if self.kv_loads is not None and runner_output.kv_connector_output is not None:
             self.kv_loads.finish(runner_output.kv_connector_output, self.waiting.prepend)
         sampled, requests, hints = runner_output.sampled_token_ids, self.requests, self._stop_hints
+        max_model_len = self.max_model_len
         if scheduler_output.scheduled_spec_decode_tokens or runner_output.spec_token_ids:
             update_drafts(self.requests, self.spec_counter, scheduler_output, runner_output)
         if runner_output.prompt_logprobs:
@@ -406,18 +404,25 @@ class Scheduler:
                 if request.status is RequestStatus.PREEMPTED:  # by a lookahead schedule(), after sampling
                     append(self._append_preempted(request, token_ids, runner_output))
                 continue
-            out_ids, n_prompt = request.output_token_ids, len(request.prompt_token_ids)
-            if plain and len(token_ids) == 1 and request.structured is None and request.prompt_logprobs is None:
-                # The decode fast path: one token that cannot stop the request and no logprobs.
-                stop_ids, max_out = hints[request_id]
-                token_id = token_ids[0]
-                n_out = len(out_ids)
-                if token_id not in stop_ids and n_out + 1 < max_out and request.num_computed_tokens >= n_prompt + n_out:
-                    out_ids.append(token_id)
-                    cached = request.num_cached_tokens or 0
-                    append(EngineCoreOutput(request_id, token_ids, None, None, None, n_prompt, cached))
-                    continue
-            output = self._append_tokens(request, token_ids, runner_output)
+            n_prompt = len(request.prompt_token_ids)
+            if (
+                plain
+                and len(token_ids) == 1
+                and request.prompt_logprobs is None
+                and request.num_computed_tokens >= n_prompt + len(request.output_token_ids)
+            ):
+                # The decode fast path: one token and no logprobs, so its output record is built here.
+                _, status = append_sampled(request, token_ids, hints[request_id], max_model_len)
+                output = EngineCoreOutput(
+                    request_id=request_id,
+                    new_token_ids=token_ids,
+                    num_prompt_tokens=n_prompt,
+                    num_cached_tokens=request.num_cached_tokens or 0,
+                )
+                if status is not None:
+                    self._finish(request, status, output)
+            else:
+                output = self._append_tokens(request, token_ids, runner_output)
             append(output)
             if output.finish_reason is not None:
                 any_finished = True
@@ -434,8 +439,8 @@ class Scheduler:
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue
             output = EngineCoreOutput(
-                request_id,
-                [],
+                request_id=request_id,
+                new_token_ids=[],
                 num_prompt_tokens=request.num_prompt_tokens,
                 num_cached_tokens=request.num_cached_tokens or 0,
                 pooled=vector,

@@ -15,9 +15,9 @@ def check_stop(request: Request, max_model_len: int) -> RequestStatus | None:
     num_out = len(request.output_token_ids)
     if num_out >= params.min_tokens:
         last = request.output_token_ids[-1]
-        if not params.ignore_eos and last in request.eos_token_ids:
+        if last in params.eos_stop_ids(request.eos_token_ids):
             return RequestStatus.FINISHED_STOPPED
-        if params.stop_token_ids and last in params.stop_token_ids:
+        if last in params.stop_token_ids:
             request.stop_reason = last
             return RequestStatus.FINISHED_STOPPED
     if params.max_tokens is not None and num_out >= params.max_tokens:

@@ -19,7 +19,7 @@ from metalserve.outputs import EngineCoreOutput
 from metalserve.request import Request
 from metalserve.serving.model_spec import ModelSpec
 from metalserve.serving.model_thread import EngineLoader, LoadedEngine
-from metalserve.structured.compiler import GrammarLimits
+from metalserve.structured.limits import GrammarLimits
 
 if TYPE_CHECKING:
     from metalserve.engine.core import EngineCore

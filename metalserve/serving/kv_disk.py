@@ -7,13 +7,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from metalserve.config import ConfigError, EngineConfig
-from metalserve.executor.connector.disk import DiskConnectorWorker
+from metalserve.executor.connector.disk_worker import DiskConnectorWorker
 from metalserve.executor.connector.fingerprint import model_fingerprint
 from metalserve.executor.connector.pages import supported
 from metalserve.executor.runner import ModelRunner
-from metalserve.kvcache.connector.disk import DiskConnectorScheduler, group_needs
-from metalserve.kvcache.connector.keys import StoreNamespace
-from metalserve.kvcache.connector.store import DiskStore
+from metalserve.kvcache.connector.disk_keys import StoreNamespace
+from metalserve.kvcache.connector.disk_scheduler import DiskConnectorScheduler, group_needs
+from metalserve.kvcache.connector.disk_store import DiskStore
 from metalserve.kvcache.specs import KVCacheSpec, LayerGroupSpec, RecurrentState
 from metalserve.loader import LoadedModel
 from metalserve.scheduler.scheduler import Scheduler

@@ -12,7 +12,7 @@ from typing import Any
 
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.loader.embedded import DEFAULT_FILE
-from metalserve.spec_decode.config import SpeculativeConfig
+from metalserve.speculative_config import SpeculativeConfig
 
 # Per-model engine options a models file may set (EngineConfig's fields of the same names).
 ENGINE_KEYS = (

@@ -19,9 +19,9 @@ from metalserve.loader import LoadedModel, load_model
 from metalserve.platform import Platform
 from metalserve.sampling_params import SamplingParams
 from metalserve.scheduler.output import NewRequestData, SchedulerOutput
-from metalserve.spec_decode.config import SpeculativeConfig
 from metalserve.spec_decode.draft_model import build_draft_proposer
 from metalserve.spec_decode.proposer import Proposer, make_proposer
+from metalserve.speculative_config import SpeculativeConfig
 
 logger = logging.getLogger("metalserve.engine")
 

@@ -20,12 +20,13 @@ import numpy as np
 
 from metalserve.executor.context import forward_context
 from metalserve.executor.step_inputs import pack_step
+from metalserve.kvcache.specs import KVCacheDtype
 from metalserve.spec_decode.proposer import DraftedRequest
 
 if TYPE_CHECKING:
     from metalserve.executor.attention.base import AttentionBackend
     from metalserve.executor.models.adapter import PagedModel
-    from metalserve.kvcache.specs import KVCacheDtype, KVCacheSpec
+    from metalserve.kvcache.specs import KVCacheSpec
     from metalserve.loader import LoadedModel
     from metalserve.platform import Platform
 
@@ -107,7 +108,7 @@ def build_draft_proposer(
     block_size: int,
     num_blocks: int,
     k: int,
-    storage: KVCacheDtype = "auto",
+    storage: KVCacheDtype = KVCacheDtype.AUTO,
 ) -> DraftModelProposer:
     """The draft model on the target's platform, with pools of `num_blocks` blocks stored as `storage`
     (the target's --kv-cache-dtype); same vocabulary only."""

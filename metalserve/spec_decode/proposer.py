@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from metalserve.spec_decode.config import SpeculativeConfig
 from metalserve.spec_decode.ngram import propose_ngram
+from metalserve.speculative_config import SpeculativeConfig
 
 
 class DraftedRequest(Protocol):

@@ -5,7 +5,7 @@ request gets a `deep_copy` of it. The cache holds futures, so concurrent request
 a single compile, and a failed compile is dropped from the cache (its error is the request's 400).
 The LRU is bounded in entries and in bytes (the grammar text, as llguidance does not report its own).
 
-A grammar is checked before any request uses it: a spec over `max_spec_bytes`, a grammar over the
+A grammar is checked before any request uses it: a spec over `max_grammar_bytes`, a grammar over the
 parser's limits, one whose language is empty (nothing matches it) or one too complex for the lexer
 to take its first token is a GrammarError with a one-line reason; llguidance's own long messages
 (parser dumps, Rust panics with backtraces) go to the log only.
@@ -18,13 +18,14 @@ import logging
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 import llguidance.numpy as llnp
 import numpy as np
 from llguidance.hf import from_tokenizer
 
+from metalserve.structured.limits import GrammarLimits
 from metalserve.structured.params import StructuredOutputsParams
 from metalserve.structured.state import CompiledGrammar, GrammarState
 
@@ -33,7 +34,6 @@ if TYPE_CHECKING:  # the options type exists only in llguidance's stubs
 
 logger = logging.getLogger("metalserve.structured")
 
-DEFAULT_CACHE_SIZE = 256
 # Fixed separators and no free whitespace: a small model left free to emit whitespace inside JSON tends
 # to loop on newlines until max_tokens. A schema's own "x-guidance" options override these.
 JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -45,22 +45,6 @@ _FIELD_NAMES = {
     "grammar": "grammar",
     "structural_tag": "structural tag",
 }
-
-
-class GrammarLimits(NamedTuple):
-    """What a grammar may cost: spec text, parser symbols, lexer states, compile time, and cache room."""
-
-    max_spec_bytes: int = 256 * 1024  # the spec as sent (schema, regex, choices, grammar text)
-    max_grammar_symbols: int = 50_000  # llguidance's max_grammar_size (its default 500,000 panics first)
-    max_lexer_states: int = 100_000  # about 1-2 kB each, per llguidance
-    compile_timeout_s: float = 10.0  # the API answers a 400 past this (the compile thread finishes alone)
-    cache_size: int = DEFAULT_CACHE_SIZE
-    cache_bytes: int = 64 * 1024 * 1024
-
-    def parser_limits(self) -> llguidance.LLParserLimits:
-        return llguidance.LLParserLimits(
-            max_grammar_size=self.max_grammar_symbols, max_lexer_states=self.max_lexer_states, verbose_errors=False
-        )
 
 
 def _probe(matcher: llguidance.LLMatcher, tokenizer: llguidance.LLTokenizer, kind: str) -> None:
@@ -185,14 +169,14 @@ class GrammarCompiler:
     def submit(self, params: StructuredOutputsParams) -> Future[CompiledGrammar]:
         """The prototype matcher of the spec, compiled in the background (or found in the cache)."""
         key = params.cache_key()
-        if len(key) > self.limits.max_spec_bytes:  # refused before any work: a done, failed future
+        if len(key) > self.limits.max_grammar_bytes:  # refused before any work: a done, failed future
             failed: Future[CompiledGrammar] = Future()
             failed.set_exception(
                 GrammarError(
                     params.kind,
                     (
                         f"the spec is {len(key)} bytes; the server's limit (--max-grammar-bytes) is "
-                        f"{self.limits.max_spec_bytes}"
+                        f"{self.limits.max_grammar_bytes}"
                     ),
                 )
             )
@@ -213,7 +197,7 @@ class GrammarCompiler:
         self.cache_bytes += size - self._sizes.get(key, 0)
         self._sizes[key] = size
         while len(self._cache) > 1 and (
-            len(self._cache) > self._cache_size or self.cache_bytes > self.limits.cache_bytes
+            len(self._cache) > self._cache_size or self.cache_bytes > self.limits.grammar_cache_bytes
         ):
             old, _ = self._cache.popitem(last=False)
             self.cache_bytes -= self._sizes.pop(old, 0)

@@ -182,7 +182,7 @@ class FakeCore:
         req, params = run.request, run.request.sampling_params
         index = req.num_output_tokens
         token = run.script[index % len(run.script)]
-        req.append_output_token(token)
+        req.output_token_ids.append(token)
         run.num_blocks = -(-req.num_tokens // self.block_size)
         reason, stop_reason = self._finish_reason(req, token)
         logprobs = None

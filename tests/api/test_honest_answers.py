@@ -8,6 +8,7 @@ max_tokens is a tool_use block with stop_reason max_tokens; Responses metadata a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +19,7 @@ import openai
 import pytest
 
 from metalserve.api.settings import ServerSettings
+from metalserve.structured.limits import GrammarLimits
 from tests.api.conftest import MODEL, Served, live, make_served
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
@@ -31,7 +33,7 @@ def server() -> Iterator[Served]:
         enable_auto_tool_choice=True,
         log_stats_interval=0,
         responses_store_bytes=20_000,
-        grammar_compile_timeout=8.0,
+        grammar=GrammarLimits(grammar_compile_timeout=8.0),
     )
     with live(make_served(settings, max_model_len=2048)) as served:
         yield served
@@ -71,7 +73,7 @@ def test_unusable_grammars_are_short_400s_before_admission(server: Served, spec:
 def test_a_grammar_past_the_compile_time_limit_is_a_400(server: Served) -> None:
     engine = server.engine
     limits = engine.grammar.limits
-    engine.grammar.limits = limits._replace(compile_timeout_s=0.05)
+    engine.grammar.limits = dataclasses.replace(limits, grammar_compile_timeout=0.05)
     try:
         body = {"messages": say("x"), "structured_outputs": {"regex": "((b{90}){90}){90}"}}
         response = post(server, "chat/completions", body)

@@ -22,12 +22,18 @@ def test_page_and_assets_are_served_and_offline() -> None:
         page = httpx.get(f"{served.url}/", timeout=10)
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
         assert 'id="model-select"' in page.text and 'id="server-view"' in page.text
-        for asset, kind in (("app.js", "javascript"), ("style.css", "text/css")):
+        assets = re.findall(r'(?:src|href)="/web/([^"]+)"', page.text)
+        assert {"app.js", "style.css", "vendor/marked.umd.js", "vendor/purify.min.js"} <= set(assets)
+        for asset in assets:  # every file the page names is there
             response = httpx.get(f"{served.url}/web/{asset}", timeout=10)
-            assert response.status_code == 200 and kind in response.headers["content-type"]
-    for path in WEB_DIR.iterdir():  # no CDN, no font or script from another host
-        assert not re.search(r"(src|href)=\"(https?:)?//", path.read_text()), path.name
-        assert "import(" not in path.read_text() and "@import" not in path.read_text()
+            assert response.status_code == 200, asset
+    for path in WEB_DIR.rglob("*"):  # no CDN, no font or script from another host
+        if path.suffix in (".html", ".js", ".css", ".svg"):
+            text = path.read_text()
+            assert not re.search(r"(src|href)=\"(https?:)?//", text), path.name
+            assert "import(" not in text and (path.suffix != ".css" or "@import" not in text), path.name
+    licenses = {p.name for p in (WEB_DIR / "vendor").glob("*.LICENSE")}  # each vendored library keeps its own
+    assert licenses == {"marked.LICENSE", "dompurify.LICENSE", "highlight.LICENSE"}
 
 
 def test_status_reports_models_speed_and_recent_requests() -> None:
@@ -66,5 +72,6 @@ def test_api_key_guards_the_status_but_not_the_page() -> None:
         assert httpx.get(f"{served.url}/v1/server/status", timeout=10).status_code == 401
         ok = httpx.get(f"{served.url}/v1/server/status", headers={"Authorization": "Bearer sekret"}, timeout=10)
         assert ok.status_code == 200 and ok.json()["models"][0]["state"] == "loaded"
-    assert "sessionStorage" in (WEB_DIR / "app.js").read_text()  # the key stays in the tab
-    assert "localStorage.setItem(KEY_ITEM" not in (WEB_DIR / "app.js").read_text()
+    scripts = "".join(p.read_text() for p in WEB_DIR.glob("*.js"))
+    assert "sessionStorage.setItem(KEY_ITEM" in scripts  # the key stays in the tab
+    assert "localStorage.setItem(KEY_ITEM" not in scripts

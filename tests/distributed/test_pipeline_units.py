@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from metalserve.config import ConfigError, EngineConfig
+from metalserve.config import ConfigError, EngineConfig, parse_layer_partition
 from metalserve.distributed.handshake import RankReport, StartupError, check_reports
-from metalserve.distributed.partition import PartitionError, parse_partition, split_layers
+from metalserve.distributed.partition import PartitionError, split_layers
 from metalserve.distributed.watchdog import Watchdog
 from metalserve.distributed.wire import Header, Kind, StepMeta, meta_bytes, pack_payload, split_payload
 
@@ -25,19 +25,19 @@ def test_split_balances_bytes_and_gives_rank0_fewer_layers() -> None:
 
 
 def test_split_override_and_errors() -> None:
-    assert split_layers([1] * 5, 2, override=parse_partition("1,4")) == [range(0, 1), range(1, 5)]
+    assert split_layers([1] * 5, 2, override=parse_layer_partition("1,4")) == [range(0, 1), range(1, 5)]
     with pytest.raises(PartitionError, match="sum to the model's 5 layers"):
         split_layers([1] * 5, 2, override=(2, 2))
     with pytest.raises(PartitionError, match="more than the model's 2 layers"):
         split_layers([1] * 2, 3)
-    with pytest.raises(PartitionError, match="comma-separated"):
-        parse_partition("a,b")
+    with pytest.raises(ConfigError, match="comma-separated"):
+        parse_layer_partition("a,b")
     with pytest.raises(ConfigError, match="gives 3 counts"):
         EngineConfig(pipeline_parallel_size=2, pipeline_layer_partition=(1, 1, 1))
 
 
 def test_speculation_with_pipeline_stages_is_refused_not_ignored() -> None:
-    from metalserve.spec_decode.config import SpeculativeConfig
+    from metalserve.speculative_config import SpeculativeConfig
 
     with pytest.raises(ConfigError, match="--speculative-config does not work with --pipeline-parallel-size"):
         EngineConfig(pipeline_parallel_size=2, speculative_config=SpeculativeConfig("ngram", 3, 1, 5))

@@ -107,7 +107,7 @@ def test_tokens_are_identical_with_async_scheduling_on_and_off(
 
 
 def test_speculative_decoding_turns_it_off_with_a_start_up_line(caplog: pytest.LogCaptureFixture) -> None:
-    from metalserve.spec_decode.config import SpeculativeConfig
+    from metalserve.speculative_config import SpeculativeConfig
 
     spec = SpeculativeConfig.from_json('{"method": "ngram", "num_speculative_tokens": 2}')
     config = EngineConfig(kv_cache_memory=1 << 22, max_model_len=128, speculative_config=spec, async_scheduling=True)

@@ -22,7 +22,7 @@ from metalserve.outputs import TokenLogprob
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
 from metalserve.serving.build import build_engine_core
-from metalserve.spec_decode.config import SpeculativeConfig
+from metalserve.speculative_config import SpeculativeConfig
 from tests.models import golden
 from tests.models.archs import VOCAB, build
 from tests.models.mla_golden import tiny_mla

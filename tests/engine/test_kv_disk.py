@@ -17,8 +17,8 @@ import pytest
 
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.engine.core import EngineCore
-from metalserve.kvcache.connector.disk import DiskConnectorScheduler
-from metalserve.kvcache.connector.store import SUFFIX, DiskStore, decode_block
+from metalserve.kvcache.connector.disk_scheduler import DiskConnectorScheduler
+from metalserve.kvcache.connector.disk_store import SUFFIX, DiskStore, decode_block
 from metalserve.kvcache.specs import FullAttention, RecurrentState
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
@@ -137,7 +137,7 @@ def test_blocks_evicted_from_ram_are_already_on_disk_and_come_back_from_it(tmp_p
 KILLED_WRITER = """
 import os, sys, time
 sys.path.insert(0, {root!r})
-from metalserve.kvcache.connector import store
+from metalserve.kvcache.connector import disk_store as store
 from tests.engine.test_kv_disk import PROMPT, generate, make_core
 fsync = os.fsync
 def slow_fsync(fd):  # a slow disk: the kill lands while blocks are being written

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from metalserve.engine.core import EngineCore
-from metalserve.kvcache.connector.store import SUFFIX, DiskStore
+from metalserve.kvcache.connector.disk_store import SUFFIX, DiskStore
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
 from tests.engine.test_kv_disk import PROMPT, expected, generate, make_core

@@ -11,8 +11,8 @@ import pytest
 
 from metalserve.config import EngineConfig
 from metalserve.engine.core import EngineCore
-from metalserve.kvcache.connector.disk import RECURRENT_STATE, DiskConnectorScheduler
-from metalserve.kvcache.connector.store import SUFFIX, decode_block
+from metalserve.kvcache.connector.disk_scheduler import RECURRENT_STATE, DiskConnectorScheduler
+from metalserve.kvcache.connector.disk_store import SUFFIX, decode_block
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
 from metalserve.serving.build import build_engine_core

@@ -18,7 +18,7 @@ from metalserve.engine.core import EngineCore
 from metalserve.executor.attention.metal import KernelAttention, LayerKV
 from metalserve.executor.attention.rotation import RotatedPages
 from metalserve.kernels.metal.guard import LaunchRefused
-from metalserve.kvcache.connector.store import SUFFIX, decode_block
+from metalserve.kvcache.connector.disk_store import SUFFIX, decode_block
 from metalserve.platform import Platform
 from tests.engine.test_kv_disk import PROMPT, generate, make_core
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from metalserve.engine.core import EngineCore
-from metalserve.kvcache.connector.disk import DiskConnectorScheduler
-from metalserve.kvcache.connector.store import SUFFIX
+from metalserve.kvcache.connector.disk_scheduler import DiskConnectorScheduler
+from metalserve.kvcache.connector.disk_store import SUFFIX
 from metalserve.loader import LoadedModel
 from metalserve.multimodal.inputs import MultiModalInput
 from metalserve.request import Request

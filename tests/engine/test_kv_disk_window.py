@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from metalserve.engine.core import EngineCore
-from metalserve.kvcache.connector.disk import DiskConnectorScheduler
-from metalserve.kvcache.connector.store import SUFFIX
+from metalserve.kvcache.connector.disk_scheduler import DiskConnectorScheduler
+from metalserve.kvcache.connector.disk_store import SUFFIX
 from metalserve.request import Request
 from tests.models import golden
 from tests.models.archs import build

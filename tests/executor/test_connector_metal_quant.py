@@ -17,11 +17,11 @@ from metalserve.executor.attention.kv_quant import QuantPool
 from metalserve.executor.attention.metal import KernelAttention, LayerKV, _dequantized
 from metalserve.executor.attention.mlx import MlxAttention, PortableKV
 from metalserve.executor.attention.reference import AttentionOptions
-from metalserve.executor.connector.disk import DiskConnectorWorker
+from metalserve.executor.connector.disk_worker import DiskConnectorWorker
 from metalserve.executor.connector.pages import dtype_tag, expected_shapes, read_blocks, supported, write_blocks
 from metalserve.executor.step_inputs import StepInputs
 from metalserve.kvcache.connector.base import BlockTransfer, ConnectorMetadata
-from metalserve.kvcache.connector.store import SUFFIX, DiskStore, decode_block
+from metalserve.kvcache.connector.disk_store import SUFFIX, DiskStore, decode_block
 
 BS, HEADS, D = 8, 2, 64
 STORAGES = ["int8", "q4"]

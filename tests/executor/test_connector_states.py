@@ -11,11 +11,11 @@ import numpy as np
 
 from metalserve.executor.attention.base import LayerCacheSpec
 from metalserve.executor.attention.mlx import MlxAttention
-from metalserve.executor.connector.disk import DiskConnectorWorker
+from metalserve.executor.connector.disk_worker import DiskConnectorWorker
 from metalserve.executor.connector.states import read_states, state_dtype_tag, state_shapes, write_states
 from metalserve.executor.state_cache import RecurrentStates, StateLayout, StatePool, StateSlot
 from metalserve.kvcache.connector.base import BlockTransfer, ConnectorMetadata
-from metalserve.kvcache.connector.store import DiskStore
+from metalserve.kvcache.connector.disk_store import DiskStore
 
 BS = 8
 # Two recurrent layers: a conv state (bfloat16) and a recurrent state (float32) each, as gated-delta layers.

@@ -41,7 +41,7 @@ def generate(
     while len(request.output_token_ids) < STEPS:
         batch = others[:position] + [request] + others[position:]
         out = sampler(step_logits(len(request.output_token_ids), len(batch)), batch)
-        request.append_output_token(out.token_ids[position])
+        request.output_token_ids.append(out.token_ids[position])
     return request.output_token_ids
 
 

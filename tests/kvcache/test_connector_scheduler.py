@@ -7,8 +7,8 @@ import pytest
 
 from metalserve.config import EngineConfig
 from metalserve.kvcache.connector.base import ConnectorOutput
-from metalserve.kvcache.connector.disk import DiskConnectorScheduler, group_needs
-from metalserve.kvcache.connector.keys import StoreNamespace
+from metalserve.kvcache.connector.disk_keys import StoreNamespace
+from metalserve.kvcache.connector.disk_scheduler import DiskConnectorScheduler, group_needs
 from metalserve.kvcache.specs import FullAttention, RecurrentState
 from metalserve.multimodal.inputs import MultiModalInput
 from metalserve.request import Request, RequestStatus

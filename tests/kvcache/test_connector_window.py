@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from metalserve.config import EngineConfig
-from metalserve.kvcache.connector.disk import DiskConnectorScheduler
-from metalserve.kvcache.connector.keys import StoreNamespace
+from metalserve.kvcache.connector.disk_keys import StoreNamespace
+from metalserve.kvcache.connector.disk_scheduler import DiskConnectorScheduler
 from metalserve.kvcache.specs import FullAttention, SlidingWindow
 from metalserve.request import Request, RequestStatus
 from metalserve.scheduler.scheduler import Scheduler

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from metalserve.kvcache.connector import store as store_module
-from metalserve.kvcache.connector.store import SUFFIX, DiskStore, decode_block, encode_block
+from metalserve.kvcache.connector import disk_store as store_module
+from metalserve.kvcache.connector.disk_store import SUFFIX, DiskStore, decode_block, encode_block
 
 KEYS = [f"{i:064x}" for i in range(1, 8)]
 

@@ -29,7 +29,7 @@ def tables(kv: KVCacheManager, rid: str) -> list[list[int]]:
 
 def decode(kv: KVCacheManager, req: Request, token: int) -> list[list[int]] | None:
     """One decode step: a new token, its slots, then (as if the step ran) one more computed token."""
-    req.append_output_token(token)
+    req.output_token_ids.append(token)
     ids: BlockIds | None = kv.allocate_slots(req, 1)
     req.num_computed_tokens += 1
     return None if ids is None else list(ids)

@@ -31,10 +31,10 @@ def test_decode_growth_allocates_only_at_block_boundary() -> None:
     kv = KVCacheManager(num_blocks=8, block_size=BS)
     a = make_request("a", list(range(7)))
     assert admit(kv, a) == ([1, 2],)
-    a.append_output_token(100)  # token 8 fits the tail block
+    a.output_token_ids.append(100)  # token 8 fits the tail block
     assert kv.allocate_slots(a, 1) == ([],)
     a.num_computed_tokens += 1
-    a.append_output_token(101)  # token 9 needs a new block
+    a.output_token_ids.append(101)  # token 9 needs a new block
     assert kv.allocate_slots(a, 1) == ([3],)
     assert kv.get_block_ids("a") == ([1, 2, 3],)
 
@@ -60,7 +60,7 @@ def test_live_sharing_counts_both_holders() -> None:
     kv = KVCacheManager(num_blocks=10, block_size=BS)
     a = make_request("a", list(range(9)))
     admit(kv, a)
-    a.append_output_token(9)
+    a.output_token_ids.append(9)
     kv.allocate_slots(a, 1)  # publishes a's computed full blocks 1, 2
     b = make_request("b", list(range(8)) + [77])
     assert admit(kv, b) == ([1, 2, 4],)

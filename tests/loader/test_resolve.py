@@ -7,7 +7,7 @@ from pathlib import Path
 import huggingface_hub
 import pytest
 
-from metalserve.loader import ModelLoadError, PromptTooLongError, check_prompt_length, embedded, load_model
+from metalserve.loader import ModelLoadError, embedded, load_model
 from metalserve.loader.hub import looks_like_repo_id
 from tests.loader.tiny_models import write_mlx_dir
 
@@ -81,11 +81,3 @@ def test_default_model_is_found_without_importing_its_package() -> None:
 )
 def test_repo_id_shape(name: str, expected: bool) -> None:
     assert looks_like_repo_id(name) is expected
-
-
-def test_prompt_longer_than_context() -> None:
-    check_prompt_length(99, 100)
-    with pytest.raises(PromptTooLongError, match="100 tokens but the model's context length is 100"):
-        check_prompt_length(100, 100)
-    with pytest.raises(PromptTooLongError, match=r"plus max_tokens \(20\) exceeds"):
-        check_prompt_length(90, 100, max_tokens=20)

@@ -17,6 +17,7 @@ from PIL import Image
 
 from metalserve.api.settings import ServerSettings
 from metalserve.config import EngineConfig
+from metalserve.multimodal.limits import ImageLimits
 from tests.api.conftest import Served, live, serve_config
 from tests.multimodal.tiny_vlm import build, save
 from tests.multimodal.vl_golden import png, prompt, reference, user
@@ -26,9 +27,7 @@ SETTINGS = ServerSettings(
     log_stats_interval=0,
     tool_call_parser="hermes",
     enable_auto_tool_choice=True,
-    max_images_per_request=3,
-    max_image_pixels=1_000_000,
-    max_image_bytes_per_request=400_000,
+    images=ImageLimits(max_images_per_request=3, max_image_pixels=1_000_000, max_image_bytes_per_request=400_000),
 )
 
 

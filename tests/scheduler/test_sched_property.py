@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from metalserve.config import EngineConfig
 from metalserve.kvcache.block_pool import NULL_BLOCK_ID, KVBlock
 from metalserve.kvcache.connector.base import BlockTransfer, ConnectorMetadata, ConnectorOutput
-from metalserve.kvcache.connector.disk import DiskConnectorScheduler, group_needs
-from metalserve.kvcache.connector.keys import StoreNamespace
+from metalserve.kvcache.connector.disk_keys import StoreNamespace
+from metalserve.kvcache.connector.disk_scheduler import DiskConnectorScheduler, group_needs
 from metalserve.kvcache.specs import FullAttention, LayerGroupSpec, RecurrentState, SlidingWindow
 from metalserve.request import Request, RequestStatus
 from metalserve.sampling_params import SamplingParams

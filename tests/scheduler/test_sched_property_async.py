@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from metalserve.config import EngineConfig
 from metalserve.kvcache.connector.base import ConnectorOutput
-from metalserve.kvcache.connector.disk import DiskConnectorScheduler, group_needs
-from metalserve.kvcache.connector.keys import StoreNamespace
+from metalserve.kvcache.connector.disk_keys import StoreNamespace
+from metalserve.kvcache.connector.disk_scheduler import DiskConnectorScheduler, group_needs
 from metalserve.kvcache.specs import FullAttention
 from metalserve.request import Request, RequestStatus
 from metalserve.scheduler.output import ModelRunnerOutput, SchedulerOutput

@@ -6,6 +6,7 @@ import pytest
 
 from metalserve.outputs import TokenLogprob
 from metalserve.request import RequestStatus
+from metalserve.sampling_params import SamplingParams
 from metalserve.scheduler.output import ModelRunnerOutput
 from tests.scheduler.sched_helpers import make_request, make_scheduler, step
 
@@ -92,7 +93,7 @@ def test_abort_of_waiting_request() -> None:
     assert out.finished_req_ids == {"b"}
     assert ("b", "abort") in [(o.request_id, o.finish_reason) for o in outputs]
     assert len(s.waiting) == 0
-    assert s.get_num_unfinished_requests() == 1
+    assert len(s.requests) == 1
 
 
 def test_abort_output_keeps_engine_busy_until_delivered() -> None:
@@ -101,7 +102,7 @@ def test_abort_output_keeps_engine_busy_until_delivered() -> None:
     s.abort_requests(["a"])
     out = s.schedule()
     assert out.is_empty
-    assert s.get_num_unfinished_requests() == 0
+    assert not s.requests
     assert s.has_unfinished_requests()
     assert [o.finish_reason for o in s.update_from_output(out, ModelRunnerOutput({}))] == ["abort"]
     assert not s.has_unfinished_requests()
@@ -132,3 +133,14 @@ def test_cached_tokens_reported_and_runner_misuse_caught() -> None:
     out = s.schedule()  # budget 64: c is still prefilling
     with pytest.raises(ValueError, match="before its prompt was fully computed"):
         s.update_from_output(out, ModelRunnerOutput({"c": [1]}))
+
+
+def test_one_stop_rule_for_the_scheduler_and_the_sampler() -> None:
+    """`SamplingParams.stop_ids` is the set both the scheduler's stop hint and the min_tokens mask use."""
+    eos = frozenset({2, 7})
+    assert SamplingParams(stop_token_ids=[42, 2]).stop_ids(eos) == {2, 7, 42}
+    assert SamplingParams(stop_token_ids=[42], ignore_eos=True).stop_ids(eos) == {42}
+    assert SamplingParams(ignore_eos=True).eos_stop_ids(eos) == frozenset()
+    # A stop id that is also EOS ends the request as EOS (no stop_reason), unless EOS is ignored.
+    assert run_tokens([5, 2], max_tokens=10, stop_token_ids=[2]) == ([5, 2], "stop", None)
+    assert run_tokens([5, 2], max_tokens=10, stop_token_ids=[2], ignore_eos=True) == ([5, 2], "stop", 2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from metalserve.api.server import add_cli_args, config_from_args
-from metalserve.spec_decode.config import SpeculativeConfig, SpeculativeConfigError
+from metalserve.speculative_config import SpeculativeConfig, SpeculativeConfigError
 
 
 def parse(argv: list[str]):  # type: ignore[no-untyped-def]

@@ -13,7 +13,7 @@ from metalserve.loader import load_model
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
 from metalserve.serving.build import build_engine_core
-from metalserve.spec_decode.config import SpeculativeConfig
+from metalserve.speculative_config import SpeculativeConfig
 
 pytestmark = pytest.mark.slow
 

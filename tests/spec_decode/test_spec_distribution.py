@@ -22,7 +22,7 @@ from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
 from metalserve.serving.build import build_engine_core
 from metalserve.spec_decode import verify
-from metalserve.spec_decode.config import SpeculativeConfig
+from metalserve.speculative_config import SpeculativeConfig
 from tests.engine.test_core import tiny_loaded
 from tests.executor.tiny_models import tiny_model
 

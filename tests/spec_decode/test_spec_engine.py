@@ -15,7 +15,7 @@ from metalserve.engine.core import EngineCore
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
 from metalserve.serving.build import build_engine_core
-from metalserve.spec_decode.config import SpeculativeConfig
+from metalserve.speculative_config import SpeculativeConfig
 from metalserve.structured.compiler import GrammarCompiler
 from metalserve.structured.params import StructuredOutputsParams
 from tests.engine.test_core import tiny_loaded

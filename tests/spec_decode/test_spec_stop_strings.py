@@ -23,7 +23,9 @@ def test_tokens_after_the_stop_string_are_dropped() -> None:
     loop = asyncio.new_event_loop()
     state = RequestState(loop, asyncio.Queue(), IncrementalDetokenizer(TOK, prompt, params), len(prompt), lambda: None)
     lps = [TokenLogprob(t, -1.0) for t in ids]
-    out = make_output(EngineCoreOutput("r", ids, lps), state, 0.0, IterationStats())
+    out = make_output(
+        EngineCoreOutput(request_id="r", new_token_ids=ids, new_logprobs=lps), state, 0.0, IterationStats()
+    )
     loop.close()
     assert out.text == "Hello world" and out.finish_reason == "stop" and out.stop_reason == " STOP"
     assert out.token_ids == ids[:stop_end] and out.logprobs == lps[:stop_end]

@@ -109,9 +109,9 @@ def test_compiles_off_the_calling_thread() -> None:
 
 
 def test_the_cache_is_bounded_in_bytes_as_well_as_entries() -> None:
-    from metalserve.structured.compiler import GrammarLimits
+    from metalserve.structured.limits import GrammarLimits
 
-    compiler = GrammarCompiler(tiny_tokenizer(), limits=GrammarLimits(cache_size=100, cache_bytes=3000))
+    compiler = GrammarCompiler(tiny_tokenizer(), limits=GrammarLimits(cache_size=100, grammar_cache_bytes=3000))
     specs = [S(choice=tuple(f"{i}-{j:03d}" for j in range(40))) for i in range(12)]
     for spec in specs:
         compiler.compile(spec)
@@ -126,9 +126,9 @@ def test_the_cache_is_bounded_in_bytes_as_well_as_entries() -> None:
 
 
 def test_a_spec_over_the_size_limit_is_refused_without_compiling() -> None:
-    from metalserve.structured.compiler import GrammarLimits
+    from metalserve.structured.limits import GrammarLimits
 
-    compiler = GrammarCompiler(tiny_tokenizer(), limits=GrammarLimits(max_spec_bytes=100))
+    compiler = GrammarCompiler(tiny_tokenizer(), limits=GrammarLimits(max_grammar_bytes=100))
     with pytest.raises(GrammarError, match="limit .* is 100"):
         compiler.compile(S(regex="a" * 200))
     assert compiler.num_compiles == 0 and len(compiler) == 0 and compiler.cache_bytes == 0

@@ -1,96 +1,84 @@
-// metalserve's page: a chat view over /v1/chat/completions and a server view over /v1/server/status.
+// metalserve's page: the chat view over /v1/chat/completions (the server view is server.js).
 // Plain browser JavaScript, no build step, no network beyond this server.
 "use strict";
 
-const KEY_ITEM = "metalserve-api-key";        // sessionStorage: this tab only
 const CHAT_ITEM = "metalserve-conversation";  // localStorage: the conversation survives a reload
-const $ = (id) => document.getElementById(id);
+const MODEL_ITEM = "metalserve-model";
+const RETRY_MS = 3000;       // an unreachable server is asked again this often
+const PROGRESS_MS = 400;     // how often the wait for the first token is described
 
 let conversation = loadConversation();
-let controller = null;   // the running answer's AbortController
+let turn = null;             // the running answer: { controller, answer, box, dropped, responseId }
 let models = [];
-let pollTimer = null;
+let reconnectTimer = null;
+let modelsProblem = "";     // why the model list did not load, for the check before sending
 
-// ---- the API key ----
-
-function apiKey() { return sessionStorage.getItem(KEY_ITEM) || ""; }
-
-function headers(extra) {
-  const h = Object.assign({ "Content-Type": "application/json" }, extra || {});
-  if (apiKey()) h["Authorization"] = "Bearer " + apiKey();
-  return h;
-}
-
-let keyWaiters = [];
-function askForKey() {
-  return new Promise((resolve) => {
-    keyWaiters.push(resolve);
-    const dialog = $("key-dialog");
-    if (!dialog.open) { $("key-input").value = ""; dialog.showModal(); }
-  });
-}
-
-$("key-form").addEventListener("submit", () => {
-  sessionStorage.setItem(KEY_ITEM, $("key-input").value.trim());
-  const waiters = keyWaiters; keyWaiters = [];
-  waiters.forEach((w) => w());
-});
-$("key-button").addEventListener("click", () => askForKey().then(refreshAll));
-
-// fetch with the key; a 401 asks for the key and tries again.
-async function api(path, options) {
-  for (;;) {
-    const response = await fetch(path, Object.assign({}, options, { headers: headers() }));
-    if (response.status !== 401) return response;
-    await askForKey();
-  }
-}
-
-async function errorText(response) {
-  try {
-    const body = await response.json();
-    return (body.error && body.error.message) || JSON.stringify(body);
-  } catch (e) { return response.status + " " + response.statusText; }
-}
-
-// ---- tabs ----
+// ---- layout: tabs and, on a narrow screen, the settings drawer ----
 
 document.querySelectorAll(".tab").forEach((tab) => tab.addEventListener("click", () => {
   document.querySelectorAll(".tab").forEach((t) => t.classList.toggle("active", t === tab));
   document.querySelectorAll(".view").forEach((v) => { v.hidden = v.id !== tab.dataset.view; });
+  setDrawer(false);
   if (tab.dataset.view === "server-view") pollStatus(); else loadModels();
 }));
+
+function setDrawer(open) {
+  document.body.classList.toggle("drawer-open", open);
+  $("menu-button").setAttribute("aria-expanded", String(open));
+  $("drawer-backdrop").hidden = !open;
+}
+$("menu-button").addEventListener("click", () => setDrawer(!document.body.classList.contains("drawer-open")));
+$("drawer-backdrop").addEventListener("click", () => setDrawer(false));
+document.addEventListener("keydown", (e) => { if (e.key === "Escape") setDrawer(false); });
+
+$("key-button").addEventListener("click", () => askForKey("change").then(refreshAll, () => {}));
 
 // ---- models ----
 
 async function loadModels() {
-  const response = await api("/v1/models");
-  if (!response.ok) { $("conn").textContent = await errorText(response); return; }
-  models = (await response.json()).data;
+  clearTimeout(reconnectTimer);
+  let response;
+  try {
+    response = await api("/v1/models");
+  } catch (error) {
+    $("model-state").textContent = modelsProblem = error.message;
+    if (error.name === "Unreachable") reconnectTimer = setTimeout(loadModels, RETRY_MS);
+    return;
+  }
+  if (!response.ok) { $("model-state").textContent = modelsProblem = await errorText(response); return; }
+  modelsProblem = "";
+  showModels((await response.json()).data);
+}
+
+// The picker lists every model with its state (kept current while a model loads for an answer).
+function showModels(list) {
+  models = list;
   const select = $("model-select");
-  const chosen = select.value || localStorage.getItem("metalserve-model") || "";
+  const chosen = select.value || localStorage.getItem(MODEL_ITEM) || "";
   select.innerHTML = "";
   for (const m of models) {
     const option = document.createElement("option");
     option.value = m.id;
-    option.textContent = m.id + "  (" + m.state + ")";
+    option.textContent = m.id + (m.state ? "  (" + m.state + ")" : "");
     select.appendChild(option);
   }
   if (models.some((m) => m.id === chosen)) select.value = chosen;
   showModelState();
-  $("conn").textContent = "connected";
 }
 
+const selectedModel = () => models.find((m) => m.id === $("model-select").value);
+
 function showModelState() {
-  const m = models.find((x) => x.id === $("model-select").value);
-  if (!m) { $("model-state").textContent = ""; return; }
+  const m = selectedModel();
+  if (!m) { $("model-state").textContent = models.length ? "" : "The server lists no model."; return; }
   const aliases = m.aliases && m.aliases.length ? "aliases: " + m.aliases.join(", ") + " · " : "";
   const context = m.max_model_len ? "context " + m.max_model_len + " tokens · " : "";
-  $("model-state").textContent = aliases + context + m.state;
+  const state = m.state === "unloaded" ? "unloaded (it loads on the first message)" : (m.state || "");
+  $("model-state").textContent = aliases + context + state;
 }
 
 $("model-select").addEventListener("change", () => {
-  localStorage.setItem("metalserve-model", $("model-select").value);
+  localStorage.setItem(MODEL_ITEM, $("model-select").value);
   showModelState();
 });
 
@@ -107,21 +95,24 @@ function renderMessage(message) {
   const who = document.createElement("div");
   who.className = "who";
   who.textContent = message.role === "user" ? "You" : (message.model || "assistant");
-  box.appendChild(who);
   const reasoning = document.createElement("details");
   reasoning.className = "reasoning";
   reasoning.hidden = !message.reasoning;
-  reasoning.innerHTML = "<summary>Reasoning</summary><div class='reasoning-text'></div>";
-  reasoning.querySelector(".reasoning-text").textContent = message.reasoning || "";
-  box.appendChild(reasoning);
+  const summary = document.createElement("summary"); summary.textContent = "Reasoning";
+  const reasoningText = document.createElement("div"); reasoningText.className = "reasoning-text";
+  reasoningText.textContent = message.reasoning || "";
+  reasoning.append(summary, reasoningText);
+  const progress = document.createElement("div");
+  progress.className = "progress muted";
+  progress.hidden = true;
   const content = document.createElement("div");
   content.className = "content";
-  content.textContent = message.content || "";
-  box.appendChild(content);
+  if (message.role === "user") content.textContent = message.content || "";
+  else renderMarkdown(content, message.content);
   const note = document.createElement("div");
   note.className = "note muted";
   note.textContent = message.note || "";
-  box.appendChild(note);
+  box.append(who, reasoning, progress, content, note);
   $("messages").appendChild(box);
   return box;
 }
@@ -132,9 +123,11 @@ function renderConversation() {
   $("messages").scrollTop = $("messages").scrollHeight;
 }
 
+// New chat: the running answer is aborted and dropped, so it is neither kept nor sent as context.
 $("new-chat").addEventListener("click", () => {
-  if (controller) controller.abort();
-  conversation = []; saveConversation(); renderConversation();
+  if (turn) { turn.dropped = true; turn.controller.abort(); }
+  conversation = []; saveConversation(); renderConversation(); showError("");
+  setDrawer(false);
 });
 
 function showError(text) {
@@ -142,7 +135,31 @@ function showError(text) {
   $("chat-error").hidden = !text;
 }
 
-// ---- sending and streaming ----
+// ---- what is sent: checked before sending ----
+
+function readSettings() {
+  const problems = [];
+  const body = {};
+  const temperature = $("temperature"), maxTokens = $("max-tokens");
+  if (temperature.validity.badInput) problems.push("Temperature is not a number.");
+  else if (temperature.value.trim() !== "") {
+    const t = Number(temperature.value);
+    if (!(t >= 0 && t <= 2)) problems.push("Temperature must be between 0 and 2.");
+    else body.temperature = t;
+  }
+  const model = selectedModel();
+  if (maxTokens.validity.badInput) problems.push("Max tokens is not a number.");
+  else if (maxTokens.value.trim() !== "") {  // empty: the server's default (the rest of the context)
+    const n = Number(maxTokens.value);
+    if (!Number.isInteger(n) || n < 1) problems.push("Max tokens must be a whole number of at least 1 (or empty for the default).");
+    else if (model && model.max_model_len && n >= model.max_model_len) problems.push("Max tokens must be below the model's context of " + model.max_model_len + " tokens.");
+    else body.max_tokens = n;
+  }
+  if (!$("model-select").value) problems.push("No model to send to: " + (modelsProblem || "the server lists none."));
+  $("settings-error").textContent = problems.join(" ");
+  $("settings-error").hidden = !problems.length;
+  return problems.length ? { problems } : { body };
+}
 
 $("prompt").addEventListener("keydown", (event) => {
   if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); $("composer").requestSubmit(); }
@@ -151,12 +168,14 @@ $("prompt").addEventListener("keydown", (event) => {
 $("composer").addEventListener("submit", (event) => {
   event.preventDefault();
   const text = $("prompt").value.trim();
-  if (!text || controller) return;
+  if (!text || turn) return;
+  const settings = readSettings();
+  if (settings.problems) { showError(settings.problems.join(" ")); return; }
   $("prompt").value = "";
-  send(text);
+  send(text, settings.body);
 });
 
-$("stop").addEventListener("click", () => { if (controller) controller.abort(); });
+$("stop").addEventListener("click", () => { if (turn) turn.controller.abort(); });
 
 function requestMessages() {
   const out = [];
@@ -166,7 +185,9 @@ function requestMessages() {
   return out;
 }
 
-async function send(text) {
+// ---- sending and streaming ----
+
+async function send(text, settings) {
   showError("");
   conversation.push({ role: "user", content: text });
   renderMessage(conversation[conversation.length - 1]);
@@ -174,50 +195,101 @@ async function send(text) {
   const answer = { role: "assistant", content: "", reasoning: "", model: model, note: "" };
   const box = renderMessage(answer);
   box.classList.add("streaming");
-  const body = {
-    model: model, messages: requestMessages(), stream: true,
-    temperature: Number($("temperature").value), max_tokens: Number($("max-tokens").value),
-    stream_options: { include_usage: true },
-  };
-  controller = new AbortController();
+  $("messages").scrollTop = $("messages").scrollHeight;  // the new answer in view, however long the prompt
+  const body = Object.assign({ model: model, messages: requestMessages(), stream: true,
+    stream_options: { include_usage: true } }, settings);
+  const current = { controller: new AbortController(), answer, box, dropped: false, responseId: null,
+    started: performance.now(), waiting: true };
+  turn = current;
   $("send").disabled = true; $("stop").disabled = false;
-  const started = performance.now();
+  watchFirstToken(current);
   try {
-    const response = await fetchStream(body, controller.signal);
+    const response = await api("/v1/chat/completions",
+      { method: "POST", body: JSON.stringify(body), signal: current.controller.signal });
     if (!response.ok) throw new Error(await errorText(response));
-    await readStream(response, answer, box);
-    answer.note = finishNote(answer, started);
+    await readStream(response, current);
+    answer.note = finishNote(answer, current.started, "max_tokens" in settings);
   } catch (error) {
     if (error.name === "AbortError") answer.note = "stopped";
-    else { answer.note = "error"; showError(error.message); }
+    else {
+      answer.note = "error";
+      showError(error.name === "TypeError" ? "The connection to the server was lost during the answer." : error.message);
+      if (error.name === "TypeError") setConn("unreachable");
+      if (error.name === "Unreachable" || error.name === "TypeError") reconnectTimer = setTimeout(loadModels, RETRY_MS);
+    }
   } finally {
-    controller = null;
+    current.waiting = false;
+    if (turn === current) turn = null;
     $("send").disabled = false; $("stop").disabled = true;
     box.classList.remove("streaming");
+    box.querySelector(".progress").hidden = true;
+    flushContent(current);
     box.querySelector(".note").textContent = answer.note;
-    conversation.push(answer); saveConversation();
-    loadModels();
+    if (current.dropped) box.remove();
+    else { conversation.push(answer); saveConversation(); }
+    if (!current.dropped || !turn) loadModels();
   }
 }
 
-async function fetchStream(body, signal) {
-  for (;;) {
-    const response = await fetch("/v1/chat/completions", {
-      method: "POST", headers: headers(), body: JSON.stringify(body), signal: signal,
-    });
-    if (response.status !== 401) return response;
-    await askForKey();
+// Until the first token: "loading model" while the model loads (the request waits for it before the
+// server answers), then the prompt's progress, tokens read of total, from /v1/server/requests/{id}.
+async function watchFirstToken(current) {
+  const line = current.box.querySelector(".progress");
+  const known = selectedModel();
+  const mayLoad = known && known.state && known.state !== "loaded";
+  while (current.waiting) {
+    const seconds = Math.round((performance.now() - current.started) / 1000);
+    let text = "Waiting for the server… " + seconds + " s", fraction = null;
+    try {
+      if (current.responseId) {
+        const r = await fetch("/v1/server/requests/" + encodeURIComponent(current.responseId), { headers: headers() });
+        const running = r.ok ? (await r.json()).requests[0] : null;
+        if (running && running.output_tokens === 0) {
+          fraction = running.prompt_tokens_done / Math.max(1, running.prompt_tokens);
+          text = "Reading the prompt: " + count(running.prompt_tokens_done) + " / " + count(running.prompt_tokens) +
+            " tokens · " + seconds + " s";
+        }
+      } else if (mayLoad) {
+        const r = await fetch("/v1/models", { headers: headers() });
+        const list = r.ok ? (await r.json()).data : null;
+        if (list && !turnIsOver(current)) showModels(list);
+        const m = list ? list.find((x) => x.id === current.answer.model) : null;
+        if (m && m.state !== "loaded") text = "Loading model " + m.id + "… " + seconds + " s";
+      }
+    } catch (e) { /* the request itself reports an unreachable server */ }
+    if (!current.waiting) break;
+    showProgress(line, text, fraction);
+    await new Promise((resolve) => setTimeout(resolve, PROGRESS_MS));
   }
 }
 
-function finishNote(answer, started) {
-  const seconds = ((performance.now() - started) / 1000).toFixed(1);
+const turnIsOver = (current) => !current.waiting || current.dropped;
+
+function showProgress(line, text, fraction) {
+  const messages = $("messages");
+  const atBottom = messages.scrollHeight - messages.scrollTop - messages.clientHeight < 40;
+  line.hidden = false;
+  line.textContent = text;
+  if (fraction !== null) {
+    const bar = document.createElement("div"); bar.className = "bar";
+    const fill = document.createElement("span"); fill.style.width = (100 * fraction).toFixed(1) + "%";
+    bar.appendChild(fill); line.appendChild(bar);
+  }
+  if (atBottom) messages.scrollTop = messages.scrollHeight;
+}
+
+function finishNote(answer, started, limited) {
+  const seconds = duration((performance.now() - started) / 1000);
   const usage = answer.usage ? answer.usage.completion_tokens + " tokens, " : "";
-  return usage + seconds + " s" + (answer.finish ? " · " + answer.finish : "");
+  let end = "";
+  if (answer.finish === "length") {
+    end = " · cut off: " + (limited ? "the Max tokens limit was reached" : "the model's context is full");
+  } else if (answer.finish && answer.finish !== "stop") end = " · " + answer.finish;
+  return usage + seconds + end;
 }
 
 // Server-sent events: "data: {json}" lines, blank-line separated, ending with "data: [DONE]".
-async function readStream(response, answer, box) {
+async function readStream(response, current) {
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
   let buffer = "";
@@ -232,13 +304,15 @@ async function readStream(response, answer, box) {
       if (!line.startsWith("data:")) continue;
       const data = line.slice(5).trim();
       if (data === "[DONE]") return;
-      applyChunk(JSON.parse(data), answer, box);
+      applyChunk(JSON.parse(data), current);
     }
   }
 }
 
-function applyChunk(chunk, answer, box) {
+function applyChunk(chunk, current) {
   if (chunk.error) throw new Error(chunk.error.message);
+  const { answer, box } = current;
+  if (chunk.id && !current.responseId) current.responseId = chunk.id;
   if (chunk.usage) answer.usage = chunk.usage;
   for (const choice of chunk.choices || []) {
     const delta = choice.delta || {};
@@ -248,111 +322,27 @@ function applyChunk(chunk, answer, box) {
       details.hidden = false; details.open = true;
       details.querySelector(".reasoning-text").textContent = answer.reasoning;
     }
-    if (delta.content) {
-      answer.content += delta.content;
-      box.querySelector(".content").textContent = answer.content;
+    if (delta.content) { answer.content += delta.content; scheduleContent(current); }
+    if (delta.content || delta.reasoning_content) {
+      current.waiting = false;
+      box.querySelector(".progress").hidden = true;
     }
     if (choice.finish_reason) answer.finish = choice.finish_reason;
   }
-  $("messages").scrollTop = $("messages").scrollHeight;
 }
 
-// ---- the server view ----
-
-function bytes(n) {
-  if (n === null || n === undefined) return "-";
-  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-  let i = 0;
-  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
-  return (i ? n.toFixed(1) : n) + " " + units[i];
+// Markdown is re-rendered at most every 60 ms while an answer streams in.
+function scheduleContent(current) {
+  if (current.renderTimer) return;
+  current.renderTimer = setTimeout(() => flushContent(current), 60);
 }
-const ms = (v) => (v === null || v === undefined ? "-" : v.toFixed(1) + " ms");
-const pct = (v) => (v === null || v === undefined ? "-" : (100 * v).toFixed(1) + "%");
-const secs = (v) => (v === null || v === undefined ? "-" : v.toFixed(2) + " s");
-
-function field(card, name, text) {
-  let cell = card.querySelector("[data-field='" + name + "']");
-  if (cell) cell.textContent = text;
-}
-
-const CARD_FIELDS = [
-  ["state", "State"], ["memory", "Memory"], ["running", "Running"], ["waiting", "Waiting"],
-  ["prompt_tps", "Prompt tok/s"], ["generation_tps", "Generation tok/s"], ["ttft", "TTFT p50 / p90"],
-  ["tpot", "TPOT p50 / p90"], ["kv", "KV pool used"], ["prefix", "Prefix-cache hits"], ["context", "Context"],
-  ["loads", "Loads"],
-];
-
-function modelCard(model) {
-  let card = document.querySelector(".model-card[data-model='" + CSS.escape(model.id) + "']");
-  if (card) return card;
-  card = document.createElement("div");
-  card.className = "model-card";
-  card.dataset.model = model.id;
-  const title = document.createElement("h3");
-  title.textContent = model.id;
-  card.appendChild(title);
-  const aliases = document.createElement("div");
-  aliases.className = "muted";
-  aliases.textContent = model.aliases.length ? "aliases: " + model.aliases.join(", ") : "";
-  card.appendChild(aliases);
-  const grid = document.createElement("dl");
-  for (const [name, label] of CARD_FIELDS) {
-    const dt = document.createElement("dt"); dt.textContent = label;
-    const dd = document.createElement("dd"); dd.dataset.field = name;
-    grid.appendChild(dt); grid.appendChild(dd);
-  }
-  card.appendChild(grid);
-  const bar = document.createElement("div"); bar.className = "bar"; bar.innerHTML = "<span></span>";
-  card.appendChild(bar);
-  $("model-cards").appendChild(card);
-  return card;
-}
-
-function renderStatus(status) {
-  $("mem-budget").textContent = bytes(status.memory.budget_bytes);
-  $("mem-models").textContent = bytes(status.memory.models_bytes);
-  $("mem-rss").textContent = bytes(status.memory.process_rss_bytes);
-  $("requests-total").textContent = status.requests_total;
-  $("uptime").textContent = Math.round(status.uptime_s) + " s";
-  for (const m of status.models) {
-    const card = modelCard(m);
-    card.dataset.state = m.state;
-    field(card, "state", m.state + (m.pinned ? " (pinned)" : ""));
-    field(card, "memory", m.state === "unloaded" ? "-" : bytes(m.memory_bytes));
-    field(card, "running", m.running);
-    field(card, "waiting", m.waiting);
-    field(card, "prompt_tps", m.prompt_tokens_per_s === undefined ? "-" : m.prompt_tokens_per_s.toFixed(1));
-    field(card, "generation_tps", m.generation_tokens_per_s === undefined ? "-" : m.generation_tokens_per_s.toFixed(1));
-    field(card, "ttft", m.ttft_ms ? ms(m.ttft_ms.p50) + " / " + ms(m.ttft_ms.p90) : "-");
-    field(card, "tpot", m.tpot_ms ? ms(m.tpot_ms.p50) + " / " + ms(m.tpot_ms.p90) : "-");
-    field(card, "kv", pct(m.kv_cache_usage));
-    field(card, "prefix", pct(m.prefix_cache_hit_rate));
-    field(card, "context", m.max_model_len ? m.max_model_len + " tokens" : "-");
-    field(card, "loads", m.loads);
-    card.querySelector(".bar span").style.width = (100 * (m.kv_cache_usage || 0)).toFixed(1) + "%";
-  }
-  const body = document.querySelector("#recent-requests tbody");
-  body.innerHTML = "";
-  for (const r of status.recent_requests) {
-    const row = document.createElement("tr");
-    const cells = [r.model, r.status, r.prompt_tokens, r.cached_tokens, r.output_tokens,
-      r.ttft_s === null ? "-" : ms(1000 * r.ttft_s), r.tpot_s === null ? "-" : ms(1000 * r.tpot_s),
-      secs(r.e2e_s), new Date(1000 * r.ended_at).toLocaleTimeString()];
-    for (const c of cells) { const td = document.createElement("td"); td.textContent = c; row.appendChild(td); }
-    body.appendChild(row);
-  }
-  $("status-updated").textContent = "Last update " + new Date().toLocaleTimeString() + ".";
-}
-
-async function pollStatus() {
-  clearTimeout(pollTimer);
-  if ($("server-view").hidden) return;
-  try {
-    const response = await api("/v1/server/status");
-    if (response.ok) { renderStatus(await response.json()); $("conn").textContent = "connected"; }
-    else $("conn").textContent = await errorText(response);
-  } catch (error) { $("conn").textContent = "server unreachable"; }
-  pollTimer = setTimeout(pollStatus, 1000);
+function flushContent(current) {
+  clearTimeout(current.renderTimer);
+  current.renderTimer = null;
+  const messages = $("messages");
+  const atBottom = messages.scrollHeight - messages.scrollTop - messages.clientHeight < 40;
+  renderMarkdown(current.box.querySelector(".content"), current.answer.content);
+  if (atBottom) messages.scrollTop = messages.scrollHeight;
 }
 
 function refreshAll() { loadModels(); pollStatus(); }

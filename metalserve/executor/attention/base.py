@@ -38,7 +38,7 @@ class LayerCacheSpec:
         dtype: mx.Dtype,
         block_size: int,
         num_blocks: int,
-        storage: KVCacheDtype = "auto",
+        storage: KVCacheDtype = KVCacheDtype.AUTO,
     ) -> LayerCacheSpec:
         """A full-attention layer's cache (tests and benchmarks)."""
         page = PageDtype(dtype_name(dtype), dtype.size)

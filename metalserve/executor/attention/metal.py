@@ -15,7 +15,7 @@ from metalserve.executor.attention.kv_quant import dequantize, quantize
 from metalserve.executor.attention.reference import paged_attention, write_kv
 from metalserve.executor.step_inputs import StepInputs
 from metalserve.kernels.metal.guard import LaunchRefused
-from metalserve.kvcache.specs import PageDtype
+from metalserve.kvcache.specs import KVCacheDtype, PageDtype
 
 logger = logging.getLogger("metalserve.engine")
 
@@ -58,8 +58,8 @@ class KernelStep:
     block_size: int
 
 
-# The page storages the Metal kernels read (kernels/metal/args.py).
-METAL_STORAGES = ("auto", "int8", "q4")
+# The Metal kernels read every page storage (kernels/metal/args.py).
+METAL_STORAGES = tuple(s.value for s in KVCacheDtype)
 
 
 def _zeros(spec: LayerCacheSpec) -> LayerKV:

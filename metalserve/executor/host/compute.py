@@ -127,7 +127,7 @@ def _dense_head(head: nn.Module) -> np.ndarray | None:
     """A NumPy view `[vocab, hidden]` of a dense float32 output projection.
 
     On MLX's CPU backend NumPy's bundled OpenBLAS, even on the one thread metalserve gives it
-    (loader/blas.py), ran this one wide matmul (49152 outputs) 1.15x faster than MLX's through MKL at
+    (metalserve/blas.py), ran this one wide matmul (49152 outputs) 1.15x faster than MLX's through MKL at
     batch 1 to 32 (bench/lm_head.py); every other matmul stays MLX's.
     """
     dense = type(head) in (nn.Embedding, nn.Linear) and "bias" not in head and head.weight.dtype == mx.float32

@@ -153,13 +153,13 @@ class ModelFamily:
         state_bytes = state_layout_of(model, self.model_type).slot_bytes
         return (RecurrentState(layers=layers, snapshots=True, state_bytes=state_bytes),)
 
-    def page(self, model: nn.Module, storage: KVCacheDtype = "auto") -> PageDtype:
+    def page(self, model: nn.Module, storage: KVCacheDtype = KVCacheDtype.AUTO) -> PageDtype:
         """How the model's K/V pages are stored: `storage` over the activation dtype."""
         dtype = self.activation_dtype(model)
         return PageDtype(dtype_name(dtype), dtype.size, storage)
 
     def kv_cache_spec(
-        self, model: nn.Module, block_size: int, storage: KVCacheDtype = "auto", num_blocks: int = 0
+        self, model: nn.Module, block_size: int, storage: KVCacheDtype = KVCacheDtype.AUTO, num_blocks: int = 0
     ) -> KVCacheSpec:
         """Every layer group's cache spec (kvcache/specs.py) for a model not yet installed (PagedModel's
         get_kv_cache_spec answers the same once it is)."""
@@ -205,7 +205,7 @@ def kv_shape(loaded: LoadedModel) -> KVShape:
 
 
 def kv_cache_spec(
-    loaded: LoadedModel, block_size: int, storage: KVCacheDtype = "auto", num_blocks: int = 0
+    loaded: LoadedModel, block_size: int, storage: KVCacheDtype = KVCacheDtype.AUTO, num_blocks: int = 0
 ) -> KVCacheSpec:
     """The loaded model's cache spec (see ModelFamily.kv_cache_spec)."""
     return family_of(loaded).kv_cache_spec(loaded.model, block_size, storage, num_blocks)

@@ -20,6 +20,7 @@ from metalserve.executor.models.attention_traits import AttentionTraits, all_tra
 from metalserve.kvcache.specs import (
     AttentionSpec,
     FullAttention,
+    KVCacheDtype,
     KVCacheSpec,
     MLALatent,
     PageDtype,
@@ -49,7 +50,7 @@ class KVLayout:
     ) -> KVCacheSpec:
         """The model's cache spec: every attention page as `page` says (kinds that cannot be quantized
         keep `page.dtype`), followed by the recurrent-state groups."""
-        base = replace(page, storage="auto")
+        base = replace(page, storage=KVCacheDtype.AUTO)
 
         def paged(spec: AttentionSpec) -> AttentionSpec:
             return replace(spec, page=base).with_storage(page.storage)

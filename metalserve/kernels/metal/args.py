@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from metalserve.kvcache.specs import BLOCK_SIZES
+
 HEAD_DIMS = (64, 80, 96, 128, 256)
-BLOCK_SIZES = (8, 16, 32)
 DTYPES = (mx.float16, mx.bfloat16, mx.float32)
 
 

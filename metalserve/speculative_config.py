@@ -1,4 +1,5 @@
-"""`--speculative-config`, as vLLM spells it, parsed and validated once at start-up."""
+"""`--speculative-config`, as vLLM spells it, parsed and validated once at start-up (EngineConfig holds
+it; the drafting and the verifying live in spec_decode/)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The disk connector's worker half: reads on reader threads, writes on a writer thread, and every touch
-of an MLX array on the engine thread.
+of an MLX array on the engine thread. Its scheduler half, which picks the blocks, is
+metalserve/kvcache/connector/disk_scheduler.py (the store beside it: disk_store.py).
 
 A save copies the block's pages to host memory right after the forward (so the block may be freed or
 reused at once), then a writer thread encodes and writes the file. A load reads and checks files on
@@ -25,7 +26,7 @@ from metalserve.executor.connector.pages import HostBlock, dtype_tag, expected_s
 from metalserve.executor.connector.states import read_states, state_dtype_tag, state_shapes, write_states
 from metalserve.executor.state_cache import RecurrentStates
 from metalserve.kvcache.connector.base import BlockTransfer, ConnectorMetadata, ConnectorOutput
-from metalserve.kvcache.connector.store import DiskStore
+from metalserve.kvcache.connector.disk_store import DiskStore
 
 logger = logging.getLogger("metalserve.kv_disk")
 

@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from metalserve.loader.blas import find_mkl
+from metalserve.blas import find_mkl
 
 _PROBE = """
 import json, metalserve
 import mlx.core as mx
 import numpy as np
-from metalserve.loader.blas import blas_description
+from metalserve.blas import blas_description
 a = np.random.default_rng(0).standard_normal((300, 200)).astype(np.float32)
 b = np.random.default_rng(1).standard_normal((200, 100)).astype(np.float32)
 c = np.array(mx.array(a) @ mx.array(b))

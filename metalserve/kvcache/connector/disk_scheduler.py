@@ -1,5 +1,6 @@
 """The disk connector's scheduler half: prefix blocks past the RAM hit that the store holds, and the
-computed full blocks of each step to write through to it."""
+computed full blocks of each step to write through to it. Its worker half, which moves the pages, is
+metalserve/executor/connector/disk_worker.py; the store is disk_store.py here."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from metalserve.kvcache.connector.base import (
     ConnectorStats,
     KVConnectorScheduler,
 )
-from metalserve.kvcache.connector.keys import StoreNamespace
+from metalserve.kvcache.connector.disk_keys import StoreNamespace
 from metalserve.kvcache.hashing import BlockHash
 from metalserve.kvcache.specs import LayerGroupSpec, RecurrentState, SlidingWindow
 from metalserve.request import Request
