@@ -200,6 +200,10 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         "77",
         "--no-generic-tool-prompt",
         "--no-async-scheduling",
+        "--runner",
+        "pooling",
+        "--pooling-type",
+        "mean",
     ]
     # A new flag gets a value here too: every flag is parsed onto its field by this test.
     given = {a.dest for a in _parser()._actions if {*a.option_strings} & set(argv)} | {"model"}
@@ -230,6 +234,8 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         hf_overrides={"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
         allow_long_max_model_len=True,
         async_scheduling=False,
+        runner="pooling",
+        pooling_type="mean",
     )
     assert settings == ServerSettings(
         host="0.0.0.0",

@@ -73,7 +73,8 @@ def make_output(out: EngineCoreOutput, state: RequestState, now: float, iteratio
         state.num_output_tokens += n_new
         iteration.num_generation_tokens += n_new
     if out.pooled is not None:  # a pooling request: its prompt is all it computed
-        iteration.num_prompt_tokens += state.num_prompt_tokens
+        iteration.num_prompt_tokens += state.num_prompt_tokens - state.prompt_done  # what count_prefill left
+        state.prompt_done = state.num_prompt_tokens
         iteration.num_pooling_requests += 1
     finish_reason, stop_reason = out.finish_reason, out.stop_reason
     if detok.stop_reason is not None:
