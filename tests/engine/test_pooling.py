@@ -118,3 +118,20 @@ def test_pooling_params_are_checked() -> None:
         PoolingParams("max")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="dimensions"):
         PoolingParams(dimensions=0)
+
+
+def test_async_scheduling_never_schedules_a_token_after_a_pooled_prompt() -> None:
+    short, long = golden.prompts([9, 40], VOCAB, seed=5)
+    config = EngineConfig(
+        kv_cache_memory=1 << 22, block_size=16, max_num_batched_tokens=32, runner="pooling", async_scheduling=True
+    )
+    core = build_engine_core(config, golden.loaded_of(build(ARCH), ARCH))
+    assert core.async_scheduling
+    core.add_request(Request("gen", short, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)))
+    core.add_request(Request("emb", long, pooled(PoolingParams("mean"))))
+    outs = drain(core)
+    (emb,) = outs["emb"]
+    np.testing.assert_allclose(emb.pooled, reference(long, PoolingParams("mean")), atol=2e-4)
+    assert sum(len(o.new_token_ids) for o in outs["gen"]) == 4
+    assert core.scheduler.num_placeholders == 3  # the generating request's only: none for the pooled prompt
+    assert core.scheduler.kv.usage == 0.0
