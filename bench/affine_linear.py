@@ -1,4 +1,4 @@
-"""The default model's projections on MLX's CPU backend: MLX's fp32 matmul (MKL) vs the codes kernel.
+"""The default model's projections on MLX's CPU backend: MLX's fp32 matmul (MKL) vs the packed-codes kernel.
 
     .venv/bin/python bench/affine_linear.py [--model PATH] [--batches 1 8 32 64 128 256] [--repeats 5]
 
@@ -25,7 +25,7 @@ import numpy as np
 from metalserve.executor.host.compute import HostCompute
 from metalserve.executor.host.linear import HostLinear
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.kernels.cpu.affine_linear import affine_linear
+from metalserve.kernels.cpu.packed_linear import packed_linear
 from metalserve.loader import load_model
 
 
@@ -60,14 +60,15 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, weights="dequantize")  # MLX's side needs its fp32 copy
     layers = projections(PagedModel(loaded.model, loaded.model_type, HostCompute(loaded.codes)))
     if not layers:
         raise SystemExit("no projection kept its codes (is this a Q4/Q8 model, dequantized on MLX's CPU backend?)")
-    weights = sum(layer.codes.codes.size for layer in layers)
+    weights = sum(p.shape[0] * p.columns for layer in layers for p in layer.codes)
+    packed = sum(p.nbytes for layer in layers for p in layer.codes)
     print(
         f"{len(layers)} projections, {weights / 1e6:.0f}M weights: fp32 {4 * weights / 1e6:.0f} MB, "
-        f"codes {weights / 1e6:.0f} MB\n"
+        f"packed codes {packed / 1e6:.0f} MB\n"
     )
     print("| batch | MLX fp32 (ms) | codes kernel (ms) | MLX / codes |\n|---|---|---|---|")
     for batch in args.batches:
@@ -78,18 +79,18 @@ def main() -> None:
 def compare(layers: list[HostLinear], batch: int, repeats: int) -> tuple[float, float]:
     """Median ms of one pass over `layers` through MLX and through the codes kernel, alternated."""
     rng = np.random.default_rng(batch)
-    widths = {layer.codes.codes.shape[1] for layer in layers}
+    widths = {layer.codes[0].columns for layer in layers}
     inputs = {w: rng.standard_normal((batch, w)).astype(np.float32) for w in widths}
     as_mx = {w: mx.array(x) for w, x in inputs.items()}
     mx.eval(list(as_mx.values()))
 
     def with_mlx() -> None:
         for layer in layers:
-            mx.eval(layer.inner(as_mx[layer.codes.codes.shape[1]]))
+            mx.eval(layer.inner(as_mx[layer.codes[0].columns]))
 
     def with_codes() -> None:
         for layer in layers:
-            affine_linear(inputs[layer.codes.codes.shape[1]], layer.codes)
+            packed_linear(inputs[layer.codes[0].columns], layer.code_parts.segments())
 
     mlx_ms, codes_ms = [], []
     for _ in range(2):  # alternate, so drift on a shared machine hits both sides

@@ -5,7 +5,7 @@
 On a Mac it times, per shape: the tiled and the decode Metal kernels over the pages (and which one the
 entry point picks); `mx.fast.scaled_dot_product_attention` on a dense copy of the same KV (the copy
 made beforehand, so this is SDPA alone); and gather + SDPA. Elsewhere the Metal rows are skipped, the
-portable path (executor/attention/reference.py) is timed instead, and only the small shapes run unless `--shapes all`.
+portable path (executor/attention/mlx_ops.py) is timed instead, and only the small shapes run unless `--shapes all`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import metalserve  # noqa: F401  (must come before MLX: it loads the optimized B
 import mlx.core as mx
 import numpy as np
 
-from metalserve.executor.attention import reference
+from metalserve.executor.attention import mlx_ops
 from metalserve.kernels.metal.gpu import metal_paged_attention
 from metalserve.kernels.metal.paged import PagedArgs, choose_kernel
 
@@ -87,8 +87,8 @@ def bench_shape(num_reqs: int, q_len: int, ctx: int, iters: int, dtype: mx.Dtype
                 lambda name=name: metal_paged_attention(*args, block_size=BLOCK, scale=scale, kernel=name), iters
             )
     else:
-        portable = reference.paged_attention
-        rows["reference.py"] = timed(lambda: portable(*args, block_size=BLOCK, scale=scale), iters)
+        portable = mlx_ops.paged_attention
+        rows["mlx_ops.py"] = timed(lambda: portable(*args, block_size=BLOCK, scale=scale), iters)
     return rows
 
 

@@ -30,7 +30,7 @@ from metalserve.config import EngineConfig
 from metalserve.engine.core import EngineCore
 from metalserve.executor.attention.base import AttentionCall
 from metalserve.executor.attention.mlx import MlxAttention, PortableKV
-from metalserve.executor.attention.reference import AttentionPlan
+from metalserve.executor.attention.mlx_ops import AttentionPlan
 from metalserve.kvcache.specs import KVCacheSpec
 from metalserve.loader import LoadedModel, load_model
 from metalserve.request import Request

@@ -26,10 +26,9 @@ import metalserve  # noqa: F401  (must come before MLX: it loads the optimized B
 import mlx.core as mx
 import numpy as np
 
-from metalserve.executor.attention.base import AttentionBackend, AttentionCall, LayerCacheSpec
+from metalserve.executor.attention.base import AttentionBackend, AttentionCall, AttentionOptions, LayerCacheSpec
 from metalserve.executor.attention.cpu import CpuAttention
 from metalserve.executor.attention.mlx import MlxAttention
-from metalserve.executor.attention.reference import AttentionOptions
 from metalserve.executor.step_inputs import StepInputs
 from metalserve.kvcache.specs import MLALatent
 

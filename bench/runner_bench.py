@@ -25,6 +25,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from metalserve.executor.attention.cpu import CpuAttention
 from metalserve.executor.attention.mlx import MlxAttention
+from metalserve.executor.host import paged_model
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import ModelRunner
 from metalserve.executor.sampler import Sampler
@@ -155,10 +156,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--attention", nargs="+", choices=["cpu", "mlx"], default=["cpu"])
     args = ap.parse_args()
-    reference = load_model(args.model)
+    # mlx-lm on the fp32 weights (MKL), as mlx_lm.server would run it; ours as the server loads it (on the
+    # CPU path: a GGUF of a fast-path family in its codes alone).
+    reference = load_model(args.model, weights="dequantize")
     ours = load_model(args.model)  # a second copy: PagedModel takes over its attention layers
-    paged = PagedModel.from_loaded(ours, current_platform())
+    paged = paged_model(ours, current_platform())
     print(reference.describe(), flush=True)
+    print(ours.describe(), flush=True)
     rows = []
     for path in args.attention:  # each measured right after mlx-lm, so both see the same machine load
         cpu, tag = path == "cpu", f" [{path}]"

@@ -17,11 +17,11 @@ import metalserve  # noqa: F401  (must come before MLX: it loads the optimized B
 # isort: on
 import numpy as np
 from affine_linear import median_ms  # this folder's: the same timing as the codes-kernel bench
-
-from metalserve.executor.host.compute import HostCompute
-from metalserve.executor.models.adapter import PagedModel
-from metalserve.executor.models.families import kv_shape
 from metalserve.kernels.cpu.affine_linear import affine_linear
+
+from metalserve.executor.host import paged_model
+from metalserve.executor.host.compute import HostCompute
+from metalserve.executor.models.families import kv_shape
 from metalserve.kernels.cpu.decoder import decoder_layers
 from metalserve.kernels.cpu.paged import CpuStepPlan
 from metalserve.loader import load_model
@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=11)
     args = parser.parse_args()
     loaded = load_model(None)
-    compute = PagedModel.from_loaded(loaded, current_platform()).compute
+    compute = paged_model(loaded, current_platform()).compute
     if not isinstance(compute, HostCompute) or compute.forward_on_host is None or compute.head_codes is None:
         raise SystemExit("the host forward does not apply here (MLX's CPU backend with the default model only)")
     blocks = args.context // BLOCK + 2

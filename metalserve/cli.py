@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from metalserve import __version__
 from metalserve.config import WeightsMode
+
+if TYPE_CHECKING:
+    from metalserve.api.settings import ServerSettings
 
 
 def _generate_args(sub: argparse._SubParsersAction) -> None:
@@ -72,10 +77,53 @@ def run_serve(args: argparse.Namespace) -> int:
     from metalserve.loader import ModelLoadError
 
     try:
-        run_server(*config_from_args(args))
+        config, settings = config_from_args(args)
+        run_server(config, packaged_defaults(config.model, settings))
     except (ConfigError, ModelLoadError, ValueError) as e:
         print(f"metalserve serve: error: {e}", file=sys.stderr)
         return 1
+    return 0
+
+
+def packaged_defaults(model: str | None, settings: ServerSettings) -> ServerSettings:
+    """A packaged model (`serve qwen2.5-coder-0.5b`) is served for tools: tool_choice "auto" on, as its name
+    promises (its parser is detected from its chat template, or named by the flag); unless the flag says
+    `none`. Other models keep the flags as given."""
+    from metalserve.loader.packaged import PACKAGED_MODELS
+
+    if (model or "").lower() not in PACKAGED_MODELS or settings.tool_call_parser == "none":
+        return settings
+    return dataclasses.replace(settings, enable_auto_tool_choice=True)
+
+
+def _models_args(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("models", help="the packaged models (PyPI wheels): list them, or assemble and verify them")
+    p.add_argument("names", nargs="*", help="assemble and verify these (default: list every one and its state)")
+
+
+def run_models(args: argparse.Namespace) -> int:
+    from metalserve.loader import ModelLoadError
+    from metalserve.loader.packaged import PACKAGED_MODELS, assemble, cache_dir
+
+    if not args.names:
+        for model in PACKAGED_MODELS.values():
+            parts = len(model.part_sha256)
+            installed = sum(model.part_path(n) is not None for n in range(1, parts + 1))
+            assembled = (cache_dir() / model.file_name).is_file()
+            print(f"{model.name}\t{model.title}\t{installed}/{parts} wheels\tassembled: {'yes' if assembled else 'no'}")
+        return 0
+    for name in args.names:
+        wanted = PACKAGED_MODELS.get(name.lower())
+        if wanted is None:
+            print(
+                f"metalserve models: unknown model {name!r}; choose from {', '.join(PACKAGED_MODELS)}", file=sys.stderr
+            )
+            return 2
+        try:
+            print(f"{wanted.name}: {assemble(wanted)} (sha256 {wanted.sha256})")
+        except ModelLoadError as e:
+            print(f"metalserve models: error: {e}", file=sys.stderr)
+            return 1
     return 0
 
 
@@ -92,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_args(sub)
     _generate_args(sub)
+    _models_args(sub)
     _bench_args(sub)
     return parser
 
@@ -103,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_serve(args)
     if args.command == "generate":
         return run_generate(args)
+    if args.command == "models":
+        return run_models(args)
     from metalserve.benchmarks.serve import run_from_args
 
     return run_from_args(args)

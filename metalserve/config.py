@@ -30,7 +30,7 @@ class SchedulingPolicy(StrEnum):
 class WeightsMode(StrEnum):
     """What the forward runs on (--weights): fp32 dequantized at load or the stored quantized weights."""
 
-    AUTO = "auto"  # dequantize below EngineConfig.dequantize_max_bytes, off Metal
+    AUTO = "auto"  # off Metal: a fast-path GGUF in its codes, else fp32 below EngineConfig.dequantize_max_bytes
     DEQUANTIZE = "dequantize"
     QUANTIZED = "quantized"
 

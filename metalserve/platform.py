@@ -7,7 +7,10 @@ device it runs on. `current_platform()` probes on first use and then returns the
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import importlib.util
+import sys
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
@@ -68,3 +71,13 @@ def current_platform() -> Platform:
         blas=blas_description(),
         metal_memory=memory,
     )
+
+
+def return_freed_memory() -> None:
+    """Linux: hand the freed heap back to the OS (after an unload, a failed load, a burst of traffic). glibc
+    keeps freed blocks for reuse, so after an unload the
+    server's resident memory stayed ~700 MiB above its start for the default model (malloc_trim: ~100)."""
+    if sys.platform != "linux":
+        return
+    with contextlib.suppress(OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        ctypes.CDLL("libc.so.6").malloc_trim(0)

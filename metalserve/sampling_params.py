@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Set
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from metalserve.pooling_params import PoolingParams
 from metalserve.structured.params import StructuredOutputsParams
@@ -97,3 +98,22 @@ class SamplingParams:
         """Every token id that ends this request (once min_tokens outputs exist): its stop_token_ids
         plus EOS unless ignore_eos."""
         return frozenset(self.stop_token_ids) | self.eos_stop_ids(eos_token_ids)
+
+
+class SamplingRequest(Protocol):
+    """What the sampler reads from a request; the runner's per-request state satisfies it."""
+
+    @property
+    def sampling_params(self) -> SamplingParams: ...
+
+    @property
+    def prompt_token_ids(self) -> list[int]: ...
+
+    @property
+    def output_token_ids(self) -> list[int]: ...
+
+    @property
+    def num_output_tokens(self) -> int: ...
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]: ...

@@ -199,6 +199,7 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         "--default-max-tokens",
         "77",
         "--no-generic-tool-prompt",
+        "--no-tool-call-grammar",
         "--no-async-scheduling",
         "--runner",
         "pooling",
@@ -259,6 +260,7 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         images=ImageLimits(max_images_per_request=2, max_image_pixels=1000, max_image_bytes_per_request=5000),
         default_max_tokens=77,
         generic_tool_prompt=False,
+        tool_call_grammar=False,
     )
     config, _ = config_from_args(_parser().parse_args(["--kv-disk-dir", "/tmp/kv", "--kv-disk-size", "4096"]))
     assert (config.kv_disk_dir, config.kv_disk_size) == ("/tmp/kv", 4096)

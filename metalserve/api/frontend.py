@@ -38,6 +38,7 @@ class Frontend:
             settings.images,
             settings.default_max_tokens,
             settings.generic_tool_prompt,
+            settings.tool_call_grammar,
         )
         serving = make_model_serving(engine, options, self.store, self.series, self.recorder)
         self.series.loaded.labels(spec.name).set(1)

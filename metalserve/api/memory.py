@@ -1,8 +1,9 @@
 """GET /debug/memory: the process's resident memory split by component, for operators and bench/soak.py.
 
 Weights and the KV pool come from the engine core (the pool as grown so far), the grammar cache and the
-Responses store from their own byte counts; "other" is what the resident set holds beyond them
-(Python objects, allocator slack, MLX's buffer cache, llguidance's lexer tables).
+Responses store from their own byte counts, `mlx_cache` from MLX (freed buffers kept for reuse, handed
+back when the engine goes idle); "other" is what the resident set holds beyond them (Python objects,
+allocator slack, llguidance's lexer tables).
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ def process_rss() -> int:
 
 def memory_report(engines: list[Any], store: ResponseStore) -> dict[str, int]:
     """Every loaded model's weights, KV pool and grammar cache together (one model: its own)."""
-    parts = {"weights": 0, "kv_pool": 0, "grammar_cache": 0}
+    parts = {"weights": 0, "kv_pool": 0, "mlx_cache": 0, "grammar_cache": 0}
     for engine in engines:
         report = getattr(engine.core, "memory_report", None)
         for key, value in (report() if callable(report) else {}).items():
-            parts[key] = parts.get(key, 0) + value
+            # MLX's buffer cache is the process's, reported alike by every engine: counted once.
+            parts[key] = max(parts.get(key, 0), value) if key == "mlx_cache" else parts.get(key, 0) + value
         compiler = getattr(engine, "_grammar", None)
         parts["grammar_cache"] += compiler.cache_bytes if compiler is not None else 0
     parts["responses_store"] = store.num_bytes

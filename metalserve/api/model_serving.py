@@ -3,6 +3,7 @@ when the model is loaded; and how a response keeps its model's lease until its l
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +13,7 @@ from fastapi.responses import Response
 from metalserve.api.anthropic.serving import MessagesServing
 from metalserve.api.errors import OpenAIError
 from metalserve.api.metrics import Metrics, MetricSeries
+from metalserve.api.parser_detection import choose_parsers
 from metalserve.api.reasoning import get_reasoning_parser
 from metalserve.api.request_log import RequestRecorder
 from metalserve.api.responses.serving import ResponsesServing
@@ -24,6 +26,8 @@ from metalserve.api.tool_parsers import get_tool_parser
 from metalserve.engine.async_engine import AsyncEngine
 from metalserve.multimodal.limits import ImageLimits
 from metalserve.serving.registry import ModelRegistry, ModelRegistryError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -65,6 +69,7 @@ class ServingOptions:
     image_limits: ImageLimits = field(default_factory=ImageLimits)
     default_max_tokens: int = 0  # --default-max-tokens
     generic_tool_prompt: bool = True  # --generic-tool-prompt
+    tool_call_grammar: bool = True  # --tool-call-grammar
 
 
 def make_model_serving(
@@ -86,14 +91,20 @@ def make_model_serving(
         recorder=recorder,
         default_max_tokens=options.default_max_tokens,
     )
-    tools = get_tool_parser(options.tool_call_parser) if options.tool_call_parser else None
-    reasoning = get_reasoning_parser(options.reasoning_parser) if options.reasoning_parser else None
+    template = engine.chat_template or getattr(engine.tokenizer, "chat_template", None)
+    parsers = choose_parsers(options.tool_call_parser, options.reasoning_parser, template)
+    logger.info("%s: %s", name, parsers.log_line)
+    if options.enable_auto_tool_choice and parsers.tool_call_parser is None:
+        logger.warning("%s: --enable-auto-tool-choice, but no tool-call parser: name one (--tool-call-parser)", name)
+    tools = get_tool_parser(parsers.tool_call_parser) if parsers.tool_call_parser else None
+    reasoning = get_reasoning_parser(parsers.reasoning_parser) if parsers.reasoning_parser else None
     chat = ChatServing(
         ctx,
         tools,
         reasoning,
         auto_tools=options.enable_auto_tool_choice,
         generic_tool_prompt=options.generic_tool_prompt,
+        tool_call_grammar=options.tool_call_grammar,
     )
     return ModelServing(
         ctx,

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from metalserve.api.anthropic.errors import anthropic_error_body
 from metalserve.api.errors import OpenAIError, log_client_error, retry_headers
 from metalserve.api.model_serving import ModelServing
+from metalserve.engine.errors import shown_name
 from metalserve.serving.registry import ModelRegistry
 
 
@@ -67,7 +68,7 @@ def add_model_routes(app: FastAPI, registry: ModelRegistry[ModelServing]) -> Non
             if card["id"] == model_id:
                 return JSONResponse(card)
         error = OpenAIError(
-            f"model: {model_id}" if anthropic else f"The model `{model_id}` does not exist.",
+            f"model: {shown_name(model_id)}" if anthropic else f"The model `{shown_name(model_id)}` does not exist.",
             404,
             param="model",
             code="model_not_found",

@@ -14,8 +14,10 @@ from fastapi import FastAPI
 
 from metalserve.api.app import build_app
 from metalserve.api.frontend import Frontend
+from metalserve.api.header_timeout import HeaderTimeoutProtocol
 from metalserve.api.settings import ServerSettings
 from metalserve.api.shutdown import GracefulServer
+from metalserve.api.startup import serve_while_loading
 from metalserve.config import EngineConfig, default_token_budget
 from metalserve.flags import add_flags, build, flag_values
 
@@ -55,12 +57,16 @@ def run_server(config: EngineConfig, settings: ServerSettings) -> None:
     from metalserve.api.served_models import build_registry  # heavy (MLX); only the real server needs it
 
     frontend = Frontend.of(settings)
-    serve_app(build_app(build_registry(config, settings, frontend), frontend), settings)
+    if settings.multi_model:  # each model loads on first use: the port serves at once
+        serve_app(build_app(build_registry(config, settings, frontend), frontend), settings)
+        return
+    # The port answers from the start: /health is 503 "starting" until the model is loaded and warm.
+    serve_while_loading(lambda: build_app(build_registry(config, settings, frontend), frontend), settings)
 
 
 def serve_app(app: FastAPI, settings: ServerSettings) -> None:
     """Run uvicorn until SIGINT/SIGTERM (a graceful stop, exit 0) or an engine failure (exit 1)."""
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info")
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info", http=HeaderTimeoutProtocol)
     server = GracefulServer(config, app.state.registry, settings.graceful_shutdown_timeout)
     logger.info("serving on http://%s:%d/v1", settings.host, settings.port)
     server.run()

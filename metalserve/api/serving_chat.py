@@ -16,6 +16,7 @@ from metalserve.api.deltas import ChoiceDelta, OutputParsing
 from metalserve.api.errors import OpenAIError
 from metalserve.api.generic_tools import template_renders_tools, with_generic_tools
 from metalserve.api.images import content_chars, image_error, read_images, template_content
+from metalserve.api.keepalive import with_keepalive
 from metalserve.api.logprobs_format import TokenText, chat_logprobs
 from metalserve.api.protocol import ChatCompletionRequest, ChatMessage
 from metalserve.api.reasoning import ReasoningParser, gate_on_reasoning
@@ -34,7 +35,7 @@ from metalserve.api.serving_common import (
     total_usage,
 )
 from metalserve.api.serving_context import ServingContext, check_sequence_count
-from metalserve.api.structured import chat_structured, check_compiles
+from metalserve.api.structured import auto_tool_params, chat_structured, check_compiles
 from metalserve.api.tool_choice import is_forced
 from metalserve.api.tool_parsers import GenericToolParser, ToolCallDelta, ToolParser
 from metalserve.engine.async_engine import RequestOutput
@@ -120,11 +121,14 @@ class ChatServing:
         *,
         auto_tools: bool = False,
         generic_tool_prompt: bool = True,
+        tool_call_grammar: bool = True,
     ) -> None:
         self.ctx = ctx
         self.tool_parser = tool_parser
         self.reasoning_parser = reasoning_parser
         self.auto_tools = auto_tools  # --enable-auto-tool-choice
+        self.tool_call_grammar = tool_call_grammar  # --tool-call-grammar: `auto` calls follow their schema
+        self.special_tokens = frozenset(ctx.engine.tokenizer.get_added_vocab())
         self.token_text = TokenText(ctx.engine.tokenizer)
         # Tools in the server's generic form where the template drops them (api/generic_tools.py).
         self.generic_tools = generic_tool_prompt and not template_renders_tools(ctx.engine.tokenizer, self._template())
@@ -156,6 +160,8 @@ class ChatServing:
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = build_sampling_params(req, max_tokens=max_tokens, logprobs=logprobs, vocab_size=len(engine.tokenizer))
         params.structured_outputs, source = chat_structured(req)
+        if params.structured_outputs is None and parse_tools is not None and self.tool_call_grammar:
+            params.structured_outputs = await auto_tool_params(self.ctx, parse_tools, req, self.special_tokens)
         if parse_tools is not None and parse_tools.keeps_special_tokens:
             params.skip_special_tokens = False  # the call markers are special tokens
         await check_compiles(self.ctx, params.structured_outputs, source)
@@ -296,7 +302,12 @@ class ChatServing:
             }
             yield sse_data({**head, "choices": [role], **tail})
         try:
-            async for index, out in merge_streams(streams):
+            async for item in with_keepalive(merge_streams(streams)):
+                if item is None:  # a long prefill: an empty delta resets the client's idle timer
+                    waiting = [_empty_delta(i) for i, t in enumerate(totals) if t.finish_reason is None]
+                    yield sse_data({**head, "choices": waiting[:1], **tail})
+                    continue
+                index, out = item
                 totals[index].add(out)
                 choice = self._chunk_choice(req, parsers[index].feed(out))
                 if choice is not None:
@@ -328,3 +339,8 @@ class ChatServing:
             "finish_reason": d.finish_reason,
             "stop_reason": d.stop_reason,
         }
+
+
+def _empty_delta(index: int) -> dict[str, Any]:
+    """A chunk that adds nothing (the role chunk already set content to "") but is a real event."""
+    return {"index": index, "delta": {"content": ""}, "logprobs": None, "finish_reason": None}

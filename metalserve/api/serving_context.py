@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from metalserve.api.errors import ContextLengthError, OpenAIError
 from metalserve.api.request_log import RequestRecorder
 from metalserve.engine.async_engine import AsyncEngine
+from metalserve.engine.errors import shown_name
 from metalserve.multimodal.limits import ImageLimits
 
 T = TypeVar("T")
@@ -39,7 +40,8 @@ class ServingContext:
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.served_model_name and model not in self.aliases:
-            raise OpenAIError(f"The model `{model}` does not exist.", 404, param="model", code="model_not_found")
+            message = f"The model `{shown_name(model)}` does not exist."
+            raise OpenAIError(message, 404, param="model", code="model_not_found")
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """Run tokenizer or template work in the tokenizer thread, so a huge prompt never stalls HTTP."""

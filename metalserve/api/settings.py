@@ -20,13 +20,13 @@ MIN_DEFAULT_BODY_BYTES = 16 * 1024 * 1024
 def _tool_parsers() -> list[str]:
     from metalserve.api.tool_parsers import TOOL_PARSERS  # the parsers import the protocol models
 
-    return sorted(TOOL_PARSERS)
+    return [*sorted(TOOL_PARSERS), "none"]  # none: no parser, no detection (api/parser_detection.py)
 
 
 def _reasoning_parsers() -> list[str]:
     from metalserve.api.reasoning import REASONING_PARSERS
 
-    return sorted(REASONING_PARSERS)
+    return [*sorted(REASONING_PARSERS), "none"]
 
 
 def _json_strings(option: str) -> Callable[[str], tuple[str, ...]]:
@@ -59,7 +59,10 @@ class ServerSettings:
 
     host: str = flag("127.0.0.1", "address to bind (0.0.0.0 for every interface)")
     port: int = flag(8000, "port to bind")
-    api_key: str | None = flag(None, "require `Authorization: Bearer KEY` or `x-api-key: KEY` (not on /health)")
+    api_key: str | None = flag(
+        None,
+        "require `Authorization: Bearer KEY` or `x-api-key: KEY` (not on /health, /favicon.ico, / and /web/)",
+    )
     served_model_name: tuple[tuple[str, ...], ...] = flag(
         (),
         "the model id clients send and see, then its aliases; several models: once per model argument, in order "
@@ -68,10 +71,15 @@ class ServerSettings:
         repeated=True,
     )
     log_stats_interval: float = flag(10.0, "seconds between throughput log lines; 0: off")
-    tool_call_parser: str | None = flag(None, "how tool calls are read from the model's text", choices=_tool_parsers)
+    tool_call_parser: str | None = flag(
+        None,
+        "how tool calls are read from the model's text (default: detected from the chat template; none: off)",
+        choices=_tool_parsers,
+    )
     reasoning_parser: str | None = flag(
         None,
-        "split the model's reasoning out: reasoning_content (chat), thinking blocks, reasoning items",
+        "split the model's reasoning out: reasoning_content (chat), thinking blocks, reasoning items "
+        "(default: detected from the chat template; none: off)",
         choices=_reasoning_parsers,
     )
     responses_store_size: int = flag(
@@ -99,6 +107,11 @@ class ServerSettings:
         False,
         "vLLM's flag: serve tool_choice 'auto' (given, or implied by tools) through --tool-call-parser, "
         "which it needs; without it such requests get a 400. Forced calls (required, named) need neither",
+    )
+    tool_call_grammar: bool = flag(
+        True,
+        "under tool_choice 'auto', constrain a call from its opening on to a declared tool with arguments "
+        "valid for its schema, text before it free (llama.cpp's lazy grammar; docs/structured-outputs.md)",
     )
     graceful_shutdown_timeout: float = flag(
         30.0, "seconds running requests get to finish after SIGTERM/SIGINT; then they end with an error"
@@ -139,8 +152,8 @@ class ServerSettings:
         return bool(self.more_models or self.models)
 
     def __post_init__(self) -> None:
-        if self.enable_auto_tool_choice and not self.tool_call_parser:
-            raise ValueError(f"--enable-auto-tool-choice needs --tool-call-parser ({', '.join(_tool_parsers())})")
+        if self.enable_auto_tool_choice and self.tool_call_parser == "none":
+            raise ValueError(f"--enable-auto-tool-choice needs a tool-call parser ({', '.join(_tool_parsers()[:-1])})")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         if self.responses_store_size < 0:

@@ -30,14 +30,21 @@ class GracefulServer(uvicorn.Server):
     """A uvicorn server whose signals drain every served model's engine; the first signal starts a graceful
     stop, a second one ends open requests at once. A signal is an orderly end: exit status 0."""
 
-    def __init__(self, config: uvicorn.Config, registry: ModelRegistry[Any], grace_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, registry: ModelRegistry[Any] | None, grace_s: float) -> None:
         config.timeout_graceful_shutdown = int(grace_s + _FLUSH_MARGIN_S)
         super().__init__(config)
-        self.registry = registry
+        self.registry: ModelRegistry[Any] | None = None
         self.grace_s = grace_s
         self.engine_failed = False
-        registry.on_dead = self.exit_after_engine_failure
+        if registry is not None:
+            self.attach(registry)
         AppStatus.disable_automatic_graceful_drain()  # we end streams ourselves, with an error event
+
+    def attach(self, registry: ModelRegistry[Any]) -> None:
+        """The engines whose requests a signal drains (None while the model still loads: a signal then
+        just stops the server)."""
+        self.registry = registry
+        registry.on_dead = self.exit_after_engine_failure
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -52,6 +59,10 @@ class GracefulServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.registry is None:
+            logger.info("shutting down while the model loads")
+            self.should_exit = True
+            return
         if self.should_exit:
             logger.info("second signal: ending %d open request(s) now", self.registry.num_active_requests)
             self.registry.fail_open_requests("the server is shutting down")

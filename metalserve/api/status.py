@@ -116,7 +116,8 @@ def add_status_routes(app: FastAPI, registry: ModelRegistry[ModelServing], recor
     async def favicon() -> FileResponse:
         return FileResponse(WEB_DIR / "favicon.ico", media_type="image/x-icon")
 
-    @app.get("/", include_in_schema=False)
+    # HEAD too: Claude Code sends `HEAD /` before each run (a 405 there is a needless error in its log).
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def page() -> FileResponse:
         return FileResponse(WEB_DIR / "index.html", headers={"Cache-Control": "no-cache"})
 

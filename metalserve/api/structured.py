@@ -9,14 +9,19 @@ names it before the engine ever sees the request; the engine then finds the gram
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from metalserve.api.errors import OpenAIError
 from metalserve.api.protocol import StructuredOutputsRequest
 from metalserve.api.serving_context import ServingContext
 from metalserve.api.tool_choice import ToolChoiceError, forced_tool_params
+from metalserve.api.tool_parsers import ToolParser
 from metalserve.structured.compiler import GrammarError
 from metalserve.structured.params import StructuredOutputsParams
+from metalserve.structured.schema import strict_schema
+
+logger = logging.getLogger(__name__)
 
 
 def from_structured_outputs(field: StructuredOutputsRequest) -> StructuredOutputsParams:
@@ -41,7 +46,10 @@ def from_response_format(response_format: Any) -> StructuredOutputsParams | None
         return None
     if response_format.type == "json_object":
         return StructuredOutputsParams(json_object=True)
-    return StructuredOutputsParams(json=response_format.json_schema["schema"])
+    schema = response_format.json_schema["schema"]
+    if response_format.json_schema.get("strict") is True:
+        schema = strict_schema(schema)
+    return StructuredOutputsParams(json=schema)
 
 
 def chat_structured(req: Any) -> tuple[StructuredOutputsParams | None, str]:
@@ -79,3 +87,23 @@ async def check_compiles(ctx: ServingContext, params: StructuredOutputsParams | 
     except GrammarError as exc:
         field = param if param != "structured_outputs" else f"structured_outputs.{params.kind}"
         raise OpenAIError(f"{field}: {exc}", 400, param=field) from None
+
+
+async def auto_tool_params(
+    ctx: ServingContext, parser: ToolParser, req: Any, special_tokens: frozenset[str]
+) -> StructuredOutputsParams | None:
+    """The lazy tool-call grammar of a `tool_choice: auto` request (text free, calls valid), compiled;
+    None when its parser has none or it does not compile (the request then runs unconstrained: a tool
+    schema the grammar engine refuses is no reason to refuse the request)."""
+    if not req.tools:
+        return None
+    text = parser.call_grammar(req.tools, parallel=req.parallel_tool_calls is not False, special_tokens=special_tokens)
+    if text is None:
+        return None
+    params = StructuredOutputsParams(grammar=text)
+    try:
+        await ctx.engine.check_structured(params)
+    except GrammarError as exc:
+        logger.warning("tool calls of this request are not constrained: %s", exc)
+        return None
+    return params

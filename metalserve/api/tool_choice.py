@@ -19,6 +19,7 @@ from metalserve.api.tool_parsers.base import (
     make_tool_call_id,
 )
 from metalserve.structured.params import StructuredOutputsParams
+from metalserve.structured.schema import strict_schema
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
@@ -32,7 +33,8 @@ def _tool_fields(tool: Any) -> tuple[str, dict[str, Any]]:
     if not isinstance(tool, dict):
         tool = tool.model_dump()
     function = tool.get("function") or {}
-    return function["name"], function.get("parameters") or ANY_OBJECT
+    schema = function.get("parameters") or ANY_OBJECT
+    return function["name"], strict_schema(schema) if function.get("strict") is True else schema
 
 
 def forced_name(tool_choice: Any) -> str | None:
@@ -64,17 +66,52 @@ def forced_tool_params(tools: list[Any] | None, tool_choice: Any) -> StructuredO
 
 
 def required_schema(specs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """A non-empty array of calls, each {"name": one tool, "parameters": that tool's schema}."""
-    variants = [
-        {
-            "type": "object",
-            "properties": {"name": {"type": "string", "enum": [name]}, "parameters": schema},
-            "required": ["name", "parameters"],
-            "additionalProperties": False,
-        }
-        for name, schema in specs.items()
-    ]
-    return {"type": "array", "minItems": 1, "items": {"anyOf": variants}}
+    """A non-empty array of calls, each {"name": one tool, "parameters": that tool's schema}.
+
+    A tool schema with local references (`$defs`/`$ref`, as Pydantic writes them) points into its own
+    root; nested here it would lose that root. Such a schema moves whole under the combined schema's
+    `$defs` and its references are rewritten to point there."""
+    defs: dict[str, Any] = {}
+    variants = []
+    for i, (name, schema) in enumerate(specs.items()):
+        if _has_local_ref(schema):
+            key = f"tool{i}"
+            defs[key] = _rebase_refs(schema, f"#/$defs/{key}")
+            schema = {"$ref": f"#/$defs/{key}"}
+        variants.append(
+            {
+                "type": "object",
+                "properties": {"name": {"type": "string", "enum": [name]}, "parameters": schema},
+                "required": ["name", "parameters"],
+                "additionalProperties": False,
+            }
+        )
+    combined: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": variants}}
+    if defs:
+        combined["$defs"] = defs
+    return combined
+
+
+def _has_local_ref(node: Any) -> bool:
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        return (isinstance(ref, str) and ref.startswith("#")) or any(_has_local_ref(v) for v in node.values())
+    if isinstance(node, list):
+        return any(_has_local_ref(v) for v in node)
+    return False
+
+
+def _rebase_refs(node: Any, root: str) -> Any:
+    """A copy of `node` whose local references ("#", "#/$defs/X", ...) are relative to `root` instead."""
+    if isinstance(node, dict):
+        out = {k: _rebase_refs(v, root) for k, v in node.items()}
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            out["$ref"] = root + ref[1:]
+        return out
+    if isinstance(node, list):
+        return [_rebase_refs(v, root) for v in node]
+    return node
 
 
 class ForcedToolStreamer(StreamingToolParser):

@@ -47,6 +47,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+# Idle this long after the last request ended, the engine hands MLX's buffer cache and the freed heap
+# back (core.release_idle_memory); a client sending one request after another keeps its warm buffers.
+IDLE_RELEASE_S = 2.0
 DEAD_MESSAGE = "the engine stopped after an internal error (the server log has the details)"
 
 
@@ -252,9 +255,17 @@ class AsyncEngine:
     # ---- worker thread ----
 
     def _run(self) -> None:
+        held = False  # a busy period's buffers not yet handed back
         try:
-            while self._apply_commands(block=not self.core.has_unfinished_requests()):
+            while True:
+                idle = not self.core.has_unfinished_requests()
+                if idle and held and not self._next_command_within(IDLE_RELEASE_S):
+                    self._release_idle_memory()  # idle a while: give back what the burst held, once
+                    held = False
+                if not self._apply_commands(block=idle):
+                    break
                 if self.core.has_unfinished_requests():
+                    held = True
                     self._process(self.core.step())
         except BaseException as exc:  # the core is broken: fail everyone, refuse new work
             logger.exception("engine core failed")
@@ -267,6 +278,16 @@ class AsyncEngine:
         close = getattr(self.core, "close", None)
         if close is not None:  # e.g. the KV disk tier finishes its queued saves
             close()
+
+    def _next_command_within(self, seconds: float) -> bool:
+        """Wait up to `seconds` for a command to arrive (without taking it)."""
+        with self._commands.not_empty:
+            return self._commands.not_empty.wait_for(lambda: len(self._commands.queue) > 0, seconds)
+
+    def _release_idle_memory(self) -> None:
+        release = getattr(self.core, "release_idle_memory", None)
+        if callable(release):
+            release()
 
     def _apply_commands(self, block: bool) -> bool:
         """Apply queued commands; False once a stop command arrives."""

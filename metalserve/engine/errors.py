@@ -18,3 +18,13 @@ class GrammarFailedError(RuntimeError):
 
 class ClientTooSlowError(RuntimeError):
     """A stream's reader fell too far behind; the request was aborted to bound what it buffers."""
+
+
+NAME_SHOWN = 200  # characters of a client's name an error repeats: a 100 KB `model` is not echoed whole
+
+
+def shown_name(name: str) -> str:
+    """`name` for an error message, cut to NAME_SHOWN characters with its full length said."""
+    if len(name) <= NAME_SHOWN:
+        return name
+    return f"{name[:NAME_SHOWN]}... ({len(name)} characters)"

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from metalserve.executor.block_table import PACKED_GROUP, RequestBlockTable
 from metalserve.sampling_params import SamplingParams
 
 
@@ -16,14 +17,18 @@ class CachedRequestState:
     token_ids: list[int]  # prompt + every output token so far
     num_prompt_tokens: int
     sampling_params: SamplingParams
-    block_ids: list[int]
+    blocks: RequestBlockTable  # its row of the runner's one block table (every layer group's ids)
     num_computed_tokens: int
     eos_token_ids: frozenset[int] = frozenset()
     structured: Any = None  # the request's GrammarState (metalserve/structured/state.py), if any
     mm_inputs: list[Any] = field(default_factory=list)  # its images (multimodal/inputs.py: MultiModalInput)
     # M-RoPE models: the prompt's positions [3, num_prompt_tokens] and the delta later tokens add to their index.
     mrope: tuple[np.ndarray, int] | None = None
-    _block_array: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def wants_pooling(self) -> bool:
+        """A pooling request (sampling_params.pooling): its rows are pooled, nothing is sampled."""
+        return self.sampling_params.pooling is not None
 
     @property
     def wants_prompt_logprobs(self) -> bool:
@@ -42,14 +47,12 @@ class CachedRequestState:
         """Without copying the outputs (the sampler asks every step)."""
         return len(self.token_ids) - self.num_prompt_tokens
 
-    def add_blocks(self, block_ids: list[int]) -> None:
-        if block_ids:
-            self.block_ids.extend(block_ids)
-            self._block_array = None
+    @property
+    def block_ids(self) -> list[int]:
+        """Its ids in the group a step is packed through (block_table.py), where a draft model's KV goes too."""
+        return self.blocks.ids[PACKED_GROUP]
 
     @property
     def block_array(self) -> np.ndarray:
-        """The block ids as an int64 array, rebuilt only when blocks were added."""
-        if self._block_array is None:
-            self._block_array = np.asarray(self.block_ids, dtype=np.int64)
-        return self._block_array
+        """`block_ids` as an int64 array, rebuilt only when blocks were added."""
+        return self.blocks.array(PACKED_GROUP)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from metalserve.executor.array_backend import Array, ArrayBackend
-from metalserve.executor.sampling_metadata import SamplingRequest
+from metalserve.sampling_params import SamplingRequest
 
 
 def _in_vocab(tokens: np.ndarray, vocab_size: int) -> np.ndarray:

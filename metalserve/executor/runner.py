@@ -13,10 +13,10 @@ import numpy as np
 
 from metalserve.executor.attention.base import AttentionBackend, LayerCacheSpec
 from metalserve.executor.attention.mlx import MlxAttention
+from metalserve.executor.block_table import BlockTables
 from metalserve.executor.connector.base import KVConnectorWorker
 from metalserve.executor.context import ForwardContext, GroupStep, forward_context
 from metalserve.executor.encoders.cache import EncoderOutputs, RequestSpan, StepImages
-from metalserve.executor.group_tables import GroupTables, group_step
 from metalserve.executor.input_batch import CachedRequestState
 from metalserve.executor.logprobs import prompt_logprobs
 from metalserve.executor.models.adapter import PagedModel
@@ -69,16 +69,15 @@ class ModelRunner:
         eos_token_ids: frozenset[int] = frozenset(),
         sampler: SamplerFn | None = None,
         backend: AttentionBackend[Any, Any] = MLX_OPS,
-        state_group: int = 1,
         proposer: Proposer | None = None,
         encoder: Callable[[MultiModalInput], mx.array] | None = None,
         mrope_merge_size: int | None = None,
         async_eval: bool = False,
     ) -> None:
         """`backend`: how attention runs (executor/attention/), chosen by the engine from the Platform;
-        `state_group`: the KV manager's recurrent-state group (hybrid models); `proposer`: drafts for
-        speculative decoding (spec_decode/), None: off; `encoder`: a vision-language model's tower, one
-        image to its placeholder embeddings (executor/encoders/vision.py); `mrope_merge_size`: set for a
+        `proposer`: drafts for speculative decoding (spec_decode/), None: off; `encoder`: a
+        vision-language model's tower, one image to its placeholder embeddings
+        (executor/encoders/vision.py); `mrope_merge_size`: set for a
         model with multimodal RoPE (positions [3, T]), its vision patch merge; `async_eval`: overlapped
         steps run through `mx.async_eval` (the engine sets it on Metal only: on MLX's CPU backend, mlx
         0.32.4, evaluating quantized matmuls asynchronously and then sampling from them died with SIGFPE)."""
@@ -93,14 +92,11 @@ class ModelRunner:
         self.sampler = sampler
         self.kv: list[Any] = [self.backend.allocate(self._layer(t)) for t in spec.tensors]
         self.requests: dict[str, CachedRequestState] = {}
-        # The attention groups 1.. (group 0's is the state's block_ids; the state group's, self.states').
-        self.group_tables: dict[str, GroupTables] = {}
+        # Every request's block ids in every layer group of the spec (attention and recurrent state).
+        self.block_tables = BlockTables(spec.groups, spec.block_size)
         self.states: RecurrentStates | None = None
         if model.state_layout is not None:
-            self.states = RecurrentStates(model.state_layout, state_group, spec.block_size, spec.num_blocks)
-        # The tables a new request brings: the attention groups after group 0, and the state group's.
-        self.num_attention_groups = sum(isinstance(g, AttentionSpec) for g in spec.groups)
-        self.num_tables = self.num_attention_groups - 1 + (self.states is not None)
+            self.states = RecurrentStates(model.state_layout, self.block_tables, spec.num_blocks)
         self.proposer = proposer
         self.drafting = DraftController()  # how many drafts pay (spec_decode/controller.py)
         self._forward_pool: ThreadPoolExecutor | None = None
@@ -134,30 +130,22 @@ class ModelRunner:
         return [a for layer in self.kv for a in layer.arrays()] + states
 
     def _update_states(self, so: SchedulerOutput) -> None:
-        if self.states is not None:
-            self.states.update(so)
         if self.encoder_outputs is not None:
             self.encoder_outputs.free(so.free_encoder_mm_hashes)
         for rid in so.finished_req_ids | so.preempted_req_ids:
             self.requests.pop(rid, None)
-            self.group_tables.pop(rid, None)
+            self.block_tables.remove(rid)  # a preempted request comes back new, with a fresh state
             self.drafting.forget(rid)
             self.pooling_so_far.pop(rid, None)
             if self.proposer is not None:
                 self.proposer.forget(rid)
         for new in so.scheduled_new_reqs:
-            if len(new.block_ids) != self.num_tables + 1:
-                raise ValueError(
-                    f"request {new.request_id}: {len(new.block_ids)} block tables for "
-                    f"a model of {self.num_tables + 1} layer groups"
-                )
-            self.group_tables[new.request_id] = GroupTables(new.block_ids[1 : self.num_attention_groups])
             self.requests[new.request_id] = CachedRequestState(
                 request_id=new.request_id,
                 token_ids=list(new.token_ids),
                 num_prompt_tokens=new.num_prompt_tokens,
                 sampling_params=new.sampling_params,
-                block_ids=list(new.block_ids[0]),
+                blocks=self.block_tables.add_request(new.request_id, new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
                 eos_token_ids=self.eos_token_ids,
                 structured=new.structured,
@@ -165,10 +153,8 @@ class ModelRunner:
                 mrope=self._mrope_table(new.num_prompt_tokens, new.mm_inputs),
             )
         for cached in so.scheduled_cached_reqs:
-            state = self.requests[cached.request_id]
-            state.add_blocks(cached.new_block_ids[0])
-            self.group_tables[cached.request_id].add(cached.new_block_ids[1 : self.num_attention_groups])
-            state.num_computed_tokens = cached.num_computed_tokens
+            self.block_tables.append(cached.request_id, cached.new_block_ids)
+            self.requests[cached.request_id].num_computed_tokens = cached.num_computed_tokens
 
     def _mrope_table(self, num_prompt_tokens: int, mm_inputs: list[MultiModalInput]) -> tuple[Any, int] | None:
         if not mm_inputs:
@@ -202,15 +188,13 @@ class ModelRunner:
 
     def _group_step(self, step: StepInputs, group: int) -> GroupStep:
         """The group's slots and metadata, built once per step and shared by the group's layers."""
-        if group:
-            tables = [self.group_tables[rid].array(group - 1) for rid in step.request_ids]
-            step = group_step(step, tables, self.spec.block_size)
+        step = self.block_tables.group_step(step, group)
         attn = self.spec.groups[group]
         assert isinstance(attn, AttentionSpec)
         return GroupStep(mx.array(step.slot_mapping), self.backend.build_metadata(step, self._layer(attn)))
 
     def _context(self, step: StepInputs) -> ForwardContext:
-        groups = [self._group_step(step, g) for g in range(self.num_attention_groups)]
+        groups = [self._group_step(step, g) for g in self.block_tables.attention_groups]
         states = self.states.plan(step) if self.states is not None else None
         return ForwardContext(self._positions(step), self.backend, self.kv, groups, states, self._images(step))
 

@@ -17,11 +17,12 @@ import numpy as np
 from metalserve.executor.array_backend import Array, ArrayBackend, pick_backend
 from metalserve.executor.logprobs import PendingLogprobs
 from metalserve.executor.penalties import apply_logit_bias, apply_min_tokens, apply_penalties
-from metalserve.executor.sampling_metadata import SamplingRequest, StepPlan, plan_step
+from metalserve.executor.sampling_metadata import StepPlan, plan_step
 from metalserve.executor.seeding import UniformSource
 from metalserve.executor.structured import apply_grammar_masks
 from metalserve.executor.truncation import sample_rows
 from metalserve.outputs import TokenLogprob
+from metalserve.sampling_params import SamplingRequest
 
 __all__ = ["Sampler", "SamplerOutput", "SamplingRequest"]
 

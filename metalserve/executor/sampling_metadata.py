@@ -4,31 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
-from metalserve.sampling_params import SamplingParams
+from metalserve.sampling_params import SamplingParams, SamplingRequest
 
 # Below this temperature a row is sampled greedily: dividing by it would overflow float32 (as in vLLM).
 GREEDY_TEMPERATURE = 1e-5
-
-
-class SamplingRequest(Protocol):
-    """What the sampler reads from a request; the runner's per-request state satisfies it."""
-
-    @property
-    def sampling_params(self) -> SamplingParams: ...
-
-    @property
-    def prompt_token_ids(self) -> list[int]: ...
-
-    @property
-    def output_token_ids(self) -> list[int]: ...
-
-    @property
-    def num_output_tokens(self) -> int: ...
-
-    @property
-    def eos_token_ids(self) -> frozenset[int]: ...
 
 
 def is_greedy(params: SamplingParams) -> bool:

@@ -1,6 +1,7 @@
 """Recurrent states (conv / SSM / gated delta) kept by block id, and each step's read/write plan.
 
-The state group's table entries are ids from the one shared block pool. Every block id owns one
+The state group's table entries are ids from the one shared block pool; the runner's one block table
+(block_table.py) holds them with every other group's. Every block id owns one
 state slot per recurrent layer (a pool `[num_blocks, *shape]` per state array), so a block id maps to
 state memory directly and the budget counts those bytes in every block (kvcache/specs.RecurrentState).
 After `t` computed tokens a request's state lives in table entry `(t - 1) // block_size`.
@@ -13,9 +14,8 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from metalserve.scheduler.output import SchedulerOutput
-
 if TYPE_CHECKING:
+    from metalserve.executor.block_table import BlockTables
     from metalserve.executor.step_inputs import StepInputs
 
 
@@ -98,32 +98,18 @@ class StateStep:
 
 
 class RecurrentStates:
-    """The runner's side of the state group (group `group` of the KV manager): the state pool and
-    each request's copy of that group's table."""
+    """The runner's side of the recurrent-state group: the state pool, and each request's entries read
+    from that group's tables in the runner's one block table."""
 
-    def __init__(self, layout: StateLayout, group: int, block_size: int, num_blocks: int) -> None:
-        if group < 1:
-            raise ValueError("the recurrent-state group must not be group 0 (the full-attention group)")
-        self.group, self.block_size = group, block_size
+    def __init__(self, layout: StateLayout, tables: BlockTables, num_blocks: int) -> None:
+        if tables.state_group is None:
+            raise ValueError("recurrent states for a KV spec without a recurrent-state group")
+        self.group: int = tables.state_group
+        self.tables, self.block_size = tables, tables.block_size
         self.pool = StatePool(layout, num_blocks)
-        self.tables: dict[str, list[int]] = {}
-
-    def update(self, so: SchedulerOutput) -> None:
-        for rid in so.finished_req_ids | so.preempted_req_ids:
-            self.tables.pop(rid, None)  # a preempted request comes back new, with a fresh state
-        for new in so.scheduled_new_reqs:
-            self.tables[new.request_id] = list(self._ids(new.block_ids, new.request_id))
-        for cached in so.scheduled_cached_reqs:
-            self.tables[cached.request_id] += self._ids(cached.new_block_ids, cached.request_id)
-
-    def _ids(self, groups: tuple[list[int], ...], rid: str) -> list[int]:
-        """The state group's part of a request's per-group block ids."""
-        if len(groups) <= self.group:
-            raise ValueError(f"request {rid}: no table for the recurrent-state group {self.group}")
-        return groups[self.group]
 
     def _entry(self, rid: str, num_tokens: int) -> int:
-        table, k = self.tables[rid], (num_tokens - 1) // self.block_size
+        table, k = self.tables[rid].ids[self.group], (num_tokens - 1) // self.block_size
         if k >= len(table):
             raise ValueError(f"request {rid}: its state table has {len(table)} entries, entry {k} needed")
         return table[k]

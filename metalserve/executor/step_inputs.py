@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 
-from metalserve.executor.input_batch import CachedRequestState
+
+class PackedRequest(Protocol):
+    """What packing reads of a request (the runner's CachedRequestState; the draft model's view of one)."""
+
+    @property
+    def token_ids(self) -> list[int]: ...
+    @property
+    def num_computed_tokens(self) -> int: ...
+    @property
+    def num_prompt_tokens(self) -> int: ...
+    @property
+    def block_array(self) -> np.ndarray: ...
+    @property
+    def wants_prompt_logprobs(self) -> bool: ...
+    @property
+    def wants_pooling(self) -> bool: ...
+    @property
+    def mm_inputs(self) -> list[Any]: ...
 
 
 @dataclass
@@ -44,14 +63,31 @@ class StepInputs:
         return table
 
 
+def request_slots(table: np.ndarray, positions: np.ndarray, block_size: int) -> np.ndarray:
+    """Where the K/V of a request's tokens at `positions` goes through its `table` (its block ids in one
+    layer group): slot `block * block_size + offset` of the position's block."""
+    return table[positions // block_size] * block_size + positions % block_size
+
+
+def table_slots(
+    tables: Sequence[np.ndarray], positions: np.ndarray, cu_seqlens_q: np.ndarray, block_size: int
+) -> np.ndarray:
+    """`request_slots` of every packed request (`tables` in packed order), on the packed axis."""
+    cu = cu_seqlens_q.tolist()
+    parts = [request_slots(t, positions[cu[i] : cu[i + 1]], block_size) for i, t in enumerate(tables)]
+    return np.concatenate(parts).astype(np.int32)
+
+
 def pack_step(
-    states: dict[str, CachedRequestState],
+    states: Mapping[str, PackedRequest],
     num_scheduled: dict[str, int],
     block_size: int,
     drafts: dict[str, list[int]] | None = None,
     bidirectional_images: bool = False,
 ) -> StepInputs:
-    """Lay out the step: requests with one query first (they form the batched decode group).
+    """Lay out the step: requests with one query first (they form the batched decode group), its slots
+    and block rows through each request's `block_array` (the runner's first layer group; block_table.py
+    gives the step through the other groups' tables).
 
     `drafts`: speculative tokens that follow a request's known tokens; its window (last token plus
     drafts) gets a logits row per query, so one forward verifies every draft."""
@@ -84,7 +120,7 @@ def pack_step(
             raise ValueError(f"request {rid}: {len(blocks)} blocks cannot hold {end} tokens")
         tokens.append(state.token_ids[start:end] if not spec else state.token_ids[start:] + list(spec))
         positions.append(pos)
-        slots.append(blocks[pos // block_size] * block_size + pos % block_size)
+        slots.append(request_slots(blocks, pos, block_size))
         rows.append(blocks)
         cu.append(cu[-1] + n)
         seq_lens.append(end)
@@ -92,7 +128,7 @@ def pack_step(
             spans = [(mm.offset, mm.offset + mm.length) for mm in state.mm_inputs if mm.offset < end]
             if any(e > start for _, e in spans):
                 image_spans[i] = spans
-        if state.sampling_params.pooling is not None:
+        if state.wants_pooling:
             pooling_rows.append(i)
         elif end == known:  # caught up with every known token: sample the next one (and verify drafts)
             sampling_rows.append(i)

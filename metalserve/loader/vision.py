@@ -60,6 +60,7 @@ def load_vision_directory(path: Path) -> RawModel:
     except (ValueError, KeyError, TypeError, FileNotFoundError) as exc:
         raise ModelLoadError(f"mlx-vlm could not load {path}: {exc}") from exc
     tokenizer = _load_tokenizer(path)
+    processor = image_processor_for(config, path, tokenizer)  # Gemma 3 lays out an image's text with it
     template = getattr(tokenizer, "chat_template", None)
     stored = _stored_as(config, dict(tree_flatten(model.parameters())))
     return RawModel(config, {}, tokenizer, template, stored, prebuilt=model, image_processor=processor)  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
 from metalserve.config import WeightsMode
+from metalserve.kernels.cpu.packed_codes import PackedCodes
 from metalserve.loader.affine_codes import AffineCodes, affine_codes
 
 
@@ -100,19 +101,27 @@ def _dense_twin(module: nn.Module, codes: AffineCodes | None = None) -> nn.Modul
     return module
 
 
-def dequantize_model(model: nn.Module, keep_codes: bool = False) -> dict[str, AffineCodes]:
+def _packed(module: nn.QuantizedLinear | nn.QuantizedEmbedding, found: AffineCodes) -> PackedCodes | None:
+    try:
+        return PackedCodes.pack(found.codes, found.scales, found.biases, module.bits)
+    except ValueError:  # a width or group size the packing has no room for: no host path for this layer
+        return None
+
+
+def dequantize_model(model: nn.Module, keep_codes: bool = False) -> dict[str, PackedCodes]:
     """Replace every quantized layer by its dense fp32 twin, in place. With `keep_codes`, return each
-    replaced layer's stored integer codes by its module path (e.g. `model.layers.0.mlp.down_proj`), where
+    replaced layer's stored integer codes, packed, by its module path (e.g. `model.layers.0.mlp.down_proj`), where
     its mode has them; the host path reads them (executor/host/)."""
-    codes: dict[str, AffineCodes] = {}
+    codes: dict[str, PackedCodes] = {}
     by_module: dict[int, AffineCodes] = {}  # unpacked once, for the twin and for the host path
     for path, module in model.named_modules():
         if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
             found = affine_codes(module)
             if found is not None:
                 by_module[id(module)] = found
-                if keep_codes:
-                    codes[path] = found
+                packed = _packed(module, found) if keep_codes else None
+                if packed is not None:
+                    codes[path] = packed
     leaves = tree_map(lambda m: _dense_twin(m, by_module.get(id(m))), model.leaf_modules(), is_leaf=nn.Module.is_module)
     model.update_modules(leaves)
     return codes

@@ -49,11 +49,18 @@ def split_data_url(url: str) -> tuple[str, str]:
     return media_type, data
 
 
+_URL_SAFE = str.maketrans("-_", "+/")
+
+
 def decode_base64(data: str, media_type: str | None) -> bytes:
     if media_type is not None and media_type not in MEDIA_TYPES:
         raise ImageError(f"image media type {media_type!r} is not supported (supported: {', '.join(MEDIA_TYPES)})")
+    # MIME writers wrap base64 at 76 columns and URL-safe encoders use "-_" and drop the padding: all
+    # still one image. Anything else outside the alphabet stays an error.
+    text = "".join(data.split()).translate(_URL_SAFE)
+    text += "=" * (-len(text) % 4)
     try:
-        return base64.b64decode(data, validate=True)
+        return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         raise ImageError("the image data is not valid base64") from None
 

@@ -53,8 +53,11 @@ class QwenVLImageProcessor:
         return {"kind": "qwen_vl", **self._options}
 
     @classmethod
-    def from_config(cls, config: dict[str, Any], directory: Path | None = None) -> QwenVLImageProcessor:
-        """From the model's config.json (and the directory's preprocessor_config.json, when there is one)."""
+    def from_config(
+        cls, config: dict[str, Any], directory: Path | None = None, tokenizer: Any = None
+    ) -> QwenVLImageProcessor:
+        """From the model's config.json (and the directory's preprocessor_config.json, when there is one).
+        The tokenizer is not needed: Qwen's image tokens replace the template's one token by token."""
         vision = config.get("vision_config") or {}
         options: dict[str, Any] = {
             "patch_size": vision.get("patch_size", 14),
@@ -106,9 +109,11 @@ class Gemma3ImageProcessor:
     """Gemma 3 (SigLIP): every image resized to the tower's square `image_size`, scaled to [0, 1] and
     normalised; `mm_tokens_per_image` placeholders each (the tower's patches average-pooled).
 
-    The chat template puts one `<start_of_image>` token per image; it becomes `<start_of_image>`, the
-    placeholders, `<end_of_image>` (HF's processor does this on the text, with blank lines around it that
-    the template's own newlines already give). Pan-and-scan crops are not made."""
+    The chat template puts one `<start_of_image>` token per image. HF's processor (and mlx-vlm's) replaces
+    it in the text with "\n\n", `<start_of_image>`, the placeholders, `<end_of_image>`, "\n\n" and then
+    tokenizes: the blank lines merge with the newlines beside them (Gemma has a token per run of newlines).
+    With the tokenizer, the prompt's text is tokenized the same way here; the placeholders and
+    `<end_of_image>` follow each `<start_of_image>`. Pan-and-scan crops are not made."""
 
     def __init__(
         self,
@@ -119,8 +124,10 @@ class Gemma3ImageProcessor:
         tokens: int,
         mean: Sequence[float],
         std: Sequence[float],
+        tokenizer: Any = None,
     ) -> None:
         self.image_token_id = image_token_id
+        self.tokenizer = tokenizer  # None: the blank lines HF adds around an image are left out
         self.boi_token_id, self.eoi_token_id = boi_token_id, eoi_token_id
         self.size, self.tokens_per_image = size, tokens
         self.mean = np.asarray(mean, dtype=np.float32)[:, None, None]
@@ -136,7 +143,9 @@ class Gemma3ImageProcessor:
         }
 
     @classmethod
-    def from_config(cls, config: dict[str, Any], directory: Path | None = None) -> Gemma3ImageProcessor:
+    def from_config(
+        cls, config: dict[str, Any], directory: Path | None = None, tokenizer: Any = None
+    ) -> Gemma3ImageProcessor:
         pre: dict[str, Any] = {}
         path = directory / "preprocessor_config.json" if directory is not None else None
         if path is not None and path.is_file():
@@ -150,6 +159,7 @@ class Gemma3ImageProcessor:
             int(text.get("mm_tokens_per_image", 256)),
             pre.get("image_mean", [0.5] * 3),
             pre.get("image_std", [0.5] * 3),
+            tokenizer,
         )
 
     def pixels(self, image: DecodedImage) -> np.ndarray:
@@ -162,6 +172,10 @@ class Gemma3ImageProcessor:
 
     def process(self, prompt: Sequence[int], images: Sequence[DecodedImage]) -> tuple[list[int], list[MultiModalInput]]:
         slots = image_slots(prompt, self.boi_token_id, len(images))
+        spaced = self._with_blank_lines(prompt, slots)
+        if spaced is not None:
+            prompt = spaced
+            slots = image_slots(prompt, self.boi_token_id, len(images))
         tokens: list[int] = []
         inputs: list[MultiModalInput] = []
         previous = 0
@@ -174,19 +188,37 @@ class Gemma3ImageProcessor:
         tokens += prompt[previous:]
         return tokens, inputs
 
+    def _with_blank_lines(self, prompt: Sequence[int], slots: Sequence[int]) -> list[int] | None:
+        """The prompt re-tokenized with "\n\n" on both sides of every `<start_of_image>`, as HF's processor
+        tokenizes it; None without a tokenizer, or when the prompt's text does not tokenize back to the
+        prompt itself (then the blank lines are left out rather than guessed)."""
+        tok = self.tokenizer
+        if tok is None:
+            return None
+        bounds = [-1, *slots, len(prompt)]
+        texts = [
+            tok.decode(list(prompt[a + 1 : b]), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            for a, b in zip(bounds, bounds[1:], strict=False)
+        ]
+        boi = tok.convert_ids_to_tokens(self.boi_token_id)
+        if list(tok.encode(boi.join(texts), add_special_tokens=False)) != list(prompt):
+            return None
+        return list(tok.encode(f"\n\n{boi}\n\n".join(texts), add_special_tokens=False))
 
-_PROCESSORS: dict[str, Callable[[dict[str, Any], Path | None], ImageProcessor]] = {
+
+_PROCESSORS: dict[str, Callable[[dict[str, Any], Path | None, Any], ImageProcessor]] = {
     "qwen2_vl": QwenVLImageProcessor.from_config,
     "qwen2_5_vl": QwenVLImageProcessor.from_config,
     "gemma3": Gemma3ImageProcessor.from_config,
 }
 
 
-def image_processor_for(config: dict[str, Any], directory: Path | None = None) -> ImageProcessor:
-    """The image processor of a vision-language model's config; ImageError for a family without one."""
+def image_processor_for(config: dict[str, Any], directory: Path | None = None, tokenizer: Any = None) -> ImageProcessor:
+    """The image processor of a vision-language model's config; ImageError for a family without one.
+    `tokenizer`: the model's, for a family whose processor works on the text (Gemma 3)."""
     model_type = str(config.get("model_type"))
     make = _PROCESSORS.get(model_type)
     if make is None:
         supported = ", ".join(_PROCESSORS)
         raise ImageError(f"images are not supported for model type {model_type!r} (supported: {supported})")
-    return make(config, directory)
+    return make(config, directory, tokenizer)

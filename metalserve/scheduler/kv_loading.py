@@ -33,6 +33,8 @@ class KVLoads:
         if request.request_id in self._released:
             self._released.discard(request.request_id)
             return False
+        if request.sampling_params.prompt_logprobs is not None:
+            return False  # as the RAM prefix cache: its prompt is computed whole, its logits are needed
         external = self.connector.get_num_new_matched_tokens(request, hit.num_tokens)
         if external <= 0:
             return False

@@ -13,6 +13,7 @@ import mlx.nn as nn
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.engine.core import EngineCore
 from metalserve.executor.attention.select import select_attention
+from metalserve.executor.host import paged_model
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.families import check_supported, kv_cache_spec
 from metalserve.executor.runner import ModelRunner
@@ -24,7 +25,7 @@ from metalserve.loader.weights_mode import parameter_bytes
 from metalserve.platform import current_platform
 from metalserve.serving.context_len import resolve_max_model_len
 from metalserve.serving.kv_disk import attach_disk_tier
-from metalserve.serving.kv_groups import build_scheduler, state_group
+from metalserve.serving.kv_groups import build_scheduler
 from metalserve.serving.memory import machine_memory
 from metalserve.serving.parts import (
     async_scheduling_for,
@@ -83,7 +84,7 @@ def build_engine_core(config: EngineConfig, loaded: LoadedModel, draft: LoadedMo
         model = PagedModel(loaded.model, loaded.model_type)
         logger.info("pooling model: %s pooling%s", pooling.pooling_type, ", normalised" if pooling.normalize else "")
     else:
-        model = PagedModel.from_loaded(loaded, platform)
+        model = paged_model(loaded, platform)
     # This model's own parameters (MLX's active memory would count every model a server has loaded).
     weight_bytes = parameter_bytes(loaded.model) + model.host_bytes()
     storage = config.kv_cache_dtype
@@ -107,14 +108,13 @@ def build_engine_core(config: EngineConfig, loaded: LoadedModel, draft: LoadedMo
     logger.info("platform: %s", platform.describe())
     logger.info("attention: %s", attention.description)
     logger.info("on the host: %s", model.host_description())
-    states = state_group(spec.groups)
     speculation, draft = draft_for(config, list(spec.groups), draft)
     memory, peak = None, 0
     if config.kv_cache_memory is None:
         # The CPU path's stored codes (the draft's too) live outside MLX's counters.
         host = model.host_bytes() + (host_code_bytes(draft) if draft is not None else 0)
         held = int(mx.get_active_memory()) + host
-        peak = measure_step_peak(model, spec, config, attention, states) + host
+        peak = measure_step_peak(model, spec, config, attention) + host
         memory = machine_memory(held)
     _log_states(spec.groups)
     draft_bytes = kv_cache_spec(draft, config.block_size, storage).bytes_per_block if draft is not None else 0
@@ -134,7 +134,6 @@ def build_engine_core(config: EngineConfig, loaded: LoadedModel, draft: LoadedMo
         eos_token_ids=loaded.eos_token_ids,
         sampler=Sampler(config.seed),
         backend=attention,
-        state_group=states or 1,
         proposer=build_proposer(speculation, config, loaded, platform, plan.initial_blocks, draft),
         **vision_parts(loaded, model, dtype),
         async_eval=platform.metal,

@@ -4,11 +4,9 @@ first load. The core itself is built by serving/build.py."""
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import gc
 import struct
-import sys
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +14,7 @@ from metalserve.engine.async_engine import AsyncEngine
 from metalserve.engine.engine_thread import EngineThread
 from metalserve.engine.protocol import SchedulerStatsLike
 from metalserve.outputs import EngineCoreOutput
+from metalserve.platform import return_freed_memory
 from metalserve.request import Request
 from metalserve.serving.model_spec import ModelSpec
 from metalserve.serving.model_thread import EngineLoader, LoadedEngine
@@ -81,7 +80,16 @@ def load_engine(spec: ModelSpec, thread: EngineThread, grammar_limits: GrammarLi
 
     from metalserve.serving.build import load_engine_core
 
-    core, loaded = load_engine_core(spec.config)
+    try:
+        core, loaded = load_engine_core(spec.config)
+    except BaseException as exc:
+        # The error travels on (to the registry's 503, and a while in its records); its traceback's frames
+        # would keep the loaded weights alive with it, ~800 MiB per failed load of the default model.
+        drop_frames(exc)
+        gc.collect()
+        mx.clear_cache()
+        return_freed_memory()
+        raise
     engine = _engine_of(spec, core, loaded, thread, grammar_limits, images=True)
     weights, kv_bytes = core.weight_bytes, core.kv_pool_bytes
     del core, loaded
@@ -93,6 +101,16 @@ def load_engine(spec: ModelSpec, thread: EngineThread, grammar_limits: GrammarLi
         return_freed_memory()
 
     return LoadedEngine(engine, weights, kv_bytes, release, thread)
+
+
+def drop_frames(exc: BaseException) -> None:
+    """Clear the local variables of the finished frames in `exc`'s traceback and in those it chains."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        current = current.__cause__ or current.__context__
 
 
 def _engine_of(
@@ -114,15 +132,6 @@ def _engine_of(
         image_processor=loaded.image_processor if images else None,  # a vision-language model's, else None
         grammar_limits=grammar_limits,
     )
-
-
-def return_freed_memory() -> None:
-    """Linux: hand the freed heap back to the OS. glibc keeps freed blocks for reuse, so after an unload the
-    server's resident memory stayed ~700 MiB above its start for the default model (malloc_trim: ~100)."""
-    if sys.platform != "linux":
-        return
-    with contextlib.suppress(OSError, AttributeError):  # not glibc (musl has no malloc_trim)
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def estimate_bytes(spec: ModelSpec) -> int:

@@ -8,7 +8,7 @@ from typing import Any
 
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.executor.connector.disk_worker import DiskConnectorWorker
-from metalserve.executor.connector.fingerprint import model_fingerprint
+from metalserve.executor.connector.fingerprint import kv_shaping_config, model_fingerprint
 from metalserve.executor.connector.pages import supported
 from metalserve.executor.runner import ModelRunner
 from metalserve.kvcache.connector.disk_keys import StoreNamespace
@@ -35,10 +35,11 @@ def disk_tier_problem(groups: Sequence[LayerGroupSpec], spec: KVCacheSpec | None
 def fingerprinted(loaded: LoadedModel, layout: dict[str, Any]) -> tuple[Any, str, dict[str, Any]]:
     """What the model fingerprint covers: the weights and the KV `layout` and, for a vision-language model,
     its vision tower too (the whole model) and the image processor's settings: an image's placeholder
-    pages come from both, and its content hash in the block chain is taken from the decoded pixels."""
+    pages come from both, and its content hash in the block chain is taken from the decoded pixels. The
+    config that shapes K/V (RoPE, norms, windows, overrides) is in it for every model."""
+    extra = {**layout, "config": kv_shaping_config(loaded.config, loaded.model)}
     if loaded.vision is None:
-        return loaded.model, loaded.model_type, layout
-    extra = dict(layout)
+        return loaded.model, loaded.model_type, extra
     if loaded.image_processor is not None:
         extra["image_processor"] = loaded.image_processor.settings()
     return loaded.vision, loaded.model_type, extra

@@ -5,15 +5,10 @@ from __future__ import annotations
 import logging
 
 from metalserve.config import EngineConfig
-from metalserve.kvcache.specs import KVCacheSpec, LayerGroupSpec, RecurrentState, prefix_caching_problem
+from metalserve.kvcache.specs import KVCacheSpec, prefix_caching_problem
 from metalserve.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger("metalserve.engine")
-
-
-def state_group(groups: tuple[LayerGroupSpec, ...] | list[LayerGroupSpec]) -> int:
-    """The index of the recurrent-state group (the runner reads that group's tables); 0 when none."""
-    return next((i for i, g in enumerate(groups) if isinstance(g, RecurrentState)), 0)
 
 
 def build_scheduler(

@@ -10,6 +10,7 @@ import mlx.core as mx
 
 from metalserve.config import EngineConfig
 from metalserve.executor.attention.base import AttentionBackend
+from metalserve.executor.draft_model import build_draft_proposer
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.families import check_supported
 from metalserve.executor.runner import ModelRunner
@@ -19,7 +20,6 @@ from metalserve.loader import LoadedModel, load_model
 from metalserve.platform import Platform
 from metalserve.sampling_params import SamplingParams
 from metalserve.scheduler.output import NewRequestData, SchedulerOutput
-from metalserve.spec_decode.draft_model import build_draft_proposer
 from metalserve.spec_decode.proposer import Proposer, make_proposer
 from metalserve.speculative_config import SpeculativeConfig
 
@@ -125,19 +125,15 @@ def measure_step_peak(
     spec: KVCacheSpec,
     config: EngineConfig,
     attention: AttentionBackend[Any, Any],
-    states: int = 0,
 ) -> int:
-    """Run one prefill of max_num_batched_tokens tokens on a throw-away pool and return MLX's peak memory.
-    `states`: the recurrent-state group's index (hybrid models; 0: none)."""
+    """Run one prefill of max_num_batched_tokens tokens on a throw-away pool and return MLX's peak memory."""
     n = config.max_num_batched_tokens
     blocks = -(-n // config.block_size)
     mx.reset_peak_memory()
-    runner = ModelRunner(
-        model, spec.with_blocks(blocks), sampler=Sampler(0), backend=attention, state_group=states or 1
-    )
+    runner = ModelRunner(model, spec.with_blocks(blocks), sampler=Sampler(0), backend=attention)
     params = SamplingParams(temperature=0, max_tokens=1)
     # Every group's table over the same throw-away blocks: the values written are never read back.
-    tables = tuple(list(range(blocks)) for _ in range(runner.num_tables + 1))
+    tables = tuple(list(range(blocks)) for _ in spec.groups)
     new = NewRequestData("warmup", [0] * n, n, params, tables, 0)
     runner.execute_model(SchedulerOutput([new], [], {"warmup": n}, n))
     peak = mx.get_peak_memory()

@@ -19,6 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from metalserve.engine.async_engine import AsyncEngine
 from metalserve.engine.engine_thread import EngineThread
+from metalserve.engine.errors import shown_name
 from metalserve.serving.model_spec import ModelSpec
 from metalserve.serving.model_thread import EngineLoader, LoadedEngine, start_engine_thread
 from metalserve.units import format_bytes
@@ -152,7 +153,7 @@ class ModelRegistry(Generic[S]):
         if slot is None:
             served = ", ".join(n for s in self.slots for n in s.spec.names)
             raise ModelRegistryError(
-                f"The model `{model}` does not exist. Served models: {served}.", 404, "model_not_found"
+                f"The model `{shown_name(model)}` does not exist. Served models: {served}.", 404, "model_not_found"
             )
         return slot
 
@@ -169,6 +170,7 @@ class ModelRegistry(Generic[S]):
             while slot.state is not ModelState.LOADED or slot.serving is None:
                 if slot.load_task is None:
                     slot.load_task = asyncio.create_task(self._load(slot))
+                    slot.load_task.add_done_callback(_retrieved)  # a waiter may have timed out: _load logged it
                 left = deadline - time.monotonic()
                 try:
                     await asyncio.wait_for(asyncio.shield(slot.load_task), max(left, 0.0))
@@ -379,3 +381,9 @@ class ModelRegistry(Generic[S]):
             }
             for s in self.slots
         ]
+
+
+def _retrieved(task: asyncio.Task[None]) -> None:
+    """Mark a load task's error as seen: every waiter may have given up on it, and _load logged it."""
+    if not task.cancelled():
+        task.exception()

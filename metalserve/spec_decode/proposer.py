@@ -13,7 +13,10 @@ class DraftedRequest(Protocol):
     request_id: str
     token_ids: list[int]  # prompt + output so far
     structured: Any  # a grammar: its masks follow the drafts (spec_decode/grammar.py)
-    block_ids: list[int]  # the KV slots it holds (a draft model writes its own KV there)
+
+    @property
+    def block_ids(self) -> list[int]:
+        """The KV slots it holds (a draft model writes its own KV there)."""
 
     @property
     def block_array(self) -> Any: ...
@@ -61,4 +64,4 @@ def make_proposer(config: SpeculativeConfig | None) -> Proposer | None:
         return None
     if config.method == "ngram":
         return NgramProposer(config)
-    raise ValueError(f"method {config.method!r} needs its model: see spec_decode/draft_model.py")
+    raise ValueError(f"method {config.method!r} needs its model: see executor/draft_model.py")

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from metalserve.executor.sampling_metadata import SamplingRequest
 from metalserve.outputs import TokenLogprob
+from metalserve.sampling_params import SamplingRequest
 from metalserve.spec_decode.grammar import window_masks
 
 

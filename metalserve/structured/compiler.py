@@ -27,6 +27,7 @@ from llguidance.hf import from_tokenizer
 
 from metalserve.structured.limits import GrammarLimits
 from metalserve.structured.params import StructuredOutputsParams
+from metalserve.structured.schema import drop_annotation_formats
 from metalserve.structured.state import CompiledGrammar, GrammarState
 
 if TYPE_CHECKING:  # the options type exists only in llguidance's stubs
@@ -105,18 +106,34 @@ def grammar_text(params: StructuredOutputsParams) -> str:
                 schema = json.loads(schema)
             if not isinstance(schema, dict):
                 raise ValueError("a JSON schema must be an object")
+            schema = drop_annotation_formats(schema)
             return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
         if kind == "json_object":
             return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
         if kind == "regex":
             return llguidance.grammar_from("regex", params.regex or "")
         if kind == "choice":
-            return llguidance.grammar_from("choice", json.dumps(list(params.choice or ())))
+            return _choice_grammar(list(params.choice or ()))
         if kind == "grammar":
             return llguidance.grammar_from("grammar", params.grammar or "")  # Lark or GBNF
         return _structural_tag_grammar(params.structural_tag or "")
     except (ValueError, KeyError, TypeError, AssertionError) as exc:
         raise GrammarError(kind, str(exc) or type(exc).__name__) from None
+
+
+# llguidance caps one alternation at 2,000 items (its own `choice` grammar adds one): longer lists are
+# split into rows of this many, each its own rule.
+CHOICE_ROW = 1000
+
+
+def _choice_grammar(choices: list[str]) -> str:
+    """A grammar matching exactly one of `choices`, for any number of them (the limit is the spec's bytes)."""
+    if len(choices) <= CHOICE_ROW:
+        return llguidance.grammar_from("choice", json.dumps(choices))
+    rows = [choices[i : i + CHOICE_ROW] for i in range(0, len(choices), CHOICE_ROW)]
+    lines = ["start: " + " | ".join(f"ROW{i}" for i in range(len(rows)))]
+    lines += [f"ROW{i}: " + " | ".join(json.dumps(c) for c in row) for i, row in enumerate(rows)]
+    return llguidance.grammar_from("lark", "\n".join(lines))
 
 
 def _structural_tag_grammar(text: str) -> str:
@@ -131,7 +148,8 @@ def _structural_tag_grammar(text: str) -> str:
         trigger = next((t for t in triggers if begin.startswith(t)), None)
         if trigger is None:
             raise ValueError(f"no trigger in {triggers} starts the structure beginning {begin!r}")
-        tags.append(llguidance.StructTag(trigger=trigger, begin=begin, grammar=item["schema"], end=item["end"]))
+        schema = drop_annotation_formats(item["schema"])
+        tags.append(llguidance.StructTag(trigger=trigger, begin=begin, grammar=schema, end=item["end"]))
     if not tags:
         raise ValueError("the structural tag has no structures")
     return llguidance.StructTag.to_grammar(tags)

@@ -17,7 +17,6 @@ from tests.agents.proxy import Exchange
 ROOT = Path(__file__).resolve().parents[2]
 AGENTS_BIN = ROOT / ".agents" / "node_modules" / ".bin"
 SECRET = "pineapple"
-TASK = "Read the file hello.txt and tell me the secret word in it."
 
 
 def missing_agent(binary: str) -> str | None:
@@ -50,6 +49,16 @@ class AgentRun:
     wall_seconds: float
     turns: list[Turn]
     exchanges: list[Exchange]
+    agent: str = "claude"  # or "codex": where the final answer is
+
+    def answer(self) -> str:
+        """The agent's final answer: `claude -p --output-format json`'s result, or codex exec's last message."""
+        if self.agent == "claude":
+            try:
+                return str(json.loads(self.stdout).get("result") or "")
+            except ValueError:
+                return self.stdout
+        return self.stdout.strip()
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -57,6 +66,8 @@ class AgentRun:
             "wall_seconds": round(self.wall_seconds, 1),
             "requests": len(self.turns),
             "turns": [t.__dict__ for t in self.turns],
+            "tool_calls": [{"name": n, "arguments": a} for n, a in tool_calls(self.exchanges)],
+            "answer": self.answer()[-2000:],
         }
 
 
@@ -114,3 +125,35 @@ def sent_tool_result(exchanges: list[Exchange]) -> bool:
 def write_json(path: Path, value: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(value, indent=1))
+
+
+def tool_calls(exchanges: list[Exchange]) -> list[tuple[str, str]]:
+    """(name, arguments JSON) of every call the server's answers made, Messages or Responses, streamed or not."""
+    calls: list[tuple[str, str]] = []
+    for exchange in exchanges:
+        events = exchange.events()
+        body = exchange.body() if not events else None
+        if isinstance(body, dict):  # a plain JSON answer
+            calls += [
+                (b["name"], json.dumps(b.get("input")))
+                for b in body.get("content") or []
+                if b.get("type") == "tool_use"
+            ]
+            calls += [
+                (i["name"], i.get("arguments", ""))
+                for i in body.get("output") or []
+                if i.get("type") == "function_call"
+            ]
+        open_calls: dict[int, list[str]] = {}
+        for event in events:
+            kind = event.get("type")
+            if kind == "content_block_start" and event["content_block"].get("type") == "tool_use":
+                open_calls[event["index"]] = [event["content_block"]["name"], ""]
+            elif kind == "content_block_delta" and event["index"] in open_calls:
+                open_calls[event["index"]][1] += event["delta"].get("partial_json", "")
+            elif kind == "content_block_stop" and event["index"] in open_calls:
+                name, arguments = open_calls.pop(event["index"])
+                calls.append((name, arguments))
+            elif kind == "response.output_item.done" and event["item"].get("type") == "function_call":
+                calls.append((event["item"]["name"], event["item"].get("arguments", "")))
+    return calls

@@ -64,7 +64,8 @@ def test_messages_output_config_format(server: Served) -> None:
         "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}},
     }
     reply = httpx.post(f"{server.url}/v1/messages", json=body, timeout=30).json()
-    assert json.loads(reply["content"][0]["text"]) == {"city": "Oslo"} and _spec(server).json == SCHEMA
+    assert json.loads(reply["content"][0]["text"]) == {"city": "Oslo"}
+    assert _spec(server).json == {**SCHEMA, "additionalProperties": False}  # Anthropic's formats are strict
     bad = {**body, "output_config": {"format": {"type": "json_schema", "schema": {"type": "objec"}}}}
     error = httpx.post(f"{server.url}/v1/messages", json=bad, timeout=30)
     assert error.status_code == 400 and error.json()["error"]["type"] == "invalid_request_error"
@@ -90,7 +91,8 @@ def test_responses_text_format_json_schema(server: Served) -> None:
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
     text: Any = {"format": {"type": "json_schema", "name": "city", "schema": SCHEMA, "strict": True}}
     response = client.responses.create(model=MODEL, input='say:{"city": "Oslo"}', text=text)
-    assert json.loads(response.output_text) == {"city": "Oslo"} and _spec(server).json == SCHEMA
+    assert json.loads(response.output_text) == {"city": "Oslo"}
+    assert _spec(server).json == {**SCHEMA, "additionalProperties": False}  # strict: no extra keys
     assert response.text.format.type == "json_schema"  # type: ignore[union-attr]
     client.responses.create(model=MODEL, input='say:{"a": 1}', text={"format": {"type": "json_object"}})
     assert _spec(server).json_object

@@ -197,7 +197,7 @@ def test_the_responses_store_stays_within_its_bytes(server: Served) -> None:
 
 def test_memory_is_reported_by_component(server: Served) -> None:
     report = httpx.get(f"{server.url}/debug/memory").json()
-    assert set(report) == {"weights", "kv_pool", "grammar_cache", "responses_store", "other", "rss"}
+    assert set(report) == {"weights", "kv_pool", "grammar_cache", "responses_store", "mlx_cache", "other", "rss"}
     assert report["responses_store"] == server.app.state.responses_store.num_bytes
     assert report["grammar_cache"] == server.engine.grammar.cache_bytes
     assert report["rss"] > 0 and report["rss"] >= sum(v for k, v in report.items() if k != "rss")

@@ -97,8 +97,10 @@ def test_bad_flags_are_clear_errors() -> None:
         config_from_args(_parse("--chat-template", "no-such-file.jinja"))
     with pytest.raises(SystemExit):
         _parse("--tool-call-parser", "nope")
-    with pytest.raises(ValueError, match="--enable-auto-tool-choice needs --tool-call-parser"):
-        config_from_args(_parse("--enable-auto-tool-choice"))
+    with pytest.raises(ValueError, match="--enable-auto-tool-choice needs a tool-call parser"):
+        config_from_args(_parse("--enable-auto-tool-choice", "--tool-call-parser", "none"))
+    # Without --tool-call-parser the parser is read off the chat template at load (test_parser_detection.py).
+    assert config_from_args(_parse("--enable-auto-tool-choice"))[1].tool_call_parser is None
     config, settings = config_from_args(_parse("--enable-auto-tool-choice", "--tool-call-parser", "hermes"))
     assert settings.tool_call_parser == "hermes"
 

@@ -87,7 +87,7 @@ def test_completions_refuse_a_bad_regex(server: Served) -> None:
                     "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": True},
                 }
             },
-            StructuredOutputsParams(json={"type": "object"}),
+            StructuredOutputsParams(json={"type": "object", "additionalProperties": False}),  # strict: no extra keys
         ),
         ({"structured_outputs": {"choice": ["a", "b"]}}, StructuredOutputsParams(choice=("a", "b"))),
         (

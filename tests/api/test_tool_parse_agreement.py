@@ -2,6 +2,7 @@
 
 Outputs are built from each format's fragments (complete calls, calls cut at every character, nested
 markers, unknown tools, broken JSON, text before, between and after) and streamed in random pieces.
+Hermes's fragments include the loose forms (fences, other tags, bare objects, `<function=...>`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,21 @@ CALLS: dict[str, list[str]] = {
         '<tool_call>{"name": "f", "arguments": {"s": "\\ud800"}}</tool_call>',
         "<tool_call><tool_call>{}</tool_call>",
         "<tool_call>{not json}</tool_call>",
+        # The loose forms llama.cpp reads for Hermes-family models (declared tools only).
+        '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```',
+        '```xml\n<tools>{"name": "f", "arguments": {}}</tools>\n```',
+        '{"name": "f", "arguments": {"a": [1, "}"]}}',
+        '<function_call>{"name": "get_weather", "parameters": {}}</function_call>',
+        '<JSON>\n{"name": "f", "arguments": {}}\n</JSON>',
+        '<function=get_weather>{"city": "Rome"}</function>',
+        '<function name="f">{}</function>',
+        '```json\n{"name": "nope", "arguments": {}}\n```',
+        '{"name": "nope", "arguments": {}}',
+        "<function=nope>{}</function>",
+        '```json\n{"answer": 42}\n```',
+        '<response>{"name": "f", "arguments": [1]}</response>',
+        "```",
+        "</tool_call>",
     ],
     "llama3_json": [
         '{"name": "get_weather", "parameters": {"city": "Paris"}}',

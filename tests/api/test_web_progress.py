@@ -67,6 +67,14 @@ def test_the_favicon_is_open_like_the_page() -> None:
         assert httpx.get(f"{served.url}/v1/server/requests/x", timeout=10).status_code == 401
 
 
+def test_head_on_the_page_answers_like_get() -> None:
+    """Claude Code sends `HEAD /` before each run: before, a 405."""
+    with live(make_served(ServerSettings(log_stats_interval=0))) as served:
+        head = httpx.head(f"{served.url}/", timeout=10)
+        assert head.status_code == 200 and head.headers["content-type"].startswith("text/html")
+        assert head.content == b""
+
+
 def test_the_memory_parts_add_up_to_the_resident_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     """Weights + KV in use + KV grown but free + other = RSS; the pools' reserved size is reported apart."""
     core = SimpleNamespace(

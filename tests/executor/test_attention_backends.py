@@ -8,15 +8,14 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from metalserve.executor.attention import reference
-from metalserve.executor.attention.base import AttentionBackend, AttentionCall, LayerCacheSpec
+from metalserve.executor.attention import mlx_ops
+from metalserve.executor.attention.base import AttentionBackend, AttentionCall, AttentionOptions, LayerCacheSpec
 from metalserve.executor.attention.cpu import CpuAttention
 from metalserve.executor.attention.metal import KernelAttention
 from metalserve.executor.attention.mlx import MlxAttention
-from metalserve.executor.attention.reference import AttentionOptions
 from metalserve.executor.step_inputs import StepInputs
 
-BACKENDS = [MlxAttention(), CpuAttention(), KernelAttention(reference.paged_attention, "contract", "the contract")]
+BACKENDS = [MlxAttention(), CpuAttention(), KernelAttention(mlx_ops.paged_attention, "contract", "the contract")]
 IDS = ["mlx", "cpu", "kernel-contract"]
 SPEC = LayerCacheSpec.dense(num_kv_heads=2, head_dim=16, dtype=mx.float32, block_size=8, num_blocks=12)
 

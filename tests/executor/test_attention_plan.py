@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from metalserve.executor.attention.reference import build_plan
+from metalserve.executor.attention.mlx_ops import build_plan
 
 
 def plan_for(lens: list[int], block_size: int = 16):  # type: ignore[no-untyped-def]

@@ -12,11 +12,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from metalserve.executor.attention.base import AttentionCall, LayerCacheSpec
+from metalserve.executor.attention.base import AttentionCall, AttentionOptions, LayerCacheSpec
 from metalserve.executor.attention.kv_quant import QuantPool
 from metalserve.executor.attention.metal import KernelAttention, LayerKV, _dequantized
 from metalserve.executor.attention.mlx import MlxAttention, PortableKV
-from metalserve.executor.attention.reference import AttentionOptions
 from metalserve.executor.connector.disk_worker import DiskConnectorWorker
 from metalserve.executor.connector.pages import dtype_tag, expected_shapes, read_blocks, supported, write_blocks
 from metalserve.executor.step_inputs import StepInputs

@@ -11,11 +11,13 @@ import numpy as np
 
 from metalserve.executor.attention.base import LayerCacheSpec
 from metalserve.executor.attention.mlx import MlxAttention
+from metalserve.executor.block_table import BlockTables
 from metalserve.executor.connector.disk_worker import DiskConnectorWorker
 from metalserve.executor.connector.states import read_states, state_dtype_tag, state_shapes, write_states
 from metalserve.executor.state_cache import RecurrentStates, StateLayout, StatePool, StateSlot
 from metalserve.kvcache.connector.base import BlockTransfer, ConnectorMetadata
 from metalserve.kvcache.connector.disk_store import DiskStore
+from metalserve.kvcache.specs import FullAttention, RecurrentState
 
 BS = 8
 # Two recurrent layers: a conv state (bfloat16) and a recurrent state (float32) each, as gated-delta layers.
@@ -23,6 +25,7 @@ LAYOUT = StateLayout(
     layers=tuple((StateSlot(0, (3, 12), mx.bfloat16), StateSlot(1, (2, 4, 4), mx.float32)) for _ in range(2)),
     cache_size=2,
 )
+TABLES = BlockTables((FullAttention(), RecurrentState()), BS)  # the state group is group 1
 
 
 def filled(layout: StateLayout, seed: int, num_blocks: int = 6) -> StatePool:
@@ -72,7 +75,7 @@ def wait_loaded(worker: DiskConnectorWorker, caches: list[object], rid: str) -> 
 
 
 def test_the_worker_saves_and_loads_a_state_group_transfer_as_a_snapshot(tmp_path: Path) -> None:
-    states = RecurrentStates(LAYOUT, group=1, block_size=BS, num_blocks=6)
+    states = RecurrentStates(LAYOUT, TABLES, num_blocks=6)
     states.pool = filled(LAYOUT, 2)
     caches = kv_pools()
     worker = DiskConnectorWorker(DiskStore(str(tmp_path), 1 << 30), BS, states)
@@ -90,7 +93,7 @@ def test_the_worker_saves_and_loads_a_state_group_transfer_as_a_snapshot(tmp_pat
 
     # A worker whose state layout differs (another model's states under the same key) reads a miss.
     other = StateLayout(layers=LAYOUT.layers[:1], cache_size=2)
-    states2 = RecurrentStates(other, group=1, block_size=BS, num_blocks=6)
+    states2 = RecurrentStates(other, TABLES, num_blocks=6)
     worker2 = DiskConnectorWorker(worker.store, BS, states2)
     worker2.start_load_kv(ConnectorMetadata(loads={"r": loads}), caches)
     assert wait_loaded(worker2, caches, "r") == 1  # the KV block arrived, the snapshot did not

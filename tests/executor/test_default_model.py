@@ -9,6 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from metalserve.executor.host import paged_model
 from metalserve.executor.host.compute import HostCompute
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.families import kv_cache_spec, kv_shape
@@ -33,7 +34,7 @@ def golden() -> tuple[LoadedModel, PagedModel, list[list[int]], list[list[int]]]
     prompts = [text_ids[int(o) : int(o) + n] for o, n in zip(rng.integers(0, 20, len(LENGTHS)), LENGTHS, strict=True)]
     # mlx-lm first, while the model still has its own attention layers.
     expected = [mlx_lm_greedy(loaded.model, p, NUM_TOKENS) for p in prompts]
-    return loaded, PagedModel.from_loaded(loaded, current_platform()), prompts, expected
+    return loaded, paged_model(loaded, current_platform()), prompts, expected
 
 
 def runner_for(loaded: LoadedModel, model: PagedModel) -> ModelRunner:
@@ -52,12 +53,13 @@ def test_one_request_equals_mlx_lm(golden) -> None:  # type: ignore[no-untyped-d
 
 @pytest.mark.skipif(not current_platform().host_compute, reason="host compute is for MLX's CPU backend")
 def test_on_the_cpu_small_steps_read_the_stored_4_bit_codes(golden) -> None:  # type: ignore[no-untyped-def]
-    """The Q4_1 GGUF is dequantized for MKL, and its codes kept: the goldens above decode through them."""
+    """The Q4_1 GGUF is kept in its packed codes, and no fp32 copy: the goldens above decode through them."""
     loaded, model, _, _ = golden
     assert isinstance(model.compute, HostCompute)
     assert model.compute.linears == 4 * kv_shape(loaded).num_layers  # qkv, o, gate+up, down
     head = model.compute.head_codes
-    assert head is not None and head.codes.shape == (49152, 576)
+    assert head is not None and [p.shape for p in head.parts] == [(49152, 576)]
+    assert "kept in its codes" in loaded.weights_desc
 
 
 @pytest.mark.parametrize("chunk_size", [1 << 30, 16])

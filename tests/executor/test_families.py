@@ -10,7 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from metalserve.executor.models.adapter import PagedModel
+from metalserve.executor.host import paged_model
 from metalserve.executor.models.compute import MlxCompute
 from metalserve.executor.models.families import (
     HOST_MODEL_TYPES,
@@ -22,7 +22,7 @@ from metalserve.executor.models.families import (
     model_family,
 )
 from metalserve.executor.models.hybrid_families import FAMILIES
-from metalserve.kernels.cpu.affine_codes import AffineCodes
+from metalserve.kernels.cpu.packed_codes import PackedCodes
 from metalserve.platform import Platform
 from tests.executor.tiny_models import tiny_model
 from tests.models import golden
@@ -65,8 +65,8 @@ def test_dense_windowed_latent_and_hybrid_models_read_off_by_their_family() -> N
     assert kv_shape(hybrid)[:3] == (2, 2, 16)  # the attention layers only
 
 
-def _codes() -> dict[str, AffineCodes]:
-    codes = AffineCodes(np.zeros((4, 32), np.uint8), np.ones((4, 1), np.float32), np.zeros((4, 1), np.float32))
+def _codes() -> dict[str, PackedCodes]:
+    codes = PackedCodes.pack(np.zeros((4, 32), np.uint8), np.ones((4, 1), np.float32), np.zeros((4, 1), np.float32), 4)
     return {"model.layers.0.mlp.down_proj": codes}
 
 
@@ -74,11 +74,11 @@ def test_the_stored_codes_stay_only_for_a_family_on_the_host_path() -> None:
     cpu = Platform(on_cpu=True, metal=False, numba=True, blas="test")
     hybrid = tiny_hybrid_loaded("lfm2")
     hybrid.codes.update(_codes())  # the loader keeps them on MLX's CPU backend, whatever the family
-    assert isinstance(PagedModel.from_loaded(hybrid, cpu).compute, MlxCompute)
+    assert isinstance(paged_model(hybrid, cpu).compute, MlxCompute)
     assert hybrid.codes == {}
     llama = golden.loaded_of(tiny_model("llama"), "llama")
     llama.codes.update(_codes())
-    assert not isinstance(PagedModel.from_loaded(llama, cpu).compute, MlxCompute)
+    assert not isinstance(paged_model(llama, cpu).compute, MlxCompute)
     assert set(llama.codes) == {"model.layers.0.mlp.down_proj"}
 
 

@@ -9,7 +9,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from metalserve.executor.attention.reference import AttentionOptions
+from metalserve.executor.attention.base import AttentionOptions
 from metalserve.executor.host.compute import HostCompute
 from metalserve.executor.host.forward import HostForward
 from metalserve.executor.models.adapter import PagedModel
@@ -96,15 +96,23 @@ def test_layers_view_one_stack_of_codes() -> None:
             (layer.mlp.gate_up_proj, stacked.gate_up),
             (layer.mlp.inner.down_proj, stacked.down),
         ]
-        for linear, stack in pairs:
-            assert np.shares_memory(linear.codes.codes, stack.codes)
-            np.testing.assert_array_equal(linear.codes.codes, stack.codes[i])
-            np.testing.assert_array_equal(linear.codes.dense(), np.array(linear.inner.weight))
-    # Held once: the host bytes are the stacks' (and the head's codes, if any).
-    stacks = [stacked.qkv, stacked.o, stacked.gate_up, stacked.down]
+        for linear, segments in pairs:
+            first, last = segments.layer_first[i], segments.layer_first[i + 1]
+            assert last - first == len(linear.codes)  # one segment per row block (q, k, v; gate, up)
+            for part, s in zip(linear.codes, range(first, last), strict=True):
+                assert np.shares_memory(part.codes, segments.data[s])  # a view, not a copy
+            dense = np.concatenate([p.dense() for p in linear.codes])
+            np.testing.assert_array_equal(dense, np.array(linear.inner.weight))
+    # Held once: the host bytes are the layers' codes (and the head's).
+    parts = [p for layer in model.backbone.layers for lin in _linears(layer) for p in lin.codes]
     head = model.compute.head_codes
-    head_bytes = 0 if head is None else head.codes.nbytes + head.scales.nbytes + head.biases.nbytes
-    assert model.host_bytes() == sum(s.codes.nbytes + s.scales.nbytes + s.biases.nbytes for s in stacks) + head_bytes
+    head_bytes = 0 if head is None else sum(p.nbytes for p in head.parts)
+    assert model.host_bytes() == sum(p.nbytes for p in parts) + head_bytes
+
+
+def _linears(layer: nn.Module) -> list[nn.Module]:
+    attn, mlp = layer.self_attn, layer.mlp
+    return [attn.qkv_proj, attn.inner.o_proj, mlp.gate_up_proj, mlp.inner.down_proj]
 
 
 def test_layers_that_differ_keep_the_mlx_modules() -> None:

@@ -7,12 +7,13 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-import metalserve.kernels.cpu.affine_linear as affine_module
+import metalserve.kernels.cpu.packed_linear as packed_module
 from metalserve.executor.host.compute import HostCompute
 from metalserve.executor.host.linear import HostLinear, host_codes
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.fused_linear import fuse_linears
-from metalserve.loader.affine_codes import AffineCodes, affine_codes
+from metalserve.kernels.cpu.packed_codes import PackedCodes
+from metalserve.loader.affine_codes import affine_codes
 from metalserve.loader.weights_mode import dequantize_model
 from metalserve.sampling_params import SamplingParams
 from tests.executor.simple_driver import run_to_completion
@@ -20,7 +21,7 @@ from tests.executor.test_runner_golden import make_runner, mlx_lm_greedy, prompt
 from tests.executor.tiny_models import tiny_model
 
 
-def dequantized_tiny(model_type: str = "llama", keep_codes: bool = True) -> tuple[nn.Module, dict[str, AffineCodes]]:
+def dequantized_tiny(model_type: str = "llama", keep_codes: bool = True) -> tuple[nn.Module, dict[str, PackedCodes]]:
     """A tiny model as the loader leaves a Q4 GGUF on the CPU: fp32 weights, and their codes by module path."""
     model = tiny_model(model_type)
     nn.quantize(model, group_size=32, bits=4)
@@ -32,17 +33,17 @@ def dequantized_tiny(model_type: str = "llama", keep_codes: bool = True) -> tupl
 def test_dequantizing_keeps_codes_only_when_asked() -> None:
     (kept, codes), (_, dropped) = dequantized_tiny(), dequantized_tiny(keep_codes=False)
     q_proj = kept.model.layers[0].self_attn.q_proj
-    found = host_codes(q_proj, codes["model.layers.0.self_attn.q_proj"])
-    assert type(q_proj) is nn.Linear and found is not None and found.group_size == 32
-    np.testing.assert_array_equal(found.dense(), np.array(q_proj.weight))
-    assert isinstance(codes["model.embed_tokens"], AffineCodes) and "lm_head" not in codes  # tied
+    found = host_codes(q_proj, [codes["model.layers.0.self_attn.q_proj"]])
+    assert type(q_proj) is nn.Linear and found is not None and found[0].group_size == 32 and found[0].bits == 4
+    np.testing.assert_array_equal(found[0].dense(), np.array(q_proj.weight))
+    assert isinstance(codes["model.embed_tokens"], PackedCodes) and "lm_head" not in codes  # tied
     assert len(codes) == 1 + 2 * 7 and not dropped  # the embedding and 7 projections per layer
     assert not hasattr(q_proj, "affine_codes")  # returned, not attached
-    assert host_codes(q_proj, codes["model.layers.0.self_attn.k_proj"]) is None  # another shape
+    assert host_codes(q_proj, [codes["model.layers.0.self_attn.k_proj"]]) is None  # another shape
     half = nn.Linear(64, 64, bias=False)
     half.set_dtype(mx.float16)
     assert host_codes(half, found) is None  # only float32 linears read codes
-    assert host_codes(q_proj, None) is None
+    assert host_codes(q_proj, [None]) is None
 
 
 def test_fused_projections_fuse_their_codes() -> None:
@@ -51,18 +52,19 @@ def test_fused_projections_fuse_their_codes() -> None:
     fused = fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj])
     assert fused is not None
     parts = [codes[f"model.layers.0.self_attn.{n}"] for n in ("q_proj", "k_proj", "v_proj")]
-    joined = host_codes(fused, AffineCodes.concatenate(parts))
-    assert joined is not None
-    np.testing.assert_array_equal(joined.dense(), np.array(fused.weight))
+    joined = host_codes(fused, parts)  # row blocks, not copied into one
+    assert joined is not None and all(a is b for a, b in zip(joined, parts, strict=True))
+    np.testing.assert_array_equal(np.concatenate([p.dense() for p in joined]), np.array(fused.weight))
 
 
 def test_host_linear_reads_codes_for_small_steps_and_the_fp32_weights_for_large_ones() -> None:
     inner = nn.Linear(64, 8)
     other = nn.Linear(64, 8, bias=False)  # codes of different weights show which path ran
     other.weight = mx.random.normal((8, 64), key=mx.random.key(3))
-    codes = affine_codes(nn.QuantizedLinear.from_linear(other, group_size=32, bits=8))
-    assert codes is not None
-    layer = HostLinear(inner, codes, max_tokens=4)
+    found = affine_codes(nn.QuantizedLinear.from_linear(other, group_size=32, bits=8))
+    assert found is not None
+    codes = PackedCodes.pack(found.codes, found.scales, found.biases, 8)
+    layer = HostLinear(inner, [codes], max_tokens=4)
     small = mx.random.normal((1, 4, 64), key=mx.random.key(4))
     large = mx.random.normal((1, 5, 64), key=mx.random.key(5))
     from_codes = np.array(small[0]) @ codes.dense().T + np.array(inner.bias)
@@ -81,10 +83,10 @@ def test_paged_model_wraps_every_projection_with_codes_and_the_head() -> None:
     assert isinstance(paged.backbone.layers[1].mlp.inner.down_proj, HostLinear)
     assert compute.head_codes is not None
     assert "8 projections from their stored codes" in paged.host_description()
-    # 2 layers x (128x64 qkv + 64x64 o + 256x64 gate+up + 64x128 down) + 97x64 head: one byte per weight, and
-    # a float32 scale and bias per 32 of them.
+    # 2 layers x (128x64 qkv + 64x64 o + 256x64 gate+up + 64x128 down) + 97x64 head: half a byte per weight
+    # (4-bit codes, packed), and a float32 scale and bias per 32 of them.
     weights = 2 * (128 * 64 + 64 * 64 + 256 * 64 + 64 * 128) + 97 * 64
-    assert paged.host_bytes() == weights + weights // 32 * 8
+    assert paged.host_bytes() == weights // 2 + weights // 32 * 8
     plain = PagedModel(dequantized_tiny()[0], "llama")
     assert plain.host_bytes() == 0 and plain.host_description() == "nothing (all in MLX)"
     hidden = mx.random.normal((3, 64), key=mx.random.key(6))
@@ -95,8 +97,8 @@ def test_paged_model_wraps_every_projection_with_codes_and_the_head() -> None:
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])
 def test_decoding_from_codes_matches_mlx_lm(model_type: str, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    real = affine_module.affine_linear
-    monkeypatch.setattr(affine_module, "affine_linear", lambda x, w: (calls.append(len(x)), real(x, w))[1])
+    real = packed_module.packed_linear
+    monkeypatch.setattr(packed_module, "packed_linear", lambda x, w: (calls.append(len(x)), real(x, w))[1])
     model, _ = dequantized_tiny(model_type)
     prompts = prompts_of([5, 40, 17, 1, 33, 9], model.args.vocab_size, seed=2)
     expected = [mlx_lm_greedy(model, p, 16) for p in prompts]

@@ -10,12 +10,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from metalserve.executor.attention import kv_quant, reference
-from metalserve.executor.attention.base import AttentionBackend, AttentionCall, LayerCacheSpec
+from metalserve.executor.attention import kv_quant, mlx_ops
+from metalserve.executor.attention.base import AttentionBackend, AttentionCall, AttentionOptions, LayerCacheSpec
 from metalserve.executor.attention.cpu import CpuAttention
 from metalserve.executor.attention.kv_quant import QuantPool
 from metalserve.executor.attention.mlx import MlxAttention
-from metalserve.executor.attention.reference import AttentionOptions
 from metalserve.executor.step_inputs import StepInputs
 from metalserve.kernels.cpu import kv_quant as np_quant
 from metalserve.kvcache.specs import PageDtype, SlidingWindow
@@ -122,7 +121,7 @@ def test_mlx_ops_attend_quantized_pages_like_the_reference_attends_their_dequant
     np.testing.assert_allclose(np.array(dense), want_dense, atol=1e-6, rtol=0)
     step = mixed_step()
     plan = MlxAttention().build_metadata(step, SPEC)
-    want = np.array(reference.paged_attention_planned(mx.array(q), dense, plan, opts))
+    want = np.array(mlx_ops.paged_attention_planned(mx.array(q), dense, plan, opts))
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
 
@@ -134,7 +133,7 @@ def test_quantized_attention_stays_near_full_precision(storage: str) -> None:
     rng = np.random.default_rng(5)
     cache = backend.allocate(SPEC)
     kv = mx.array(rng.standard_normal((SPEC.num_slots, 2, 32)).astype(np.float32))
-    cache.pool = reference.write_kv_portable(cache.pool, kv, -kv, mx.array(np.arange(SPEC.num_slots, dtype=np.int32)))
+    cache.pool = mlx_ops.write_kv_portable(cache.pool, kv, -kv, mx.array(np.arange(SPEC.num_slots, dtype=np.int32)))
     step = mixed_step()
     total = len(step.slot_mapping)
     rng.standard_normal((total, 6, 32))  # q, drawn as run_quantized_step drew it
@@ -217,5 +216,5 @@ def test_each_backend_attends_its_quantized_pages_like_the_reference_attends_the
     bound = 0.05 if storage == "int8" else 0.5
     assert np.abs(written[0] - np.array(k)).max() < bound and np.abs(written[1] - np.array(v)).max() < bound
     plan = MlxAttention().build_metadata(step, LayerCacheSpec(replace(spec.attn, page=PageDtype()), 8, 12))
-    want = np.array(reference.paged_attention_planned(q, mx.array(dense), plan, opts))
+    want = np.array(mlx_ops.paged_attention_planned(q, mx.array(dense), plan, opts))
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)

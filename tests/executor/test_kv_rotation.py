@@ -10,10 +10,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from metalserve.executor.attention.base import AttentionBackend, AttentionCall, LayerCacheSpec
+from metalserve.executor.attention.base import AttentionBackend, AttentionCall, AttentionOptions, LayerCacheSpec
 from metalserve.executor.attention.cpu import CpuAttention
 from metalserve.executor.attention.mlx import MlxAttention
-from metalserve.executor.attention.reference import AttentionOptions
 from metalserve.executor.attention.rotation import RotatedPages, hadamard
 from metalserve.executor.attention.select import select_attention
 from metalserve.kernels.cpu import kv_quant as np_quant

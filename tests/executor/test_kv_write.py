@@ -9,7 +9,7 @@ import pytest
 from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.cpu import CpuAttention
 from metalserve.executor.attention.mlx import MlxAttention
-from metalserve.executor.attention.reference import write_kv
+from metalserve.executor.attention.mlx_ops import write_kv
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.runner import ModelRunner
 from metalserve.kvcache.specs import KVCacheSpec

@@ -8,6 +8,7 @@ import pytest
 
 import metalserve.executor.sampler as sampler_module
 from metalserve.executor.array_backend import ArrayBackend, pick_backend
+from metalserve.executor.block_table import RequestBlockTable
 from metalserve.executor.input_batch import CachedRequestState
 from metalserve.executor.sampler import Sampler
 from metalserve.executor.truncation import NUCLEUS_CANDIDATES
@@ -68,7 +69,7 @@ def test_accepts_the_runners_request_state() -> None:
         token_ids=[1, 2, 3, 3],
         num_prompt_tokens=2,
         sampling_params=SamplingParams(temperature=0.0, presence_penalty=2.0, logprobs=1),
-        block_ids=[],
+        blocks=RequestBlockTable([[]]),
         num_computed_tokens=0,
         eos_token_ids=frozenset({0}),
     )

@@ -6,7 +6,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from metalserve.executor.attention import reference
+from metalserve.executor.attention import mlx_ops
+from metalserve.executor.attention.base import AttentionOptions
 from metalserve.kernels.cpu import attention as cpu_attention
 from metalserve.kernels.cpu.paged import build_cpu_plan, cpu_paged_attention, host_view
 from tests.kernels.cases import CASES, Case, as_f64, make_inputs, reference_f64
@@ -21,7 +22,7 @@ def test_kernel_matches_float64_reference(case: Case) -> None:
     """Every contract case: decodes, prefill chunks after cached context, GQA ratios, windows, softcap,
     sinks, head dims, block sizes. Inputs of other dtypes are upcast to float32, so float32's tolerance."""
     x = make_inputs(case)
-    pool = _f32(reference.portable_pool(x.k_pool, x.v_pool))
+    pool = _f32(mlx_ops.portable_pool(x.k_pool, x.v_pool))
     sinks = None if x.sinks is None else _f32(x.sinks)
     got = cpu_attention.paged_attention(
         _f32(x.q),
@@ -87,7 +88,7 @@ def test_mixed_step_writes_then_attends_like_the_portable_path() -> None:
     q = mx.array(rng.standard_normal((total, hq, d)).astype(np.float32))
     k = mx.array(rng.standard_normal((total, hkv, d)).astype(np.float32))
     v = mx.array(rng.standard_normal((total, hkv, d)).astype(np.float32))
-    opts = reference.AttentionOptions(scale=d**-0.5)
+    opts = AttentionOptions(scale=d**-0.5)
 
     padded = np.array([[3, 7, 0], [0, 0, 0], [9, 2, 5]], np.int32)  # as StepInputs.padded_block_tables pads
     step = build_cpu_plan(padded, cu, seq_lens, slots, bs)
@@ -95,9 +96,9 @@ def test_mixed_step_writes_then_attends_like_the_portable_path() -> None:
     assert step.row_req.tolist() == [0, 1] + [2] * 6 and step.row_pos.tolist() == [11, 4, *range(14, 20)]
     got = cpu_paged_attention(q, k, v, host_view(pool), step, opts)
 
-    portable = reference.write_kv_portable(portable, k, v, mx.array(slots))
-    plan = reference.build_plan(rows, cu, seq_lens, bs, num_kv_heads=hkv)
-    want = reference.paged_attention_planned(q, portable, plan, opts)
+    portable = mlx_ops.write_kv_portable(portable, k, v, mx.array(slots))
+    plan = mlx_ops.build_plan(rows, cu, seq_lens, bs, num_kv_heads=hkv)
+    want = mlx_ops.paged_attention_planned(q, portable, plan, opts)
     np.testing.assert_array_equal(np.array(pool), np.array(portable))
     np.testing.assert_allclose(as_f64(got), as_f64(want), atol=2e-5, rtol=0)
 

@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from metalserve.executor.attention import reference
+from metalserve.executor.attention import mlx_ops
 from metalserve.kernels.cpu import kv_quant
 from metalserve.kernels.cpu.attention import query_rows
 from metalserve.kernels.cpu.quantized_attention import _half, attend_quantized_rows, row_tiles
@@ -23,7 +23,7 @@ BY_NAME = {c.name: c for c in CASES}
 def attend_case(case: Case, storage: str, tile_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(the kernel's output on the case's pools quantized, the float64 reference on them dequantized)."""
     x = make_inputs(case)
-    pool = np.array(reference.portable_pool(x.k_pool, x.v_pool).astype(mx.float32))
+    pool = np.array(mlx_ops.portable_pool(x.k_pool, x.v_pool).astype(mx.float32))
     group = 32 if case.head_dim % 32 == 0 else 16  # q4's groups must divide the head dim (80)
     codes, scales, biases = kv_quant.quantize(pool, storage, group)
     scales = scales.reshape(*scales.shape[:3], -1)

@@ -12,9 +12,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from metalserve.executor.attention import reference
+from metalserve.executor.attention import mlx_ops
 from metalserve.executor.attention.metal import KernelAttention
-from metalserve.executor.models.adapter import PagedModel
+from metalserve.executor.host import paged_model
 from metalserve.executor.models.families import kv_cache_spec
 from metalserve.executor.runner import ModelRunner
 from metalserve.executor.sampler import Sampler
@@ -46,10 +46,10 @@ def test_emulated_kernels_give_the_portable_paths_greedy_tokens(monkeypatch: pyt
     rng = np.random.default_rng(5)
     text = loaded.tokenizer.encode(" ".join(["a quiet river runs past the old mill by the town"] * 6))
     prompts = [text[int(o) : int(o) + n] for o, n in zip(rng.integers(0, 15, len(LENGTHS)), LENGTHS, strict=True)]
-    model = PagedModel.from_loaded(loaded, current_platform())
+    model = paged_model(loaded, current_platform())
     spec = kv_cache_spec(loaded, 16, num_blocks=32)
     outputs = {}
-    for name, fn in (("portable", reference.paged_attention), ("emulated", emulated_paged_attention)):
+    for name, fn in (("portable", mlx_ops.paged_attention), ("emulated", emulated_paged_attention)):
         runner = ModelRunner(model, spec, sampler=Sampler(0), backend=KernelAttention(fn, name, name))
         params = [SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True) for _ in prompts]
         outputs[name] = run_to_completion(runner, prompts, params, chunk_size=CHUNK)
@@ -67,7 +67,7 @@ def dequantizing_reference(
 
     parts = {n: kwargs.pop(n) for n in ("k_scales", "v_scales", "k_biases", "v_biases") if n in kwargs}
     cache = _dequantized(LayerKV(k, v, **parts, page=PageDtype(storage=storage)), q.dtype)  # type: ignore[arg-type]
-    return reference.paged_attention(q, cache.k, cache.v, *args, **kwargs)  # type: ignore[arg-type]
+    return mlx_ops.paged_attention(q, cache.k, cache.v, *args, **kwargs)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("storage", ["int8", "q4"])
@@ -98,7 +98,7 @@ def test_emulated_kernels_on_quantized_pages_attend_like_the_portable_path(
     loaded = load_model(None)
     text = loaded.tokenizer.encode(" ".join(["a quiet river runs past the old mill by the town"] * 4))
     prompts = [text[:9], text[5:35], text[2:19]]
-    model = PagedModel.from_loaded(loaded, current_platform())
+    model = paged_model(loaded, current_platform())
     spec = kv_cache_spec(loaded, 16, storage, num_blocks=32)  # type: ignore[arg-type]
     runner = ModelRunner(model, spec, sampler=Sampler(0), backend=KernelAttention(compared, "emulated", "emulated"))
     params = [SamplingParams(temperature=0, max_tokens=4, ignore_eos=True) for _ in prompts]

@@ -14,10 +14,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from metalserve.executor.attention.base import AttentionBackend, AttentionCall, LayerCacheSpec
+from metalserve.executor.attention.base import AttentionBackend, AttentionCall, AttentionOptions, LayerCacheSpec
 from metalserve.executor.attention.metal import KernelAttention
 from metalserve.executor.attention.mlx import MlxAttention
-from metalserve.executor.attention.reference import AttentionOptions
 from metalserve.executor.connector.pages import expected_shapes, supported
 from metalserve.executor.step_inputs import StepInputs
 from metalserve.kernels.cpu.kv_quant import dequantize, quantize

@@ -12,7 +12,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from metalserve.executor.attention import reference
+from metalserve.executor.attention import mlx_ops
+from metalserve.executor.attention.base import AttentionOptions
 from metalserve.kernels.metal.gpu import metal_paged_attention
 from metalserve.kernels.metal.launch import KernelLaunch
 from metalserve.kernels.metal.paged import PagedArgs, run_paged_attention
@@ -75,7 +76,7 @@ def _metal(kernel: str) -> Callable[[Case, Inputs], mx.array]:
 
 
 def _reference(case: Case, x: Inputs) -> mx.array:
-    return reference.paged_attention(
+    return mlx_ops.paged_attention(
         x.q,
         x.k_pool,
         x.v_pool,
@@ -92,7 +93,7 @@ def _reference(case: Case, x: Inputs) -> mx.array:
 
 def _reference_planned(case: Case, x: Inputs) -> mx.array:
     """The runner's form of the portable path: leading single-query requests attend as one batched group."""
-    plan = reference.build_plan(
+    plan = mlx_ops.build_plan(
         np.array(x.block_tables),
         np.array(x.cu_seqlens_q),
         np.array(x.seq_lens),
@@ -100,8 +101,8 @@ def _reference_planned(case: Case, x: Inputs) -> mx.array:
         case.sliding_window,
         num_kv_heads=case.num_kv_heads,
     )
-    opts = reference.AttentionOptions(x.scale, case.sliding_window, case.softcap, x.sinks)
-    return reference.paged_attention_planned(x.q, reference.portable_pool(x.k_pool, x.v_pool), plan, opts)
+    opts = AttentionOptions(x.scale, case.sliding_window, case.softcap, x.sinks)
+    return mlx_ops.paged_attention_planned(x.q, mlx_ops.portable_pool(x.k_pool, x.v_pool), plan, opts)
 
 
 BACKENDS: dict[str, Callable[[Case, Inputs], mx.array]] = {

@@ -48,11 +48,15 @@ class RefusingDevice:
     def __call__(self, launch: KernelLaunch) -> list[mx.array]:
         self.calls.append(_threads(launch))
         if _threads(launch) > self.limit:
-            raise RuntimeError(
-                f"[metal::Device] threadgroup of {_threads(launch)} threads exceeds the pipeline's "
-                f"maxTotalThreadsPerThreadgroup ({self.limit})"
-            )
+            raise refusal(_threads(launch), self.limit)
         return emulate(launch)
+
+
+def refusal(threads: int, limit: int) -> ValueError:
+    """MLX's own error for a threadgroup above the pipeline's limit (mlx/backend/metal/custom_kernel.cpp)."""
+    return ValueError(
+        f"Thread group size ({threads}) is greater than  the maximum allowed threads per threadgroup ({limit})."
+    )
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
@@ -64,8 +68,10 @@ def test_every_tile_stays_within_the_register_budget_and_threadgroup_memory(head
             assert t.threads <= max_threads(head_dim) and t.rows % 8 == 0 and t.tile_q * group <= t.rows
             assert t.threads * registers_per_thread(head_dim, t.key_tile) <= REGISTER_BUDGET * BUDGET_SHARE
             assert threadgroup_bytes(head_dim, t.rows, t.key_tile) <= THREADGROUP_MEMORY
-        if len(ladder) == 2:
-            assert ladder[1].threads <= ladder[0].threads // 2
+        for larger, smaller in zip(ladder, ladder[1:], strict=False):  # halves, or the one-token tile
+            assert smaller.threads <= larger.threads // 2 or smaller.rows == ladder[-1].rows
+        if ladder:  # down to the smallest tile that holds one token's G rows
+            assert ladder[-1].rows == -(-group // 8) * 8
 
 
 def test_head_dim_128_and_256_launch_at_most_256_threads() -> None:
@@ -160,7 +166,7 @@ def test_when_every_tile_is_refused_the_caller_is_told_once() -> None:
     with pytest.raises(LaunchRefused) as again:
         run_paged_attention(paged_args(case, x), guard, None, "auto")
     assert first.value.first and not again.value.first
-    assert device.calls == [256, 128]  # never tried again
+    assert device.calls == [256, 128, 64, 32, 128]  # every tile, then the decode kernel; never tried again
 
 
 def test_a_gpu_that_refuses_every_launch_still_serves_mlx_lm_s_tokens(
@@ -213,12 +219,12 @@ def test_the_mac_tile_record_marks_what_the_device_refused() -> None:
 
     def zeros_up_to_256(launch: KernelLaunch) -> list[mx.array]:
         if _threads(launch) > 256:
-            raise RuntimeError("threadgroup too large")
+            raise refusal(_threads(launch), 256)
         return [mx.zeros(s, d) for s, d in zip(launch.output_shapes, launch.output_dtypes, strict=True)]
 
     rows = probe(zeros_up_to_256)
     assert {r["head_dim"] for r in rows} == set(HEAD_DIMS) and {r["threads"] for r in rows} == {128, 256, 512}
     assert all(r["accepted"] == (r["threads"] <= 256) for r in rows)
-    assert all("threadgroup too large" in r["error"] for r in rows if not r["accepted"])
+    assert all("Thread group size" in r["error"] for r in rows if not r["accepted"])
     # The planned tiles at head dim 128 and 256 are all within 256 threads: a GPU like this one takes them.
     assert all(r["accepted"] for r in rows if r["planned"] and r["head_dim"] >= 128)

@@ -148,3 +148,46 @@ def test_a_block_queued_for_writing_is_found_and_read_from_memory(tmp_path: Path
     store.stage(KEYS[1], block(1))
     store.drop_pending(KEYS[1])  # the writer fell behind and gave it up
     assert not store.contains(KEYS[1]) and not store.has_or_pending(KEYS[1])
+
+
+def test_a_disk_that_fills_before_the_tier_is_full_evicts_least_recently_used_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = DiskStore(tmp_path, 1 << 20)  # the tier may grow to 1 MiB; the disk holds only three blocks
+    disk_size = 3 * block_bytes()
+    real_write = os.write
+
+    def small_disk(fd: int, data: bytes | memoryview) -> int:
+        used = sum(p.stat().st_size for p in tmp_path.iterdir())
+        if used + len(data) > disk_size:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(store_module.os, "write", small_disk)
+    for key in KEYS[:3]:
+        assert store.write(key, block(0))
+    assert store.read(KEYS[0]) is not None  # block 0 is now the most recently used
+    with caplog.at_level(logging.WARNING, logger="metalserve.kv_disk"):
+        assert store.write(KEYS[3], block(3))  # before: refused, and every later write too
+    assert "disk is full" in caplog.text
+    assert set(store.keys()) == {KEYS[0], KEYS[2], KEYS[3]}
+    assert not store.contains(KEYS[1])  # the least recently used went
+    assert store.usage_bytes == sum(p.stat().st_size for p in tmp_path.iterdir())
+
+
+def test_a_damaged_block_that_cannot_be_removed_is_not_logged_as_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = DiskStore(tmp_path, 1 << 20)
+    assert store.write(KEYS[0], block(0))
+    path = store.path(KEYS[0])
+    path.write_bytes(path.read_bytes()[:-10])
+
+    def read_only(self: Path, missing_ok: bool = False) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(Path, "unlink", read_only)
+    with caplog.at_level(logging.WARNING, logger="metalserve.kv_disk"):
+        assert store.read(KEYS[0]) is None
+    assert "left in place" in caplog.text and "a miss, removed" not in caplog.text  # before: "a miss, removed"
+    assert path.exists()

@@ -183,8 +183,12 @@ def _metadata(writer: gguf.GGUFWriter, arch: str, config: dict[str, Any]) -> Non
     add_gguf_tokenizer(writer)
 
 
-def write_arch_gguf(path: Path, arch: str, kind: T, seed: int = 0) -> dict[str, mx.array]:
-    """Write a random `arch` model with its matrices in `kind`; return the HF-layout weights it decodes to."""
+def write_arch_gguf(
+    path: Path, arch: str, kind: T, seed: int = 0, kinds: dict[str, T] | None = None
+) -> dict[str, mx.array]:
+    """Write a random `arch` model with its matrices in `kind` (or `kinds[suffix]` for GGUF tensor names
+    ending in `suffix`, as a Q4_K_M file mixes Q6_K into attn_v and ffn_down); return the HF-layout weights
+    it decodes to."""
     config = arch_config(arch)
     params = dict(tree_flatten(random_model(config, seed).parameters()))
     if config["tie_word_embeddings"]:
@@ -196,11 +200,12 @@ def write_arch_gguf(path: Path, arch: str, kind: T, seed: int = 0) -> dict[str, 
     for name, p in params.items():
         w = np.array(p, dtype=np.float32)
         gguf_name, module = _gguf_name(name, arch)
-        data, decoded = encode(w, kind if w.ndim >= 2 else T.F32, rng)
+        own = next((k for suffix, k in (kinds or {}).items() if gguf_name.endswith(suffix)), kind)
+        data, decoded = encode(w, own if w.ndim >= 2 else T.F32, rng)
         if arch == "gemma3" and name.endswith("norm.weight"):
             data = data + np.float32(1.0)  # llama.cpp folds gemma's (1 + w) into the stored norm
             decoded = data - np.float32(1.0)
-        add_encoded(writer, gguf_name, _store(arch, module, data), kind if w.ndim >= 2 else T.F32)
+        add_encoded(writer, gguf_name, _store(arch, module, data), own if w.ndim >= 2 else T.F32)
         reference[name] = mx.array(decoded)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -25,4 +25,4 @@ def test_codes_and_dense_weights_equal_mlx_dequantize(bits: int) -> None:
     codes = dequantize_model(model, keep_codes=True)
     assert isinstance(model.layers[0], nn.Linear) and np.array_equal(np.array(model.layers[0].weight), want)
     found = affine_codes(quantized)
-    assert found is not None and np.array_equal(codes["layers.0"].codes, found.codes)
+    assert found is not None and np.array_equal(codes["layers.0"].unpacked(), found.codes)

@@ -15,6 +15,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from metalserve.executor.models.families import kv_shape
 from metalserve.loader import LoadedModel, load_model
+from metalserve.platform import current_platform
 
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "smollm2_reference.json"
 
@@ -80,3 +81,18 @@ def test_quantized_weights_match_the_reference_too() -> None:
     logits = np.array(loaded.model(mx.array([case["prompt_ids"]]))[0, -1])
     top_ids = [i for i, _ in case["top_logits"]]
     np.testing.assert_allclose(logits[top_ids], [v for _, v in case["top_logits"]], atol=1e-3)
+
+
+@pytest.mark.skipif(not current_platform().host_compute, reason="the codes path is MLX's CPU backend's")
+def test_the_codes_path_matches_the_reference_and_the_fp32_path(default_model: LoadedModel) -> None:
+    """The CPU default keeps the Q4_1 GGUF in its packed codes (no fp32 copy): the same greedy tokens as
+    transformers' reference, and log-probabilities within 1e-3 of the fp32 dequantized model's."""
+    codes = load_model(None)
+    assert "kept in its codes" in codes.weights_desc
+    for case in json.loads(REFERENCE.read_text())["prompts"]:
+        ids = case["prompt_ids"]
+        logits, tokens = _greedy(codes, ids, len(case["greedy_tokens"]))
+        assert tokens == case["greedy_tokens"], case["text"]
+        want = np.array(default_model.model(mx.array([ids]))[0, -1])
+        delta = np.abs((logits - np.logaddexp.reduce(logits)) - (want - np.logaddexp.reduce(want)))
+        assert delta.max() < 1e-3, case["text"]

@@ -116,9 +116,9 @@ def test_affine_types_stay_packed_in_mlx_layout_with_their_codes(tmp_path: Path,
     tokens = [1, 40, 41, 260, 261, 7, 99, 2]
     want = logits(reference, tokens)
     np.testing.assert_allclose(logits(kept.model, tokens), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
-    # The CPU default dequantizes them and keeps the codes for the host path, as for Q4_0/Q4_1.
+    # The CPU default keeps a fast-path family in its codes alone, as for Q4_0/Q4_1 (test_gguf_codes.py).
     auto = load_model(str(path))
-    assert "model.layers.0.self_attn.q_proj" in auto.codes and auto.weights_desc.startswith("fp32 (dequantized")
+    assert "model.layers.0.self_attn.q_proj" in auto.codes and "kept in its codes" in auto.weights_desc
 
 
 def test_keeping_k_quants_quantized_is_refused_not_silently_dequantized(tmp_path: Path) -> None:

@@ -55,10 +55,10 @@ def test_long_prompt_on_mlx_ops(arch: str) -> None:
 def test_long_prompt_through_the_kernel_backend(arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The Metal backend's pools and per-group metadata, with the contract's MLX function as its kernel
     (the Metal kernel itself needs a Mac; its emulator rows are in tests/kernels)."""
-    from metalserve.executor.attention import reference
+    from metalserve.executor.attention import mlx_ops
     from metalserve.executor.attention.metal import KernelAttention
     from metalserve.serving import build as core
 
-    backend = KernelAttention(reference.paged_attention, "contract", "the kernel contract in MLX ops")
+    backend = KernelAttention(mlx_ops.paged_attention, "contract", "the kernel contract in MLX ops")
     monkeypatch.setattr(core, "select_attention", lambda *args, **kwargs: backend)
     _long_batched_then_cached(arch, "auto")

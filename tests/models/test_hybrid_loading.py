@@ -12,13 +12,13 @@ import pytest
 from mlx.utils import tree_flatten
 
 from metalserve.config import EngineConfig
+from metalserve.executor.block_table import BlockTables
 from metalserve.executor.models.families import SUPPORTED_MODEL_TYPES, kv_cache_spec, kv_shape, model_family
 from metalserve.executor.models.hybrid import state_layout_of
 from metalserve.generate import generate_config
 from metalserve.kvcache.specs import FullAttention, RecurrentState
 from metalserve.loader import load_model
 from metalserve.serving.build import build_engine_core
-from metalserve.serving.kv_groups import state_group
 from tests.loader.tiny_tokenizer import save_hf_tokenizer
 from tests.models.hybrid_golden import engine, mlx_lm_greedy, prompts_of, serve
 from tests.models.hybrid_tiny import _BASE, CONFIGS, HYBRID_TYPES, tiny_hybrid, tiny_hybrid_loaded
@@ -48,7 +48,8 @@ def test_layer_groups_are_attention_then_recurrent_state(model_type: str) -> Non
     assert (groups[0].layers, groups[1].layers) == (attention, state)
     assert groups[1] == RecurrentState(layers=state, snapshots=True, state_bytes=groups[1].state_bytes)
     assert groups[1].state_bytes == state_layout_of(loaded.model, model_type).slot_bytes > 0
-    assert state_group(groups) == 1
+    tables = BlockTables(groups, 16)
+    assert (tables.attention_groups, tables.state_group) == ((0,), 1)
 
 
 def test_the_state_layout_is_mlx_lm_s_own_cache_arrays() -> None:

@@ -11,12 +11,11 @@ import pytest
 from mlx_lm.models.rope_utils import initialize_rope
 
 from metalserve.config import ConfigError
-from metalserve.executor.attention import reference
-from metalserve.executor.attention.base import AttentionBackend, AttentionCall, LayerCacheSpec
+from metalserve.executor.attention import mlx_ops
+from metalserve.executor.attention.base import AttentionBackend, AttentionCall, AttentionOptions, LayerCacheSpec
 from metalserve.executor.attention.cpu import CpuAttention
 from metalserve.executor.attention.metal import KernelAttention
 from metalserve.executor.attention.mlx import MlxAttention
-from metalserve.executor.attention.reference import AttentionOptions
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.step_inputs import StepInputs
 from metalserve.kernels.cpu import attention as cpu_attention
@@ -87,14 +86,14 @@ def test_a_latent_pool_holds_one_plane_and_refuses_k_and_v() -> None:
     assert pool.shape == (1, 1, LATENT.num_slots, WIDTH) and LATENT.num_planes == 1
     k = mx.zeros((2, 1, WIDTH))
     with pytest.raises(ValueError, match="planes"):
-        reference.write_kv_portable(pool, k, k, mx.array([0, 1]))
+        mlx_ops.write_kv_portable(pool, k, k, mx.array([0, 1]))
     with pytest.raises(ValueError, match="planes"):
         cpu_attention.write_kv(
             np.zeros((2, 1, 16, WIDTH), np.float32), np.zeros((2, 1, WIDTH), np.float32), None, np.array([0, 1])
         )
-    plan = reference.build_plan([np.array([1])], np.array([0, 1]), np.array([1]), BLOCK)
+    plan = mlx_ops.build_plan([np.array([1])], np.array([0, 1]), np.array([1]), BLOCK)
     with pytest.raises(ValueError, match="latent"):  # a latent pool read as K and V
-        reference.paged_attention_planned(mx.zeros((1, HEADS, WIDTH)), pool, plan, AttentionOptions(SCALE))
+        mlx_ops.paged_attention_planned(mx.zeros((1, HEADS, WIDTH)), pool, plan, AttentionOptions(SCALE))
 
 
 def test_the_metal_kernel_is_never_chosen_for_latent_pages(caplog: pytest.LogCaptureFixture) -> None:
@@ -106,7 +105,7 @@ def test_the_metal_kernel_is_never_chosen_for_latent_pages(caplog: pytest.LogCap
     with pytest.raises(ConfigError, match="latent"):
         select_attention("metal", mx.float32, MAC, latent_kv=True)
     with pytest.raises(ValueError, match="latent"):
-        KernelAttention(reference.paged_attention).allocate(LATENT)
+        KernelAttention(mlx_ops.paged_attention).allocate(LATENT)
 
 
 def test_yarn_rope_rotates_each_packed_token_at_its_own_position() -> None:

@@ -100,7 +100,7 @@ def test_windowed_requests_preempted_under_a_tight_pool_resume_with_the_same_tok
 def test_the_mlx_ops_plan_gathers_only_the_pages_a_window_reads() -> None:
     import numpy as np
 
-    from metalserve.executor.attention.reference import build_plan
+    from metalserve.executor.attention.mlx_ops import build_plan
 
     table = np.arange(1, 21)  # 20 pages: 320 slots
     plan = build_plan([table, table], np.array([0, 1, 65]), np.array([300, 300]), BLOCK, sliding_window=WINDOW)

@@ -12,9 +12,10 @@ import pytest
 
 from metalserve.api.settings import ServerSettings
 from metalserve.config import EngineConfig
+from metalserve.multimodal.images import ImageLimits, open_image
 from tests.api.conftest import Served, live, serve_config
 from tests.multimodal.test_vision_api import data_url, token_ids
-from tests.multimodal.tiny_gemma3 import bidirectional_reference, build, gemma_tokenizer, prompt, save
+from tests.multimodal.tiny_gemma3 import bidirectional_reference, build, gemma_tokenizer, processor, prompt, save
 from tests.multimodal.vl_golden import png
 
 MODEL = "tiny-gemma3"
@@ -41,7 +42,10 @@ def test_openai_image_on_gemma3(served: Served) -> None:
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
     template_ids = gemma_tokenizer().apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     ids = template_ids if isinstance(template_ids, list) else template_ids["input_ids"]
-    tokens, images = prompt(list(ids), [image])
+    # The layout HF's processor gives (blank lines around the image; tests/multimodal/test_gemma3_prompt_ids.py).
+    spaced = processor(gemma_tokenizer())
+    tokens, images = spaced.process(list(ids), [open_image(image, ImageLimits())])
+    assert len(tokens) == len(prompt(list(ids), [image])[0]) + 4
     want = bidirectional_reference(build(), tokens, images)
     content = [{"type": "image_url", "image_url": {"url": data_url(image)}}, {"type": "text", "text": text}]
 

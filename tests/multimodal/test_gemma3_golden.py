@@ -12,7 +12,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from metalserve.executor.attention.reference import _window_mask
+from metalserve.executor.attention.mlx_ops import _window_mask
 from tests.multimodal.tiny_gemma3 import (
     BOI,
     WINDOW,

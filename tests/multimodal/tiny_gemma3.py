@@ -77,8 +77,9 @@ def build(seed: int = 0) -> nn.Module:
     return model
 
 
-def processor() -> Gemma3ImageProcessor:
-    return Gemma3ImageProcessor.from_config(config())
+def processor(tokenizer: Any = None) -> Gemma3ImageProcessor:
+    """Without a tokenizer the prompts here are bare token ids (no blank lines are laid out around images)."""
+    return Gemma3ImageProcessor.from_config(config(), None, tokenizer)
 
 
 def prompt(token_ids: list[int], images: list[bytes]) -> tuple[list[int], list[MultiModalInput]]:
@@ -178,6 +179,12 @@ def save(model: nn.Module, directory: Any) -> Any:
     (directory / "config.json").write_text(json.dumps(config()))
     mx.save_safetensors(str(directory / "model.safetensors"), dict(tree_flatten(model.parameters())))
     gemma_tokenizer().save_pretrained(str(directory))
+    # What HF's (and mlx-vlm's) Gemma3Processor reads: the image tokens by role, the image's token count.
+    tokenizer_config = directory / "tokenizer_config.json"
+    extra = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+    tokenizer_config.write_text(json.dumps({**json.loads(tokenizer_config.read_text()), "extra_special_tokens": extra}))
+    processor = {"processor_class": "Gemma3Processor", "image_seq_length": TOKENS_PER_IMAGE}
+    (directory / "processor_config.json").write_text(json.dumps(processor))
     (directory / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     pre = {
         "image_processor_type": "Gemma3ImageProcessor",

@@ -28,7 +28,7 @@ def emulated_paged_attention(
     k_biases: mx.array | None = None,
     v_biases: mx.array | None = None,
 ) -> mx.array:
-    """Same signature as reference.paged_attention (plus quantized pools' scales and biases, as the Metal entry point);
+    """Same signature as mlx_ops.paged_attention (plus quantized pools' scales and biases, as the Metal entry point);
     slow (every GPU thread is a CPU fiber)."""
     args = PagedArgs(
         q,

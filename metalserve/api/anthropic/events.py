@@ -3,24 +3,32 @@
 message_start, ping, then per block content_block_start / content_block_delta (text_delta,
 thinking_delta, input_json_delta) / content_block_stop, then message_delta (stop_reason, usage)
 and message_stop. A failure after the stream began is an `error` event.
+
+While the prompt is still prefilling (api/keepalive.py), the stream starts early: message_start, then a
+text block whose empty `text_delta`s reset Claude Code's idle timer (it skips `ping` before touching the
+timer). The model's text continues that block; a call or thinking closes it empty and opens its own.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Any, TypeVar
+from typing import Any
 
 from metalserve.api.anthropic.errors import anthropic_error_body
 from metalserve.api.anthropic.render import message_shell, stop_reason, tool_use_id, usage
 from metalserve.api.deltas import ChoiceDelta, Segment, segments
+from metalserve.api.keepalive import with_keepalive
 from metalserve.api.serving_chat import Generation
 from metalserve.api.serving_common import engine_error, merge_streams
 
 
 def sse(kind: str, payload: dict[str, Any]) -> dict[str, str]:
     return {"event": kind, "data": json.dumps({"type": kind, **payload}, ensure_ascii=False)}
+
+
+# The block a keep-alive opens before the model wrote anything: the first text segment adopts it.
+_KEEPALIVE_BLOCK = ("keepalive", -1)
 
 
 class _Blocks:
@@ -31,8 +39,24 @@ class _Blocks:
         self.open: tuple[str, int] | None = None
         self.omit_thinking = omit_thinking  # thinking.display "omitted": the block stays empty
 
+    def keepalive(self) -> list[dict[str, str]]:
+        """An empty text_delta: in the keep-alive text block (opened by the first one), or the open block
+        when it is text. A tool call's or thinking block's silence gets a `ping` (nothing else fits there)."""
+        events = []
+        if self.index == -1:
+            self.index, self.open = 0, _KEEPALIVE_BLOCK
+            events.append(sse("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}))
+        if self.open is not None and self.open[0] in ("text", _KEEPALIVE_BLOCK[0]):
+            empty = {"type": "text_delta", "text": ""}
+            events.append(sse("content_block_delta", {"index": self.index, "delta": empty}))
+        else:
+            events.append(sse("ping", {}))
+        return events
+
     def add(self, seg: Segment) -> list[dict[str, str]]:
         events = []
+        if self.open == _KEEPALIVE_BLOCK and seg.kind == "text":
+            self.open = seg.block  # the model's text goes on in the block the keep-alive opened
         if seg.block != self.open:
             events += self.close()
             self.index += 1
@@ -66,53 +90,20 @@ def _delta(seg: Segment) -> dict[str, Any] | None:
     return {"type": "input_json_delta", "partial_json": seg.text} if seg.text else None
 
 
-# A long prefill sends nothing for minutes; Claude Code drops a stream idle for 5 minutes. So after this
-# many seconds without output the stream starts and `ping` events keep it alive, as Anthropic's API does.
-HEARTBEAT_SECONDS = 10.0
-
-T = TypeVar("T")
-
-
-async def with_heartbeat(items: AsyncIterator[T], interval: float) -> AsyncIterator[T | None]:
-    """The items, with a None each time `interval` seconds pass without one."""
-    pending: asyncio.Future[T] | None = None
-    try:
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(items.__anext__())
-            done, _ = await asyncio.wait({pending}, timeout=interval)
-            if not done:
-                yield None
-                continue
-            try:
-                item = pending.result()
-            except StopAsyncIteration:
-                return
-            finally:
-                pending = None
-            yield item
-    finally:
-        if pending is not None:
-            pending.cancel()
-            await asyncio.gather(pending, return_exceptions=True)
-        closing = getattr(items, "aclose", None)  # so the engine requests behind it are aborted now
-        if closing is not None:
-            await closing()
-
-
 async def message_events(gen: Generation, model: str, omit_thinking: bool) -> AsyncIterator[dict[str, str]]:
     """The whole event stream of one Messages request."""
     parser = gen.parsing.streamer(0)
     blocks = _Blocks(omit_thinking)
     started = False
     try:
-        async for item in with_heartbeat(merge_streams(gen.streams), HEARTBEAT_SECONDS):
+        async for item in with_keepalive(merge_streams(gen.streams)):
             if item is None:
                 if not started:  # still prefilling: the cached share is told by message_delta's usage
                     started = True
                     shell = message_shell(gen.request_id, model, usage(len(gen.prompt), 0, 0))
                     yield sse("message_start", {"message": shell})
-                yield sse("ping", {})
+                for event in blocks.keepalive():
+                    yield event
                 continue
             delta = parser.feed(item[1])
             if not started:  # after the first output, so the usage knows the cached prompt tokens

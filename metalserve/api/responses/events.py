@@ -4,6 +4,9 @@ response.created, response.in_progress; per output item output_item.added, then 
 content_part.added / output_text.delta / output_text.done / content_part.done, for reasoning the
 same with reasoning_text, for calls function_call_arguments.delta / .done; output_item.done;
 then response.completed (or response.incomplete when max_output_tokens ran out).
+
+While the model is silent (a long prefill), `response.in_progress` is sent again every few seconds
+(api/keepalive.py): Codex resets its stream-idle timer on any event, never on an SSE comment.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from metalserve.api.deltas import ChoiceDelta, Segment, segments
+from metalserve.api.keepalive import with_keepalive
 from metalserve.api.responses import render
 from metalserve.api.responses.errors import responses_error_body
 from metalserve.api.serving_chat import Generation
@@ -114,8 +118,11 @@ async def response_events(gen: Generation, renderer: ResponseEvents, finish: Fin
     yield renderer.event("response.in_progress", response=shell)
     parser = gen.parsing.streamer(0)
     try:
-        async for _, out in merge_streams(gen.streams):
-            delta = parser.feed(out)
+        async for item in with_keepalive(merge_streams(gen.streams)):
+            if item is None:
+                yield renderer.event("response.in_progress", response=shell)
+                continue
+            delta = parser.feed(item[1])
             for seg in segments(delta):
                 for event in renderer.add(seg):
                     yield event

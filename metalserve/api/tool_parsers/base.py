@@ -165,6 +165,12 @@ class ToolParser(ABC):
         parser.tool_names = frozenset(_tool_name(t) for t in tools) if tools else None
         return parser
 
+    def call_grammar(self, tools: list[Any], *, parallel: bool, special_tokens: frozenset[str]) -> str | None:
+        """A lazy grammar (llguidance Lark) that leaves text free and makes every call this parser reads
+        valid for its tool's schema; None when the format has none (then `auto` output is unconstrained).
+        `special_tokens`: the tokenizer's added tokens, which the grammar must name as tokens."""
+        return None
+
     def segments(self, text: str, final: bool) -> list[Segment]:
         """`parse` with end markers cut, invalid calls turned back into text, and texts merged."""
         for marker in self.end_markers:
@@ -201,6 +207,17 @@ class ToolParser(ABC):
 def _tool_name(tool: Any) -> str:
     data = tool if isinstance(tool, dict) else tool.model_dump()
     return str((data.get("function") or data).get("name", ""))
+
+
+def tool_schemas(tools: list[Any]) -> dict[str, dict[str, Any]]:
+    """name -> parameters schema of a request's function tools (models or dicts); {} stands for none."""
+    out: dict[str, dict[str, Any]] = {}
+    for tool in tools:
+        data = tool if isinstance(tool, dict) else tool.model_dump()
+        function = data.get("function") or data
+        schema = function.get("parameters")
+        out[str(function.get("name", ""))] = schema if isinstance(schema, dict) else {}
+    return out
 
 
 class SegmentStreamer(StreamingToolParser):

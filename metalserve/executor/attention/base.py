@@ -2,6 +2,23 @@
 
 The runner and the attention layer only talk to this interface; which kernel runs (the Metal kernel,
 MLX ops, the numba CPU kernel) is decided once, at start-up (`select.py`).
+
+The contract every attention backend (MLX ops, the Metal kernel, the numba CPU kernel) honours:
+
+- `q`: `[total_q, Hq, D]`, the queries of all requests packed on one token axis, request by request.
+- `k_pool`, `v_pool`: `[num_slots, Hkv, D]` with `num_slots = num_blocks * block_size`; slot
+  `block_id * block_size + offset` holds one token's K (or V). Hq is a multiple of Hkv (GQA).
+- `block_tables`: `[num_reqs, max_blocks]` int32, row i lists request i's blocks in order (padding: any id).
+- `cu_seqlens_q`: `[num_reqs + 1]` int32, request i owns query rows `cu[i]:cu[i+1]`.
+- `seq_lens`: `[num_reqs]` int32, request i's total KV length *including* this step's new tokens, so its
+  queries sit at positions `seq_len - q_len ... seq_len - 1` and query at position p sees keys `0..p`.
+- options: `sliding_window` (a query at p sees keys `> p - window`), `softcap` (scores become
+  `softcap * tanh(scores / softcap)`), `sinks` (`[Hq]` logits of a virtual key with zero value);
+  `AttentionOptions` below.
+
+Layouts: each backend keeps its pools in its own layout (`LayerCache`). The MLX-ops and CPU backends use
+the portable pool `[2, Hkv, num_slots, D]` (K and V in one array, KV heads outermost); MLA's latent layout
+is `[1, Hkv, num_slots, D]`, K alone, V being K's first `value_dim` channels.
 """
 
 from __future__ import annotations
@@ -12,9 +29,20 @@ from typing import Generic, NamedTuple, Protocol, TypeVar
 
 import mlx.core as mx
 
-from metalserve.executor.attention.reference import AttentionOptions
 from metalserve.executor.step_inputs import StepInputs
 from metalserve.kvcache.specs import AttentionSpec, FullAttention, KVCacheDtype, MLALatent, PageDtype
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    """A layer's attention options, fixed when the layer is built and read by every backend."""
+
+    scale: float
+    sliding_window: int | None = None
+    softcap: float | None = None
+    sinks: mx.array | None = None  # [Hq]
+    # MLA's latent layout: V is K's first `value_dim` channels, the pool holds K alone ([1, Hkv, slots, D]).
+    value_dim: int | None = None
 
 
 @dataclass(frozen=True)

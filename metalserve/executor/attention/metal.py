@@ -1,5 +1,5 @@
 """The kernel backend (`--attention-backend metal`): the contract's slot-major pools `[num_slots, Hkv, D]`
-(metalserve/executor/attention/reference.py) attended by a function with the contract's signature: the Metal
+(metalserve/executor/attention/mlx_ops.py) attended by a function with the contract's signature: the Metal
 kernel, or in tests its CPU emulation or the MLX reference."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import mlx.core as mx
 
 from metalserve.executor.attention.base import AttentionBackend, AttentionCall, LayerCacheSpec
 from metalserve.executor.attention.kv_quant import dequantize, quantize
-from metalserve.executor.attention.reference import paged_attention, write_kv
+from metalserve.executor.attention.mlx_ops import paged_attention, write_kv
 from metalserve.executor.step_inputs import StepInputs
 from metalserve.kernels.metal.guard import LaunchRefused
 from metalserve.kvcache.specs import KVCacheDtype, PageDtype
 
 logger = logging.getLogger("metalserve.engine")
 
-# A function with the contract of metalserve.executor.attention.reference.paged_attention.
+# A function with the contract of metalserve.executor.attention.mlx_ops.paged_attention.
 KernelFn = Callable[..., mx.array]
 
 

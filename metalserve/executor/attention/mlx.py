@@ -1,5 +1,6 @@
-"""The MLX-ops backend (`--attention-backend mlx`): the pool `[2, Hkv, num_slots, D]`, attended with
-MLX's fused attention per decode bucket and prefill chunk (metalserve/executor/attention/reference.py). It runs
+"""The `mlx` backend (`--attention-backend mlx`): the seam (base.py) over the ops in mlx_ops.py. It keeps
+the pool `[2, Hkv, num_slots, D]`, attended with MLX's fused attention per decode bucket and prefill
+chunk. It runs
 wherever MLX runs, in any dtype, and keeps quantized pages (int8, q4: kv_quant.py) where the spec says so."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import mlx.core as mx
 
 from metalserve.executor.attention.base import AttentionBackend, AttentionCall, LayerCacheSpec
 from metalserve.executor.attention.kv_quant import KVPool, QuantPool
-from metalserve.executor.attention.reference import (
+from metalserve.executor.attention.mlx_ops import (
     AttentionPlan,
     build_plan,
     paged_attention_planned,
@@ -37,7 +38,7 @@ def zeros_pool(spec: LayerCacheSpec) -> mx.array:
 
 class MlxAttention(AttentionBackend[PortableKV, AttentionPlan]):
     name = "mlx"
-    description = "MLX ops (metalserve/executor/attention/reference.py)"
+    description = "MLX ops (metalserve/executor/attention/mlx_ops.py)"
 
     def allocate(self, spec: LayerCacheSpec) -> PortableKV:
         cache = PortableKV(_zeros(spec))

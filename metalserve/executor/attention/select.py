@@ -18,7 +18,7 @@ from metalserve.platform import Platform
 logger = logging.getLogger("metalserve.engine")
 
 
-# Why only MLX ops serve Gemma 3's images (executor/attention/reference.py: _window_mask's spans).
+# Why only MLX ops serve Gemma 3's images (executor/attention/mlx_ops.py: _window_mask's spans).
 NO_IMAGE_MASKS = "it has no per-request mask for image tokens that attend to each other both ways (Gemma 3)"
 # Why the Metal kernel is not chosen for MLA models (executor/models/mla.py).
 METAL_NO_LATENT = "the Metal kernel has no MLA latent layout (V a slice of K, one KV head of width kv_lora + rope)"

@@ -19,7 +19,8 @@ from metalserve.executor.host.forward import HostForward
 from metalserve.executor.host.linear import HOST_LINEAR_MAX_TOKENS, HostLinear, host_codes
 from metalserve.executor.host.mlp import HostSwiGLUMLP, is_swiglu_mlp
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.kernels.cpu.affine_codes import AffineCodes
+from metalserve.kernels.cpu.packed_codes import PackedCodes
+from metalserve.loader.codes_linear import CodeParts, CodesEmbedding, CodesLinear
 
 # The projections a layer's codes feed: (outer module's attribute, inner module's attribute), each with
 # the loader's module paths whose codes it fuses, in order.
@@ -29,24 +30,22 @@ _MLP: Projections = (("gate_up_proj", ("gate_proj", "up_proj")), ("down_proj", (
 
 
 class HostCompute:
-    def __init__(self, codes: Mapping[str, AffineCodes]) -> None:
+    def __init__(self, codes: Mapping[str, PackedCodes]) -> None:
         self.codes = codes
         self.linears = 0  # projections that read their codes
         self.head: np.ndarray | None = None  # a NumPy view of a dense float32 vocabulary projection
-        self.head_codes: AffineCodes | None = None
+        self.head_codes: CodeParts | None = None
         self.forward_on_host: HostForward | None = None
         self._root: nn.Module | None = None  # the mlx-lm model installed on
 
-    def _fused_codes(self, prefix: str, names: tuple[str, ...]) -> AffineCodes | None:
-        parts = [self.codes.get(f"{prefix}.{name}") for name in names]
-        if any(p is None for p in parts):
-            return None
-        return parts[0] if len(parts) == 1 else AffineCodes.concatenate(parts)  # type: ignore[arg-type]
+    def _parts(self, prefix: str, names: tuple[str, ...]) -> list[PackedCodes | None]:
+        """The codes of a (fused) projection's row blocks, by the loader's module paths."""
+        return [self.codes.get(f"{prefix}.{name}") for name in names]
 
     def install(self, model: PagedModel) -> None:
         self._root = model.model
         for layer in model.backbone.layers:
-            if is_swiglu_mlp(layer.mlp) and type(layer.mlp.gate_proj) is nn.Linear:
+            if is_swiglu_mlp(layer.mlp) and type(layer.mlp.gate_proj) in (nn.Linear, CodesLinear):
                 layer.mlp = HostSwiGLUMLP(layer.mlp)
         for i, layer in enumerate(model.backbone.layers):
             owners: list[tuple[nn.Module, nn.Module, str, Projections]] = [
@@ -57,15 +56,19 @@ class HostCompute:
             for outer, inner, prefix, names in owners:
                 for (attr, parts), owner in zip(names, (outer, inner), strict=True):
                     linear = getattr(owner, attr, None)
-                    codes = host_codes(linear, self._fused_codes(prefix, parts))
-                    if isinstance(linear, nn.Linear) and codes is not None:
+                    codes = host_codes(linear, self._parts(prefix, parts))
+                    if isinstance(linear, (nn.Linear, CodesLinear)) and codes is not None:
                         setattr(owner, attr, HostLinear(linear, codes))
                         self.linears += 1
         mx.eval(model.model.parameters())  # the fused projections, before the host views below
         head = model.backbone.embed_tokens if model.tied else model.model.lm_head
         self.head = _dense_head(head)
-        if self.head is not None:
-            self.head_codes = self.codes.get("model.embed_tokens" if model.tied else "lm_head")
+        if isinstance(head, (CodesEmbedding, CodesLinear)):
+            self.head_codes = CodeParts(head.code_parts.parts, head.code_parts.bias)
+        elif self.head is not None:
+            stored = self.codes.get("model.embed_tokens" if model.tied else "lm_head")
+            if stored is not None and stored.shape == self.head.shape:
+                self.head_codes = CodeParts((stored,))
         # The whole decoder on the host for small steps, where every block has a host twin.
         self.forward_on_host = HostForward.build(model.backbone) if self.linears else None
 
@@ -75,7 +78,8 @@ class HostCompute:
         """Attention on the CPU backend and a small step: NumPy (and numba, GIL released) from the ids
         to the logits, as one call that reads the step's context given now."""
         host = self.forward_on_host
-        if host is None or token_ids.size > HOST_LINEAR_MAX_TOKENS or self.head is None:
+        no_head = self.head is None and self.head_codes is None
+        if host is None or no_head or (token_ids.size > HOST_LINEAR_MAX_TOKENS and not host.codes_only):
             return None
         ctx = current_context()
         if not host.applies_to(ctx):
@@ -87,24 +91,29 @@ class HostCompute:
         if job is not None:
             return mx.array(job())
         hidden = model.mlx_hidden_states(mx.array(token_ids))[mx.array(logits_indices)]
-        if self.head is None:
+        if self.head is None and self.head_codes is None:
             return model.mlx_logits(hidden)
         return mx.array(self.head_logits(np.asarray(hidden.astype(mx.float32))))
 
     def head_logits(self, rows: np.ndarray) -> np.ndarray:
         """`[S, hidden]` float32 rows -> their logits, through NumPy (from the head's codes in small steps)."""
-        assert self.head is not None
-        if self.head_codes is not None and rows.shape[0] <= HOST_LINEAR_MAX_TOKENS:
-            from metalserve.kernels.cpu.affine_linear import affine_linear
+        if self.head_codes is not None and (rows.shape[0] <= HOST_LINEAR_MAX_TOKENS or self.head is None):
+            from metalserve.kernels.cpu.packed_linear import packed_linear
 
-            return affine_linear(rows, self.head_codes)
+            return packed_linear(rows, self.head_codes.segments())
+        assert self.head is not None
         return rows @ self.head.T
 
     def host_bytes(self) -> int:
         modules = self._root.named_modules() if self._root is not None else []
-        codes = [m.codes for _, m in modules if isinstance(m, HostLinear)]
-        codes += [self.head_codes] if self.head_codes is not None else []
-        return sum(c.codes.nbytes + c.scales.nbytes + c.biases.nbytes for c in codes)
+        parts = {
+            id(p): p
+            for _, m in modules
+            if isinstance(m, (HostLinear, CodesLinear, CodesEmbedding))
+            for p in m.code_parts.parts
+        }
+        parts.update({id(p): p for p in (self.head_codes.parts if self.head_codes is not None else ())})
+        return sum(p.nbytes for p in parts.values())
 
     def description(self) -> str:
         layers = self._root.model.layers if self._root is not None else []
@@ -117,8 +126,9 @@ class HostCompute:
                 f"{self.linears} projections from their stored codes through numba in steps of up to "
                 f"{HOST_LINEAR_MAX_TOKENS} tokens"
             )
-        if self.head is not None:
+        if self.head is not None or self.head_codes is not None:
             via = " (from its codes in small steps)" if self.head_codes is not None else ""
+            via = " from its codes" if self.head is None else via
             parts.append(f"logits through NumPy{via}")
         return ", ".join(parts) or "nothing (all in MLX)"
 

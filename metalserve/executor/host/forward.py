@@ -3,7 +3,7 @@
 A decode step of the default model ran some ten MLX ops per layer between its host kernels (norms,
 residual adds, RoPE, reshapes), each costing 20-90 us of dispatch and a sync: a third of the step at
 batch 1. Here every layer runs in one numba call (`kernels/cpu/decoder.py`) over the layers' weights
-stacked once: the projections read their stored codes (`kernels/cpu/affine_linear.py`), attention is the CPU path's
+stacked once: the projections read their packed codes (`kernels/cpu/packed_linear.py`), attention is the CPU path's
 kernel on the same pool views. It reads the same weights as the MLX modules and is checked against
 mlx-lm's generation token for token.
 
@@ -14,19 +14,23 @@ projection with codes); any other model, or a larger step, runs the MLX modules.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from metalserve.executor.attention.base import AttentionOptions
 from metalserve.executor.attention.cpu import HostKV
-from metalserve.executor.attention.reference import AttentionOptions
 from metalserve.executor.context import ForwardContext
 from metalserve.executor.host.linear import HostLinear
 from metalserve.executor.host.mlp import HostSwiGLUMLP
 from metalserve.executor.models.paged_attention import PagedAttention
-from metalserve.kernels.cpu.affine_codes import AffineCodes
-from metalserve.kernels.cpu.decoder_weights import DecoderShape, DecoderWeights, StackedLinear
+from metalserve.kernels.cpu.decoder_weights import DecoderShape, DecoderWeights
+from metalserve.loader.codes_linear import CodesEmbedding, CodesLinear
+
+if TYPE_CHECKING:
+    from metalserve.kernels.cpu.packed_linear import Segments
 from metalserve.kernels.cpu.paged import CpuStepPlan
 
 # The decoder blocks whose __call__ is `h = x + attn(norm1(x)); out = h + mlp(norm2(h))`.
@@ -114,19 +118,17 @@ def _host_layer(block: nn.Module) -> HostLayer | None:
     )
 
 
-def _stacked_linear(linears: list[HostLinear]) -> StackedLinear | None:
-    """One projection of every layer stacked on a layer axis; each `HostLinear` then views the stack, so
-    the codes are held once. None if the layers' shapes differ."""
-    parts = [lin.codes for lin in linears]
-    if len({(p.codes.shape, p.scales.shape) for p in parts}) != 1:
+def _stacked_linear(linears: list[HostLinear]) -> Segments | None:
+    """One projection of every layer as the kernel's segments (views of the layers' codes, not copies).
+    None if the layers' widths or output sizes differ."""
+    if len({(sum(p.shape[0] for p in lin.codes), lin.codes[0].columns) for lin in linears}) != 1:
         return None
-    codes, scales, biases = (np.stack([getattr(p, f) for p in parts]) for f in ("codes", "scales", "biases"))
-    rows = parts[0].codes.shape[0]
+    from metalserve.kernels.cpu.packed_linear import segments_of
+
+    rows = sum(p.shape[0] for p in linears[0].codes)
     zeros = np.zeros(rows, np.float32)
     bias = np.stack([np.asarray(lin.inner.bias) if "bias" in lin.inner else zeros for lin in linears])
-    for i, lin in enumerate(linears):
-        lin.codes = AffineCodes(codes[i], scales[i], biases[i])
-    return StackedLinear(codes, scales, biases, bias.astype(np.float32))
+    return segments_of([list(lin.codes) for lin in linears], bias.astype(np.float32))
 
 
 def _stack(layers: list[HostLayer]) -> tuple[DecoderWeights, DecoderShape] | None:
@@ -156,7 +158,7 @@ def _stack(layers: list[HostLayer]) -> tuple[DecoderWeights, DecoderShape] | Non
     qkv, o, gate_up, down = linears
     if qkv is None or o is None or gate_up is None or down is None:
         return None
-    head_dim = qkv.codes.shape[1] // (first.n_heads + 2 * first.n_kv_heads)
+    head_dim = qkv.bias.shape[1] // (first.n_heads + 2 * first.n_kv_heads)
     ones = np.ones((len(layers), head_dim), np.float32)
     weights = DecoderWeights(
         input_norm=np.stack([la.input_norm.weight for la in layers]),
@@ -185,40 +187,60 @@ def _stack(layers: list[HostLayer]) -> tuple[DecoderWeights, DecoderShape] | Non
 
 
 class HostForward:
-    """`hidden_states` of a `PagedModel` computed on the host; build it with `HostForward.build`."""
+    """`hidden_states` of a `PagedModel` computed on the host; build it with `HostForward.build`.
+
+    `embedding`: a dense float32 table or the table's codes. `codes_only`: no projection has an fp32
+    copy, so every step, however long, runs here (the MLX modules would read the same codes, slower)."""
 
     def __init__(
-        self, embedding: np.ndarray, weights: DecoderWeights, shape: DecoderShape, final_norm: HostNorm
+        self,
+        embedding: np.ndarray | CodesEmbedding,
+        weights: DecoderWeights,
+        shape: DecoderShape,
+        final_norm: HostNorm,
+        codes_only: bool = False,
     ) -> None:
         self.embedding = embedding
         self.weights = weights
         self.shape = shape
         self.final_norm = final_norm
+        self.codes_only = codes_only
 
     @staticmethod
     def build(backbone: nn.Module) -> HostForward | None:
         """None unless every block, the embedding and the final norm have host twins of one shape."""
         embed = backbone.embed_tokens
         final_norm = HostNorm.of(backbone.norm)
-        if type(embed) is not nn.Embedding or embed.weight.dtype != mx.float32 or final_norm is None:
+        dense = type(embed) is nn.Embedding and embed.weight.dtype == mx.float32
+        if not (dense or isinstance(embed, CodesEmbedding)) or final_norm is None:
             return None
         layers = [_host_layer(block) for block in backbone.layers]
         if not layers or any(layer is None for layer in layers):
             return None
-        stacked = _stack([la for la in layers if la is not None])
+        present = [la for la in layers if la is not None]
+        stacked = _stack(present)
         if stacked is None:
             return None
-        return HostForward(np.asarray(embed.weight), *stacked, final_norm)
+        linears = [lin for la in present for lin in (la.qkv, la.o, la.gate_up, la.down)]
+        codes_only = all(isinstance(lin.inner, CodesLinear) for lin in linears)
+        return HostForward(np.asarray(embed.weight) if dense else embed, *stacked, final_norm, codes_only)
 
     def applies_to(self, ctx: ForwardContext) -> bool:
         """Whether this step's attention runs on the CPU backend, whose host views this forward writes."""
         one_group = len(ctx.groups) == 1  # one table: the decoder reads every layer's pool through it
         return one_group and isinstance(ctx.metadata, CpuStepPlan) and all(isinstance(kv, HostKV) for kv in ctx.kv)
 
+    def embed(self, token_ids: np.ndarray) -> np.ndarray:
+        if isinstance(self.embedding, np.ndarray):
+            return self.embedding[token_ids]
+        from metalserve.kernels.cpu.packed_linear import gather_rows
+
+        return gather_rows(self.embedding.codes, token_ids)
+
     def __call__(self, token_ids: np.ndarray, ctx: ForwardContext) -> np.ndarray:
         """`[T]` token ids -> the final-normed hidden states `[T, hidden]` float32."""
         from metalserve.kernels.cpu.decoder import decoder_layers
 
         pools = tuple(kv.host for kv in ctx.kv)
-        h = decoder_layers(self.embedding[token_ids], self.weights, self.shape, pools, ctx.metadata)
+        h = decoder_layers(self.embed(token_ids), self.weights, self.shape, pools, ctx.metadata)
         return self.final_norm(h)

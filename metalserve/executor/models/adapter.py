@@ -21,8 +21,7 @@ from metalserve.executor.state_cache import StateLayout
 from metalserve.kvcache.specs import KVCacheSpec, PageDtype, RecurrentState
 
 if TYPE_CHECKING:
-    from metalserve.loader import LoadedModel
-    from metalserve.platform import Platform
+    pass
 
 ALL_MLX = MlxCompute()  # stateless: one serves every model
 
@@ -98,20 +97,9 @@ class PagedModel:
         self.tied = parts.lm_head is None
         self.kv_layout = self.family.kv_layout(model)
         self.state_layout = parts.state_layout
-        layers = self.family.state_layers(model)
-        self.state_groups = (RecurrentState(layers=layers, state_bytes=parts.state_layout.slot_bytes),)
+        self.state_groups = self.family.state_groups(model, parts.state_layout)
         self.logits_scaling = parts.logits_divisor if parts.logits_divisor != 1.0 else None
         self.final_softcap = self.logit_scale = None
-
-    @classmethod
-    def from_loaded(cls, loaded: LoadedModel, platform: Platform) -> PagedModel:
-        """The loaded model with the compute strategy the Platform calls for."""
-        from metalserve.executor.host import choose_compute
-
-        compute = choose_compute(platform, loaded.codes, loaded.model_type)
-        if isinstance(compute, MlxCompute):
-            loaded.codes.clear()  # the loader keeps them on MLX's CPU backend; only the host path reads them
-        return cls(loaded.model, loaded.model_type, compute)
 
     def get_kv_cache_spec(self, page: PageDtype, block_size: int, num_blocks: int = 0) -> KVCacheSpec:
         """The cache spec of every layer group (vLLM's get_kv_cache_spec): attention pages stored as

@@ -23,9 +23,11 @@ from metalserve.executor.models.hybrid import state_layout_of
 from metalserve.executor.models.hybrid_families import FAMILIES, Family, attention_shape, embedding_of, mixers_of
 from metalserve.executor.models.kv_layout import KVLayout, hybrid_kv_layout, mla_kv_layout, model_kv_layout
 from metalserve.executor.models.mla import latent_kv_shape
+from metalserve.kernels.cpu.decoder_weights import HOST_MODEL_TYPES
 from metalserve.kvcache.specs import KVCacheDtype, KVCacheSpec, PageDtype, RecurrentState, SlidingWindow
 
 if TYPE_CHECKING:
+    from metalserve.executor.state_cache import StateLayout
     from metalserve.loader import LoadedModel
 
 # mistral loads as llama in mlx-lm. Each type has a golden test in tests/models/ (tiny random weights,
@@ -82,9 +84,9 @@ MROPE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl"})
 # attention honours it, and the scheduler never splits an image across prefill chunks.
 BIDIRECTIONAL_IMAGE_MODEL_TYPES = frozenset({"gemma3"})
 MLA_MODEL_TYPES = frozenset({"deepseek_v2", "deepseek_v3", "glm4_moe_lite"})
-# The dense llama-family models whose blocks the host twins reproduce (executor/host/); every other
-# family runs mlx-lm's own modules on MLX.
-HOST_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+# HOST_MODEL_TYPES (metalserve/kernels/cpu/decoder_weights.py, where the loader reads it too): the dense
+# llama-family models whose blocks the host twins reproduce (executor/host/); every other family runs
+# mlx-lm's own modules on MLX.
 
 
 class UnsupportedModelType(ValueError):
@@ -144,13 +146,14 @@ class ModelFamily:
             return ()
         return tuple(m.layer_idx for m in mixers_of(model, self.model_type) if m.kind == "state")
 
-    def state_groups(self, model: nn.Module) -> tuple[RecurrentState, ...]:
+    def state_groups(self, model: nn.Module, layout: StateLayout | None = None) -> tuple[RecurrentState, ...]:
         """A hybrid's recurrent layers, in one group; a boundary state (conv + recurrent arrays) is the
-        whole state, so it can be snapshotted for the prefix cache. Its slot is the state's bytes."""
+        whole state, so it can be snapshotted for the prefix cache. Its slot is the state's bytes.
+        `layout`: the states as already probed (PagedModel has it); None probes the model's mixers."""
         layers = self.state_layers(model)
         if not layers:
             return ()
-        state_bytes = state_layout_of(model, self.model_type).slot_bytes
+        state_bytes = (layout or state_layout_of(model, self.model_type)).slot_bytes
         return (RecurrentState(layers=layers, snapshots=True, state_bytes=state_bytes),)
 
     def page(self, model: nn.Module, storage: KVCacheDtype = KVCacheDtype.AUTO) -> PageDtype:

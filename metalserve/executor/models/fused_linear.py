@@ -9,11 +9,16 @@ import mlx.nn as nn
 def fuse_linears(layers: list[nn.Module]) -> nn.Module | None:
     """One layer whose output is the concatenation of `layers`' outputs, or None if they cannot fuse.
 
-    Dense and quantized linears fuse when they share their type, bias use and quantization settings.
+    Dense and quantized linears fuse when they share their type, bias use and quantization settings;
+    linears kept in their codes (CPU path) fuse as a list of their row blocks.
     """
+    from metalserve.loader.codes_linear import CodesLinear
+
     first = layers[0]
     if any(type(layer) is not type(first) for layer in layers):
         return None
+    if type(first) is CodesLinear:
+        return CodesLinear.fuse(layers)  # type: ignore[arg-type]
     has_bias = "bias" in first
     if any(("bias" in layer) != has_bias for layer in layers):
         return None

@@ -16,8 +16,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from metalserve.executor.attention.base import AttentionCall
-from metalserve.executor.attention.reference import AttentionOptions
+from metalserve.executor.attention.base import AttentionCall, AttentionOptions
 from metalserve.executor.context import current_context
 from metalserve.executor.models.attention_traits import AttentionTraits
 from metalserve.executor.models.fused_linear import fuse_linears

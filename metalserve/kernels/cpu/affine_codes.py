@@ -1,9 +1,9 @@
-"""The stored integer codes of a dequantized weight, which the host path's small-step matmuls read.
+"""The integer codes of an MLX affine-quantized weight, one byte each, as the loader unpacks them.
 
 A GGUF Q4_0/Q4_1/Q8_0 tensor loads into MLX's affine layout: `w[r, c] = scales[r, g] * q[r, c] +
 biases[r, g]` with `g = c // group_size`. Dequantizing gives fp32 weights that MKL multiplies fast in
-prefill; decoding a few tokens is bound by reading those weights instead, and reading one byte per weight
-(`metalserve.kernels.cpu.affine_linear`) beats reading four. The loader extracts them
+prefill; decoding a few tokens is bound by reading those weights instead, so the host path keeps the codes,
+packed again (`metalserve.kernels.cpu.packed_codes`). The loader extracts them
 (metalserve/loader/affine_codes.py); plain NumPy here, so kernels need nothing from the loader.
 """
 

@@ -11,7 +11,7 @@ element at a time here). Against the one-key-at-a-time loop before, at a 500-tok
 default model's heads: 57 -> 38 us a layer for one decode row, about 250 -> 150 us for a window of five
 (bench/cpu_attention.py prints the current kernel's times).
 
-Contract: that of metalserve/executor/attention/reference.py with the portable pool `[2, Hkv, num_slots, D]`,
+Contract: that of metalserve/executor/attention/base.py with the portable pool `[2, Hkv, num_slots, D]`,
 float32 only; or MLA's latent pool `[1, Hkv, num_slots, D]`, whose V is K's first `Dv` channels (`out`
 is `[T, Hq, Dv]`): V is always the pool's last plane, cut to `out`'s width.
 """

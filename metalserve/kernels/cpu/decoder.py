@@ -2,7 +2,7 @@
 
 Run layer by layer from Python, a batch-1 step of the default model made some 330 kernel calls, each
 paying Python glue, argument typing and an allocation: about a quarter of the step beside 17 ms of
-matmuls. Here the same kernels (codes matmul, RMSNorm, RoPE, paged attention, SwiGLU) are called from
+matmuls. Here the same kernels (packed-codes matmul, RMSNorm, RoPE, paged attention, SwiGLU) are called from
 compiled code, so a step crosses from Python into numba once.
 """
 
@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 import numba
 import numpy as np
 
-from metalserve.kernels.cpu import affine_linear as cpu_affine_linear
 from metalserve.kernels.cpu import attention as cpu_attention
 from metalserve.kernels.cpu import layer_ops as cpu_layer_ops
+from metalserve.kernels.cpu import packed_linear as cpu_packed_linear
 from metalserve.kernels.cpu import swiglu as cpu_swiglu
-from metalserve.kernels.cpu.affine_linear import _affine_linear_kernel
 from metalserve.kernels.cpu.attention import _attention_kernel
 from metalserve.kernels.cpu.layer_ops import _rms_norm_kernel, _rope_kernel
 from metalserve.kernels.cpu.numba_lock import launch_lock
+from metalserve.kernels.cpu.packed_linear import segments_linear_kernel
 from metalserve.kernels.cpu.swiglu import _swiglu_kernel
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ def kernel_sources_digest() -> str:
     below closes over this digest, so such an edit is a cache miss instead.
     """
     digest = hashlib.sha256()
-    for module in (cpu_affine_linear, cpu_attention, cpu_layer_ops, cpu_swiglu):
+    for module in (cpu_attention, cpu_layer_ops, cpu_packed_linear, cpu_swiglu):
         digest.update(Path(str(module.__file__)).read_bytes())
     return digest.hexdigest()
 
@@ -54,12 +54,8 @@ def _compile_ops(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatchers
     @jit
     def linear(x, weight, layer, chunks):  # noqa: ANN001, ANN202  (numba infers the types)
         kernels_digest  # noqa: B018  (a closure cell: part of numba's cache key)
-        out = np.empty((x.shape[0], weight.codes.shape[1]), np.float32)
-        _affine_linear_kernel(x, weight.codes[layer], weight.scales[layer], weight.biases[layer], chunks, out)
-        bias = weight.bias[layer]
-        for t in range(out.shape[0]):
-            for c in range(out.shape[1]):
-                out[t, c] += bias[c]
+        out = np.empty((x.shape[0], weight.bias.shape[1]), np.float32)
+        segments_linear_kernel(x, weight, layer, chunks, out)  # adds the bias
         return out
 
     @jit

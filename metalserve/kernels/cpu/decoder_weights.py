@@ -1,23 +1,21 @@
 """The arrays the one-call host decoder (kernels/cpu/decoder.py) reads, as NamedTuples numba can take.
 
-Kept apart from the kernel so the executor can build them without importing numba (absent on macOS).
+Kept apart from the kernel so the executor can name them without importing numba (absent on macOS).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from metalserve.kernels.cpu.packed_linear import Segments
 
-class StackedLinear(NamedTuple):
-    """One projection of every layer: codes `[L, out, in]` uint8, scales/biases `[L, out, groups]`,
-    and the layer's own bias `[L, out]` (zeros where it has none)."""
-
-    codes: np.ndarray
-    scales: np.ndarray
-    biases: np.ndarray
-    bias: np.ndarray
+# The model types whose blocks the host decoder reproduces (dense llama-family: pre-norm RMSNorm, plain
+# RoPE, SwiGLU); every other family runs mlx-lm's own modules on MLX. The loader keeps such a GGUF in its
+# codes alone (no fp32 copy), the executor installs the host twins (executor/models/families.py).
+HOST_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
 class DecoderWeights(NamedTuple):
@@ -25,10 +23,10 @@ class DecoderWeights(NamedTuple):
 
     input_norm: np.ndarray  # [L, hidden]
     post_attention_norm: np.ndarray  # [L, hidden]
-    qkv: StackedLinear
-    o: StackedLinear
-    gate_up: StackedLinear
-    down: StackedLinear
+    qkv: Segments  # each projection of every layer, in its packed codes (kernels/cpu/packed_linear.py)
+    o: Segments
+    gate_up: Segments
+    down: Segments
     q_norm: np.ndarray  # [L, head_dim]; qwen3's per-head norms (unused unless `DecoderShape.head_norms`)
     k_norm: np.ndarray
     rope_inv_freq: np.ndarray  # [rope_dims // 2]

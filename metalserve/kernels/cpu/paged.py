@@ -7,15 +7,30 @@ prefill, with `attention.attend_rows`. MLX itself never reads the pool on this p
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import mlx.core as mx
 import numpy as np
 
-from metalserve.executor.attention.reference import AttentionOptions
 from metalserve.kernels.cpu import attention as cpu_attention
 from metalserve.kernels.cpu import kv_quant
 from metalserve.kernels.cpu.quantized_attention import attend_quantized_rows
+
+
+class KernelOptions(Protocol):
+    """What these kernels read of a layer's options (the executor's `AttentionOptions` has them): declared
+    here so that the kernels import nothing from the executor above them."""
+
+    @property
+    def scale(self) -> float: ...
+    @property
+    def sliding_window(self) -> int | None: ...
+    @property
+    def softcap(self) -> float | None: ...
+    @property
+    def sinks(self) -> mx.array | None: ...
+    @property
+    def value_dim(self) -> int | None: ...
 
 
 class CpuStepPlan(NamedTuple):
@@ -73,7 +88,7 @@ def write_quantized(views: list[np.ndarray], k: np.ndarray, v: np.ndarray, slot_
 
 
 def cpu_quantized_attention(
-    q: mx.array, k: mx.array, v: mx.array, views: list[np.ndarray], step: CpuStepPlan, opts: AttentionOptions
+    q: mx.array, k: mx.array, v: mx.array, views: list[np.ndarray], step: CpuStepPlan, opts: KernelOptions
 ) -> mx.array:
     """`cpu_paged_attention` over int8 or q4 pages: quantize this step's K/V as they are written; the
     kernel dequantizes each request's pages once and attends its rows over them."""
@@ -98,7 +113,7 @@ def cpu_quantized_attention(
 
 
 def cpu_paged_attention(
-    q: mx.array, k: mx.array, v: mx.array | None, view: np.ndarray, step: CpuStepPlan, opts: AttentionOptions
+    q: mx.array, k: mx.array, v: mx.array | None, view: np.ndarray, step: CpuStepPlan, opts: KernelOptions
 ) -> mx.array:
     """Write this step's K/V and attend every query row: `[T, Hq, D]` like the portable path (`v` None:
     MLA's latent pool, `[T, Hq, opts.value_dim]`)."""

@@ -1,4 +1,4 @@
-"""The Metal paged-attention kernels' arguments (the backend contract's, see reference.py), checked once.
+"""The Metal paged-attention kernels' arguments (the backend contract's: executor/attention/base.py), checked once.
 
 Their own module so that the launch builders (paged.py, tiled.py) both read them without importing
 each other.

@@ -1,5 +1,5 @@
 """The `mx.fast.metal_kernel` wrappers; `metal_paged_attention` honours the contract in
-metalserve/executor/attention/reference.py's
+metalserve/executor/attention/base.py's
 docstring. Which attention runs is chosen once, in metalserve/executor/attention/select.py, from the
 Platform: this module probes no device."""
 

@@ -1,6 +1,6 @@
 """Builds the launches of the Metal paged-attention kernel from the backend contract's arguments.
 
-The contract is `reference.paged_attention`'s (see its module docstring). One launch covers the whole
+The contract is `mlx_ops.paged_attention`'s (executor/attention/base.py). One launch covers the whole
 packed batch; when few threadgroups would run over long contexts, the KV range is split into partitions
 and a second launch merges them. The executor (Metal or the CPU emulator) is passed in, so both run
 exactly the same launches.
@@ -164,12 +164,32 @@ def run_paged_attention(
 ) -> mx.array:
     """Attention for the packed batch through `execute`; returns `[total_q, Hq, D]` in q's dtype.
 
-    An executor that raises `LaunchRefused` (guard.py) for the tiled kernel gets the next smaller tile;
-    when every tile (or the decode kernel) is refused, `LaunchRefused` reaches the caller."""
+    The launch ladder, for an executor that raises `LaunchRefused` (guard.py): the tiled kernel's tiles
+    from the largest down to the smallest (tiled.tile_ladder), then the decode kernel (one query token
+    per 128-thread threadgroup, any batch); when that is refused too, `LaunchRefused` reaches the caller
+    (the backend then runs MLX ops). One warning names what was refused and what runs instead."""
     if a.q.shape[0] == 0:
         return mx.zeros(a.q.shape, a.q.dtype)
+    refusals: list[LaunchRefused] = []
     if choose_kernel(a, kernel, partition_size) == "tiled":
-        return _run_tiled(a, execute).astype(a.q.dtype)
+        for t in tile_ladder(a.q.shape[1] // a.k_pool.shape[1], a.q.shape[2]):
+            try:
+                (out,) = execute(tiled_launch(a, t))
+            except LaunchRefused as refused:
+                refusals.append(refused)
+                continue
+            _warn_new(refusals, f"{t.threads}-thread tiles run instead")
+            return out.astype(a.q.dtype)
+    try:
+        out = _run_decode(a, execute, partition_size)
+    except LaunchRefused as refused:
+        refusals.append(refused)
+        raise LaunchRefused("; ".join(map(str, refusals)), first=any(r.first for r in refusals)) from None
+    _warn_new(refusals, "the decode kernel runs instead")
+    return out
+
+
+def _run_decode(a: PagedArgs, execute: Executor, partition_size: int | None) -> mx.array:
     partitions = num_partitions(a, partition_size)
     size = partition_size or DEFAULT_PARTITION
     out, part_ml = execute(attention_launch(a, partitions, size))
@@ -178,16 +198,7 @@ def run_paged_attention(
     return out.astype(a.q.dtype)
 
 
-def _run_tiled(a: PagedArgs, execute: Executor) -> mx.array:
-    """The tile ladder (tiled.py): the first tile the device accepts; one warning when a refusal was new."""
-    refusals: list[LaunchRefused] = []
-    for t in tile_ladder(a.q.shape[1] // a.k_pool.shape[1], a.q.shape[2]):
-        try:
-            (out,) = execute(tiled_launch(a, t))
-        except LaunchRefused as refused:
-            refusals.append(refused)
-            continue
-        if any(r.first for r in refusals):
-            logger.warning("%s; %d-thread tiles run instead", "; ".join(map(str, refusals)), t.threads)
-        return out
-    raise LaunchRefused("; ".join(map(str, refusals)), first=any(r.first for r in refusals))
+def _warn_new(refusals: list[LaunchRefused], instead: str) -> None:
+    """One warning when a refusal was found by this call (later calls skip the refused rungs quietly)."""
+    if any(r.first for r in refusals):
+        logger.warning("%s; %s", "; ".join(map(str, refusals)), instead)

@@ -101,12 +101,12 @@ for (int kt = (key_lo / BK) * BK; kt < key_hi; kt += BK) {
     if (key >= key_lo && key < key_hi) {  // others stay zero: finite, and masked below
       const long slot = long(block_tables[table_row + key / block_size]) * block_size + key % block_size;
       const long vector = slot * num_kv_heads + kvh;
-      if (Q4) {  // q4 pages: 4 codes in 2 bytes, one group's scale and bias (GS is a multiple of 4)
-        const long group = vector * (D / GS) + d4 / GS;
-        kx = load_q4x4(k_pool + vector * (D / 2) + d4 / 2) * float4(float(k_scales[group])) +
-             float4(float(k_biases[group]));
-        vx = load_q4x4(v_pool + vector * (D / 2) + d4 / 2) * float4(float(v_scales[group])) +
-             float4(float(v_biases[group]));
+      if (Q4) {  // q4 pages: 4 codes in 2 bytes, one channel group's scale and bias (GS is a multiple of 4)
+        const long scale_index = vector * (D / GS) + d4 / GS;
+        kx = load_q4x4(k_pool + vector * (D / 2) + d4 / 2) * float4(float(k_scales[scale_index])) +
+             float4(float(k_biases[scale_index]));
+        vx = load_q4x4(v_pool + vector * (D / 2) + d4 / 2) * float4(float(v_scales[scale_index])) +
+             float4(float(v_biases[scale_index]));
       } else {
         kx = load_float4(k_pool + vector * D + d4);
         vx = load_float4(v_pool + vector * D + d4);

@@ -84,12 +84,20 @@ def tiling(group: int, head_dim: int, row_limit: int | None = None) -> Tiling | 
 
 
 def tile_ladder(group: int, head_dim: int) -> list[Tiling]:
-    """The tiling to launch, then the next smaller one (half the rows) for a device that refuses it."""
+    """The tiling to launch, then ever smaller ones for a device that refuses the larger: each rung at
+    most half the rows of the one before (a multiple of 8), down to the smallest tile that still holds
+    one token's G rows. After the last rung the caller tries the decode kernel (paged.py)."""
     first = tiling(group, head_dim)
     if first is None:
         return []
-    smaller = tiling(group, head_dim, first.rows // 2) if first.rows > 8 else None
-    return [first] if smaller is None or smaller.rows >= first.rows else [first, smaller]
+    ladder = [first]
+    one_token = -(-group // 8) * 8  # the rows of a one-token tile
+    while ladder[-1].rows > one_token:
+        smaller = tiling(group, head_dim, max(one_token, ladder[-1].rows // 16 * 8))
+        if smaller is None or smaller.rows >= ladder[-1].rows:
+            break
+        ladder.append(smaller)
+    return ladder
 
 
 def num_tiles(total_q: int, num_reqs: int, tile_q: int) -> int:

@@ -10,6 +10,7 @@ Every failure of the disk (full, read-only, gone) is logged and costs only a rec
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -218,6 +219,25 @@ class DiskStore:
                 self.capacity_bytes,
             )
             return False
+        written = self._write_file(key, data)
+        if written is not None and written.errno in (errno.ENOSPC, errno.EDQUOT) and self._make_room(len(data)):
+            written = self._write_file(key, data)  # the disk filled before --kv-disk-size: LRU blocks made room
+        if written is not None:
+            self.complaints.warn(
+                "write", "KV disk tier: cannot write a block to %s (%s): it will be recomputed", self.directory, written
+            )
+            return False
+        with self._lock:
+            self.usage_bytes += len(data) - self._index.pop(key, 0)
+            self._index[key] = len(data)
+            self.bytes_saved += len(data)
+            victims = self._evict_over_capacity()
+        for victim in victims:
+            self._unlink(self.path(victim))
+        return True
+
+    def _write_file(self, key: str, data: bytes) -> OSError | None:
+        """Write the block's file atomically; the error when it could not be."""
         final = self.path(key)
         temp = self.directory / f"{key}.{os.getpid()}.{threading.get_ident()}{TEMP_SUFFIX}"
         try:
@@ -232,18 +252,27 @@ class DiskStore:
             os.replace(temp, final)
         except OSError as exc:
             self._unlink(temp)
-            self.complaints.warn(
-                "write", "KV disk tier: cannot write a block to %s (%s): it will be recomputed", self.directory, exc
-            )
-            return False
+            return exc
+        return None
+
+    def _make_room(self, needed: int) -> bool:
+        """The disk is full though the tier is under its size: remove least recently used blocks, at least
+        `needed` bytes and a tenth of what the tier holds (so a full disk is not met at every write)."""
         with self._lock:
-            self.usage_bytes += len(data) - self._index.pop(key, 0)
-            self._index[key] = len(data)
-            self.bytes_saved += len(data)
-            victims = self._evict_over_capacity()
+            target = max(needed, self.usage_bytes // 10)
+            victims = []
+            while target > 0 and self._index:
+                key, size = self._index.popitem(last=False)
+                self.usage_bytes -= size
+                target -= size
+                victims.append(key)
         for victim in victims:
             self._unlink(self.path(victim))
-        return True
+        if victims:
+            self.complaints.warn(
+                "full", "KV disk tier: the disk is full: %d least recently used blocks removed", len(victims)
+            )
+        return bool(victims)
 
     def _evict_over_capacity(self) -> list[str]:
         """Drop least recently used entries until the index fits; returns their keys (to unlink)."""
@@ -272,8 +301,8 @@ class DiskStore:
             self.discard(key)
             return None
         except (OSError, CorruptBlock) as exc:
-            self.complaints.warn("corrupt", "KV disk tier: %s cannot be used (%s): a miss, removed", path.name, exc)
-            self.discard(key)
+            removed = "removed" if self.discard(key) else "left in place (it cannot be removed)"
+            self.complaints.warn("corrupt", "KV disk tier: %s cannot be used (%s): a miss, %s", path.name, exc, removed)
             return None
         with contextlib.suppress(OSError):
             os.utime(path)  # the LRU order outlives the process
@@ -284,13 +313,20 @@ class DiskStore:
             self.load_seconds += time.perf_counter() - started
         return tensors
 
-    def discard(self, key: str) -> None:
-        """Forget a block and remove its file (a failed read, or pages of the wrong shape)."""
+    def discard(self, key: str) -> bool:
+        """Forget a block and remove its file (a failed read, or pages of the wrong shape); False when the
+        file is still there (a read-only mount)."""
         with self._lock:
             self.usage_bytes -= self._index.pop(key, 0)
-        self._unlink(self.path(key))
+        return self._unlink(self.path(key))
 
     @staticmethod
-    def _unlink(path: Path) -> None:
-        with contextlib.suppress(OSError):
+    def _unlink(path: Path) -> bool:
+        """Remove `path`; True when it is gone (or was already)."""
+        try:
             path.unlink()
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return True

@@ -1,4 +1,5 @@
-"""The stored codes of dequantized weights, and the numba matmul that reads them."""
+"""The integer codes of MLX affine-quantized weights, as the loader unpacks them (packed again in
+tests/kernels/test_packed_codes.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from metalserve.kernels.cpu.affine_linear import affine_linear
 from metalserve.loader.affine_codes import AffineCodes, affine_codes
 
 
@@ -49,24 +49,3 @@ def test_codes_check_their_shapes_and_dtypes() -> None:
         AffineCodes(codes.astype(np.int32), np.ones((4, 2), np.float32), np.zeros((4, 2), np.float32))
     with pytest.raises(ValueError, match="do not group"):
         AffineCodes(codes, np.ones((4, 3), np.float32), np.zeros((4, 3), np.float32))
-
-
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 16, 33])
-def test_affine_linear_matches_a_dense_matmul(rows: int) -> None:
-    codes = affine_codes(quantized_linear(37, 96, 32, 4))  # 37 outputs: chunks do not divide evenly
-    assert codes is not None
-    x = np.random.default_rng(rows).standard_normal((rows, 96)).astype(np.float32)
-    want = x.astype(np.float64) @ codes.dense().astype(np.float64).T
-    np.testing.assert_allclose(affine_linear(x, codes), want, rtol=1e-4, atol=1e-4)
-    # A strided view gives the same answer as its contiguous copy.
-    wide = np.repeat(x, 2, axis=1)[:, ::2]
-    np.testing.assert_allclose(affine_linear(wide, codes), want, rtol=1e-4, atol=1e-4)
-
-
-def test_affine_linear_rejects_a_wrong_width_or_dtype() -> None:
-    codes = affine_codes(quantized_linear(8, 64, 32, 4))
-    assert codes is not None
-    with pytest.raises(ValueError, match=r"\[T, 64\] float32"):
-        affine_linear(np.zeros((2, 32), np.float32), codes)
-    with pytest.raises(ValueError, match="float32"):
-        affine_linear(np.zeros((2, 64), np.float64), codes)

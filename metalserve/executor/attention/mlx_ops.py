@@ -1,22 +1,13 @@
-"""The portable attention path, written with MLX ops: paged, variable-length, causal, GQA.
+"""Paged attention written with MLX ops: the plan of a step, the K/V writes and the attention itself.
 
-The contract every attention backend (this one, the Metal kernel) honours:
+The ops behind the `mlx` backend (mlx.py, which owns the cache and the seam) and the Metal backend's
+fallback; they honour the contract in base.py on any device and dtype.
 
-- `q`: `[total_q, Hq, D]`, the queries of all requests packed on one token axis, request by request.
-- `k_pool`, `v_pool`: `[num_slots, Hkv, D]` with `num_slots = num_blocks * block_size`; slot
-  `block_id * block_size + offset` holds one token's K (or V). Hq is a multiple of Hkv (GQA).
-- `block_tables`: `[num_reqs, max_blocks]` int32, row i lists request i's blocks in order (padding: any id).
-- `cu_seqlens_q`: `[num_reqs + 1]` int32, request i owns query rows `cu[i]:cu[i+1]`.
-- `seq_lens`: `[num_reqs]` int32, request i's total KV length *including* this step's new tokens, so its
-  queries sit at positions `seq_len - q_len ... seq_len - 1` and query at position p sees keys `0..p`.
-- options: `sliding_window` (a query at p sees keys `> p - window`), `softcap` (scores become
-  `softcap * tanh(scores / softcap)`), `sinks` (`[Hq]` logits of a virtual key with zero value).
-
-The runner's own pools for this path use another layout, `[2, Hkv, num_slots, D]` (K and V in one array,
-KV heads outermost; see `PortableKV`): a step's decode requests (one query each) then gather all their
-pages in one op and attend in one call with the KV heads folded into the batch, so no K/V is transposed;
-each prefill chunk runs as its own call. No request is padded to the longest query. `paged_attention`,
-the contract's entry point, takes the contract's pools and converts them (tests use it).
+The runner's pools for this path use the portable layout (base.py; `PortableKV` in mlx.py): a step's
+decode requests (one query each) then gather all their pages in one op and attend in one call with the
+KV heads folded into the batch, so no K/V is transposed; each prefill chunk runs as its own call. No
+request is padded to the longest query. `paged_attention`, the contract's entry point, takes the
+contract's pools and converts them (tests use it).
 """
 
 from __future__ import annotations
@@ -27,17 +18,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from metalserve.executor.attention.base import AttentionOptions
 from metalserve.executor.attention.kv_quant import KVPool, QuantPool, take_slots
-
-
-@dataclass(frozen=True)
-class AttentionOptions:
-    scale: float
-    sliding_window: int | None = None
-    softcap: float | None = None
-    sinks: mx.array | None = None  # [Hq]
-    # MLA's latent layout: V is K's first `value_dim` channels, the pool holds K alone ([1, Hkv, slots, D]).
-    value_dim: int | None = None
 
 
 @dataclass(frozen=True)

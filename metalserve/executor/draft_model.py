@@ -1,4 +1,5 @@
-"""Draft-model proposals: a small model of the same vocabulary guesses the next tokens, batched.
+"""Draft-model proposals: a small model of the same vocabulary guesses the next tokens, batched. A
+`Proposer` (spec_decode/proposer.py) that lives in the executor because it runs a model through a runner.
 
 Its KV lives in pools of its own, indexed by the same block tables the KV manager hands the target
 (one slot per token position), so the manager needs no second allocator. After each target step the
@@ -13,12 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import mlx.core as mx
 import numpy as np
 
+from metalserve.config import ConfigError
+from metalserve.executor.attention.select import select_attention
 from metalserve.executor.context import forward_context
+from metalserve.executor.host import paged_model
+from metalserve.executor.runner import ModelRunner
 from metalserve.executor.step_inputs import pack_step
 from metalserve.kvcache.specs import KVCacheDtype
 from metalserve.spec_decode.proposer import DraftedRequest
@@ -39,14 +44,15 @@ class _View:
     num_computed_tokens: int
     block_array: np.ndarray
     wants_prompt_logprobs = False  # the draft's forwards report none
+    wants_pooling = False  # nor pool
+    num_prompt_tokens = 0  # read only for prompt logprobs
+    mm_inputs: ClassVar[list[Any]] = []  # the draft runs without images
 
 
 class DraftModelProposer:
     """Greedy drafts from a second, smaller model; see the module docstring."""
 
     def __init__(self, model: PagedModel, spec: KVCacheSpec, backend: AttentionBackend[Any, Any], k: int) -> None:
-        from metalserve.executor.runner import ModelRunner
-
         # A runner of its own holds the draft's pools and builds its forward contexts; it never samples.
         self.runner = ModelRunner(model, spec, backend=backend)
         self.k = k
@@ -92,7 +98,7 @@ class DraftModelProposer:
 
     def _forward(self, views: dict[str, _View], num_tokens: dict[str, int]) -> dict[str, int]:
         """One packed draft forward; the greedy next token of each request."""
-        step = pack_step(views, num_tokens, self.spec.block_size)  # type: ignore[arg-type]
+        step = pack_step(views, num_tokens, self.spec.block_size)
         with forward_context(self.runner._context(step)):
             logits = self.runner.model(step.token_ids, step.logits_indices)
         tokens = np.array(mx.argmax(logits, axis=-1)).tolist()
@@ -112,17 +118,13 @@ def build_draft_proposer(
 ) -> DraftModelProposer:
     """The draft model on the target's platform, with pools of `num_blocks` blocks stored as `storage`
     (the target's --kv-cache-dtype); same vocabulary only."""
-    from metalserve.config import ConfigError
-    from metalserve.executor.attention.select import select_attention
-    from metalserve.executor.models.adapter import PagedModel
-
     vocab = int(draft.model.args.vocab_size)
     if vocab != target_vocab:
         raise ConfigError(
             f"--speculative-config: the draft model's vocabulary ({vocab} tokens) differs from the target's "
             f"({target_vocab}); a draft must share the target's tokenizer"
         )
-    model = PagedModel.from_loaded(draft, platform)
+    model = paged_model(draft, platform)
     if len(model.kv_layout.groups) != 1 or model.state_layout is not None:
         raise ConfigError("--speculative-config: the draft model must be all full attention (one KV layer group)")
     spec = model.get_kv_cache_spec(model.family.page(draft.model, storage), block_size, num_blocks)

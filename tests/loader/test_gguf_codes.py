@@ -1,0 +1,101 @@
+"""GGUF matrices kept in their packed codes on the CPU fast path: the same values as gguf's dequantizer, no
+fp32 copy, and the same tokens and log-probabilities as the dequantized fp32 model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from metalserve.executor.host.compute import HostCompute
+from metalserve.loader import load_model
+from metalserve.loader.codes_linear import CodesEmbedding, CodesLinear
+from metalserve.loader.gguf_codes import CODES_TYPES, packed_codes
+from metalserve.platform import current_platform
+from metalserve.sampling_params import SamplingParams
+from tests.executor.simple_driver import run_to_completion
+from tests.executor.test_runner_golden import make_runner, mlx_lm_greedy, prompts_of
+from tests.loader.gguf_arch_models import reference_model, write_arch_gguf
+from tests.loader.gguf_blocks import T, encode
+from tests.loader.tiny_models import logits
+
+pytestmark = pytest.mark.skipif(not current_platform().host_compute, reason="the codes path is MLX's CPU backend's")
+TOKENS = [1, 40, 41, 260, 261, 7, 99, 2, 150, 33]
+
+
+@pytest.mark.parametrize("kind", [T[name] for name in CODES_TYPES], ids=lambda k: k.name)
+def test_codes_decode_to_the_gguf_packages_values(kind: T) -> None:
+    rng = np.random.default_rng(3)
+    data, want = encode(rng.standard_normal((6, 512)).astype(np.float32) * 0.1, kind, rng)
+    got = packed_codes(np.ascontiguousarray(data).view(np.uint8).reshape(-1), kind.name, (6, 512))
+    assert got.bits == {"Q8_0": 8, "Q6_K": 6, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5}.get(kind.name, 4)
+    assert got.group_size == (16 if kind == T.Q6_K else 32)
+    # scale * q + offset against gguf's d * (q - zero): equal up to one rounding of the fp32 sum.
+    np.testing.assert_allclose(got.dense(), want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+# A Q4_K_M file's mix: 4-bit q/k/o/gate/up, 6-bit attn_v and ffn_down (groups of 16), an 8-bit embedding.
+MIXED = {"attn_v.weight": T.Q6_K, "ffn_down.weight": T.Q6_K, "token_embd.weight": T.Q8_0}
+
+
+@pytest.mark.parametrize(
+    ("arch", "kind", "kinds"),
+    [("llama", T.Q4_0, {}), ("qwen2", T.Q4_K, MIXED), ("qwen3", T.Q5_K, {"attn_k.weight": T.Q4_1})],
+)
+def test_the_codes_model_matches_the_dequantized_one(tmp_path: Path, arch: str, kind: T, kinds: dict) -> None:
+    path = tmp_path / f"{arch}.gguf"
+    reference = reference_model(arch, write_arch_gguf(path, arch, kind, kinds=kinds))
+    loaded = load_model(str(path))  # the CPU default for a fast-path family: codes, no fp32 copy
+    assert "kept in its codes" in loaded.weights_desc, loaded.weights_desc
+    layer = loaded.model.model.layers[0]
+    assert isinstance(layer.self_attn.q_proj, CodesLinear) and isinstance(layer.mlp.down_proj, CodesLinear)
+    assert isinstance(loaded.model.model.embed_tokens, CodesEmbedding)
+    dense = [m for _, m in loaded.model.named_modules() if type(m) in (nn.Linear, nn.Embedding)]
+    assert dense == [] or all(m.weight.size < 1000 for m in dense)  # nothing of a matrix's size in fp32
+    # The MLX modules (through the codes kernels) give the dequantized model's log-probabilities.
+    got, want = _log_softmax(logits(loaded.model, TOKENS)), _log_softmax(logits(reference, TOKENS))
+    assert np.abs(got - want).max() < 1e-3
+    # The paged runner with the host decoder: the reference's greedy tokens.
+    prompts = prompts_of([5, 40, 17, 1, 33], reference.args.vocab_size, seed=4)
+    expected = [mlx_lm_greedy(reference, p, 12) for p in prompts]
+    runner = make_runner(loaded.model, arch, attention="cpu", codes=loaded.codes)
+    paged = runner.model
+    assert isinstance(paged.compute, HostCompute) and paged.compute.forward_on_host is not None
+    assert paged.compute.forward_on_host.codes_only
+    got_tokens = run_to_completion(runner, prompts, [SamplingParams(temperature=0, max_tokens=12) for _ in prompts])
+    assert got_tokens == expected
+    # Held once: the codes the loader read are what the host path holds.
+    assert paged.host_bytes() == sum(c.nbytes for c in loaded.codes.values())
+
+
+def test_steps_the_host_decoder_does_not_take_read_the_codes_through_the_modules(tmp_path: Path) -> None:
+    path = tmp_path / "qwen2.gguf"
+    reference = reference_model("qwen2", write_arch_gguf(path, "qwen2", T.Q4_K, kinds=MIXED))
+    loaded = load_model(str(path))
+    runner = make_runner(loaded.model, "qwen2", attention="cpu", codes=loaded.codes)
+    runner.model.compute.forward_on_host = None  # as on quantized KV pages: every step through the modules
+    prompts = prompts_of([9, 30], reference.args.vocab_size, seed=5)
+    got = run_to_completion(runner, prompts, [SamplingParams(temperature=0, max_tokens=8) for _ in prompts])
+    assert got == [mlx_lm_greedy(reference, p, 8) for p in prompts]
+
+
+def test_dequantize_and_other_families_keep_the_fp32_route(tmp_path: Path) -> None:
+    path = tmp_path / "llama.gguf"
+    write_arch_gguf(path, "llama", T.Q4_K)
+    fp32 = load_model(str(path), weights="dequantize")
+    assert fp32.weights_desc.startswith("fp32") and type(fp32.model.model.layers[0].self_attn.q_proj) is nn.Linear
+    gemma = tmp_path / "gemma3.gguf"
+    write_arch_gguf(gemma, "gemma3", T.Q4_0)
+    other = load_model(str(gemma))  # not a fast-path family: its modules run in MLX, on fp32
+    assert other.weights_desc.startswith("fp32") and not any(
+        isinstance(m, CodesLinear) for _, m in other.model.named_modules()
+    )
+    mx.clear_cache()
