@@ -13,6 +13,7 @@ from typing import Any
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.engine.core import EngineCore
 from metalserve.executor.encoder_runner import EncoderRunner
+from metalserve.executor.models.families import is_encoder
 from metalserve.kvcache.block_pool import NUM_RESERVED_BLOCKS
 from metalserve.loader import LoadedModel
 from metalserve.loader.weights_mode import parameter_bytes
@@ -22,16 +23,13 @@ from metalserve.serving.pooling import pooling_model_of
 
 logger = logging.getLogger("metalserve.engine")
 
-# Model types served as encoders (mlx-embeddings has their classes); only BERT is tested here.
-ENCODER_MODEL_TYPES = frozenset({"bert", "xlm-roberta", "modernbert"})
-
 
 def encoder_model_type(model: str | None) -> str | None:
     """The model type of an encoder model directory; None for anything else (decoders, GGUF files, ids)."""
     if model is None or not (Path(model) / "config.json").is_file():
         return None
     model_type = json.loads((Path(model) / "config.json").read_text()).get("model_type")
-    return model_type if model_type in ENCODER_MODEL_TYPES else None
+    return model_type if is_encoder(model_type) else None
 
 
 def load_encoder(config: EngineConfig) -> LoadedModel:
