@@ -104,6 +104,7 @@ def chat_tpot(streams: int, tokens: int, load: list[str] | None) -> float:
     """Mean seconds per output token of `streams` greedy requests, optionally beside the embedding load."""
     stop = threading.Event()
     background = None
+    embed_thread: EngineThread | None = None
     if load is not None:
         embed_thread = EngineThread()
         core, loaded = embed_thread.call(load_engine_core, EngineConfig(model=minilm_dir()))
@@ -134,6 +135,8 @@ def chat_tpot(streams: int, tokens: int, load: list[str] | None) -> float:
     stop.set()
     if background is not None:
         background.join()
+    if embed_thread is not None:
+        embed_thread.close()
     chat_thread.close()
     return tpot
 

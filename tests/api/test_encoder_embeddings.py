@@ -61,7 +61,6 @@ def test_encoder_score_is_the_cosine_of_its_embeddings(encoder: Served) -> None:
     assert score["data"][0]["score"] > score["data"][1]["score"]  # bread is nearer food than a plane
 
 
-@pytest.mark.slow  # loads two models (~100 s here under load)
 def test_an_encoder_beside_a_chat_model_is_routed_by_name() -> None:
     from metalserve.loader.embedded import default_model_path
 
