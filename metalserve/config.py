@@ -16,6 +16,7 @@ from typing import Any, Literal, get_args
 from metalserve.flags import flag, option_name
 from metalserve.kvcache.specs import BLOCK_SIZES, KVCacheDtype
 from metalserve.platform import CPU_MAX_NUM_BATCHED_TOKENS, MAX_NUM_BATCHED_TOKENS
+from metalserve.pooling_params import POOLING_TYPES, PoolingType
 from metalserve.speculative_config import SpeculativeConfig
 
 
@@ -34,6 +35,7 @@ class WeightsMode(StrEnum):
     QUANTIZED = "quantized"
 
 
+RunnerKind = Literal["auto", "generate", "pooling"]
 AttentionBackendName = Literal["auto", "metal", "cpu", "mlx"]  # mlx: the MLX-ops backend
 ATTENTION_BACKEND_NAMES: tuple[str, ...] = get_args(AttentionBackendName)
 
@@ -143,6 +145,14 @@ class EngineConfig:
     )
     chat_template: str | None = flag(None, "a Jinja chat template, or a file holding one", parse=_chat_template)
     tool_call_parser: str | None = None  # the flag is ServerSettings' (api/settings.py)
+    runner: RunnerKind = flag(
+        "auto",
+        "generate, or pooling: embeddings, score and rerank only (vLLM's --runner); auto: pooling for a "
+        "sentence-transformers model (modules.json) or an encoder (BERT family), else generate",
+    )
+    pooling_type: PoolingType | None = flag(
+        None, "a pooling model's pooling: last, mean or cls (default: its sentence-transformers config, else last)"
+    )
     seed: int = flag(0, "seeds the random stream that requests without a seed draw from")
     pipeline_parallel_size: int = flag(
         1,
@@ -236,6 +246,10 @@ class EngineConfig:
         if self.attention_backend not in ATTENTION_BACKEND_NAMES:
             names = ", ".join(ATTENTION_BACKEND_NAMES)
             raise ConfigError(f"--attention-backend must be one of {names}, got {self.attention_backend!r}")
+        if self.runner not in ("auto", "generate", "pooling"):
+            raise ConfigError(f"--runner must be auto, generate or pooling, got {self.runner!r}")
+        if self.pooling_type is not None and self.pooling_type not in POOLING_TYPES:
+            raise ConfigError(f"--pooling-type must be one of {', '.join(POOLING_TYPES)}, got {self.pooling_type!r}")
         self._validate_kv_disk()
         self._validate_lora()
 

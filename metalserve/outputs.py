@@ -29,6 +29,8 @@ class EngineCoreOutput:
     num_cached_tokens: int = 0
     # sampling_params.prompt_logprobs: every prompt token's (the first None), in the request's first output.
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    # A pooling request's result (sampling_params.pooling), in its only output, which finishes it.
+    pooled: list[float] | None = None
 
     @property
     def finished(self) -> bool:

@@ -6,6 +6,7 @@ from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from metalserve.pooling_params import PoolingParams
 from metalserve.structured.params import StructuredOutputsParams
 
 # Bounds the sampler and the API agree on.
@@ -39,6 +40,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     # Grammar-constrained decoding (metalserve/structured/); None: unconstrained.
     structured_outputs: StructuredOutputsParams | None = None
+    # A pooling request (embeddings, rerank): prefill only, it returns a pooled vector instead of a token
+    # (max_tokens is then 1: nothing is sampled, and the scheduler never schedules a token after it).
+    pooling: PoolingParams | None = None
 
     def __post_init__(self) -> None:
         if self.top_k == -1:
@@ -70,6 +74,7 @@ class SamplingParams:
                 self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
                 f"prompt_logprobs must be between 0 and {MAX_LOGPROBS}",
             ),
+            (self.pooling is None or self.max_tokens == 1, "a pooling request generates no tokens (max_tokens 1)"),
             (
                 all(-100.0 <= b <= 100.0 for b in self.logit_bias.values()),
                 "logit_bias values must be in [-100, 100]",

@@ -213,6 +213,10 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         "--no-generic-tool-prompt",
         "--no-tool-call-grammar",
         "--no-async-scheduling",
+        "--runner",
+        "pooling",
+        "--pooling-type",
+        "mean",
     ]
     # A new flag gets a value here too: every flag is parsed onto its field by this test.
     given = {a.dest for a in _parser()._actions if {*a.option_strings} & set(argv)} | {"model"}
@@ -247,6 +251,8 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         lora_modules=(("sql", "/adapters/sql"), ("chat", "/adapters/chat")),
         max_loras=3,
         max_lora_rank=32,
+        runner="pooling",
+        pooling_type="mean",
     )
     assert settings == ServerSettings(
         host="0.0.0.0",

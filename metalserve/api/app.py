@@ -27,6 +27,7 @@ from metalserve.api.memory import memory_report
 from metalserve.api.metrics import MetricSeries
 from metalserve.api.model_serving import ModelServing, serve_with
 from metalserve.api.models import add_model_routes
+from metalserve.api.pooling_routes import add_pooling_routes
 from metalserve.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -117,14 +118,15 @@ def build_app(registry: ModelRegistry[ModelServing], frontend: Frontend) -> Fast
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, raw: HTTPRequest) -> Response:
         alive()
-        return await serve_with(registry, body.model, lambda m: m.chat.create(body, raw))
+        return await serve_with(registry, body.model, lambda m: m.generating().chat.create(body, raw))
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, raw: HTTPRequest) -> Response:
         alive()
-        return await serve_with(registry, body.model, lambda m: m.completion.create(body, raw))
+        return await serve_with(registry, body.model, lambda m: m.generating().completion.create(body, raw))
 
     _add_agent_routes(app, registry, store, alive)
+    add_pooling_routes(app, registry, alive)
     _add_info_routes(app, registry, series)
     _add_token_routes(app, registry)
     add_status_routes(app, registry, recorder)
@@ -216,7 +218,7 @@ def _add_agent_routes(
     @app.post("/v1/messages")
     async def anthropic_messages(body: MessagesRequest, raw: HTTPRequest) -> Response:
         alive()
-        return await serve_with(registry, body.model, lambda m: m.messages.create(body, raw))
+        return await serve_with(registry, body.model, lambda m: m.generating().messages.create(body, raw))
 
     @app.post("/v1/messages/count_tokens")
     async def anthropic_count_tokens(body: CountTokensRequest) -> Response:
@@ -228,7 +230,7 @@ def _add_agent_routes(
     @app.post("/v1/responses")
     async def create_response(body: ResponsesRequest, raw: HTTPRequest) -> Response:
         alive()
-        return await serve_with(registry, body.model, lambda m: m.responses.create(body, raw))
+        return await serve_with(registry, body.model, lambda m: m.generating().responses.create(body, raw))
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str) -> dict[str, Any]:

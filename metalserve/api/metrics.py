@@ -91,6 +91,12 @@ class MetricSeries:
             buckets=_E2E_BUCKETS,
             registry=r,
         )
+        self.pooling = Counter(
+            "metalserve:pooling_requests",
+            "Finished pooling requests (embeddings, score and rerank inputs).",
+            labels,
+            registry=r,
+        )
         self.loaded = Gauge("metalserve:model_loaded", "1 while the model is loaded, else 0.", labels, registry=r)
         self.memory = Gauge(
             "metalserve:model_memory_bytes",
@@ -149,6 +155,8 @@ class Metrics:
         self._last_cumulative = (queries, hits, preemptions)
         series.prompt.labels(m).inc(iteration.num_prompt_tokens)
         series.gen.labels(m).inc(iteration.num_generation_tokens)
+        if iteration.num_pooling_requests:
+            series.pooling.labels(m).inc(iteration.num_pooling_requests)
         for value in iteration.time_to_first_tokens:
             series.ttft.labels(m).observe(value)
         for value in iteration.inter_token_latencies:

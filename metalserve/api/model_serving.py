@@ -21,6 +21,7 @@ from metalserve.api.responses.store import ResponseStore
 from metalserve.api.serving_chat import ChatServing
 from metalserve.api.serving_completion import CompletionServing
 from metalserve.api.serving_context import ServingContext
+from metalserve.api.serving_pooling import PoolingServing
 from metalserve.api.tool_parsers import get_tool_parser
 from metalserve.engine.async_engine import AsyncEngine
 from metalserve.multimodal.limits import ImageLimits
@@ -39,6 +40,18 @@ class ModelServing:
     messages: MessagesServing
     responses: ResponsesServing
     metrics: Metrics
+    pooling: PoolingServing  # embeddings, score, rerank (a pooling model's; others answer 400)
+
+    def generating(self) -> ModelServing:
+        """This model, for a generation route: a pooling model answers 400."""
+        if self.ctx.engine.pooling is not None:
+            raise OpenAIError(
+                f"the model {self.ctx.served_model_name!r} is a pooling model: it serves /v1/embeddings, "
+                "/score and /rerank, not generation",
+                400,
+                param="model",
+            )
+        return self
 
     def close(self) -> None:
         """The model was unloaded: its tokenizer thread ends (after any task it still runs)."""
@@ -94,7 +107,13 @@ def make_model_serving(
         tool_call_grammar=options.tool_call_grammar,
     )
     return ModelServing(
-        ctx, chat, CompletionServing(ctx), MessagesServing(chat), ResponsesServing(chat, store), metrics
+        ctx,
+        chat,
+        CompletionServing(ctx),
+        MessagesServing(chat),
+        ResponsesServing(chat, store),
+        metrics,
+        PoolingServing(ctx),
     )
 
 

@@ -27,6 +27,7 @@ from metalserve.lora.files import AdapterError
 from metalserve.lora.request import LoraRequest
 from metalserve.multimodal.inputs import MultiModalInput
 from metalserve.outputs import EngineCoreOutput
+from metalserve.pooling_params import PoolingModel
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
 from metalserve.structured.compiler import GrammarCompiler, GrammarError
@@ -220,6 +221,12 @@ class AsyncEngine:
         self._active_ids.add(request_id)
         self._commands.put(Add(request, state))
         return state
+
+    @property
+    def pooling(self) -> PoolingModel | None:
+        """A pooling model's defaults (embeddings, score, rerank); None: a generating model."""
+        pooling = getattr(self.core, "pooling", None)  # pipeline stages and stand-ins have none
+        return pooling if isinstance(pooling, PoolingModel) else None
 
     @property
     def grammar(self) -> GrammarCompiler:

@@ -9,11 +9,13 @@ import time
 
 import mlx.core as mx
 
+from metalserve.executor.encoder_runner import EncoderRunner
 from metalserve.executor.runner import InFlightStep, ModelRunner
 from metalserve.lora.files import AdapterError, read_adapter
 from metalserve.lora.request import LoraRequest
 from metalserve.outputs import EngineCoreOutput
 from metalserve.platform import Platform, current_platform, return_freed_memory
+from metalserve.pooling_params import PoolingModel
 from metalserve.request import Request, RequestStatus
 from metalserve.scheduler.output import SchedulerOutput
 from metalserve.scheduler.scheduler import Scheduler, SchedulerStats
@@ -33,7 +35,7 @@ class EngineCore:
     def __init__(
         self,
         scheduler: Scheduler,
-        runner: ModelRunner,
+        runner: ModelRunner | EncoderRunner,
         max_model_len: int,
         platform: Platform | None = None,
         async_scheduling: bool = False,
@@ -41,9 +43,13 @@ class EngineCore:
         weight_bytes: int = 0,
         kv_bytes_per_block: int = 0,
         kv_pool_bytes: int = 0,
+        pooling: PoolingModel | None = None,
     ) -> None:
         """`async_scheduling`: schedule step k+1 while step k computes (see `_step_ahead`). The sizes are
-        what the builder measured and planned, for the models' memory budget and /debug/memory."""
+        what the builder measured and planned, for the models' memory budget and /debug/memory. `pooling`: a
+        pooling model's defaults (None: a generating model); it then takes pooling requests only."""
+        self.pooling = pooling
+        runner.pooling_model = pooling is not None
         self.scheduler = scheduler
         self.runner = runner
         self.max_model_len = max_model_len
@@ -75,6 +81,9 @@ class EngineCore:
             raise ValueError("this model takes no images")
         if request.lora is not None and request.lora not in self.lora_requests().values():
             raise ValueError(f"LoRA adapter {request.lora.name!r} is not loaded")
+        if request.sampling_params.pooling is not None and not self.runner.pooling_model:
+            # A pooling model's steps pack both kinds (the APIs send it pooling requests only).
+            raise ValueError("this model generates text: it was not started as a pooling model (--runner pooling)")
         if request.num_prompt_tokens > self.max_model_len:
             raise ValueError(
                 f"the prompt has {request.num_prompt_tokens} tokens, more than max_model_len={self.max_model_len}"

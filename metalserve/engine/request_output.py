@@ -23,6 +23,7 @@ class RequestOutput:
     num_cached_tokens: int
     num_output_tokens: int  # cumulative
     prompt_logprobs: list[TokenLogprob | None] | None = None  # sampling_params.prompt_logprobs; first output
+    pooled: list[float] | None = None  # a pooling request's vector (or scores), in its only output
 
     @property
     def finished(self) -> bool:
@@ -41,6 +42,7 @@ class RequestOutput:
             token_ids=self.token_ids + later.token_ids,
             logprobs=logprobs,
             prompt_logprobs=self.prompt_logprobs or later.prompt_logprobs,
+            pooled=later.pooled or self.pooled,
         )
 
 
@@ -56,6 +58,7 @@ class IterationStats:
     # Requests under a LoRA adapter: generated tokens by adapter name, and (adapter, finish_reason) of those ending.
     lora_generation_tokens: dict[str, int] = field(default_factory=dict)
     lora_finished: list[tuple[str, str]] = field(default_factory=list)
+    num_pooling_requests: int = 0  # pooling requests (embeddings, score, rerank inputs) finished this step
 
 
 class EngineObserver(Protocol):

@@ -75,6 +75,10 @@ def make_output(out: EngineCoreOutput, state: RequestState, now: float, iteratio
     lora = state.request.lora if state.request is not None else None
     if lora is not None:  # the per-adapter series (metrics.py)
         iteration.lora_generation_tokens[lora.name] = iteration.lora_generation_tokens.get(lora.name, 0) + n_new
+    if out.pooled is not None:  # a pooling request: its prompt is all it computed
+        iteration.num_prompt_tokens += state.num_prompt_tokens - state.prompt_done  # what count_prefill left
+        state.prompt_done = state.num_prompt_tokens
+        iteration.num_pooling_requests += 1
     finish_reason, stop_reason = out.finish_reason, out.stop_reason
     if detok.stop_reason is not None:
         finish_reason, stop_reason = "stop", detok.stop_reason
@@ -93,6 +97,7 @@ def make_output(out: EngineCoreOutput, state: RequestState, now: float, iteratio
         num_cached_tokens=out.num_cached_tokens,
         num_output_tokens=state.num_output_tokens,
         prompt_logprobs=out.prompt_logprobs,
+        pooled=out.pooled,
     )
 
 

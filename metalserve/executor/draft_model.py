@@ -44,6 +44,7 @@ class _View:
     num_computed_tokens: int
     block_array: np.ndarray
     wants_prompt_logprobs = False  # the draft's forwards report none
+    wants_pooling = False  # nor pool
     num_prompt_tokens = 0  # read only for prompt logprobs
     mm_inputs: ClassVar[list[Any]] = []  # the draft runs without images
 

@@ -27,6 +27,11 @@ class CachedRequestState:
     lora_slot: int = -1  # its LoRA adapter's slot in the model (lora/layers.py: LoraSlots); -1: the base model
 
     @property
+    def wants_pooling(self) -> bool:
+        """A pooling request (sampling_params.pooling): its rows are pooled, nothing is sampled."""
+        return self.sampling_params.pooling is not None
+
+    @property
     def wants_prompt_logprobs(self) -> bool:
         return self.sampling_params.prompt_logprobs is not None
 

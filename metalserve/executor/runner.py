@@ -20,6 +20,7 @@ from metalserve.executor.encoders.cache import EncoderOutputs, RequestSpan, Step
 from metalserve.executor.input_batch import CachedRequestState
 from metalserve.executor.logprobs import prompt_logprobs
 from metalserve.executor.models.adapter import PagedModel
+from metalserve.executor.pooling import PoolingSoFar, pool_step
 from metalserve.executor.state_cache import RecurrentStates
 from metalserve.executor.step_inputs import StepInputs, pack_step
 from metalserve.kvcache.specs import AttentionSpec, KVCacheSpec
@@ -43,6 +44,7 @@ class InFlightStep:
     started: float  # when the forward began (perf_counter), for the draft controller
     logits: mx.array | None  # the MLX forward's logits (lazy, being evaluated)
     host: Future[np.ndarray] | None  # the host forward's logits, from the forward thread
+    pooled: dict[str, mx.array] | None = None  # pooling requests this step finished: their vectors (lazy)
 
 
 class SamplerFn(Protocol):
@@ -104,6 +106,9 @@ class ModelRunner:
         self.mrope_merge_size = mrope_merge_size
         self.connector: KVConnectorWorker | None = None  # a KV connector's worker half (the disk tier)
         self.lora: LoraSlots | None = None  # the loaded LoRA adapters (--enable-lora; serving/lora.py)
+        # A pooling model (--runner pooling) takes pooling requests only; a generating one none.
+        self.pooling_model = False
+        self.pooling_so_far: dict[str, PoolingSoFar] = {}  # chunked pooling prompts (executor/pooling.py)
 
     def _layer(self, attn: AttentionSpec, num_blocks: int | None = None) -> LayerCacheSpec:
         """One pool tensor's (or group's) cache of the spec's pages, `num_blocks` blocks (default: all)."""
@@ -133,6 +138,7 @@ class ModelRunner:
             self.requests.pop(rid, None)
             self.block_tables.remove(rid)  # a preempted request comes back new, with a fresh state
             self.drafting.forget(rid)
+            self.pooling_so_far.pop(rid, None)
             if self.proposer is not None:
                 self.proposer.forget(rid)
         for new in so.scheduled_new_reqs:
@@ -234,15 +240,29 @@ class ModelRunner:
         started = time.perf_counter()
         host: Future[np.ndarray] | None = None
         logits: mx.array | None = None
+        pooled: dict[str, mx.array] | None = None
         with forward_context(self._context(step)):
-            job = self.model.host_job(step.token_ids, step.logits_indices) if overlap else None
-            if job is None:
-                logits = self.model(step.token_ids, step.logits_indices)
+            if step.pooling_rows:
+                logits, pooled = self._forward_pooling(step)
+                job = None
+            else:
+                job = self.model.host_job(step.token_ids, step.logits_indices) if overlap else None
+                if job is None:
+                    logits = self.model(step.token_ids, step.logits_indices)
         if job is not None:
             host = self._forward_thread().submit(job)
         elif overlap and self.async_eval:
-            mx.async_eval(logits, *self._kv_arrays())
-        return InFlightStep(so, step, started, logits, host)
+            mx.async_eval(*(a for a in (logits, *(pooled or {}).values()) if a is not None), *self._kv_arrays())
+        return InFlightStep(so, step, started, logits, host, pooled)
+
+    def _forward_pooling(self, step: StepInputs) -> tuple[mx.array | None, dict[str, mx.array]]:
+        """A step with pooling requests: every row's hidden state is kept (the pooled rows need theirs),
+        and only the sampling rows are projected to the vocabulary. All MLX (a pooling model is built
+        with MLX compute, serving/build.py)."""
+        hidden = self.model.mlx_hidden_states(mx.array(step.token_ids))
+        logits = self.model.mlx_logits(hidden[mx.array(step.logits_indices)]) if step.logits_indices.size else None
+        pooled = pool_step(hidden, step, self.requests, self.pooling_so_far, self.model.mlx_logits)
+        return logits, pooled
 
     def finish(self, flight: InFlightStep) -> ModelRunnerOutput:
         """Wait for the step's logits, sample, and advance each request's state."""
@@ -252,13 +272,19 @@ class ModelRunner:
             finished = connector.get_finished() if connector is not None else None
             return ModelRunnerOutput(sampled_token_ids={}, kv_connector_output=finished)
         logits = mx.array(flight.host.result()) if flight.host is not None else flight.logits
-        assert logits is not None
         drafts = so.scheduled_spec_decode_tokens
         sampling = [self.requests[step.request_ids[i]] for i in step.sampling_rows]
-        prompt = prompt_logprobs(logits[step.num_sampling_logits :], step, self.requests) if step.prompt_rows else {}
-        windows = self._sample(logits[: step.num_sampling_logits] if step.prompt_rows else logits, sampling, drafts)
+        prompt: dict[str, tuple[int, list[TokenLogprob]]] = {}
+        windows: list[Window] = []
+        if logits is not None:  # None: a step of pooling requests only
+            prompt = (
+                prompt_logprobs(logits[step.num_sampling_logits :], step, self.requests) if step.prompt_rows else {}
+            )
+            windows = self._sample(logits[: step.num_sampling_logits] if step.prompt_rows else logits, sampling, drafts)
+        pooled = flight.pooled or {}
         # Evaluate the pools with the logits so the scatters run now and release the old buffers.
-        mx.eval(self._kv_arrays())
+        partial = [a for acc in self.pooling_so_far.values() for a in (acc.total, acc.first) if a is not None]
+        mx.eval(self._kv_arrays(), list(pooled.values()), partial)
         if connector is not None:  # the step's full blocks are computed now: copy them out
             connector.save_kv(so.kv_connector_metadata, self.kv)
         sampled: dict[str, list[int]] = {rid: [] for rid in step.request_ids}
@@ -285,6 +311,7 @@ class ModelRunner:
             spec_token_ids=spec,
             kv_connector_output=finished,
             prompt_logprobs=prompt,
+            pooled={rid: np.asarray(vector).tolist() for rid, vector in pooled.items()},
         )
 
     def _forward_thread(self) -> ThreadPoolExecutor:

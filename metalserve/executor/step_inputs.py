@@ -23,6 +23,8 @@ class PackedRequest(Protocol):
     @property
     def wants_prompt_logprobs(self) -> bool: ...
     @property
+    def wants_pooling(self) -> bool: ...
+    @property
     def mm_inputs(self) -> list[Any]: ...
 
 
@@ -45,6 +47,9 @@ class StepInputs:
     # Request row -> the [start, end) positions of each of its images this step touches, whose tokens
     # attend to each other both ways (Gemma 3); empty for causal models.
     image_spans: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    # Indices into request_ids of pooling requests (sampling_params.pooling): they sample nothing; the
+    # runner pools their rows' hidden states (executor/pooling.py).
+    pooling_rows: list[int] = field(default_factory=list)
 
     @property
     def num_sampling_logits(self) -> int:
@@ -100,6 +105,7 @@ def pack_step(
     logits_indices: list[int] = []
     prompt_rows: list[tuple[str, int, int]] = []
     prompt_indices: list[int] = []
+    pooling_rows: list[int] = []
     for i, rid in enumerate(order):
         state, n = states[rid], num_scheduled[rid]
         start = state.num_computed_tokens
@@ -122,7 +128,9 @@ def pack_step(
             spans = [(mm.offset, mm.offset + mm.length) for mm in state.mm_inputs if mm.offset < end]
             if any(e > start for _, e in spans):
                 image_spans[i] = spans
-        if end == known:  # caught up with every known token: sample the next one (and verify drafts)
+        if state.wants_pooling:
+            pooling_rows.append(i)
+        elif end == known:  # caught up with every known token: sample the next one (and verify drafts)
             sampling_rows.append(i)
             logits_indices.extend(range(cu[-1] - 1 - len(spec), cu[-1]))
         if state.wants_prompt_logprobs:  # rows before the prompt's last predict prompt tokens
@@ -142,4 +150,5 @@ def pack_step(
         logits_indices=np.asarray(logits_indices + prompt_indices, dtype=np.int32),
         prompt_rows=prompt_rows,
         image_spans=image_spans,
+        pooling_rows=pooling_rows,
     )

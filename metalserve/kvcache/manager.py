@@ -100,8 +100,11 @@ class KVCacheManager:
     def get_computed_blocks(self, request: Request) -> ComputedBlocks:
         """The longest cached prefix of full blocks in every group, leaving at least the last token to
         recompute (so a fully cached prompt still produces logits). A request that asks for its prompt's
-        logprobs computes the whole prompt: its logits are needed."""
-        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
+        logprobs computes the whole prompt: its logits are needed; so does a mean or CLS pooling request
+        (every row's hidden state, or the first's)."""
+        params = request.sampling_params
+        whole = params.prompt_logprobs is not None or (params.pooling is not None and not params.pooling.reuses_prefix)
+        if not self.enable_caching or whole:
             return ComputedBlocks(tuple([] for _ in self.groups), 0)
         max_blocks = (request.num_tokens - 1) // self.block_size
         hashes = self._block_hashes(request, max_blocks)

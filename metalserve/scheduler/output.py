@@ -74,3 +74,5 @@ class ModelRunnerOutput:
     kv_connector_output: ConnectorOutput | None = None  # a KV connector's finished transfers
     # sampling_params.prompt_logprobs: (the first prompt position they are for, their logprobs) per request.
     prompt_logprobs: dict[str, tuple[int, list[TokenLogprob]]] = field(default_factory=dict)
+    # Pooling requests whose prompt this step finished: their pooled vector (or logit scores).
+    pooled: dict[str, list[float]] = field(default_factory=dict)

@@ -91,6 +91,8 @@ class Scheduler:
         self.lookahead = False  # async scheduling: placeholders for tokens not sampled yet (see above)
         self.num_placeholders = 0  # tokens scheduled before their input was sampled (lookahead)
         self.kv_loads: KVLoads | None = None  # a KV connector's loads (set_connector)
+        # An encoder's (bidirectional attention, no KV kept): a prompt is scheduled whole or waits.
+        self.whole_prompts = False
         if config.scheduling_policy == SchedulingPolicy.PRIORITY:
             self._victim_key = lambda r: (r.priority, r.arrival_time)
         else:
@@ -204,6 +206,8 @@ class Scheduler:
         end, bs = num_computed + n, self.config.block_size
         if self._align and end < request.num_tokens and end // bs * bs > num_computed:
             n = end // bs * bs - num_computed  # recurrent states land on block boundaries: snapshots
+        if self.whole_prompts and num_computed + n < request.num_tokens:
+            return 0
         return n
 
     def _schedule_running(self, step: StepBuilder) -> None:
@@ -386,7 +390,8 @@ class Scheduler:
         plain = not runner_output.logprobs
         running = RequestStatus.RUNNING
         append = outputs.append
-        any_finished = False
+        # Pooling requests end with their prompt: they sample nothing (they are not in `sampled`).
+        any_finished = self._finish_pooled(runner_output.pooled, outputs) if runner_output.pooled else False
         get = sampled.get
         if self.encoder_cache.in_use:  # only a step of an image's request has any to release
             self._release_encoded(scheduler_output)
@@ -424,6 +429,26 @@ class Scheduler:
         if any_finished:
             self.running = [r for r in self.running if r.status is running]
         return outputs
+
+    def _finish_pooled(self, pooled: dict[str, list[float]], outputs: list[EngineCoreOutput]) -> bool:
+        """Pooling requests end with their prompt: one output with the vector, and their blocks go back
+        (full ones stay in the prefix cache). A request finished meanwhile (an abort) is skipped."""
+        any_finished = False
+        for request_id, vector in pooled.items():
+            request = self.requests.get(request_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue
+            output = EngineCoreOutput(
+                request_id=request_id,
+                new_token_ids=[],
+                num_prompt_tokens=request.num_prompt_tokens,
+                num_cached_tokens=request.num_cached_tokens or 0,
+                pooled=vector,
+            )
+            self._finish(request, RequestStatus.FINISHED_STOPPED, output)
+            outputs.append(output)
+            any_finished = True
+        return any_finished
 
     def _release_encoded(self, scheduler_output: SchedulerOutput) -> None:
         """Images whose placeholder tokens this step computed in full need their encoder output no more."""

@@ -36,6 +36,7 @@ from metalserve.serving.parts import (
     measure_step_peak,
     vision_parts,
 )
+from metalserve.serving.pooling import pooling_model_of, reranker_of
 from metalserve.units import format_bytes
 
 logger = logging.getLogger("metalserve.engine")
@@ -59,6 +60,11 @@ def load_model_for(config: EngineConfig, prepare: Callable[[nn.Module], None] | 
 
 def load_engine_core(config: EngineConfig) -> tuple[EngineCore, LoadedModel]:
     """Load the config's model and build its core (on the thread that will step it)."""
+    from metalserve.serving.encoder import build_encoder_core, encoder_model_type, load_encoder
+
+    if encoder_model_type(config.model) is not None:  # BERT family: through mlx-embeddings' classes
+        loaded = load_encoder(config)
+        return build_encoder_core(config, loaded), loaded
     loaded = load_model_for(config)
     return build_engine_core(config, loaded), loaded
 
@@ -68,14 +74,28 @@ def build_engine_core(config: EngineConfig, loaded: LoadedModel, draft: LoadedMo
     draft_model, if already loaded."""
     platform = current_platform()
     max_model_len = resolve_max_model_len(config, loaded.max_model_len, loaded.rope_scaled_len, warn=True)
+    try:
+        pooling = pooling_model_of(config, loaded.source, int(loaded.config.get("hidden_size", 0)))
+        if pooling is not None:
+            pooling = reranker_of(pooling, config.hf_overrides, loaded.tokenizer)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
     lora = prepare_lora(config, loaded.model, loaded.model_type)
-    if lora is None:
-        model = paged_model(loaded, platform)
-    else:  # adapters run on the MLX route: the host (numba) path's fused layers have no LoRA deltas
+    if pooling is not None and lora is not None:
+        raise ConfigError(
+            "--enable-lora serves generating models; a pooling model (--runner pooling) takes no adapters"
+        )
+    if pooling is not None:  # pooled rows need the hidden states, which only the all-MLX forward keeps
+        loaded.codes.clear()
+        model = PagedModel(loaded.model, loaded.model_type)
+        logger.info("pooling model: %s pooling%s", pooling.pooling_type, ", normalised" if pooling.normalize else "")
+    elif lora is not None:  # adapters run on the MLX route: the host (numba) path's fused layers have no LoRA deltas
         if loaded.codes:
             logger.info("--enable-lora: every request runs on the MLX route (the CPU fast path has no LoRA deltas)")
         loaded.codes.clear()
         model = PagedModel(loaded.model, loaded.model_type)
+    else:
+        model = paged_model(loaded, platform)
     # This model's own parameters (MLX's active memory would count every model a server has loaded).
     weight_bytes = parameter_bytes(loaded.model) + model.host_bytes()
     storage = config.kv_cache_dtype
@@ -141,6 +161,7 @@ def build_engine_core(config: EngineConfig, loaded: LoadedModel, draft: LoadedMo
         weight_bytes=weight_bytes,
         kv_bytes_per_block=spec.bytes_per_block,
         kv_pool_bytes=plan.num_blocks * spec.bytes_per_block,
+        pooling=pooling,
     )
 
 

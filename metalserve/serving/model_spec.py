@@ -30,6 +30,9 @@ ENGINE_KEYS = (
     "tool_call_parser",
     "seed",
     "speculative_config",
+    "runner",
+    "pooling_type",
+    "hf_overrides",
 )
 # Per-model serving options (what ServerSettings holds for one model).
 SERVING_KEYS = ("reasoning_parser", "enable_auto_tool_choice")

@@ -182,6 +182,16 @@ class ModelFamily:
         return KVShape(len(layers), first.n_kv_heads, first.head_dim, None, dtype)
 
 
+# Encoder pooling models (bidirectional, no KV): served through mlx-embeddings' classes, not as a paged
+# decoder (metalserve/serving/encoder.py); only BERT is tested.
+ENCODER_MODEL_TYPES = frozenset({"bert", "xlm-roberta", "modernbert"})
+
+
+def is_encoder(model_type: str | None) -> bool:
+    """Whether a config's model type is an encoder pooling model's."""
+    return model_type in ENCODER_MODEL_TYPES
+
+
 @cache
 def model_family(model_type: str) -> ModelFamily:
     """The family of `model_type`; UnsupportedModelType for one not served."""
