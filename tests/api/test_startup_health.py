@@ -16,11 +16,10 @@ import pytest
 from fastapi import FastAPI
 
 from metalserve.api import server as server_module
-from metalserve.api.app import build_app
 from metalserve.api.settings import ServerSettings
 from metalserve.api.startup import serve_while_loading
 from metalserve.config import EngineConfig
-from tests.api.conftest import MODEL, make_served
+from tests.api.conftest import MODEL, app_of_engine, make_served
 
 
 def free_port() -> int:
@@ -37,7 +36,7 @@ def test_health_says_starting_until_the_model_serves(caplog: pytest.LogCaptureFi
 
     def load() -> FastAPI:
         assert loading.wait(30)
-        return build_app(make_served().engine, settings)
+        return app_of_engine(make_served().engine, settings)
 
     def client() -> None:
         try:

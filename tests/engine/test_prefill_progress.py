@@ -93,9 +93,9 @@ def test_prompt_tokens_count_as_each_chunk_is_computed(engine: tuple[AsyncEngine
     # the chunks came before the first token: three steps counted prompt tokens and generated nothing
     assert [g for p, g in log.steps if p][:3] == [0, 0, 0]
     assert sum(p for p, _ in log.steps) == len(PROMPT)
-    # the progress a page polls, step by step, ending with the request (None once it is over)
+    # the progress a page polls, step by step; None once the request is over (read after the stream ended:
+    # the observer of the last step may run before or after the engine drops the finished request)
     assert log.progress[:4] == [(32, 100), (64, 100), (96, 100), (100, 100)]
-    assert log.progress[-1] is None
     assert async_engine.prompt_progress("r") is None
 
 
