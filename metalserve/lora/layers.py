@@ -19,9 +19,11 @@ import numpy as np
 from mlx.utils import tree_unflatten
 
 from metalserve.executor.context import current_context
+from metalserve.loader.codes_linear import CodesLinear
 from metalserve.lora.files import AdapterError, AdapterWeights
 
-ADAPTABLE = (nn.Linear, nn.QuantizedLinear)
+# CodesLinear: a GGUF's projections kept in their packed codes on the CPU path (loader/codes_linear.py).
+ADAPTABLE = (nn.Linear, nn.QuantizedLinear, CodesLinear)
 DELTA_DTYPE = mx.float32  # the adapters' arithmetic (lora/files.py reads them as float32)
 
 
@@ -39,7 +41,10 @@ class LoraLinear(nn.Module):
     def __init__(self, base: nn.Module, max_loras: int, max_rank: int) -> None:
         super().__init__()
         self.base = base
-        out_dims, in_dims = base.weight.shape
+        if isinstance(base, CodesLinear):
+            out_dims, in_dims = base.weight_shape
+        else:
+            out_dims, in_dims = base.weight.shape
         if isinstance(base, nn.QuantizedLinear):
             in_dims = in_dims * 32 // base.bits
         self.in_out: tuple[int, int]

@@ -141,3 +141,35 @@ def test_an_adapter_in_use_is_not_unloaded_and_a_reload_under_its_name_is_a_new_
     assert new.name == old.name and new.key != old.key  # its blocks never hit the old adapter's
     with pytest.raises(AdapterError, match="'x' is already loaded"):
         core.load_lora("x", str(first))
+
+
+def test_a_gguf_kept_in_its_codes_takes_adapters_as_its_fp32_twin_does(tmp_path: Path) -> None:
+    """On the CPU path a fast-path GGUF's projections are CodesLinear (packed codes, no fp32 copy): an
+    adapter wraps them like any linear, and answers as on the same file dequantized to fp32."""
+    from metalserve.loader import load_model
+    from metalserve.loader.codes_linear import CodesLinear
+    from metalserve.platform import current_platform
+    from tests.loader.gguf_arch_models import FFN, HEAD_DIM, HEADS, HIDDEN, KV_HEADS, LAYERS, write_arch_gguf
+    from tests.loader.gguf_blocks import T
+
+    path = tmp_path / "llama.gguf"
+    write_arch_gguf(path, "llama", T.Q8_0)
+    shape = {"hidden_size": HIDDEN, "num_hidden_layers": LAYERS, "intermediate_size": FFN}
+    shape |= {"num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM}
+    adapter = make_mlx_lm_adapter(tmp_path / "a", "llama", seed=3, rank=4, scale=2.0, **shape)
+    config = EngineConfig(kv_cache_memory=1 << 23, block_size=8, enable_lora=True, lora_modules=(("a", str(adapter)),))
+    prompts = prompts_of([11, 17], 200, seed=4)
+    answers = []
+    for weights in ("auto", "dequantize"):
+        loaded = load_model(str(path), weights=weights)
+        kept = any(isinstance(m, CodesLinear) for _, m in loaded.model.named_modules())
+        assert kept == (weights == "auto" and current_platform().host_compute)
+        core = build_engine_core(config, loaded)
+        lora = core.lora_requests()["a"]
+        jobs = {f"{tag}{i}": (p, lora if tag == "a" else None) for i, p in enumerate(prompts) for tag in ("a", "base")}
+        answers.append(run(core, jobs))
+    codes, fp32 = answers
+    for rid, (tokens, logprobs) in fp32.items():
+        assert codes[rid][0] == tokens, rid
+        assert max(abs(a - b) for a, b in zip(codes[rid][1], logprobs, strict=True)) < LOGPROB_TOLERANCE, rid
+    assert fp32["a0"][0] != fp32["base0"][0]  # the adapter changes the answer
