@@ -73,9 +73,14 @@ class CodesLinear(nn.Module):
         return packed_linear(x, self.code_parts.segments())
 
     def __call__(self, x: mx.array) -> mx.array:
+        # The output width is named: a step that samples no row (a prefill chunk mid-prompt) asks the head
+        # for zero rows, and an empty array's -1 cannot be inferred.
+        out_dims = self.weight_shape[0]
         mx.eval(x)
         flat = np.asarray(x.astype(mx.float32)).reshape(-1, x.shape[-1])
-        return _to_mx(self.host(flat), x).reshape(*x.shape[:-1], -1)
+        if flat.shape[0] == 0:
+            return mx.zeros((*x.shape[:-1], out_dims), dtype=x.dtype)
+        return _to_mx(self.host(flat), x).reshape(*x.shape[:-1], out_dims)
 
     @staticmethod
     def fuse(layers: list[CodesLinear]) -> CodesLinear | None:
@@ -108,7 +113,7 @@ class CodesEmbedding(nn.Module):
 
         mx.eval(ids)
         rows = gather_rows(self.codes, np.asarray(ids).reshape(-1))
-        return mx.array(rows).reshape(*ids.shape, -1)
+        return mx.array(rows).reshape(*ids.shape, self.codes.shape[1])
 
     def as_linear(self, x: mx.array) -> mx.array:
         if self._head is None:

@@ -45,7 +45,7 @@ def _read(model: str | None, weights: str, platform: Platform) -> tuple[RawModel
     if model is None or packaged is not None or path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelLoadError(f"{path} is a file but not a .gguf; pass a .gguf file or a model directory.")
-        codes = weights == "auto" and platform.host_compute and _takes_host_path(path)
+        codes = weights == "auto" and platform.host_compute and takes_host_path(path)
         return load_gguf(path, dense, weights != "quantized", keep_codes=codes), source
     if path.is_dir():
         if is_vision_directory(path):
@@ -59,7 +59,7 @@ def _read(model: str | None, weights: str, platform: Platform) -> tuple[RawModel
     )
 
 
-def _takes_host_path(path: Path) -> bool:
+def takes_host_path(path: Path) -> bool:  # also serving/engine_loader.py's estimate
     """Whether the GGUF's architecture is one the CPU fast path runs (so its codes need no fp32 copy)."""
     from metalserve.kernels.cpu.decoder_weights import HOST_MODEL_TYPES
     from metalserve.loader.gguf_header import read_header

@@ -37,6 +37,17 @@ def test_codes_decode_to_the_gguf_packages_values(kind: T) -> None:
     np.testing.assert_allclose(got.dense(), want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
 
+def test_zero_rows_in_give_zero_rows_out() -> None:
+    """A step that samples no row (a prefill chunk mid-prompt, on the MLX route: pipeline ranks, quantized KV
+    pages, LoRA) asks the tied head for zero rows; before, reshaping the empty output raised."""
+    rng = np.random.default_rng(4)
+    data, _ = encode(rng.standard_normal((6, 512)).astype(np.float32) * 0.1, T.Q4_0, rng)
+    codes = packed_codes(np.ascontiguousarray(data).view(np.uint8).reshape(-1), "Q4_0", (6, 512))
+    assert CodesLinear([codes])(mx.zeros((0, 512))).shape == (0, 6)
+    assert CodesEmbedding(codes).as_linear(mx.zeros((1, 0, 512))).shape == (1, 0, 6)
+    assert CodesEmbedding(codes)(mx.array([[1, 5]])).shape == (1, 2, 512)
+
+
 def _log_softmax(x: np.ndarray) -> np.ndarray:
     x = x - x.max(axis=-1, keepdims=True)
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))

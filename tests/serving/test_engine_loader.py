@@ -10,8 +10,10 @@ from pathlib import Path
 
 import gguf
 import mlx.core as mx
+import pytest
 
 from metalserve.config import EngineConfig
+from metalserve.platform import current_platform
 from metalserve.sampling_params import SamplingParams
 from metalserve.serving.engine_loader import UnloadedCore, estimate_bytes, load_engine
 from metalserve.serving.model_spec import ModelSpec
@@ -57,5 +59,24 @@ def test_a_gguf_to_be_dequantized_is_estimated_at_its_fp32_size(tmp_path: Path) 
     loaded = start_engine_thread(dequantized, load_engine).result(timeout=120)
     try:  # the estimate is within a tenth of what the load measures (tied embeddings: one copy)
         assert abs(loaded.weight_bytes - (fp32 + stored)) <= 0.1 * loaded.weight_bytes
+    finally:
+        loaded.close().result(timeout=30)
+
+
+def test_a_gguf_kept_in_its_codes_is_estimated_near_its_file_size(tmp_path: Path) -> None:
+    """On the CPU path `--weights auto` keeps a llama GGUF in its packed codes (no fp32 copy): the estimate
+    is the file plus its fp32 scales, not the fp32 size (before: 4x too high, and a budget that holds the
+    model refused it)."""
+    if not current_platform().host_compute:
+        pytest.skip("the codes path is MLX's CPU backend's")
+    path = tmp_path / "tiny.gguf"
+    weights = write_gguf(path, gguf.GGMLQuantizationType.Q8_0)
+    fp32 = 4 * sum(int(w.size) for w in weights.values())
+    spec = ModelSpec(("t",), EngineConfig(model=str(path), kv_cache_memory=2**20, max_num_batched_tokens=64))
+    stored = path.stat().st_size
+    assert estimate_bytes(spec) == stored * 5 // 4 + 2**20 and stored * 5 // 4 < fp32
+    loaded = start_engine_thread(spec, load_engine).result(timeout=120)
+    try:  # an upper bound of what the load measures
+        assert loaded.weight_bytes <= stored * 5 // 4
     finally:
         loaded.close().result(timeout=30)
