@@ -31,7 +31,7 @@ from metalserve.platform import Platform, current_platform
 logger = logging.getLogger(__name__)
 
 
-def _read(model: str | None, weights: str, platform: Platform) -> tuple[RawModel, str]:
+def _read(model: str | None, weights: str, platform: Platform, whole: bool = True) -> tuple[RawModel, str]:
     """The model's raw parts and a description of where they came from."""
     # GGUF tensors MLX cannot keep quantized become dense: fp16 on Metal (half the memory), else fp32.
     dense = mx.float16 if platform.metal and weights != "dequantize" else mx.float32
@@ -45,7 +45,9 @@ def _read(model: str | None, weights: str, platform: Platform) -> tuple[RawModel
     if model is None or packaged is not None or path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelLoadError(f"{path} is a file but not a .gguf; pass a .gguf file or a model directory.")
-        codes = weights == "auto" and platform.host_compute and takes_host_path(path)
+        # A pipeline rank's slice (`whole` False) keeps the fp32 route: the codes path serves whole models
+        # (a slice's ranks answered other tokens than one process; tests/distributed/test_pipeline_tokens.py).
+        codes = whole and weights == "auto" and platform.host_compute and takes_host_path(path)
         return load_gguf(path, dense, weights != "quantized", keep_codes=codes), source
     if path.is_dir():
         if is_vision_directory(path):
@@ -108,7 +110,7 @@ def load(
     if weights not in set(WeightsMode):
         raise ModelLoadError(f"weights must be one of {', '.join(WeightsMode)}, got {weights!r}")
     platform = current_platform()
-    raw, source = _read(model, weights, platform)
+    raw, source = _read(model, weights, platform, whole=prepare is None)
     if check_model_type is not None:
         try:
             check_model_type(raw.config["model_type"])
