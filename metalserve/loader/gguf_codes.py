@@ -97,6 +97,17 @@ def packed_codes(raw: np.ndarray, kind: str, shape: tuple[int, ...]) -> PackedCo
     return joined
 
 
+# Bytes a weight takes once packed (kernels/cpu/packed_codes.py): the code's stored width, plus an fp32 scale
+# and offset per group (16 values for Q6_K, else 32). Tensors of other types stay fp32 (4 bytes).
+_PACKED_BYTES_PER_WEIGHT = {"Q4_0": 0.75, "Q4_1": 0.75, "Q4_K": 0.75, "Q5_0": 0.875, "Q5_1": 0.875}
+_PACKED_BYTES_PER_WEIGHT |= {"Q5_K": 0.875, "Q6_K": 1.25, "Q8_0": 1.25}
+
+
+def packed_bytes(tensor_types: dict[str, str], tensor_elements: dict[str, int]) -> int:
+    """What a GGUF's tensors take on the codes path, from its header alone (the registry's estimate)."""
+    return int(sum(n * _PACKED_BYTES_PER_WEIGHT.get(tensor_types[t], 4.0) for t, n in tensor_elements.items()))
+
+
 def keeps_codes(info: TensorInfo) -> bool:
     return info.kind in _TYPES and len(info.shape) == 2 and info.name.endswith(".weight")
 

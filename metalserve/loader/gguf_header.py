@@ -7,7 +7,7 @@ Checking these first turns an unsupported file into a clear error instead of a f
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -69,6 +69,7 @@ class GGUFHeader:
     architecture: str | None
     tensor_types: dict[str, str]  # tensor name -> ggml type name
     num_elements: int = 0  # of every tensor together (what the weights take once dense)
+    tensor_elements: dict[str, int] = field(default_factory=dict)  # tensor name -> its element count
 
 
 def _read(f: BinaryIO, fmt: str) -> int:
@@ -120,6 +121,7 @@ def read_header(path: Path) -> GGUFHeader:
             else:
                 _skip_value(f, vtype)
         types: dict[str, str] = {}
+        counts: dict[str, int] = {}
         elements = 0
         for _ in range(n_tensors):
             name = _read_string(f)
@@ -127,7 +129,8 @@ def read_header(path: Path) -> GGUFHeader:
             for _ in range(_read(f, "<I")):  # the dims
                 count *= _read(f, "<Q")
             elements += count
+            counts[name] = count
             ggml_type = _read(f, "<I")
             f.seek(8, 1)  # the data offset
             types[name] = GGML_TYPE_NAMES.get(ggml_type, f"type {ggml_type}")
-    return GGUFHeader(version, architecture, types, elements)
+    return GGUFHeader(version, architecture, types, elements, counts)

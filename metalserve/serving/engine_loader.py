@@ -152,6 +152,7 @@ def estimate_bytes(spec: ModelSpec) -> int:
 
 def gguf_weight_bytes(path: Path, spec: ModelSpec) -> int:
     from metalserve.config import WeightsMode
+    from metalserve.loader.gguf_codes import packed_bytes
     from metalserve.loader.gguf_header import GGUFFormatError, read_header
     from metalserve.loader.load import takes_host_path
     from metalserve.loader.weights_mode import should_dequantize
@@ -159,14 +160,14 @@ def gguf_weight_bytes(path: Path, spec: ModelSpec) -> int:
 
     stored = path.stat().st_size
     try:
-        fp32 = 4 * read_header(path).num_elements
+        header = read_header(path)
     except (GGUFFormatError, OSError, struct.error):
         return stored  # the load will say what is wrong with it
+    fp32 = 4 * header.num_elements
     platform = current_platform()
     config = spec.config
     if config.weights == WeightsMode.AUTO and platform.host_compute and takes_host_path(path):
-        # Kept in its packed codes (loader/gguf_codes.py): the file's bytes plus fp32 scales per group.
-        return stored * 5 // 4
+        return packed_bytes(header.tensor_types, header.tensor_elements)  # kept in its packed codes
     if should_dequantize(config.weights, fp32, config.dequantize_max_bytes, platform.metal):
         return fp32 + (stored if platform.on_cpu else 0)
     return stored
