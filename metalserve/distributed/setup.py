@@ -18,9 +18,9 @@ from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.compute import MlxCompute
-from metalserve.executor.models.families import check_supported, kv_cache_spec, kv_shape
+from metalserve.executor.models.families import kv_cache_spec, kv_shape, load_model_for
 from metalserve.kvcache.plan import plan_stage_pool, stage_blocks_fit, stage_step_bytes
-from metalserve.loader import LoadedModel, load_model
+from metalserve.loader import LoadedModel
 from metalserve.loader.weights_mode import fp32_bytes, parameter_bytes, should_dequantize
 from metalserve.platform import current_platform
 from metalserve.serving.context_len import resolve_max_model_len
@@ -56,15 +56,7 @@ def _load_slice(config: EngineConfig, rank: int, size: int) -> tuple[LoadedModel
         found["layers"] = slices[rank]
         keep_layers(model, slices[rank], first=rank == 0)
 
-    loaded = load_model(
-        config.model,
-        weights=config.weights,
-        dequantize_max_bytes=config.dequantize_max_bytes,
-        chat_template=config.chat_template,
-        prepare=prepare,
-        check_model_type=check_supported,
-        hf_overrides=config.hf_overrides,
-    )
+    loaded = load_model_for(config, prepare)
     mx.clear_cache()
     # The generic MLX path on every rank: the host fast path (executor/host/) runs whole models only.
     model = PagedModel(loaded.model, loaded.model_type, MlxCompute())

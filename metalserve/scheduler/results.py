@@ -4,7 +4,7 @@ requests they touch and frees what finishes."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from metalserve.outputs import EngineCoreOutput
 from metalserve.request import Request, RequestStatus
@@ -60,12 +60,21 @@ def output_of(
 ) -> EngineCoreOutput:
     """The output record of the first `num_new` of this step's tokens (with their logprobs, if any)."""
     logprobs = runner_output.logprobs.get(request.request_id) if runner_output.logprobs else None
+    return record(
+        request,
+        token_ids[:num_new] if num_new < len(token_ids) else token_ids,
+        new_logprobs=logprobs[:num_new] if logprobs is not None else None,
+    )
+
+
+def record(request: Request, token_ids: list[int], **fields: Any) -> EngineCoreOutput:
+    """A request's output record: its new tokens, its prompt and cached token counts, and `fields`."""
     return EngineCoreOutput(
         request_id=request.request_id,
-        new_token_ids=token_ids[:num_new] if num_new < len(token_ids) else token_ids,
-        new_logprobs=logprobs[:num_new] if logprobs is not None else None,
+        new_token_ids=token_ids,
         num_prompt_tokens=len(request.prompt_token_ids),
         num_cached_tokens=request.num_cached_tokens or 0,
+        **fields,
     )
 
 

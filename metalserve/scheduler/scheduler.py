@@ -35,6 +35,7 @@ from metalserve.scheduler.results import (
     add_prompt_logprobs,
     append_sampled,
     output_of,
+    record,
     stop_hint,
     update_drafts,
 )
@@ -413,12 +414,7 @@ class Scheduler:
             ):
                 # The decode fast path: one token and no logprobs, so its output record is built here.
                 _, status = append_sampled(request, token_ids, hints[request_id], max_model_len)
-                output = EngineCoreOutput(
-                    request_id=request_id,
-                    new_token_ids=token_ids,
-                    num_prompt_tokens=n_prompt,
-                    num_cached_tokens=request.num_cached_tokens or 0,
-                )
+                output = record(request, token_ids)
                 if status is not None:
                     self._finish(request, status, output)
             else:
@@ -438,13 +434,7 @@ class Scheduler:
             request = self.requests.get(request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue
-            output = EngineCoreOutput(
-                request_id=request_id,
-                new_token_ids=[],
-                num_prompt_tokens=request.num_prompt_tokens,
-                num_cached_tokens=request.num_cached_tokens or 0,
-                pooled=vector,
-            )
+            output = record(request, [], pooled=vector)
             self._finish(request, RequestStatus.FINISHED_STOPPED, output)
             outputs.append(output)
             any_finished = True
@@ -512,12 +502,4 @@ class Scheduler:
             request.status = status
             self._free_request(request)
             if status is RequestStatus.FINISHED_ABORTED:
-                self._pending_outputs.append(
-                    EngineCoreOutput(
-                        request_id=request_id,
-                        new_token_ids=[],
-                        finish_reason=status.finish_reason,
-                        num_prompt_tokens=request.num_prompt_tokens,
-                        num_cached_tokens=request.num_cached_tokens or 0,
-                    )
-                )
+                self._pending_outputs.append(record(request, [], finish_reason=status.finish_reason))

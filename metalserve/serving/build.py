@@ -5,24 +5,27 @@ the server, the registry's model threads and the benchmarks all build here."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import mlx.core as mx
-import mlx.nn as nn
 
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.engine.core import EngineCore
+from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.host import paged_model
 from metalserve.executor.models.adapter import PagedModel
-from metalserve.executor.models.families import check_supported, kv_cache_spec
+from metalserve.executor.models.families import kv_cache_spec, load_model_for
 from metalserve.executor.runner import ModelRunner
 from metalserve.executor.sampler import Sampler
 from metalserve.kvcache.plan import plan_kv_pool, pool_budget
-from metalserve.kvcache.specs import LayerGroupSpec, RecurrentState
-from metalserve.loader import LoadedModel, load_model
+from metalserve.kvcache.specs import KVCacheSpec, LayerGroupSpec, RecurrentState
+from metalserve.loader import LoadedModel
 from metalserve.loader.weights_mode import parameter_bytes
-from metalserve.platform import current_platform
+from metalserve.lora.layers import LoraSlots
+from metalserve.platform import Platform, current_platform
+from metalserve.pooling_params import PoolingModel
 from metalserve.serving.context_len import resolve_max_model_len
 from metalserve.serving.kv_disk import attach_disk_tier
 from metalserve.serving.kv_groups import build_scheduler
@@ -45,19 +48,6 @@ logger = logging.getLogger("metalserve.engine")
 BUFFER_CACHE_FRACTION = 0.1
 
 
-def load_model_for(config: EngineConfig, prepare: Callable[[nn.Module], None] | None = None) -> LoadedModel:
-    """The config's model, loaded as the config says (weights mode, chat template, overrides)."""
-    return load_model(
-        config.model,
-        weights=config.weights,
-        dequantize_max_bytes=config.dequantize_max_bytes,
-        chat_template=config.chat_template,
-        prepare=prepare,
-        check_model_type=check_supported,
-        hf_overrides=config.hf_overrides,
-    )
-
-
 def load_engine_core(config: EngineConfig) -> tuple[EngineCore, LoadedModel]:
     """Load the config's model and build its core (on the thread that will step it)."""
     from metalserve.serving.encoder import build_encoder_core, encoder_model_type, load_encoder
@@ -74,28 +64,7 @@ def build_engine_core(config: EngineConfig, loaded: LoadedModel, draft: LoadedMo
     draft_model, if already loaded."""
     platform = current_platform()
     max_model_len = resolve_max_model_len(config, loaded.max_model_len, loaded.rope_scaled_len, warn=True)
-    try:
-        pooling = pooling_model_of(config, loaded.source, int(loaded.config.get("hidden_size", 0)))
-        if pooling is not None:
-            pooling = reranker_of(pooling, config.hf_overrides, loaded.tokenizer)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-    lora = prepare_lora(config, loaded.model, loaded.model_type)
-    if pooling is not None and lora is not None:
-        raise ConfigError(
-            "--enable-lora serves generating models; a pooling model (--runner pooling) takes no adapters"
-        )
-    if pooling is not None:  # pooled rows need the hidden states, which only the all-MLX forward keeps
-        loaded.codes.clear()
-        model = PagedModel(loaded.model, loaded.model_type)
-        logger.info("pooling model: %s pooling%s", pooling.pooling_type, ", normalised" if pooling.normalize else "")
-    elif lora is not None:  # adapters run on the MLX route: the host (numba) path's fused layers have no LoRA deltas
-        if loaded.codes:
-            logger.info("--enable-lora: every request runs on the MLX route (the CPU fast path has no LoRA deltas)")
-        loaded.codes.clear()
-        model = PagedModel(loaded.model, loaded.model_type)
-    else:
-        model = paged_model(loaded, platform)
+    model, pooling, lora = _paged_model_for(config, loaded, platform)
     # This model's own parameters (MLX's active memory would count every model a server has loaded).
     weight_bytes = parameter_bytes(loaded.model) + model.host_bytes()
     storage = config.kv_cache_dtype
@@ -104,15 +73,7 @@ def build_engine_core(config: EngineConfig, loaded: LoadedModel, draft: LoadedMo
     except ValueError as exc:  # a page format this model's shape cannot take (q4 groups)
         raise ConfigError(f"--kv-cache-dtype {storage}: {exc}") from exc
     dtype = model.family.activation_dtype(loaded.model)
-    attention = select_attention(
-        config.attention_backend,
-        dtype,
-        platform,
-        {t.head_dim for t in spec.tensors},
-        latent_kv=model.kv_layout.value_dim is not None,
-        kv_storage=spec.page.storage,
-        image_masks=model.family.bidirectional_images and loaded.vision is not None,
-    )
+    attention = _attention_for(config, model, spec, loaded, platform, dtype)
     note = spec.kept_dtype_note(storage)
     if note:
         logger.info("%s", note)
@@ -162,6 +123,48 @@ def build_engine_core(config: EngineConfig, loaded: LoadedModel, draft: LoadedMo
         kv_bytes_per_block=spec.bytes_per_block,
         kv_pool_bytes=plan.num_blocks * spec.bytes_per_block,
         pooling=pooling,
+    )
+
+
+def _paged_model_for(
+    config: EngineConfig, loaded: LoadedModel, platform: Platform
+) -> tuple[PagedModel, PoolingModel | None, LoraSlots | None]:
+    """The paged model, with the pooling setup and LoRA slots it needs. Pooling and adapters run on the
+    all-MLX route: pooled rows need the hidden states, and the host (numba) path's fused layers have no
+    LoRA deltas."""
+    try:
+        pooling = pooling_model_of(config, loaded.source, int(loaded.config.get("hidden_size", 0)))
+        if pooling is not None:
+            pooling = reranker_of(pooling, config.hf_overrides, loaded.tokenizer)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    lora = prepare_lora(config, loaded.model, loaded.model_type)
+    if pooling is not None and lora is not None:
+        raise ConfigError(
+            "--enable-lora serves generating models; a pooling model (--runner pooling) takes no adapters"
+        )
+    if pooling is None and lora is None:
+        return paged_model(loaded, platform), None, None
+    if pooling is not None:
+        logger.info("pooling model: %s pooling%s", pooling.pooling_type, ", normalised" if pooling.normalize else "")
+    elif loaded.codes:
+        logger.info("--enable-lora: every request runs on the MLX route (the CPU fast path has no LoRA deltas)")
+    loaded.codes.clear()
+    return PagedModel(loaded.model, loaded.model_type), pooling, lora
+
+
+def _attention_for(
+    config: EngineConfig, model: PagedModel, spec: KVCacheSpec, loaded: LoadedModel, platform: Platform, dtype: mx.Dtype
+) -> AttentionBackend[Any, Any]:
+    """The attention backend, chosen once from the flag, the platform, the dtype and the pages."""
+    return select_attention(
+        config.attention_backend,
+        dtype,
+        platform,
+        {t.head_dim for t in spec.tensors},
+        latent_kv=model.kv_layout.value_dim is not None,
+        kv_storage=spec.page.storage,
+        image_masks=model.family.bidirectional_images and loaded.vision is not None,
     )
 
 

@@ -17,8 +17,8 @@ import pytest
 
 from metalserve.api.settings import ServerSettings
 from metalserve.config import EngineConfig
+from metalserve.executor.models.families import load_model_for
 from metalserve.loader import LoadedModel
-from metalserve.serving.build import load_model_for
 from metalserve.serving.pooling import QWEN3_RERANKER_TEMPLATE
 from tests.api.conftest import Served, live, serve_config
 

@@ -10,6 +10,7 @@ testing `model_type` itself. The KV cache's bytes per block are the layout's bus
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, NamedTuple
@@ -27,6 +28,7 @@ from metalserve.kernels.cpu.decoder_weights import HOST_MODEL_TYPES
 from metalserve.kvcache.specs import KVCacheDtype, KVCacheSpec, PageDtype, RecurrentState, SlidingWindow
 
 if TYPE_CHECKING:
+    from metalserve.config import EngineConfig
     from metalserve.executor.state_cache import StateLayout
     from metalserve.loader import LoadedModel
 
@@ -227,3 +229,19 @@ def kv_cache_spec(
 def check_supported(model_type: str) -> None:
     """For the loader, before it builds a model: UnsupportedModelType unless a family serves it."""
     model_family(model_type)
+
+
+def load_model_for(config: EngineConfig, prepare: Callable[[nn.Module], None] | None = None) -> LoadedModel:
+    """The config's model, loaded as the config says (weights mode, chat template, overrides) and refused
+    unless its family is served; `prepare` sees the built model first (a pipeline rank keeps its layers)."""
+    from metalserve.loader import load_model  # heavy (transformers, GGUF): only when a model is loaded
+
+    return load_model(
+        config.model,
+        weights=config.weights,
+        dequantize_max_bytes=config.dequantize_max_bytes,
+        chat_template=config.chat_template,
+        prepare=prepare,
+        check_model_type=check_supported,
+        hf_overrides=config.hf_overrides,
+    )
