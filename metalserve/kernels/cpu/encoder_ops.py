@@ -1,0 +1,81 @@
+"""The element-wise work of a BERT layer on the host, compiled with numba: GELU and layer norm.
+
+MLX's CPU backend computes `erf` and `exp` one element at a time through libm: GELU on a 2048 x 1536 tile
+took 75-120 ms there against 12 ms for the matmul before it, and libm's `erf` under numba still took 24
+ms. GELU here evaluates erf with Eigen's float rational polynomial (the one PyTorch's CPU kernels
+vectorise; within 4e-7 of float64 erf over the float range), which the compiler turns into SIMD: 3-9 ms.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+# Eigen's `generic_fast_erf_float` coefficients: erf(x) = x * P(x^2) / Q(x^2) on [-4, 4], +-1 outside.
+_A1, _A3, _A5, _A7 = -2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05
+_A9, _A11, _A13 = -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02
+_B0, _B2, _B4, _B6, _B8 = (
+    -1.42647390514189e-02,
+    -7.37332916720468e-03,
+    -1.68282697438203e-03,
+    -2.13374055278905e-04,
+    -1.45660718464996e-05,
+)
+
+
+@numba.njit(fastmath=True, cache=True, nogil=True)
+def _gelu_kernel(x):  # noqa: ANN001, ANN202  (numba infers the types)
+    """x = x * (1 + erf(x / sqrt 2)) / 2 in place, over a flat float32 array."""
+    for i in range(x.shape[0]):
+        v = x[i]
+        z = v * np.float32(0.7071067811865476)
+        z = np.float32(4.0) if z > np.float32(4.0) else z
+        z = np.float32(-4.0) if z < np.float32(-4.0) else z
+        z2 = z * z
+        p = z2 * np.float32(_A1) + np.float32(_A3)
+        p = z2 * p + np.float32(_A5)
+        p = z2 * p + np.float32(_A7)
+        p = z2 * p + np.float32(_A9)
+        p = z2 * p + np.float32(_A11)
+        p = z2 * p + np.float32(_A13)
+        q = z2 * np.float32(_B8) + np.float32(_B6)
+        q = z2 * q + np.float32(_B4)
+        q = z2 * q + np.float32(_B2)
+        q = z2 * q + np.float32(_B0)
+        x[i] = np.float32(0.5) * v * (np.float32(1.0) + z * p / q)
+
+
+@numba.njit(fastmath=True, cache=True, nogil=True)
+def _add_layer_norm_kernel(x, residual, weight, bias, eps):  # noqa: ANN001, ANN202
+    """x = LayerNorm(x + residual) in place, row by row (two passes: mean, then variance)."""
+    rows, width = x.shape
+    for r in range(rows):
+        total = np.float32(0.0)
+        for c in range(width):
+            x[r, c] += residual[r, c]
+            total += x[r, c]
+        mean = total / np.float32(width)
+        var = np.float32(0.0)
+        for c in range(width):
+            d = x[r, c] - mean
+            var += d * d
+        inv = np.float32(1.0) / np.sqrt(var / np.float32(width) + eps)
+        for c in range(width):
+            x[r, c] = (x[r, c] - mean) * inv * weight[c] + bias[c]
+
+
+def gelu_in_place(x: np.ndarray) -> None:
+    """The exact (erf) GELU of a contiguous float32 array, in place."""
+    if x.dtype != np.float32 or not x.flags.c_contiguous:
+        raise ValueError(f"gelu_in_place takes contiguous float32, got {x.dtype}")
+    _gelu_kernel(x.reshape(-1))
+
+
+def add_layer_norm_in_place(
+    x: np.ndarray, residual: np.ndarray | None, weight: np.ndarray, bias: np.ndarray, eps: float
+) -> None:
+    """x = LayerNorm(x + residual) over the last axis of contiguous float32 `[rows, width]` arrays."""
+    if x.dtype != np.float32 or not x.flags.c_contiguous or x.ndim != 2:
+        raise ValueError(f"add_layer_norm_in_place takes contiguous [rows, width] float32, got {x.shape} {x.dtype}")
+    zero = residual is None
+    _add_layer_norm_kernel(x, np.zeros_like(x) if zero else residual, weight, bias, np.float32(eps))
