@@ -157,8 +157,9 @@ def _arrays(layer: _Layer) -> list[np.ndarray]:
 
 
 def load_host_bert(path: Path) -> HostBert:
-    """The BERT of a Hugging Face directory (config.json and model.safetensors)."""
-    from safetensors.numpy import load_file
+    """The BERT of a Hugging Face directory (config.json and *.safetensors; float32, float16 or bfloat16
+    weights, read through MLX, which knows bfloat16, and widened to float32)."""
+    import mlx.core as mx
 
     config = json.loads((path / "config.json").read_text())
     files = sorted(path.glob("*.safetensors"))
@@ -166,5 +167,9 @@ def load_host_bert(path: Path) -> HostBert:
         raise ValueError(f"{path}: no .safetensors weights (the host BERT reads safetensors only)")
     weights: dict[str, np.ndarray] = {}
     for file in files:
-        weights.update(load_file(str(file)))
+        loaded = mx.load(str(file))
+        assert isinstance(loaded, dict)
+        for name, array in loaded.items():
+            if mx.issubdtype(array.dtype, mx.floating):  # not the int64 position_ids buffer
+                weights[name] = np.asarray(array.astype(mx.float32))
     return HostBert(config, weights)

@@ -104,3 +104,16 @@ def test_mlx_embeddings_forward_equals_the_host_bert_on_minilm() -> None:
     host = load_host_bert(minilm_dir()).forward(ids, np.zeros_like(ids), cu)
     mlx = MlxEncoder(load_model(minilm_dir())).forward(ids, np.zeros_like(ids), cu)
     np.testing.assert_allclose(mlx, host, atol=2e-4)
+
+
+def test_bfloat16_weights_are_read_and_widened(tmp_path: Path) -> None:
+    import mlx.core as mx
+
+    path = write_tiny_cross_encoder(tmp_path / "tiny")
+    weights = {k: mx.array(v).astype(mx.bfloat16) for k, v in tiny_cross_encoder_weights().items()}
+    (path / "model.safetensors").unlink()
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    bert = load_host_bert(path)
+    want = np.asarray(weights["bert.embeddings.word_embeddings.weight"].astype(mx.float32))
+    assert bert.words.dtype == np.float32 and np.array_equal(bert.words, want)
+    assert bert.num_labels == 1
