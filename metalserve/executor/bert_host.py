@@ -4,8 +4,8 @@ packed token axis: every prompt of a step on one `[T, hidden]` array, no padding
 Why not MLX here: its CPU backend computes GELU's erf and softmax's exp one element at a time (GELU on a
 2048 x 1536 tile 75-120 ms, the attention softmax as slow), and its matmul ran at a third of NumPy's
 BLAS; mlx-embeddings' padded batches ran all-MiniLM-L6-v2 2-7x slower than sentence-transformers. Token-
-wise layers run on the packed rows; attention runs per prompt (bidirectional within it), all heads in one
-batched matmul, so no prompt pays for another's length.
+wise layers run on the packed rows; attention (numba) runs per prompt, bidirectional within it, so no
+prompt pays for another's length.
 
 Also serves BERT cross-encoders (BertForSequenceClassification): the pooler (tanh of a dense layer over
 the first token) and the classifier head, with the pair's token types (segment 1 after the first [SEP]).
@@ -14,14 +14,13 @@ the first token) and the classifier head, with the pair's token types (segment 1
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from metalserve.kernels.cpu.encoder_ops import add_layer_norm_in_place, gelu_in_place
+from metalserve.kernels.cpu.encoder_ops import add_layer_norm_in_place, bidirectional_attention, gelu_in_place
 
 
 @dataclass(frozen=True)
@@ -122,23 +121,9 @@ class HostBert:
         return pooled @ head_w + head_b
 
     def _layer(self, layer: _Layer, x: np.ndarray, cu: np.ndarray) -> np.ndarray:
-        h, heads = self.hidden, self.heads
-        dim = h // heads
         qkv = x @ layer.qkv
         qkv += layer.qkv_bias
-        context = np.empty_like(x)
-        scale = np.float32(1.0 / math.sqrt(dim))
-        for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
-            n = b - a
-            q = qkv[a:b, :h].reshape(n, heads, dim).transpose(1, 0, 2)
-            k = qkv[a:b, h : 2 * h].reshape(n, heads, dim).transpose(1, 2, 0)
-            v = qkv[a:b, 2 * h :].reshape(n, heads, dim).transpose(1, 0, 2)
-            scores = np.matmul(q, k)  # [heads, n, n]
-            scores *= scale
-            scores -= scores.max(axis=-1, keepdims=True)
-            np.exp(scores, out=scores)  # NumPy's exp is vectorised
-            scores /= scores.sum(axis=-1, keepdims=True)
-            context[a:b] = np.matmul(scores, v).transpose(1, 0, 2).reshape(n, h)
+        context = bidirectional_attention(qkv, cu, self.heads)
         out = context @ layer.out
         out += layer.out_bias
         add_layer_norm_in_place(out, x, *layer.norm1, self.eps)

@@ -117,3 +117,20 @@ def test_bfloat16_weights_are_read_and_widened(tmp_path: Path) -> None:
     want = np.asarray(weights["bert.embeddings.word_embeddings.weight"].astype(mx.float32))
     assert bert.words.dtype == np.float32 and np.array_equal(bert.words, want)
     assert bert.num_labels == 1
+
+
+def test_bidirectional_attention_stays_within_each_prompt() -> None:
+    from metalserve.kernels.cpu.encoder_ops import bidirectional_attention
+
+    rng = np.random.default_rng(0)
+    lengths, heads, dim = [1, 7, 33, 2], 4, 8
+    cu = np.cumsum([0, *lengths])
+    qkv = (rng.standard_normal((int(cu[-1]), 3 * heads * dim)) * 2).astype(np.float32)
+    got = bidirectional_attention(qkv, cu, heads)
+    h = heads * dim
+    for a, b in zip(cu[:-1], cu[1:], strict=True):
+        q, k, v = (qkv[a:b, i * h : (i + 1) * h].astype(np.float64).reshape(b - a, heads, dim) for i in range(3))
+        s = np.einsum("qhd,khd->hqk", q, k) / math.sqrt(dim)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        want = np.einsum("hqk,khd->qhd", p / p.sum(-1, keepdims=True), v).reshape(b - a, h)
+        np.testing.assert_allclose(got[a:b], want, atol=1e-5)

@@ -79,3 +79,77 @@ def add_layer_norm_in_place(
         raise ValueError(f"add_layer_norm_in_place takes contiguous [rows, width] float32, got {x.shape} {x.dtype}")
     zero = residual is None
     _add_layer_norm_kernel(x, np.zeros_like(x) if zero else residual, weight, bias, np.float32(eps))
+
+
+@numba.njit(fastmath=True, cache=True, nogil=True)
+def _bidirectional_attention_kernel(qkv, cu, heads, scale, out):  # noqa: ANN001, ANN202
+    """out[t, h*D:(h+1)*D] = softmax(q_t . K^T * scale) V over the prompt that holds t, for each head h;
+    `qkv` is `[T, 3 * hidden]` (q, k, v side by side), `cu` the prompts' starts and ends."""
+    hidden = out.shape[1]
+    dim = hidden // heads
+    longest = 0
+    for s in range(cu.shape[0] - 1):
+        longest = max(longest, cu[s + 1] - cu[s])
+    keys = np.empty((dim, longest), dtype=np.float32)  # K^T of one head: the score loop runs along keys
+    row = np.empty(longest, dtype=np.float32)
+    pow2 = np.empty(longest, dtype=np.int32)
+    acc = np.empty(dim, dtype=np.float32)
+    for s in range(cu.shape[0] - 1):
+        a, n = cu[s], cu[s + 1] - cu[s]
+        for h in range(heads):
+            qo, ko, vo = h * dim, hidden + h * dim, 2 * hidden + h * dim
+            for j in range(n):
+                for c in range(dim):
+                    keys[c, j] = qkv[a + j, ko + c]
+            for i in range(n):
+                for j in range(n):
+                    row[j] = np.float32(0.0)
+                for c in range(dim):
+                    qc = qkv[a + i, qo + c] * scale
+                    for j in range(n):
+                        row[j] += qc * keys[c, j]
+                top = row[0]
+                for j in range(1, n):
+                    top = max(top, row[j])
+                # exp(row - top) with a polynomial the compiler vectorises (libm's exp is one call a value)
+                for j in range(n):
+                    v = max(row[j] - top, np.float32(-87.0))
+                    k = np.floor(v * np.float32(1.4426950408889634) + np.float32(0.5))
+                    r = (v - k * np.float32(0.693359375)) + k * np.float32(2.12194440e-4)
+                    p = np.float32(1.0 / 5040.0)
+                    p = p * r + np.float32(1.0 / 720.0)
+                    p = p * r + np.float32(1.0 / 120.0)
+                    p = p * r + np.float32(1.0 / 24.0)
+                    p = p * r + np.float32(1.0 / 6.0)
+                    p = p * r + np.float32(0.5)
+                    p = p * r + np.float32(1.0)
+                    row[j] = p * r + np.float32(1.0)
+                    pow2[j] = (np.int32(k) + np.int32(127)) << np.int32(23)
+                powers = pow2[:n].view(np.float32)
+                total = np.float32(0.0)
+                for j in range(n):
+                    row[j] *= powers[j]
+                    total += row[j]
+                inv = np.float32(1.0) / total
+                for c in range(dim):
+                    acc[c] = np.float32(0.0)
+                for j in range(n):
+                    w = row[j]
+                    for c in range(dim):
+                        acc[c] += w * qkv[a + j, vo + c]
+                for c in range(dim):
+                    out[a + i, qo + c] = acc[c] * inv
+
+
+def bidirectional_attention(qkv: np.ndarray, cu_seqlens: np.ndarray, heads: int) -> np.ndarray:
+    """Each prompt's tokens attend to all of that prompt's tokens (an encoder's attention), every head;
+    `qkv` `[T, 3 * hidden]` float32 (q, k, v side by side), `cu_seqlens` `[prompts + 1]`. One thread:
+    NumPy's batched matmul here made one OpenBLAS call per head, each paying the BLAS threads' hand-off,
+    milliseconds on a loaded machine."""
+    if qkv.dtype != np.float32 or not qkv.flags.c_contiguous or qkv.ndim != 2 or qkv.shape[1] % 3:
+        raise ValueError(f"bidirectional_attention takes contiguous [T, 3 * hidden] float32, got {qkv.shape}")
+    out = np.empty((qkv.shape[0], qkv.shape[1] // 3), dtype=np.float32)
+    _bidirectional_attention_kernel(
+        qkv, np.ascontiguousarray(cu_seqlens, np.int64), heads, np.float32(1.0 / np.sqrt(out.shape[1] // heads)), out
+    )
+    return out
