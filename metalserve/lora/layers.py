@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -29,10 +30,30 @@ DELTA_DTYPE = mx.float32  # the adapters' arithmetic (lora/files.py reads them a
 
 @dataclass(frozen=True)
 class LoraStep:
-    """The step's tokens that run under an adapter: their packed rows, sorted by slot, and each one's slot."""
+    """The step's tokens that run under an adapter: their packed rows, sorted by slot, each one's slot and
+    scale (the request's `lora_scale`), as MLX arrays and as the host decoder's NumPy arrays."""
 
     rows: mx.array  # [n] int32
     slots: mx.array  # [n] uint32
+    scales: mx.array  # [n, 1] float32
+    host: HostLoraStep
+    token_slots: mx.array  # [T] uint32 over every packed token (0 for base tokens; MoE experts read these)
+    token_scales: mx.array  # [T] float32 (0 for base tokens: their expert delta is multiplied away)
+
+
+class HostLoraStep(NamedTuple):
+    """The same rows for the numba decoder: group g is slot `group_slot[g]`, rows
+    `rows[group_start[g]:group_start[g + 1]]`."""
+
+    rows: np.ndarray  # [n] int64
+    scales: np.ndarray  # [n] float32
+    group_start: np.ndarray  # [G + 1] int64
+    group_slot: np.ndarray  # [G] int64
+
+
+NO_HOST_LORA = HostLoraStep(
+    np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(1, np.int64), np.zeros(0, np.int64)
+)
 
 
 class LoraLinear(nn.Module):
@@ -71,7 +92,7 @@ class LoraLinear(nn.Module):
         # x is [1, T, in] (the packed axis behind a batch of one); rows [n] -> [n, 1, in].
         rows = x[0, step.rows][:, None, :].astype(DELTA_DTYPE)
         low = mx.gather_mm(rows, self.lora_a, rhs_indices=step.slots, sorted_indices=True)
-        delta = mx.gather_mm(low, self.lora_b, rhs_indices=step.slots, sorted_indices=True)[:, 0, :]
+        delta = mx.gather_mm(low, self.lora_b, rhs_indices=step.slots, sorted_indices=True)[:, 0, :] * step.scales
         return y.at[:, step.rows].add(delta.astype(y.dtype)[None])
 
 
@@ -137,16 +158,38 @@ class LoraSlots:
         return sum(layer.lora_a.nbytes + layer.lora_b.nbytes for layer in self.layers.values())
 
 
-def lora_step(slots: Sequence[int], cu_seqlens_q: np.ndarray) -> LoraStep | None:
+def lora_step(slots: Sequence[int], scales: Sequence[float], cu_seqlens_q: np.ndarray) -> LoraStep | None:
     """The packed rows of the adapters' tokens, sorted by slot: request i (slot `slots[i]`, -1 for the
-    base model) owns rows `[cu[i], cu[i+1])`. None when every request runs on the base model."""
-    by_slot: dict[int, list[np.ndarray]] = {}
+    base model; its scale `scales[i]`) owns rows `[cu[i], cu[i+1])`. None when every request runs on the
+    base model."""
+    by_slot: dict[int, list[int]] = {}
     for i, slot in enumerate(slots):
         if slot >= 0:
-            by_slot.setdefault(slot, []).append(np.arange(cu_seqlens_q[i], cu_seqlens_q[i + 1], dtype=np.int32))
+            by_slot.setdefault(slot, []).append(i)
     if not by_slot:
         return None
-    order = sorted(by_slot)
-    rows = [np.concatenate(by_slot[s]) for s in order]
-    slot_of_row = np.concatenate([np.full(len(r), s, dtype=np.uint32) for s, r in zip(order, rows, strict=True)])
-    return LoraStep(mx.array(np.concatenate(rows)), mx.array(slot_of_row))
+    total = int(cu_seqlens_q[-1])
+    token_slots = np.zeros(total, np.uint32)
+    token_scales = np.zeros(total, np.float32)
+    rows, row_scales, group_start, group_slot = [], [], [0], []
+    for slot in sorted(by_slot):
+        for i in by_slot[slot]:
+            lo, hi = int(cu_seqlens_q[i]), int(cu_seqlens_q[i + 1])
+            rows.append(np.arange(lo, hi, dtype=np.int64))
+            row_scales.append(np.full(hi - lo, scales[i], np.float32))
+            token_slots[lo:hi] = slot
+            token_scales[lo:hi] = scales[i]
+        group_start.append(sum(len(r) for r in rows))
+        group_slot.append(slot)
+    row = np.concatenate(rows)
+    scale = np.concatenate(row_scales)
+    slot_of_row = np.repeat(np.array(group_slot, np.uint32), np.diff(group_start))
+    host = HostLoraStep(row, scale, np.array(group_start, np.int64), np.array(group_slot, np.int64))
+    return LoraStep(
+        mx.array(row.astype(np.int32)),
+        mx.array(slot_of_row),
+        mx.array(scale[:, None]),
+        host,
+        mx.array(token_slots),
+        mx.array(token_scales),
+    )

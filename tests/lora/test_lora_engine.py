@@ -3,6 +3,7 @@ gives with each adapter fused into the weights (tokens equal, logprobs within fl
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -173,3 +174,30 @@ def test_a_gguf_kept_in_its_codes_takes_adapters_as_its_fp32_twin_does(tmp_path:
         assert codes[rid][0] == tokens, rid
         assert max(abs(a - b) for a, b in zip(codes[rid][1], logprobs, strict=True)) < LOGPROB_TOLERANCE, rid
     assert fp32["a0"][0] != fp32["base0"][0]  # the adapter changes the answer
+
+
+def test_a_request_scale_multiplies_the_adapter_delta_in_a_mixed_batch(tmp_path: Path) -> None:
+    """lora_scale s over an adapter of scale 2 answers as mlx-lm's model fused at scale 2 s; scale 0 as the
+    base model; requests at several scales of one adapter share a step."""
+    path = make_mlx_lm_adapter(tmp_path / "a", seed=1, rank=4, scale=2.0, keys=ALL_KEYS)
+    loaded = loaded_of("llama")
+    prompts = prompts_of([13, 21], 256, seed=8)
+    fused = {
+        s: fused_model(make_mlx_lm_adapter(tmp_path / f"a{s}", seed=1, rank=4, scale=2.0 * s, keys=ALL_KEYS))
+        for s in (0.5, 1.5)
+    }
+    expected = {f"0/{i}": reference(loaded.model, prompt, NUM_TOKENS) for i, prompt in enumerate(prompts)}
+    config = EngineConfig(kv_cache_memory=1 << 23, block_size=8, enable_lora=True, lora_modules=(("a", str(path)),))
+    core = build_engine_core(config, loaded)
+    lora = core.lora_requests()["a"]
+    jobs: dict[str, tuple[list[int], LoraRequest | None]] = {}
+    for i, prompt in enumerate(prompts):
+        for s, model in fused.items():
+            jobs[f"{s}/{i}"] = (prompt, replace(lora, scale=s))
+            expected[f"{s}/{i}"] = reference(model, prompt, NUM_TOKENS)
+        jobs[f"0/{i}"] = (prompt, replace(lora, scale=0.0))
+    got = run(core, jobs)
+    for rid, (tokens, logprobs) in expected.items():
+        assert got[rid][0] == tokens, rid
+        assert max(abs(a - b) for a, b in zip(got[rid][1], logprobs, strict=True)) < LOGPROB_TOLERANCE, rid
+    assert expected["0.5/0"][0] != expected["1.5/0"][0] != expected["0/0"][0]
