@@ -43,7 +43,7 @@ class ServingContext:
         """404 for a `model` that is neither this model nor a loaded adapter; 400 for a `lora_scale` given
         with the base model (a scale has nothing to scale there, and is never dropped silently)."""
         base = model is None or model == self.served_model_name or model in self.aliases
-        if not base and self.lora_for(model) is None:
+        if model is not None and not base and self.lora_for(model) is None:
             message = f"The model `{shown_name(model)}` does not exist."
             raise OpenAIError(message, 404, param="model", code="model_not_found")
         if base and lora_scale is not None:

@@ -10,9 +10,9 @@ mixes. Tokens under no adapter are not among the rows: a base-only step pays one
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -20,6 +20,7 @@ import numpy as np
 from mlx.utils import tree_unflatten
 
 from metalserve.executor.context import current_context
+from metalserve.kernels.cpu.decoder_weights import HostLoraStep
 from metalserve.loader.codes_linear import CodesLinear
 from metalserve.lora.files import AdapterError, AdapterWeights
 
@@ -39,21 +40,6 @@ class LoraStep:
     host: HostLoraStep
     token_slots: mx.array  # [T] uint32 over every packed token (0 for base tokens; MoE experts read these)
     token_scales: mx.array  # [T] float32 (0 for base tokens: their expert delta is multiplied away)
-
-
-class HostLoraStep(NamedTuple):
-    """The same rows for the numba decoder: group g is slot `group_slot[g]`, rows
-    `rows[group_start[g]:group_start[g + 1]]`."""
-
-    rows: np.ndarray  # [n] int64
-    scales: np.ndarray  # [n] float32
-    group_start: np.ndarray  # [G + 1] int64
-    group_slot: np.ndarray  # [G] int64
-
-
-NO_HOST_LORA = HostLoraStep(
-    np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(1, np.int64), np.zeros(0, np.int64)
-)
 
 
 class LoraLinear(nn.Module):
@@ -84,6 +70,9 @@ class LoraLinear(nn.Module):
             self.lora_a[slot, :, :rank] = a
             self.lora_b[slot, :rank, :] = b
 
+    def arrays(self) -> list[mx.array]:
+        return [self.lora_a, self.lora_b]
+
     def __call__(self, x: mx.array) -> mx.array:
         y = self.base(x)
         step: LoraStep | None = current_context().lora
@@ -109,11 +98,28 @@ def install_lora_layers(model: nn.Module, max_loras: int, max_rank: int) -> dict
     return wrapped
 
 
-class LoraSlots:
-    """The adapters loaded into a model's LoraLinear layers: name -> slot, at most `max_loras` at once."""
+class AdapterTarget(Protocol):
+    """A linear layer an adapter names by its mlx-lm path: a LoraLinear, or a part of a fused projection
+    on the CPU fast path (lora/fused.py: LoraPart)."""
 
-    def __init__(self, layers: dict[str, LoraLinear], max_loras: int, max_rank: int) -> None:
+    in_out: tuple[int, int]
+
+    def set_slot(self, slot: int, delta: tuple[mx.array, mx.array] | None) -> None: ...
+
+    def arrays(self) -> list[mx.array]: ...
+
+
+class LoraSlots:
+    """The adapters loaded into a model's adapter targets: name -> slot, at most `max_loras` at once.
+
+    `detached_bytes`: slot memory that is no module's parameter (the fast path's stacks), which the
+    engine adds to the weights' bytes itself."""
+
+    def __init__(
+        self, layers: Mapping[str, AdapterTarget], max_loras: int, max_rank: int, detached_bytes: int = 0
+    ) -> None:
         self.layers = layers
+        self.detached_bytes = detached_bytes
         self.max_loras = max_loras
         self.max_rank = max_rank
         self.slots: dict[str, int] = {}  # adapter name -> slot
@@ -150,12 +156,15 @@ class LoraSlots:
     def _fill(self, slot: int, adapter: AdapterWeights | None) -> None:
         for path, layer in self.layers.items():
             layer.set_slot(slot, adapter.modules.get(path) if adapter is not None else None)
-        mx.eval([x for layer in self.layers.values() for x in (layer.lora_a, layer.lora_b)])
+        mx.eval(list(self._arrays().values()))
+
+    def _arrays(self) -> dict[int, mx.array]:
+        return {id(x): x for layer in self.layers.values() for x in layer.arrays()}
 
     @property
     def nbytes(self) -> int:
         """The slots' bytes (allocated at start-up, whatever is loaded)."""
-        return sum(layer.lora_a.nbytes + layer.lora_b.nbytes for layer in self.layers.values())
+        return sum(int(x.nbytes) for x in self._arrays().values())
 
 
 def lora_step(slots: Sequence[int], scales: Sequence[float], cu_seqlens_q: np.ndarray) -> LoraStep | None:
