@@ -3,9 +3,10 @@
 On MLX's CPU backend the host compute (executor/host/) fuses q, k and v into one projection and gate and
 up into another, keeps them in their packed codes and runs every layer in one numba call. The adapters
 follow that layout instead of undoing it: each (fused) projection kind has one stack of every layer's
-slots, A `[L, slots, in, parts * R]` and B `[L, slots, R, out]` (part p: ranks `p * R:(p + 1) * R` of A,
-its own output columns of B). The stacks are MLX arrays with writable NumPy views over the same memory:
-loading an adapter writes through the views, and both readers see it at once, the numba decoder
+slots, A `[L, slots, in, parts * R]` and B transposed `[L, slots, out, R]` (part p: ranks
+`p * R:(p + 1) * R` of A, its own output rows of B's transpose). The stacks are MLX arrays with
+writable NumPy views over the same memory: loading an adapter writes through the views, and both
+readers see it at once, the numba decoder
 (kernels/cpu/lora.py, a delta per slot group of the step's adapter tokens) and, for steps the decoder
 does not take, `FusedLoraLinear` on the MLX route (gathered matmuls, as lora/layers.py's LoraLinear).
 """
@@ -46,20 +47,20 @@ class LoraStack:
         self.part_outs = part_outs
         self.bounds = np.cumsum([0, *part_outs]).astype(np.int64)
         self.a = mx.zeros((layers, max_loras, in_dims, len(part_outs) * max_rank), dtype=DELTA_DTYPE)
-        self.b = mx.zeros((layers, max_loras, max_rank, int(self.bounds[-1])), dtype=DELTA_DTYPE)
-        mx.eval(self.a, self.b)
-        self.host_a, self.host_b = np.asarray(self.a), np.asarray(self.b)
+        self.bt = mx.zeros((layers, max_loras, int(self.bounds[-1]), max_rank), dtype=DELTA_DTYPE)
+        mx.eval(self.a, self.bt)
+        self.host_a, self.host_bt = np.asarray(self.a), np.asarray(self.bt)
         # Writes go through these views: they must be the arrays' own memory, not copies.
-        for view in (self.host_a, self.host_b):
+        for view in (self.host_a, self.host_bt):
             if not (view.flags.writeable and view.flags.c_contiguous):
                 raise RuntimeError("MLX's array memory cannot be written through NumPy here")
 
     def projection(self) -> LoraProjection:
-        return LoraProjection(self.host_a, self.host_b, self.bounds)
+        return LoraProjection(self.host_a, self.host_bt, self.bounds)
 
     @property
     def nbytes(self) -> int:
-        return int(self.a.nbytes + self.b.nbytes)
+        return int(self.a.nbytes + self.bt.nbytes)
 
 
 class LoraPart:
@@ -76,16 +77,16 @@ class LoraPart:
             int(self.stack.bounds[self.part]),
             int(self.stack.bounds[self.part + 1]),
         )
-        a, b = self.stack.host_a[self.layer, slot], self.stack.host_b[self.layer, slot]
+        a, bt = self.stack.host_a[self.layer, slot], self.stack.host_bt[self.layer, slot]
         a[:, r0 : r0 + self.stack.rank] = 0.0
-        b[:, c0:c1] = 0.0
+        bt[c0:c1, :] = 0.0
         if delta is not None:
             rank = delta[0].shape[1]
             a[:, r0 : r0 + rank] = np.asarray(delta[0].astype(DELTA_DTYPE))
-            b[:rank, c0:c1] = np.asarray(delta[1].astype(DELTA_DTYPE))
+            bt[c0:c1, :rank] = np.asarray(delta[1].astype(DELTA_DTYPE)).T
 
     def arrays(self) -> list[mx.array]:
-        return [self.stack.a, self.stack.b]
+        return [self.stack.a, self.stack.bt]
 
 
 class FusedLoraLinear(nn.Module):
@@ -106,11 +107,11 @@ class FusedLoraLinear(nn.Module):
         rank, bounds = stack.rank, stack.bounds
         rows = x[0, step.rows][:, None, :].astype(DELTA_DTYPE)
         low = mx.gather_mm(rows, stack.a[self.layer], rhs_indices=step.slots, sorted_indices=True)
-        b = stack.b[self.layer]
+        bt = stack.bt[self.layer]
         parts = [
             mx.gather_mm(
                 low[..., p * rank : (p + 1) * rank],
-                b[..., int(bounds[p]) : int(bounds[p + 1])],
+                bt[:, int(bounds[p]) : int(bounds[p + 1]), :].swapaxes(-1, -2),
                 rhs_indices=step.slots,
                 sorted_indices=True,
             )

@@ -49,10 +49,10 @@ class LoraProjection(NamedTuple):
     """Every adapter slot's A and B of one (fused) projection in every layer, for kernels/cpu/lora.py.
 
     Part p of the projection (q, k, v of a fused qkv) owns output columns `bounds[p]:bounds[p + 1]` and
-    ranks `p * R:(p + 1) * R` of A; B's R rows serve every part, each in its own columns."""
+    ranks `p * R:(p + 1) * R` of A; B is stored transposed, each part in its own rows of it."""
 
     a: np.ndarray  # [L, slots, in, parts * R] float32
-    b: np.ndarray  # [L, slots, R, out] float32
+    bt: np.ndarray  # [L, slots, out, R] float32: B transposed
     bounds: np.ndarray  # [parts + 1] int64
 
 
