@@ -137,9 +137,14 @@ class LoraSlots:
             layer = self.layers.get(path)
             if layer is None:
                 raise AdapterError(f"LoRA adapter {adapter.name!r} targets {path}, not a linear layer of this model")
-            if (a.shape[0], b.shape[1]) != layer.in_out:
+            experts = getattr(layer, "experts", 0)  # MoE experts (lora/experts.py): A [E, in, r]
+            if (a.ndim == 3) != bool(experts) or (experts and a.shape[0] != experts):
+                has = f"{a.shape[0]} experts" if a.ndim == 3 else "one dense linear"
+                want = f"{experts} experts" if experts else "one dense linear"
+                raise AdapterError(f"LoRA adapter {adapter.name!r}: {path} adapts {has}, the model's layer has {want}")
+            if (a.shape[-2], b.shape[-1]) != layer.in_out:
                 raise AdapterError(
-                    f"LoRA adapter {adapter.name!r}: {path} maps {a.shape[0]} -> {b.shape[1]}, "
+                    f"LoRA adapter {adapter.name!r}: {path} maps {a.shape[-2]} -> {b.shape[-1]}, "
                     f"the model's layer {layer.in_out[0]} -> {layer.in_out[1]}"
                 )
         slot = min(set(range(self.max_loras)) - set(self.slots.values()))

@@ -15,9 +15,10 @@ import mlx.nn as nn
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.families import model_family
+from metalserve.lora.experts import install_expert_layers
 from metalserve.lora.files import AdapterError, read_adapter
 from metalserve.lora.fused import install_fused_lora
-from metalserve.lora.layers import LoraSlots, install_lora_layers
+from metalserve.lora.layers import AdapterTarget, LoraSlots, install_lora_layers
 from metalserve.units import format_bytes
 
 logger = logging.getLogger("metalserve.engine")
@@ -32,7 +33,8 @@ def prepare_lora(config: EngineConfig, model: nn.Module, model_type: str) -> Lor
     family = model_family(model_type)
     if family.hybrid or family.mla:
         raise ConfigError(f"--enable-lora: {model_type} models are not served with LoRA adapters yet")
-    layers = install_lora_layers(model, config.max_loras, config.max_lora_rank)
+    layers: dict[str, AdapterTarget] = {**install_lora_layers(model, config.max_loras, config.max_lora_rank)}
+    layers |= install_expert_layers(model, config.max_loras, config.max_lora_rank)  # MoE experts (SwitchGLU)
     return _with_start_up_adapters(config, LoraSlots(layers, config.max_loras, config.max_lora_rank), "MLX")
 
 
