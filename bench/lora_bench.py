@@ -71,7 +71,9 @@ def main() -> None:
         shape = {name: int(config[name]) for name in names}
     folder = Path(tempfile.mkdtemp())
     paths = [make_mlx_lm_adapter(folder / f"a{i}", seed=i, rank=args.rank, keys=KEYS, **shape) for i in range(4)]
-    base_config = dict(kv_cache_memory=1 << 27, max_num_batched_tokens=1024, block_size=16, max_model_len=1024)
+    base_config = dict(kv_cache_memory=1 << 27, max_num_batched_tokens=1024, block_size=16)
+    if args.default_model:  # its trained context (8192) would not fit the 128 MiB pool
+        base_config["max_model_len"] = 1024
     modules = tuple((f"a{i}", str(p)) for i, p in enumerate(paths))
     plain = build_engine_core(EngineConfig(**base_config), _loaded(shape, args.default_model))  # type: ignore[arg-type]
     lora_config = EngineConfig(**base_config, enable_lora=True, lora_modules=modules, max_lora_rank=args.rank)  # type: ignore[arg-type]

@@ -22,6 +22,7 @@ from metalserve.executor.sampler import Sampler
 from metalserve.kvcache.plan import plan_kv_pool, pool_budget
 from metalserve.kvcache.specs import KVCacheSpec, LayerGroupSpec, RecurrentState
 from metalserve.loader import LoadedModel
+from metalserve.loader.codes_linear import CodesLinear
 from metalserve.loader.weights_mode import parameter_bytes
 from metalserve.lora.layers import LoraSlots
 from metalserve.platform import Platform, current_platform
@@ -142,7 +143,7 @@ def _paged_model_for(
         raise ConfigError(
             "--enable-lora serves generating models; a pooling model (--runner pooling) takes no adapters"
         )
-    if pooling is None and config.enable_lora and host_compute_applies(platform, loaded.model_type):
+    if pooling is None and config.enable_lora and _takes_host_decoder(loaded, platform):
         model = paged_model(loaded, platform)
         return model, None, prepare_fast_path_lora(config, model)
     lora = prepare_lora(config, loaded.model, loaded.model_type)
@@ -152,6 +153,15 @@ def _paged_model_for(
         logger.info("pooling model: %s pooling%s", pooling.pooling_type, ", normalised" if pooling.normalize else "")
     loaded.codes.clear()
     return PagedModel(loaded.model, loaded.model_type), pooling, lora
+
+
+def _takes_host_decoder(loaded: LoadedModel, platform: Platform) -> bool:
+    """Whether the host compute will run this model's decoder in numba: it needs the projections' codes.
+    Without them LoRA takes the MLX route's own layers (separate q/k/v, each delta one gathered pair of
+    matmuls), which ran mixed steps faster than the fused stacks on MLX (bench/lora_bench.py)."""
+    if not host_compute_applies(platform, loaded.model_type):
+        return False
+    return bool(loaded.codes) or any(isinstance(m, CodesLinear) for _, m in loaded.model.named_modules())
 
 
 def _attention_for(

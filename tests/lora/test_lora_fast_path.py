@@ -1,6 +1,7 @@
 """Adapters on the CPU fast path: a GGUF kept in its codes runs every step of a batch that mixes adapters,
-scales and the base model in the one-call numba decoder, and answers as the MLX route over the same file
-and as mlx-lm's model with each adapter fused into the decoded weights."""
+scales and the base model in the one-call numba decoder, and answers as the MLX route over the same file,
+as the fast-path model's own MLX modules (the steps the decoder does not take), and as mlx-lm's model with
+each adapter fused into the decoded weights."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from mlx_lm.tuner.utils import load_adapters
 
 from metalserve.config import EngineConfig
 from metalserve.engine.core import EngineCore
+from metalserve.executor.host.compute import HostCompute
 from metalserve.executor.host.forward import HostForward
+from metalserve.lora.fused import FusedLoraLinear
 from metalserve.lora.request import LoraRequest
 from metalserve.platform import current_platform
 from metalserve.serving import build as build_module
@@ -107,14 +110,21 @@ def test_a_mixed_batch_on_the_fast_path_equals_the_mlx_route_and_the_fused_model
     assert host is not None and host.lora.qkv.a.shape[:2] == (2, config.max_loras)
     on_fast = run(fast, _jobs(fast, prompts))
     assert spy.with_adapters > 0 and spy.calls == spy.with_adapters  # every step of the batch took the decoder
+    # The fast-path model's own MLX route (FusedLoraLinear on the fused projections), for the steps the
+    # decoder does not take: every step here.
+    monkeypatch.setattr(HostCompute, "host_job", lambda *_: None)
+    fused_mlx = build_engine_core(config, load_model(str(path)))
+    on_fused_mlx = run(fused_mlx, _jobs(fused_mlx, prompts))
+    assert any(isinstance(m, FusedLoraLinear) for _, m in fused_mlx.runner.model.model.named_modules())
     monkeypatch.setattr(build_module, "host_compute_applies", lambda *_: False)  # the MLX route, same file
     mlx = build_engine_core(config, load_model(str(path)))
     assert getattr(mlx.runner.model.compute, "forward_on_host", None) is None
     on_mlx = run(mlx, _jobs(mlx, prompts))
     assert spy.calls == spy.with_adapters  # the MLX route never called the decoder
     for rid, (tokens, logprobs) in on_mlx.items():
-        assert on_fast[rid][0] == tokens, rid
-        assert max(abs(x - y) for x, y in zip(on_fast[rid][1], logprobs, strict=True)) < TOLERANCE, rid
+        for got in (on_fast, on_fused_mlx):
+            assert got[rid][0] == tokens, rid
+            assert max(abs(x - y) for x, y in zip(got[rid][1], logprobs, strict=True)) < TOLERANCE, rid
     for rid, (tokens, logprobs) in expected.items():  # mlx-lm: the adapter fused into the decoded weights
         assert on_fast[rid][0] == tokens, rid
         assert max(abs(x - y) for x, y in zip(on_fast[rid][1], logprobs, strict=True)) < TOLERANCE, rid
