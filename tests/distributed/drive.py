@@ -60,6 +60,7 @@ def config_of(spec: dict[str, Any]) -> EngineConfig:
         attention_backend="mlx",
         pipeline_step_timeout=60.0,
         max_model_len=512,
+        weights=spec.get("weights", "auto"),
     )
 
 
@@ -75,7 +76,7 @@ def reference_tokens(spec: dict[str, Any]) -> dict[str, list[int]]:
     from metalserve.serving.kv_groups import build_scheduler
 
     config = replace(config_of(spec), pipeline_parallel_size=1, tensor_parallel_size=1)
-    loaded = load_model(config.model)
+    loaded = load_model(config.model, weights=config.weights)
     model = PagedModel(loaded.model, loaded.model_type, MlxCompute())
     blocks = 512
     kv_spec = kv_cache_spec(loaded, config.block_size, num_blocks=blocks)

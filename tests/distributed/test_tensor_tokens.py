@@ -11,6 +11,7 @@ import pytest
 
 from tests.distributed.drive import reference_tokens
 from tests.distributed.test_pipeline_tokens import SPEC, run_pipeline
+from tests.distributed.tiny_dir import write_tiny_dir
 
 
 def test_two_tensor_parallel_ranks_match_one_process(tiny_llama: Path, tmp_path: Path) -> None:
@@ -37,4 +38,15 @@ def test_moe_at_tp2_experts_split_by_column(tiny_qwen3_moe: Path, tmp_path: Path
     spec = {**SPEC, "model": str(tiny_qwen3_moe), "tp": 2}
     got = run_pipeline(spec, tmp_path)
     assert got["prefix_hits"] > 0
+    assert got["tokens"] == reference_tokens(spec)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("weights", ["quantized", "dequantize"])
+def test_4bit_checkpoint_at_tp2(tmp_path: Path, weights: str) -> None:
+    """A 4-bit checkpoint split while packed: kept packed (the Mac route's weights) or dequantized after
+    the split (the CPU's)."""
+    model = write_tiny_dir(tmp_path / "q4", "llama", seed=0, layers=4, quantize_bits=4)
+    spec = {**SPEC, "model": str(model), "tp": 2, "weights": weights}
+    got = run_pipeline(spec, tmp_path)
     assert got["tokens"] == reference_tokens(spec)

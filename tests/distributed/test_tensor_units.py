@@ -172,3 +172,27 @@ def test_reports_name_tensor_parallel_ranks() -> None:
     with pytest.raises(StartupError, match="tensor-parallel rank 1 could not start: boom"):
         check_reports([ok, RankReport.failed("boom")], role="tensor-parallel")
     check_reports([ok, ok._replace(layers=range(1, 2))], role="tensor-parallel")
+
+
+def _quantized_llama() -> nn.Module:
+    model = tiny_model("llama", seed=6)
+    nn.quantize(model, group_size=32, bits=4)
+    return model
+
+
+def test_quantized_layers_split_while_packed() -> None:
+    """4-bit layers stay packed: column-parallel ones as QuantizedLinear of this rank's rows, row-parallel
+    ones inside the all-reduce, their groups whole; the partial sums add up to the whole layer."""
+    whole = _quantized_llama()
+    ranks = _shards(_quantized_llama)
+    attn = ranks[0].model.layers[0].self_attn
+    assert type(attn.q_proj) is nn.QuantizedLinear and type(attn.o_proj.inner) is nn.QuantizedLinear
+    x = mx.random.normal((1, 4, 64), key=mx.random.key(2))
+    got = sum(_partial(r.model.layers[0].mlp, x, False) for r in ranks)
+    assert mx.allclose(got, whole.model.layers[0].mlp(x), atol=1e-3).item()  # type: ignore[union-attr]
+    # 64 input columns of o_proj split over 4 ranks leave 16 each: not whole groups of 32.
+    wide = tiny_model("llama", seed=6, num_attention_heads=4, num_key_value_heads=4)
+    nn.quantize(wide, group_size=32, bits=4)
+    assert tp_problem(wide, 4) == (
+        "layer 0's o_proj: 64 quantized input columns do not split into whole groups of 32 over 4"
+    )
