@@ -24,13 +24,13 @@ import numpy as np
 from metalserve.distributed.stage import Stage
 from metalserve.distributed.wire import HEADER_LEN, Header, Kind, StepMeta
 from metalserve.engine.core import EngineCore
-from metalserve.executor.attention.base import AttentionBackend
-from metalserve.executor.context import ForwardContext, forward_context
+from metalserve.executor.attention.base import AttentionBackend, LayerCacheSpec
+from metalserve.executor.context import ForwardContext, GroupStep, forward_context
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.compute import MlxCompute, MlxForward
 from metalserve.executor.runner import InFlightStep, ModelRunner, SamplerFn
 from metalserve.executor.step_inputs import StepInputs
-from metalserve.kvcache.specs import KVCacheSpec
+from metalserve.kvcache.specs import AttentionSpec, KVCacheSpec
 from metalserve.outputs import EngineCoreOutput
 from metalserve.scheduler.output import ModelRunnerOutput
 
@@ -161,6 +161,16 @@ class TensorParallelCore(EngineCore):
         send_step(Header(Kind.STOP, 0, 0, 0, 0, 0, -1, 0), None, self.runner.group)
 
 
+def one_group_context(stage: Stage, step: StepInputs) -> ForwardContext:
+    """The step's attention metadata over the stage's pools, for a model of one full-attention layer
+    group (serving/tensor.py refuses others): the step's own slots and block rows are that group's."""
+    attn = stage.spec.groups[0]
+    assert isinstance(attn, AttentionSpec)
+    meta = stage.backend.build_metadata(step, LayerCacheSpec(attn, stage.spec.block_size, stage.spec.num_blocks))
+    group = GroupStep(mx.array(step.slot_mapping), meta)
+    return ForwardContext(mx.array(step.positions), stage.backend, stage.kv, [group])
+
+
 class TensorParallelWorker:
     """Ranks 1..N-1: no scheduler, no sampler; this rank's heads of every layer and their KV pools."""
 
@@ -182,7 +192,7 @@ class TensorParallelWorker:
     def run_step(self, header: Header, flat: np.ndarray) -> None:
         step = decode_step(flat, header)
         self.stage.ensure_blocks(header.num_kv_blocks)
-        with forward_context(self.stage.context(step)):
+        with forward_context(one_group_context(self.stage, step)):
             hidden = self.stage.model.mlx_hidden_states(mx.array(step.token_ids))
         # The whole forward, not only the pools: the last layer's all-reduce feeds no pool but rank 0 waits on it.
         mx.eval(hidden, self.stage.pools())

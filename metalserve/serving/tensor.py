@@ -19,7 +19,7 @@ from metalserve.config import EngineConfig
 from metalserve.distributed.handshake import RankReport, StartupError, check_reports, exchange, fingerprint
 from metalserve.distributed.launch import init_group, launched_externally, spawn_local_ranks
 from metalserve.distributed.setup import loaded_config
-from metalserve.distributed.shard import shard_model
+from metalserve.distributed.shard import TensorParallelError, shard_model
 from metalserve.distributed.stage import Stage
 from metalserve.distributed.tensor import TensorParallelCore, TensorParallelRunner, TensorParallelWorker, WholeForward
 from metalserve.distributed.watchdog import Watchdog
@@ -68,7 +68,19 @@ def _load_shard(config: EngineConfig, group: mx.distributed.Group) -> tuple[Load
     mx.clear_cache()
     # The generic MLX path: the host fast path (executor/host/) runs whole models in one process only.
     model = PagedModel(loaded.model, loaded.model_type, WholeForward())
+    check_tensor_parallel_layout(model, loaded.model_type)
     return loaded, model, found["fingerprint"]
+
+
+def check_tensor_parallel_layout(model: PagedModel, model_type: str) -> None:
+    """A worker builds one layer group's metadata (distributed/tensor.py): refuse a split model of several
+    (sliding windows), recurrent states or MLA latents by name, rather than serve it wrongly."""
+    layout = model.kv_layout
+    if model.state_layout is not None or len(layout.groups) != 1 or layout.value_dim is not None:
+        raise TensorParallelError(
+            f"{FLAG}: a {model_type} model keeps {len(layout.groups)} KV layer groups (sliding windows, recurrent "
+            "states or MLA latents); tensor-parallel ranks serve one full-attention group so far"
+        )
 
 
 def _blocks_fit(config: EngineConfig, loaded: LoadedModel, size: int, first: bool) -> tuple[int, int]:

@@ -196,3 +196,15 @@ def test_quantized_layers_split_while_packed() -> None:
     assert tp_problem(wide, 4) == (
         "layer 0's o_proj: 64 quantized input columns do not split into whole groups of 32 over 4"
     )
+
+
+def test_a_split_model_with_sliding_windows_is_refused() -> None:
+    from metalserve.executor.models.adapter import PagedModel
+    from metalserve.serving.tensor import check_tensor_parallel_layout
+
+    windowed = _shards(
+        lambda: tiny_model("llama", layer_types=["sliding_attention", "full_attention"], sliding_window=16)
+    )
+    with pytest.raises(TensorParallelError, match="keeps 2 KV layer groups"):
+        check_tensor_parallel_layout(PagedModel(windowed[0], "llama"), "llama")
+    check_tensor_parallel_layout(PagedModel(_shards(lambda: tiny_model("llama"))[0], "llama"), "llama")
