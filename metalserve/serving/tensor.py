@@ -142,7 +142,12 @@ def start_tensor_parallel(config: EngineConfig) -> tuple[TensorParallelCore, Loa
     """Rank 0's side (on a rank other than 0, started by mlx.launch, this serves and exits)."""
     children = [] if launched_externally() else spawn_local_ranks(config)
     core_ref: list[TensorParallelCore] = []
-    watchdog = Watchdog(children, config.pipeline_step_timeout, lambda: core_ref[0].waiting_since if core_ref else None)
+    watchdog = Watchdog(
+        children,
+        config.pipeline_step_timeout,
+        lambda: core_ref[0].waiting_since if core_ref else None,
+        role="tensor-parallel",
+    )
     watchdog.start()  # from here a local rank that dies during start-up ends this process too
     group = init_group(config.tensor_parallel_size, FLAG)
     if group.rank() != 0:

@@ -208,3 +208,20 @@ def test_a_split_model_with_sliding_windows_is_refused() -> None:
     with pytest.raises(TensorParallelError, match="keeps 2 KV layer groups"):
         check_tensor_parallel_layout(PagedModel(windowed[0], "llama"), "llama")
     check_tensor_parallel_layout(PagedModel(_shards(lambda: tiny_model("llama"))[0], "llama"), "llama")
+
+
+def test_watchdog_names_tensor_parallel_ranks() -> None:
+    import subprocess
+    import sys
+    import time
+
+    from metalserve.distributed.watchdog import Watchdog
+
+    child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    child.wait(30)
+    assert Watchdog([child], 60, lambda: None, role="tensor-parallel").check() == (
+        "tensor-parallel rank 1 exited with status 3"
+    )
+    since = time.monotonic() - 5
+    problem = Watchdog([], 2, lambda: since, role="tensor-parallel").check()
+    assert problem is not None and "no result from the tensor-parallel ranks for 2 s" in problem
