@@ -13,10 +13,15 @@ from tests.loader.tiny_tokenizer import save_hf_tokenizer, vocab_tokens
 from tests.models.archs import build
 
 
-def write_tiny_dir(path: Path, model_type: str = "llama", seed: int = 0, layers: int = 4) -> Path:
+def write_tiny_dir(
+    path: Path, model_type: str = "llama", seed: int = 0, layers: int = 4, model: nn.Module | None = None
+) -> Path:
+    """`model`: one already built (a hybrid's or an MLA model's tiny classes), else one of `model_type`."""
     vocab = len(vocab_tokens())
     overrides = dict(num_hidden_layers=layers, vocab_size=vocab, eos_token_id=2)
-    if model_type in ("llama", "mistral", "qwen2", "qwen3"):
+    if model is not None:
+        pass
+    elif model_type in ("llama", "mistral", "qwen2", "qwen3"):
         model = tiny_model(model_type, seed=seed, **overrides)
     else:  # the other covered architectures' tiny configs (tests/models/archs.py)
         model = build(model_type, seed=seed, **overrides)

@@ -1,0 +1,36 @@
+"""Greedy tokens through 2 local ranks (the ring backend) equal one process for every KV kind: a
+sliding-window model of three layer groups, a hybrid with recurrent states and an MLA model; with
+staggered requests, chunked prefill and prefix caching on (tests/distributed/drive.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.distributed.drive import reference_tokens
+from tests.distributed.test_pipeline_tokens import SPEC, run_pipeline
+
+pytestmark = pytest.mark.slow  # each starts two ranks that load the model: 20-40 s
+
+
+def test_sliding_window_groups_over_two_ranks(tiny_gemma3: Path, tmp_path: Path) -> None:
+    spec = {**SPEC, "model": str(tiny_gemma3), "pp": 2}
+    got = run_pipeline(spec, tmp_path)
+    assert got["prefix_hits"] > 0
+    assert got["tokens"] == reference_tokens(spec)
+    assert "KV cache layer groups: FullAttention x2, SlidingWindow x2, SlidingWindow x2" in got["log"]
+
+
+def test_a_hybrid_with_recurrent_states_over_two_ranks(tiny_qwen3_next: Path, tmp_path: Path) -> None:
+    spec = {**SPEC, "model": str(tiny_qwen3_next), "pp": 2}
+    got = run_pipeline(spec, tmp_path)
+    assert got["prefix_hits"] > 0  # resumed from state snapshots at block boundaries
+    assert got["tokens"] == reference_tokens(spec)
+
+
+def test_mla_latent_pages_over_two_ranks(tiny_deepseek_v3: Path, tmp_path: Path) -> None:
+    spec = {**SPEC, "model": str(tiny_deepseek_v3), "pp": 2}
+    got = run_pipeline(spec, tmp_path)
+    assert got["prefix_hits"] > 0
+    assert got["tokens"] == reference_tokens(spec)
