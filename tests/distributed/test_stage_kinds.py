@@ -45,6 +45,10 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], str]] = {
     "hybrid-lfm2": (lambda: tiny_hybrid("lfm2", seed=7), "lfm2"),
     "mla": (lambda: tiny_mla("deepseek_v3", seed=8), "deepseek_v3"),
 }
+# More families' quirks at a cut after layer 1: windows read off `layer_types` by the whole model's layer
+# index (ministral3, gpt-oss), other window patterns, the embedding's scale (gemma2) or multiplier (granite).
+EXTRA = ("ministral3", "gpt_oss", "cohere2", "olmo3", "exaone4", "gemma2", "granite")
+MODELS |= {name: ((lambda name=name: build(name, seed=9)), name) for name in EXTRA}  # type: ignore[misc]
 
 
 def make_stages(kind: str, cuts: list[range], storage: KVCacheDtype = KVCacheDtype.AUTO) -> list[Stage]:
@@ -102,6 +106,7 @@ CASES = [
     ("hybrid-granite", [range(0, 2), range(2, 4)]),  # the embedding multiplier on rank 0
     ("hybrid-lfm2", [range(0, 3), range(3, 4)]),  # lfm2's final norm is `embedding_norm`
     ("mla", [range(0, 1), range(1, 3)]),
+    *((name, [range(0, 1), range(1, len(build(name).model.layers))]) for name in EXTRA),
 ]
 
 
@@ -164,3 +169,14 @@ def test_a_family_the_stages_cannot_split_is_refused_naming_why() -> None:
     check_pipeline_model("deepseek_v3")
     with pytest.raises(ConfigError, match="gemma4_text model cannot be split into stages yet: its layers take"):
         check_pipeline_model("gemma4_text")
+
+
+@pytest.mark.parametrize("name", ["ministral3", "gpt_oss"])
+def test_a_slice_reads_layer_types_by_the_whole_models_layer_index(name: str) -> None:
+    """Windows from `layer_types` (the whole model's list) land on the right layers of a later slice."""
+    (whole,) = make_stages(name, [range(0, 4)])
+    first, second = make_stages(name, [range(0, 1), range(1, 4)])
+    windows = [layer.self_attn.options.sliding_window for layer in whole.model.backbone.layers]
+    assert windows[0] is not None and None in windows  # the tiny configs mix both kinds
+    sliced = [layer.self_attn.options.sliding_window for s in (first, second) for layer in s.model.backbone.layers]
+    assert sliced == windows
