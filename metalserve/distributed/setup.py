@@ -71,23 +71,10 @@ def _load_slice(config: EngineConfig, rank: int, size: int) -> tuple[LoadedModel
     return loaded, model, found["layers"], found["fingerprint"]
 
 
-# Families whose slices the stages cannot run as mlx-lm's backbone would: what their backbone computes
-# besides the embedding, the layers and the final norm, or where it keeps them.
-NOT_SPLIT = {
-    "gemma4_text": "its layers take per-layer inputs that the backbone computes from the token ids",
-    "nemotron_h": "its backbone is not `model.model`",
-    "qwen3_5": "its language model sits under a vision wrapper",
-    "qwen3_5_moe": "its language model sits under a vision wrapper",
-    "qwen2_vl": "images and multimodal RoPE positions are not sent to the stages",
-    "qwen2_5_vl": "images and multimodal RoPE positions are not sent to the stages",
-    "gemma3": "images are not sent to the stages",
-}
-
-
 def check_pipeline_model(model_type: str) -> None:
     """Refuse, naming why, a family whose layers the stages cannot run apart (every KV kind is served:
     sliding-window groups, recurrent states and MLA's latent pages)."""
-    why = NOT_SPLIT.get(model_type)
+    why = model_family(model_type).not_split
     if why is not None:
         raise ConfigError(f"--pipeline-parallel-size: a {model_type} model cannot be split into stages yet: {why}")
 

@@ -25,9 +25,6 @@ from metalserve.loader.weights_mode import parameter_bytes
 
 # The backbone's final norm, by the names mlx-lm's families give it (lfm2: embedding_norm).
 FINAL_NORMS = ("norm", "embedding_norm")
-# What mlx-lm's backbones do to the embedding before the first layer, besides looking it up.
-SQRT_HIDDEN_SCALED = frozenset({"gemma2"})
-SQRT_HIDDEN_BF16_SCALED = frozenset({"gemma3_text"})  # the factor rounded to bfloat16 first
 
 
 def layer_bytes(model: nn.Module) -> list[int]:
@@ -71,16 +68,8 @@ def keep_layers(model: nn.Module, layers: range, first: bool) -> None:
 
 
 def embed_inputs(model: PagedModel, token_ids: mx.array) -> mx.array:
-    """`[T]` token ids -> `[T, hidden]`: what mlx-lm's backbone feeds its first layer (the embedding,
-    scaled where the family scales it)."""
-    h = model.embed(token_ids)
-    model_type, backbone = model.family.model_type, model.backbone
-    if model_type in SQRT_HIDDEN_SCALED:
-        return h * (backbone.args.hidden_size**0.5)
-    if model_type in SQRT_HIDDEN_BF16_SCALED:
-        return h * mx.array(backbone.args.hidden_size**0.5, mx.bfloat16).astype(h.dtype)
-    multiplier = getattr(backbone, "embedding_multiplier", None)  # the granite families
-    return h * multiplier if multiplier is not None else h
+    """`[T]` token ids -> `[T, hidden]`: what mlx-lm's backbone feeds its first layer."""
+    return model.family.embed_inputs(model.embed(token_ids), model.backbone)
 
 
 def final_norm(model: PagedModel, hidden: mx.array) -> mx.array:

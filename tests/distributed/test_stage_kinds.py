@@ -169,6 +169,8 @@ def test_a_family_the_stages_cannot_split_is_refused_naming_why() -> None:
     check_pipeline_model("deepseek_v3")
     with pytest.raises(ConfigError, match="gemma4_text model cannot be split into stages yet: its layers take"):
         check_pipeline_model("gemma4_text")
+    with pytest.raises(ConfigError, match="qwen2_vl model cannot be split into stages yet: images are not sent"):
+        check_pipeline_model("qwen2_vl")
 
 
 @pytest.mark.parametrize("name", ["ministral3", "gpt_oss"])
