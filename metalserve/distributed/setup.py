@@ -13,7 +13,7 @@ import mlx.nn as nn
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.distributed.handshake import RankReport, check_reports, exchange, fingerprint
 from metalserve.distributed.partition import split_layers
-from metalserve.distributed.stage import keep_layers, layer_bytes, non_layer_bytes
+from metalserve.distributed.stage import backbone_of, keep_layers, layer_bytes, non_layer_bytes
 from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.models.adapter import PagedModel
@@ -89,7 +89,7 @@ def _resident_sizes(model: nn.Module, config: EngineConfig) -> tuple[list[int], 
     will dequantize (MLX's CPU backend), else as stored."""
     whole = fp32_bytes(model)
     if should_dequantize(config.weights, whole, config.dequantize_max_bytes, current_platform().metal):
-        sizes = [fp32_bytes(layer) for layer in model.model.layers]
+        sizes = [fp32_bytes(layer) for layer in backbone_of(model).layers]
         return sizes, whole - sum(sizes)
     return layer_bytes(model), non_layer_bytes(model)
 

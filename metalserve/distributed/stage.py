@@ -19,17 +19,23 @@ from metalserve.executor.block_table import BlockTables
 from metalserve.executor.context import ForwardContext, GroupStep, forward_context
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.attention_traits import FIRST_LAYER_ATTR
+from metalserve.executor.models.families import model_family
 from metalserve.executor.state_cache import RecurrentStates
 from metalserve.kvcache.specs import AttentionSpec, KVCacheSpec
 from metalserve.loader.weights_mode import parameter_bytes
 
-# The backbone's final norm, by the names mlx-lm's families give it (lfm2: embedding_norm).
-FINAL_NORMS = ("norm", "embedding_norm")
+# The backbone's final norm, by the names mlx-lm's families give it (lfm2: embedding_norm, nemotron_h: norm_f).
+FINAL_NORMS = ("norm", "embedding_norm", "norm_f")
+
+
+def backbone_of(model: nn.Module) -> nn.Module:
+    """An mlx-lm model's backbone (embedding, decoder layers, final norm), wherever its family keeps it."""
+    return model_family(str(getattr(model, "model_type", ""))).backbone(model)
 
 
 def layer_bytes(model: nn.Module) -> list[int]:
     """Bytes of each decoder layer's parameters (what a rank holding it must store and read per step)."""
-    return [parameter_bytes(layer) for layer in model.model.layers]
+    return [parameter_bytes(layer) for layer in backbone_of(model).layers]
 
 
 def non_layer_bytes(model: nn.Module) -> int:
@@ -51,20 +57,22 @@ def keep_layers(model: nn.Module, layers: range, first: bool) -> None:
     the activations' dtype (and a hybrid's state probe their width) from it. The backbone remembers the
     whole model's index of its first layer, where per-model lists (`layer_types`) are read by layer
     (models/attention_traits.py)."""
-    backbone = model.model
+    family = model_family(str(getattr(model, "model_type", "")))
+    backbone = family.backbone(model)
     backbone.layers = [backbone.layers[i] for i in layers]
     setattr(backbone, FIRST_LAYER_ATTR, layers.start)
     if not first:
-        embed = backbone.embed_tokens
+        embed = getattr(backbone, family.embedding_attr)
         quantized = isinstance(embed, nn.QuantizedEmbedding)
         dtype = embed.scales.dtype if quantized else embed.weight.dtype
         hidden = int(embed.dims) if quantized else int(embed.weight.shape[1])
         stub = nn.Embedding(1, hidden)
         stub.weight = mx.zeros((1, hidden), dtype)
-        backbone.embed_tokens = stub
+        setattr(backbone, family.embedding_attr, stub)
         setattr(backbone, final_norm_name(backbone), nn.Identity())
-        if "lm_head" in model:
-            model.lm_head = nn.Identity()
+        lm = family.language_model(model)
+        if "lm_head" in lm:
+            lm.lm_head = nn.Identity()
 
 
 def embed_inputs(model: PagedModel, token_ids: mx.array) -> mx.array:

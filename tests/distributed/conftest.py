@@ -38,19 +38,28 @@ def tiny_gemma3(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_dir(tmp_path_factory.mktemp("tiny") / "gemma3", "gemma3_text", model=model)
 
 
-@pytest.fixture(scope="session")
-def tiny_qwen3_next(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Gated-delta (recurrent) layers 0 and 2, attention layers 1 and 3."""
+def write_hybrid_dir(path: Path, model_type: str, seed: int) -> Path:
     from tests.models.hybrid_tiny import _BASE, CONFIGS, tiny_hybrid
 
-    path = tmp_path_factory.mktemp("tiny") / "qwen3_next"
-    path.mkdir()
-    model = tiny_hybrid("qwen3_next", seed=5)
+    path.mkdir(parents=True)
+    model = tiny_hybrid(model_type, seed=seed)
     mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
-    config = {"model_type": "qwen3_next", **_BASE, **CONFIGS["qwen3_next"], "eos_token_id": 2}
+    config = {"model_type": model_type, **_BASE, **CONFIGS[model_type], "eos_token_id": 2}
     (path / "config.json").write_text(json.dumps(config))
     save_hf_tokenizer(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_next(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Gated-delta (recurrent) layers 0 and 2, attention layers 1 and 3."""
+    return write_hybrid_dir(tmp_path_factory.mktemp("tiny") / "qwen3_next", "qwen3_next", seed=5)
+
+
+@pytest.fixture(scope="session")
+def tiny_nemotron_h(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Mamba layers 0 and 3, attention layer 2, MLP-only layers 1 and 4; the backbone is `backbone`."""
+    return write_hybrid_dir(tmp_path_factory.mktemp("tiny") / "nemotron_h", "nemotron_h", seed=10)
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,13 @@ def test_a_hybrid_with_recurrent_states_over_two_ranks(tiny_qwen3_next: Path, tm
     assert got["tokens"] == reference_tokens(spec)
 
 
+def test_a_hybrid_whose_backbone_is_elsewhere_over_two_ranks(tiny_nemotron_h: Path, tmp_path: Path) -> None:
+    spec = {**SPEC, "model": str(tiny_nemotron_h), "pp": 2}
+    got = run_pipeline(spec, tmp_path)
+    assert got["prefix_hits"] > 0
+    assert got["tokens"] == reference_tokens(spec)
+
+
 def test_mla_latent_pages_over_two_ranks(tiny_deepseek_v3: Path, tmp_path: Path) -> None:
     spec = {**SPEC, "model": str(tiny_deepseek_v3), "pp": 2}
     got = run_pipeline(spec, tmp_path)

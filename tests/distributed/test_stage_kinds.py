@@ -43,6 +43,11 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], str]] = {
     "hybrid": (lambda: tiny_hybrid("qwen3_next", seed=5), "qwen3_next"),
     "hybrid-granite": (lambda: tiny_hybrid("granitemoehybrid", seed=6), "granitemoehybrid"),
     "hybrid-lfm2": (lambda: tiny_hybrid("lfm2", seed=7), "lfm2"),
+    # The backbone elsewhere: nemotron_h's `backbone` (embeddings, norm_f), qwen3_5's under `language_model`.
+    "hybrid-nemotron": (lambda: tiny_hybrid("nemotron_h", seed=10), "nemotron_h"),
+    "hybrid-qwen3_5": (lambda: tiny_hybrid("qwen3_5", seed=11), "qwen3_5"),
+    "hybrid-qwen3_5_moe": (lambda: tiny_hybrid("qwen3_5_moe", seed=12), "qwen3_5_moe"),
+    "hybrid-lfm2_moe": (lambda: tiny_hybrid("lfm2_moe", seed=13), "lfm2_moe"),
     "mla": (lambda: tiny_mla("deepseek_v3", seed=8), "deepseek_v3"),
 }
 # More families' quirks at a cut after layer 1: windows read off `layer_types` by the whole model's layer
@@ -105,6 +110,10 @@ CASES = [
     ("hybrid", [range(0, 3), range(3, 4)]),  # stage 1: no recurrent layer
     ("hybrid-granite", [range(0, 2), range(2, 4)]),  # the embedding multiplier on rank 0
     ("hybrid-lfm2", [range(0, 3), range(3, 4)]),  # lfm2's final norm is `embedding_norm`
+    ("hybrid-nemotron", [range(0, 2), range(2, 5)]),  # stage 0: a Mamba layer and an MLP-only one
+    ("hybrid-qwen3_5", [range(0, 1), range(1, 4)]),
+    ("hybrid-qwen3_5_moe", [range(0, 2), range(2, 4)]),
+    ("hybrid-lfm2_moe", [range(0, 2), range(2, 4)]),
     ("mla", [range(0, 1), range(1, 3)]),
     *((name, [range(0, 1), range(1, len(build(name).model.layers))]) for name in EXTRA),
 ]

@@ -91,12 +91,7 @@ MLA_MODEL_TYPES = frozenset({"deepseek_v2", "deepseek_v3", "glm4_moe_lite"})
 EMBEDDING_SCALES = {"gemma2": "sqrt", "gemma3_text": "sqrt-bf16"}
 # Families whose layers pipeline stages cannot run apart as mlx-lm's backbone would, and why (the vision
 # families too: images are not sent to the stages).
-NOT_SPLIT = {
-    "gemma4_text": "its layers take per-layer inputs that the backbone computes from the token ids",
-    "nemotron_h": "its backbone is not `model.model`",
-    "qwen3_5": "its language model sits under a vision wrapper",
-    "qwen3_5_moe": "its language model sits under a vision wrapper",
-}
+NOT_SPLIT = {"gemma4_text": "its layers take per-layer inputs that the backbone computes from the token ids"}
 # HOST_MODEL_TYPES (metalserve/kernels/cpu/decoder_weights.py, where the loader reads it too): the dense
 # llama-family models whose blocks the host twins reproduce (executor/host/); every other family runs
 # mlx-lm's own modules on MLX.
@@ -130,6 +125,18 @@ class ModelFamily:
     bidirectional_images: bool = False  # an image's tokens attend to each other both ways (Gemma 3)
     embedding_scale: str | None = None  # EMBEDDING_SCALES
     not_split: str | None = None  # why pipeline stages cannot run it (None: they can)
+
+    def language_model(self, model: nn.Module) -> nn.Module:
+        """The module holding the backbone and the head (a wrapper's `language_model` for qwen3_5)."""
+        return self.hybrid.language_model(model) if self.hybrid else model
+
+    def backbone(self, model: nn.Module) -> nn.Module:
+        """The module holding the embedding, the decoder layers and the final norm."""
+        return getattr(self.language_model(model), self.hybrid.backbone_attr) if self.hybrid else model.model
+
+    @property
+    def embedding_attr(self) -> str:
+        return self.hybrid.embed_attr if self.hybrid else "embed_tokens"
 
     def embed_inputs(self, embedded: mx.array, backbone: nn.Module) -> mx.array:
         """The embedding's output as mlx-lm's backbone feeds it to the first layer (a pipeline's rank 0
