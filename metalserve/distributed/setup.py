@@ -131,7 +131,8 @@ def setup_rank(config: EngineConfig, group: mx.distributed.Group) -> RankSetup:
         raise
     reports = exchange(report, group)
     check_reports(reports)
-    plan = plan_stage_pool(config, [r.blocks_fit for r in reports], max_model_len)
+    groups = stage_spec(model, config.block_size, config.kv_cache_dtype).groups  # the same on every rank
+    plan = plan_stage_pool(config, [r.blocks_fit for r in reports], max_model_len, groups)
     if rank == 0:
         log_ranks(reports, plan.num_blocks, config.block_size)
     return RankSetup(

@@ -20,6 +20,8 @@ def test_sliding_window_groups_over_two_ranks(tiny_gemma3: Path, tmp_path: Path)
     assert got["prefix_hits"] > 0
     assert got["tokens"] == reference_tokens(spec)
     assert "KV cache layer groups: FullAttention x2, SlidingWindow x2, SlidingWindow x2" in got["log"]
+    # A request holds blocks in all three groups: the cap is --max-num-seqs 64 x 3 x 512 / 8 tokens, + 1.
+    assert "pipeline KV pool: up to 12289 blocks of 8 tokens" in got["log"]
 
 
 def test_a_hybrid_with_recurrent_states_over_two_ranks(tiny_qwen3_next: Path, tmp_path: Path) -> None:
