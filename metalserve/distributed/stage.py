@@ -95,6 +95,7 @@ class Stage:
         self.backend = backend
         self.kv: list[Any] = [backend.allocate(self._layer(t, spec.num_blocks)) for t in spec.tensors]
         self.tables = BlockTables(spec.groups, spec.block_size)  # this step's, rebuilt from its metadata
+        self.local_groups = frozenset(model.kv_layout.layer_group) - {-1}  # the groups this slice's layers use
         self.states: RecurrentStates | None = None  # the slice's recurrent layers' states, by block id
         if model.state_layout is not None:
             self.states = RecurrentStates(model.state_layout, self.tables, spec.num_blocks)
@@ -124,6 +125,9 @@ class Stage:
         step = meta.step_inputs(rids)
         groups = []
         for g in tables.attention_groups:
+            if g not in self.local_groups:  # no layer here reads it: skip its slots and metadata
+                groups.append(GroupStep(mx.zeros((0,), mx.int32), None))
+                continue
             seen = tables.group_step(step, g)
             attn = self.spec.groups[g]
             assert isinstance(attn, AttentionSpec)

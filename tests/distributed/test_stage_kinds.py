@@ -156,6 +156,10 @@ def test_each_stage_keeps_every_group_and_only_its_own_pages() -> None:
     assert len(whole.spec.tensors) == len(first.spec.tensors) == len(second.spec.tensors) == 2
     assert first.model.kv_layout.layer_tensor == (0, 1, 0) and first.model.kv_layout.layer_group == (1, 1, 0)
     assert second.model.kv_layout.layer_tensor == (0, 1, 0) and second.model.kv_layout.layer_group == (2, 2, 0)
+    # A group none of a stage's layers reads gets no slots or metadata built there.
+    meta = step_meta(3, 0, 20)
+    assert [g.metadata is None for g in first.context(meta).groups] == [False, False, True]
+    assert [g.metadata is None for g in second.context(meta).groups] == [False, True, False]
 
 
 def test_a_hybrid_stage_sizes_its_own_states() -> None:
