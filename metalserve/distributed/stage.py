@@ -94,11 +94,11 @@ class Stage:
         self.spec = spec
         self.backend = backend
         self.kv: list[Any] = [backend.allocate(self._layer(t, spec.num_blocks)) for t in spec.tensors]
-        self.tables = BlockTables(spec.groups, spec.block_size)  # this step's, rebuilt from its metadata
         self.local_groups = frozenset(model.kv_layout.layer_group) - {-1}  # the groups this slice's layers use
         self.states: RecurrentStates | None = None  # the slice's recurrent layers' states, by block id
-        if model.state_layout is not None:
-            self.states = RecurrentStates(model.state_layout, self.tables, spec.num_blocks)
+        if model.state_layout is not None:  # its tables are each step's (`context`)
+            tables = BlockTables(spec.groups, spec.block_size)
+            self.states = RecurrentStates(model.state_layout, tables, spec.num_blocks)
 
     def _layer(self, attn: AttentionSpec, num_blocks: int) -> LayerCacheSpec:
         return LayerCacheSpec(attn, self.spec.block_size, num_blocks)
@@ -117,7 +117,8 @@ class Stage:
         mx.clear_cache()
 
     def context(self, meta: StepMeta) -> ForwardContext:
-        """Every layer group's slots and metadata (and the recurrent states' plan) from the step's tables."""
+        """Every layer group's slots and metadata (and the recurrent states' plan) from the step's tables;
+        a stage keeps no request state, so the tables are the step's, under row numbers for request ids."""
         tables = BlockTables(self.spec.groups, self.spec.block_size)
         rids = [str(i) for i in range(len(meta.seq_lens))]
         for i, rid in enumerate(rids):
@@ -135,7 +136,7 @@ class Stage:
             groups.append(GroupStep(mx.array(seen.slot_mapping), meta_g))
         states = None
         if self.states is not None:
-            self.states.tables = tables
+            self.states.tables = tables  # the state group's entries, read by the plan
             states = self.states.plan(step)
         return ForwardContext(mx.array(step.positions), self.backend, self.kv, groups, states)
 
