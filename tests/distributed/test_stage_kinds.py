@@ -195,3 +195,17 @@ def test_a_slice_reads_layer_types_by_the_whole_models_layer_index(name: str) ->
     assert windows[0] is not None and None in windows  # the tiny configs mix both kinds
     sliced = [layer.self_attn.options.sliding_window for s in (first, second) for layer in s.model.backbone.layers]
     assert sliced == windows
+
+
+@pytest.mark.parametrize("kind", ["sliding", "hybrid"])
+def test_int8_pages_split_as_the_whole_model_keeps_them(kind: str) -> None:
+    """--kv-cache-dtype int8: each stage quantizes its own layers' pages as one stage of all layers does."""
+    n = 6 if kind == "sliding" else 4
+    (whole,) = make_stages(kind, [range(0, n)], KVCacheDtype.INT8)
+    stages = make_stages(kind, [range(0, 2), range(2, n)], KVCacheDtype.INT8)
+    assert stages[1].spec.page.storage == "int8"
+    groups = len(whole.spec.groups)
+    for start, stop, tokens in ((0, len(PROMPT), PROMPT), (len(PROMPT), len(PROMPT) + 1, [PROMPT[-1]])):
+        meta = step_meta(groups, start, stop)
+        want = stage_logits([whole], tokens, meta)
+        assert mx.allclose(stage_logits(stages, tokens, meta), want, atol=1e-4), start
