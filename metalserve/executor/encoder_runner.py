@@ -115,12 +115,11 @@ class EncoderRunner:
                     types[cu[i] + seps[0] + 1 : cu[i + 1]] = 1
         hidden = self.encoder.forward(ids, types, cu)
         classify = [i for i, (_, _, p) in enumerate(requests) if p.classify]
-        logits = self.encoder.classify(hidden[cu[classify]]) if classify else None
+        logits = dict(zip(classify, self.encoder.classify(hidden[cu[classify]]), strict=True)) if classify else {}
         vectors: dict[str, np.ndarray] = {}
         for i, (rid, _, params) in enumerate(requests):
             if params.classify:
-                assert logits is not None
-                vectors[rid] = logits[classify.index(i)].astype(np.float32)
+                vectors[rid] = logits[i].astype(np.float32)
                 continue
             rows = hidden[cu[i] : cu[i + 1]]
             kind = params.pooling_type
