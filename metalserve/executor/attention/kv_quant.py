@@ -99,6 +99,11 @@ class QuantPool:
         cat = [mx.concatenate([a, b], axis=2) for a, b in zip(self.arrays(), more.arrays(), strict=True)]
         return QuantPool(cat[0], cat[1], cat[2] if len(cat) > 2 else None, self.page, self.head_dim, self.dtype)
 
+    def truncate(self, num_slots: int) -> QuantPool:
+        """The first `num_slots` slots, copied into buffers of their own."""
+        cut = [mx.contiguous(a[:, :, :num_slots]) for a in self.arrays()]
+        return QuantPool(cut[0], cut[1], cut[2] if len(cut) > 2 else None, self.page, self.head_dim, self.dtype)
+
     def write(self, kv: mx.array, slot_mapping: mx.array) -> None:
         """Quantize `kv` `[planes, T, Hkv, D]` and scatter it to `slot_mapping` `[T]`."""
         codes, scales, biases = quantize(kv, self.page)

@@ -104,6 +104,9 @@ class KernelAttention(AttentionBackend[LayerKV, KernelStep]):
         more = _zeros(spec)
         return cache.with_arrays([mx.concatenate([a, b]) for a, b in zip(cache.arrays(), more.arrays(), strict=True)])
 
+    def truncate(self, cache: LayerKV, spec: LayerCacheSpec) -> LayerKV:
+        return cache.with_arrays([mx.contiguous(a[: spec.num_slots]) for a in cache.arrays()])
+
     def build_metadata(self, step: StepInputs, spec: LayerCacheSpec) -> KernelStep:
         return KernelStep(
             mx.array(step.padded_block_tables()), mx.array(step.cu_seqlens_q), mx.array(step.seq_lens), spec.block_size

@@ -52,6 +52,11 @@ class MlxAttention(AttentionBackend[PortableKV, AttentionPlan]):
         assert not isinstance(cache.pool, QuantPool) and not isinstance(more, QuantPool)
         return PortableKV(mx.concatenate([cache.pool, more], axis=2))
 
+    def truncate(self, cache: PortableKV, spec: LayerCacheSpec) -> PortableKV:
+        if isinstance(cache.pool, QuantPool):
+            return PortableKV(cache.pool.truncate(spec.num_slots))
+        return PortableKV(mx.contiguous(cache.pool[:, :, : spec.num_slots]))  # a copy: a slice would keep the buffer
+
     def build_metadata(self, step: StepInputs, spec: LayerCacheSpec) -> AttentionPlan:
         return build_plan(
             step.block_rows,
