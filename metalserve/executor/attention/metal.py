@@ -15,7 +15,7 @@ from metalserve.executor.attention.kv_quant import dequantize, quantize
 from metalserve.executor.attention.mlx_ops import paged_attention, write_kv
 from metalserve.executor.step_inputs import StepInputs
 from metalserve.kernels.metal.guard import LaunchRefused
-from metalserve.kvcache.specs import KVCacheDtype, PageDtype
+from metalserve.kvcache.specs import PageDtype
 
 logger = logging.getLogger("metalserve.engine")
 
@@ -59,7 +59,7 @@ class KernelStep:
 
 
 # The Metal kernels read every page storage (kernels/metal/args.py).
-METAL_STORAGES = tuple(s.value for s in KVCacheDtype)
+METAL_STORAGES = ("auto", "int8", "q4")  # not k8v4: the kernels read K and V in one format
 
 
 def _zeros(spec: LayerCacheSpec) -> LayerKV:
