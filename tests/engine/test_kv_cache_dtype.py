@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -135,7 +136,7 @@ def test_q4_pages_serve_the_model_over_dequantized_kv() -> None:
     mx.clear_cache()
 
 
-def test_k8v4_pages_serve_the_model_over_int8_keys_and_q4_values() -> None:
+def test_k8v4_pages_serve_the_model_over_int8_keys_and_q4_values(tmp_path: Path) -> None:
     """k8v4: keys int8, values q4 (what bench/kv_quant_variants.py measured best per byte). `auto` reads it
     on MLX ops (neither kernel does); the engine is the float engine over each plane's own round trip."""
     batch = golden.prompts([golden.SHORT, 60], VOCAB, seed=5)
@@ -158,6 +159,10 @@ def test_k8v4_pages_serve_the_model_over_int8_keys_and_q4_values() -> None:
     for backend in ("cpu", "metal"):
         with pytest.raises(ConfigError, match=f"--attention-backend {backend} cannot read k8v4 KV pages"):
             core("k8v4", backend)
+    config = EngineConfig(kv_cache_memory=1 << 22, block_size=16, kv_cache_dtype="k8v4", kv_disk_dir=str(tmp_path))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="--kv-disk-dir: k8v4 pages .* are not stored on disk yet"):
+        build_engine_core(config, golden.loaded_of(build("qwen3", head_dim=32), "qwen3"))
+    assert not list(tmp_path.iterdir())
     mx.clear_cache()
 
 
