@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 ENV_VAR = "METALSERVE_BLAS"  # "none": keep MLX's bundled BLAS
-CBWR = "AUTO,STRICT"  # MKL's CNR mode: the CPU's best code path, row results independent of the row count
 _MKL_NAMES = ("libmkl_rt.so.3", "libmkl_rt.so.2", "libmkl_rt.so")
 
 _description: str | None = None
@@ -55,11 +54,6 @@ def _preload() -> str:
     path = find_mkl()
     if path is None:
         return "bundled reference BLAS (the mkl package is not installed)"
-    # MKL picks kernels and blockings by the number of rows, so a token's projections differed by ~3e-5
-    # with how many other tokens shared its step; q4 KV pages turned that into other codes and greedy
-    # answers that depended on the batch. Strict conditional numerical reproducibility makes every
-    # row's result independent of the others (checked from 1 to 300 rows; MKL_CBWR set by hand wins).
-    os.environ.setdefault("MKL_CBWR", CBWR)
     try:
         ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
     except OSError as exc:

@@ -65,39 +65,3 @@ def test_numpys_openblas_gets_one_thread_unless_the_user_chose() -> None:
     assert _probe({})["openblas"] == "1"
     assert _probe({"OPENBLAS_NUM_THREADS": "2"})["openblas"] == "2"
     assert _probe({"METALSERVE_BLAS": "none"})["openblas"] is None
-
-
-_ROWS = """
-import json, metalserve
-import mlx.core as mx
-import numpy as np
-rng = np.random.default_rng(0)
-x = mx.array(rng.standard_normal((300, 896)).astype(np.float32))
-w = mx.array(rng.standard_normal((128, 896)).astype(np.float32))
-full = np.array(x @ w.T)
-counts = (1, 2, 3, 4, 7, 8, 9, 16, 17, 33, 64, 128, 199, 200)
-rows = [m for m in counts if not np.array_equal(np.array(x[:m] @ w.T), full[:m])]
-import os
-print(json.dumps({"differ": rows, "cbwr": os.environ.get("MKL_CBWR")}))
-"""
-
-
-@needs_mkl
-def test_a_row_s_product_does_not_depend_on_the_other_rows() -> None:
-    """q4 KV at temperature 0 answered differently in different batches: MKL's rows differed with m."""
-    env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
-    run = subprocess.run(
-        [sys.executable, "-c", _ROWS], env=env, capture_output=True, text=True, check=True, timeout=120
-    )
-    result = json.loads(run.stdout.strip().splitlines()[-1])
-    assert result == {"differ": [], "cbwr": "AUTO,STRICT"}
-    # MKL's default mode (what the preload used to leave) does differ: the check can fail.
-    run = subprocess.run(
-        [sys.executable, "-c", _ROWS],
-        env=env | {"MKL_CBWR": ""},
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-    assert json.loads(run.stdout.strip().splitlines()[-1])["differ"]
