@@ -50,6 +50,8 @@ class InFlight:
 class PipelineRunner(ModelRunner):
     """A ModelRunner over rank 0's layer slice whose forward is split in two (`submit`, `complete`)."""
 
+    shrinks_kv = False  # the other ranks size their pools from rank 0's block count and only grow
+
     def __init__(
         self,
         model: PagedModel,
