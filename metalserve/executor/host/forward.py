@@ -21,12 +21,12 @@ import mlx.nn as nn
 import numpy as np
 
 from metalserve.executor.attention.base import AttentionOptions
-from metalserve.executor.attention.cpu import HostKV
+from metalserve.executor.attention.cpu import HostKV, HostQuantKV
 from metalserve.executor.context import ForwardContext
 from metalserve.executor.host.linear import HostLinear
 from metalserve.executor.host.mlp import HostSwiGLUMLP
 from metalserve.executor.models.paged_attention import PagedAttention
-from metalserve.kernels.cpu.decoder_weights import DecoderShape, DecoderWeights
+from metalserve.kernels.cpu.decoder_weights import DecoderShape, DecoderWeights, QuantPages
 from metalserve.loader.codes_linear import CodesEmbedding, CodesLinear
 
 if TYPE_CHECKING:
@@ -228,7 +228,15 @@ class HostForward:
     def applies_to(self, ctx: ForwardContext) -> bool:
         """Whether this step's attention runs on the CPU backend, whose host views this forward writes."""
         one_group = len(ctx.groups) == 1  # one table: the decoder reads every layer's pool through it
-        return one_group and isinstance(ctx.metadata, CpuStepPlan) and all(isinstance(kv, HostKV) for kv in ctx.kv)
+        if not (one_group and isinstance(ctx.metadata, CpuStepPlan) and ctx.kv):
+            return False
+        # Float pools, or quantized pages of one storage throughout (one numba type for every layer).
+        kind = type(ctx.kv[0])
+        if kind is HostQuantKV:
+            return len({kv.host[0].dtype for kv in ctx.kv if isinstance(kv, HostQuantKV)}) == 1 and all(
+                isinstance(kv, HostQuantKV) for kv in ctx.kv
+            )
+        return all(isinstance(kv, HostKV) for kv in ctx.kv)
 
     def embed(self, token_ids: np.ndarray) -> np.ndarray:
         if isinstance(self.embedding, np.ndarray):
@@ -241,6 +249,10 @@ class HostForward:
         """`[T]` token ids -> the final-normed hidden states `[T, hidden]` float32."""
         from metalserve.kernels.cpu.decoder import decoder_layers
 
-        pools = tuple(kv.host for kv in ctx.kv)
+        pools: tuple[np.ndarray, ...] | tuple[QuantPages, ...]
+        if isinstance(ctx.kv[0], HostQuantKV):
+            pools = tuple(kv.pages for kv in ctx.kv)
+        else:
+            pools = tuple(kv.host for kv in ctx.kv)
         h = decoder_layers(self.embed(token_ids), self.weights, self.shape, pools, ctx.metadata)
         return self.final_norm(h)

@@ -14,19 +14,24 @@ from typing import TYPE_CHECKING, Any
 
 import numba
 import numpy as np
+from numba import types
+from numba.extending import overload
 
 from metalserve.kernels.cpu import attention as cpu_attention
 from metalserve.kernels.cpu import layer_ops as cpu_layer_ops
 from metalserve.kernels.cpu import packed_linear as cpu_packed_linear
+from metalserve.kernels.cpu import page_codes as cpu_page_codes
+from metalserve.kernels.cpu import quantized_attention as cpu_quantized_attention
 from metalserve.kernels.cpu import swiglu as cpu_swiglu
 from metalserve.kernels.cpu.attention import _attention_kernel
 from metalserve.kernels.cpu.layer_ops import _rms_norm_kernel, _rope_kernel
 from metalserve.kernels.cpu.numba_lock import launch_lock
 from metalserve.kernels.cpu.packed_linear import segments_linear_kernel
+from metalserve.kernels.cpu.page_codes import attend_pages, hadamard_rows, store_vector
 from metalserve.kernels.cpu.swiglu import _swiglu_kernel
 
 if TYPE_CHECKING:
-    from metalserve.kernels.cpu.decoder_weights import DecoderShape, DecoderWeights
+    from metalserve.kernels.cpu.decoder_weights import DecoderShape, DecoderWeights, QuantPages
     from metalserve.kernels.cpu.paged import CpuStepPlan
 
 
@@ -38,7 +43,8 @@ def kernel_sources_digest() -> str:
     below closes over this digest, so such an edit is a cache miss instead.
     """
     digest = hashlib.sha256()
-    for module in (cpu_attention, cpu_layer_ops, cpu_packed_linear, cpu_swiglu):
+    modules = (cpu_attention, cpu_layer_ops, cpu_packed_linear, cpu_swiglu, cpu_page_codes, cpu_quantized_attention)
+    for module in modules:
         digest.update(Path(str(module.__file__)).read_bytes())
     return digest.hexdigest()
 
@@ -69,6 +75,59 @@ def _compile_ops(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatchers
     return linear, head_norm
 
 
+def attend_step(pool, q, k, v, plan, scale, window, softcap):  # noqa: ANN001, ANN201
+    """Write this step's K `[T, Hkv, D]` and V `[T, Hkv * D]` into a layer's pages and attend every row
+    of q `[T, Hq, D]` over them: `[T, Hq, D]`. Float pages are the pool `[2, Hkv, slots, D]`; quantized ones
+    a `QuantPages` (decoder_weights.py), each numba type its own implementation below."""
+    raise NotImplementedError("compiled only (numba overload)")
+
+
+@overload(attend_step, jit_options={"fastmath": True, "nogil": True})
+def _attend_step_typed(pool, q, k, v, plan, scale, window, softcap):  # noqa: ANN001, ANN202
+    if isinstance(pool, types.Array):
+
+        def float_pages(pool, q, k, v, plan, scale, window, softcap):  # noqa: ANN001, ANN202
+            tokens, hkv, d = k.shape
+            for t in range(tokens):  # this step's K and V into their slots
+                slot = plan.slot_mapping[t]
+                for h in range(hkv):
+                    for c in range(d):
+                        pool[0, h, slot, c] = k[t, h, c]
+                        pool[1, h, slot, c] = v[t, h * d + c]
+            out = np.empty(q.shape, np.float32)
+            no_sinks = np.zeros(q.shape[1], np.float32)
+            block_tables, row_req, row_pos = plan.block_tables, plan.row_req, plan.row_pos
+            args = (block_tables, row_req, row_pos, plan.block_size, scale, window, softcap, no_sinks, False, out)
+            _attention_kernel(q, pool, *args)
+            return out
+
+        return float_pages
+
+    def quantized_pages(pool, q, k, v, plan, scale, window, softcap):  # noqa: ANN001, ANN202
+        # Quantized pages hold K and V Hadamard-rotated (executor/attention/rotation.py): q, K and V in,
+        # the output back out (H is its own inverse).
+        tokens, hq, d = q.shape
+        hkv = k.shape[1]
+        hadamard_rows(q.reshape(tokens * hq, d))
+        hadamard_rows(k.reshape(tokens * hkv, d))
+        values = np.ascontiguousarray(v).reshape(tokens * hkv, d)
+        hadamard_rows(values)
+        kp, vp = pool.k, pool.v
+        for t in range(tokens):
+            slot = plan.slot_mapping[t]
+            for h in range(hkv):
+                store_vector(kp.codes[h], kp.scales[h], kp.biases[h], kp.storage, slot, k[t, h])
+                store_vector(vp.codes[h], vp.scales[h], vp.biases[h], vp.storage, slot, values[t * hkv + h])
+        out = np.empty(q.shape, np.float32)
+        attend_pages(
+            q, pool, plan.block_tables, plan.row_req, plan.row_pos, plan.block_size, scale, window, softcap, out
+        )
+        hadamard_rows(out.reshape(tokens * hq, d))
+        return out
+
+    return quantized_pages
+
+
 def _compile_layers(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatchers
     """One layer's attention block, and every layer of the decoder."""
     jit = _jit()
@@ -87,29 +146,8 @@ def _compile_layers(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatcher
             k = _head_norm(k, w.k_norm[layer], np.float32(shape.head_norm_eps))
         _rope_kernel(q, plan.row_pos, w.rope_inv_freq, np.float32(shape.rope_scale))
         _rope_kernel(k, plan.row_pos, w.rope_inv_freq, np.float32(shape.rope_scale))
-        pool = pools[layer]
-        for t in range(tokens):  # this step's K and V into their slots
-            slot = plan.slot_mapping[t]
-            for h in range(hkv):
-                for c in range(d):
-                    pool[0, h, slot, c] = k[t, h, c]
-                    pool[1, h, slot, c] = v[t, h * d + c]
-        out = np.empty((tokens, hq, d), np.float32)
-        no_sinks = np.zeros(hq, np.float32)
-        _attention_kernel(
-            q,
-            pool,
-            plan.block_tables,
-            plan.row_req,
-            plan.row_pos,
-            plan.block_size,
-            np.float32(shape.attention_scale),
-            w.sliding_windows[layer],
-            np.float32(shape.softcap),
-            no_sinks,
-            False,
-            out,
-        )
+        scale, softcap = np.float32(shape.attention_scale), np.float32(shape.softcap)
+        out = attend_step(pools[layer], q, k, v, plan, scale, w.sliding_windows[layer], softcap)
         return _linear(out.reshape(tokens, hq * d), w.o, layer, chunks)
 
     @jit
@@ -138,10 +176,15 @@ _attention, _decoder_layers = _compile_layers(_DIGEST)
 
 
 def decoder_layers(
-    h: np.ndarray, weights: DecoderWeights, shape: DecoderShape, pools: tuple[np.ndarray, ...], plan: CpuStepPlan
+    h: np.ndarray,
+    weights: DecoderWeights,
+    shape: DecoderShape,
+    pools: tuple[np.ndarray, ...] | tuple[QuantPages, ...],
+    plan: CpuStepPlan,
 ) -> np.ndarray:
     """Run every layer over `h` `[T, hidden]` float32 (updated in place and returned), writing each
-    layer's K/V into `pools[layer]` `[2, Hkv, num_slots, D]` and attending over them."""
+    layer's K/V into `pools[layer]` (the float pool `[2, Hkv, num_slots, D]` or a layer's `QuantPages`)
+    and attending over them."""
     if h.dtype != np.float32 or not h.flags.c_contiguous or len(pools) != weights.input_norm.shape[0]:
         raise ValueError(f"decoder_layers takes contiguous [T, hidden] float32 and one pool per layer, got {h.shape}")
     with launch_lock:

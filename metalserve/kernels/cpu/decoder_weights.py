@@ -43,3 +43,35 @@ class DecoderShape(NamedTuple):
     rope_scale: float
     attention_scale: float
     softcap: float  # 0 for none
+
+
+class PagePlane(NamedTuple):
+    """One plane (K or V) of a layer's quantized pages, for every KV head (kernels/cpu/page_codes.py)."""
+
+    codes: np.ndarray  # [Hkv, slots, D] int8 codes viewed as uint8, or [Hkv, slots, D/2] q4 nibbles
+    scales: np.ndarray  # [Hkv, slots, groups] float16 bits as uint16 (int8: one group)
+    biases: np.ndarray  # q4's, likewise; int8 pages have none and repeat `scales` here
+    storage: int  # page_codes.INT8 or page_codes.Q4
+
+
+class QuantPages(NamedTuple):
+    """A layer's quantized pages: K and V each in its own storage."""
+
+    k: PagePlane
+    v: PagePlane
+
+
+PAGE_STORAGES = {"int8": 1, "q4": 2}  # PagePlane.storage by --kv-cache-dtype (page_codes.INT8, Q4)
+
+
+def quant_pages(views: list[np.ndarray]) -> QuantPages:
+    """A layer's pages from the host views of its `[2, Hkv, slots, ...]` codes, scales (and q4's biases),
+    sharing their memory."""
+    codes, scales = views[0], views[1]
+    biases = views[2] if len(views) > 2 else scales
+    storage = PAGE_STORAGES["int8" if codes.dtype == np.int8 else "q4"]
+
+    def plane(i: int) -> PagePlane:
+        return PagePlane(codes[i].view(np.uint8), scales[i].view(np.uint16), biases[i].view(np.uint16), storage)
+
+    return QuantPages(plane(0), plane(1))
