@@ -28,7 +28,7 @@ from metalserve.kernels.cpu.layer_ops import _rms_norm_kernel, _rope_kernel
 from metalserve.kernels.cpu.numba_lock import launch_lock
 from metalserve.kernels.cpu.packed_linear import segments_linear_kernel
 from metalserve.kernels.cpu.page_codes import attend_pages, hadamard_rows, store_vector
-from metalserve.kernels.cpu.swiglu import _swiglu_kernel
+from metalserve.kernels.cpu.swiglu import _gelu_tanh_glu_kernel, _swiglu_kernel
 
 if TYPE_CHECKING:
     from metalserve.kernels.cpu.decoder_weights import DecoderShape, DecoderWeights, QuantPages
@@ -133,7 +133,7 @@ def _compile_layers(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatcher
     jit = _jit()
 
     @jit
-    def attention(x, w, shape, layer, pools, plan, chunks):  # noqa: ANN001, ANN202
+    def attention(x, w, shape, layer, pools, plans, chunks):  # noqa: ANN001, ANN202
         kernels_digest  # noqa: B018  (a closure cell: part of numba's cache key)
         tokens = x.shape[0]
         hq, hkv, d = shape.n_heads, shape.n_kv_heads, shape.head_dim
@@ -144,25 +144,36 @@ def _compile_layers(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatcher
         if shape.head_norms:
             q = _head_norm(q, w.q_norm[layer], np.float32(shape.head_norm_eps))
             k = _head_norm(k, w.k_norm[layer], np.float32(shape.head_norm_eps))
-        _rope_kernel(q, plan.row_pos, w.rope_inv_freq, np.float32(shape.rope_scale))
-        _rope_kernel(k, plan.row_pos, w.rope_inv_freq, np.float32(shape.rope_scale))
+        plan = plans[layer]
+        inv_freq, rope_scale, mscale = w.rope_inv_freq[layer], w.rope_scales[layer], w.rope_mscales[layer]
+        _rope_kernel(q, plan.row_pos, inv_freq, rope_scale, mscale)
+        _rope_kernel(k, plan.row_pos, inv_freq, rope_scale, mscale)
         scale, softcap = np.float32(shape.attention_scale), np.float32(shape.softcap)
         out = attend_step(pools[layer], q, k, v, plan, scale, w.sliding_windows[layer], softcap)
         return _linear(out.reshape(tokens, hq * d), w.o, layer, chunks)
 
     @jit
-    def decoder(h, w, shape, pools, plan, chunks):  # noqa: ANN001, ANN202
+    def decoder(h, w, shape, pools, plans, chunks):  # noqa: ANN001, ANN202
         kernels_digest  # noqa: B018  (a closure cell: part of numba's cache key)
         eps = np.float32(shape.norm_eps)
         x = np.empty_like(h)
         for layer in range(w.input_norm.shape[0]):
             _rms_norm_kernel(h, w.input_norm[layer], eps, x)
-            h += _attention(x, w, shape, layer, pools, plan, chunks)
+            out = _attention(x, w, shape, layer, pools, plans, chunks)
+            if shape.sandwich_norms:  # in place: each row's sum is taken before its first write
+                _rms_norm_kernel(out, w.attn_out_norm[layer], eps, out)
+            h += out
             _rms_norm_kernel(h, w.post_attention_norm[layer], eps, x)
             gate_up = _linear(x, w.gate_up, layer, chunks)
             hidden = np.empty((h.shape[0], gate_up.shape[1] // 2), np.float32)
-            _swiglu_kernel(gate_up, hidden)
-            h += _linear(hidden, w.down, layer, chunks)
+            if shape.gelu:
+                _gelu_tanh_glu_kernel(gate_up, hidden)
+            else:
+                _swiglu_kernel(gate_up, hidden)
+            out = _linear(hidden, w.down, layer, chunks)
+            if shape.sandwich_norms:
+                _rms_norm_kernel(out, w.mlp_out_norm[layer], eps, out)
+            h += out
         return h
 
     return attention, decoder
@@ -180,13 +191,15 @@ def decoder_layers(
     weights: DecoderWeights,
     shape: DecoderShape,
     pools: tuple[np.ndarray, ...] | tuple[QuantPages, ...],
-    plan: CpuStepPlan,
+    plans: tuple[CpuStepPlan, ...],
 ) -> np.ndarray:
     """Run every layer over `h` `[T, hidden]` float32 (updated in place and returned), writing each
     layer's K/V into `pools[layer]` (the float pool `[2, Hkv, num_slots, D]` or a layer's `QuantPages`)
-    and attending over them."""
-    if h.dtype != np.float32 or not h.flags.c_contiguous or len(pools) != weights.input_norm.shape[0]:
+    and attending over them with `plans[layer]` (its group's tables: gemma3's sliding and full layers
+    keep their own)."""
+    layers = weights.input_norm.shape[0]
+    if h.dtype != np.float32 or not h.flags.c_contiguous or len(pools) != layers or len(plans) != layers:
         raise ValueError(f"decoder_layers takes contiguous [T, hidden] float32 and one pool per layer, got {h.shape}")
     with launch_lock:
         chunks = numba.get_num_threads() * 8  # several per thread even out a core that is busy elsewhere
-        return _decoder_layers(h, weights, shape, pools, plan, chunks)
+        return _decoder_layers(h, weights, shape, pools, plans, chunks)
