@@ -44,7 +44,8 @@ def step_ms(
     plan = CpuStepPlan(positions.astype(np.int64), tables, owners, positions, BLOCK)
     rng = np.random.default_rng(requests * 100 + tokens)
     hidden = host.embedding[rng.integers(0, 1000, requests * tokens)]
-    decoder = median_ms(lambda: decoder_layers(hidden.copy(), host.weights, host.shape, pools, plan), repeats)
+    plans = (plan,) * len(pools)  # one group: every layer reads the same tables
+    decoder = median_ms(lambda: decoder_layers(hidden.copy(), host.weights, host.shape, pools, plans), repeats)
     rows = rng.standard_normal((requests * tokens, hidden.shape[1])).astype(np.float32)
     head = median_ms(lambda: affine_linear(rows, codes), repeats)
     return decoder, head
