@@ -20,7 +20,14 @@ import numpy as np
 from metalserve.executor.attention.cpu import HostKV, HostQuantKV
 from metalserve.executor.context import ForwardContext
 from metalserve.executor.host.layers import HostNorm, host_layer, stack, type_name
-from metalserve.kernels.cpu.decoder_weights import DecoderShape, DecoderWeights, QuantPages
+from metalserve.kernels.cpu.decoder_weights import (
+    NO_HOST_LORA,
+    DecoderLora,
+    DecoderShape,
+    DecoderWeights,
+    QuantPages,
+    no_lora,
+)
 from metalserve.kernels.cpu.paged import CpuStepPlan
 from metalserve.loader.codes_linear import CodesEmbedding, CodesLinear
 
@@ -52,6 +59,7 @@ class HostForward:
         self.codes_only = codes_only
         self.embed_scale = np.float32(embed_scale)
         self.layer_kv = layer_kv or tuple((i, 0) for i in range(weights.input_norm.shape[0]))
+        self.lora: DecoderLora = no_lora()  # the adapter slots (lora/fused.py installs them, --enable-lora)
 
     @staticmethod
     def build(backbone: nn.Module) -> HostForward | None:
@@ -110,5 +118,6 @@ class HostForward:
         else:
             pools = tuple(c.host for c in kv if isinstance(c, HostKV))
         plans = tuple(ctx.groups[group].metadata for _, group in self.layer_kv)
-        h = decoder_layers(self.embed(token_ids), self.weights, self.shape, pools, plans)
+        step = ctx.lora.host if ctx.lora is not None else NO_HOST_LORA
+        h = decoder_layers(self.embed(token_ids), self.weights, self.shape, pools, plans, self.lora, step)
         return self.final_norm(h)

@@ -19,19 +19,27 @@ from numba.extending import overload
 
 from metalserve.kernels.cpu import attention as cpu_attention
 from metalserve.kernels.cpu import layer_ops as cpu_layer_ops
+from metalserve.kernels.cpu import lora as cpu_lora
 from metalserve.kernels.cpu import packed_linear as cpu_packed_linear
 from metalserve.kernels.cpu import page_codes as cpu_page_codes
 from metalserve.kernels.cpu import quantized_attention as cpu_quantized_attention
 from metalserve.kernels.cpu import swiglu as cpu_swiglu
 from metalserve.kernels.cpu.attention import _attention_kernel
 from metalserve.kernels.cpu.layer_ops import _rms_norm_kernel, _rope_kernel
+from metalserve.kernels.cpu.lora import lora_add
 from metalserve.kernels.cpu.numba_lock import launch_lock
 from metalserve.kernels.cpu.packed_linear import segments_linear_kernel
 from metalserve.kernels.cpu.page_codes import attend_pages, hadamard_rows, store_vector
 from metalserve.kernels.cpu.swiglu import _gelu_tanh_glu_kernel, _swiglu_kernel
 
 if TYPE_CHECKING:
-    from metalserve.kernels.cpu.decoder_weights import DecoderShape, DecoderWeights, QuantPages
+    from metalserve.kernels.cpu.decoder_weights import (
+        DecoderLora,
+        DecoderShape,
+        DecoderWeights,
+        HostLoraStep,
+        QuantPages,
+    )
     from metalserve.kernels.cpu.paged import CpuStepPlan
 
 
@@ -43,8 +51,8 @@ def kernel_sources_digest() -> str:
     below closes over this digest, so such an edit is a cache miss instead.
     """
     digest = hashlib.sha256()
-    modules = (cpu_attention, cpu_layer_ops, cpu_packed_linear, cpu_swiglu, cpu_page_codes, cpu_quantized_attention)
-    for module in modules:
+    modules = (cpu_attention, cpu_layer_ops, cpu_lora, cpu_packed_linear, cpu_swiglu, cpu_page_codes)
+    for module in (*modules, cpu_quantized_attention):
         digest.update(Path(str(module.__file__)).read_bytes())
     return digest.hexdigest()
 
@@ -133,11 +141,12 @@ def _compile_layers(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatcher
     jit = _jit()
 
     @jit
-    def attention(x, w, shape, layer, pools, plans, chunks):  # noqa: ANN001, ANN202
+    def attention(x, w, shape, layer, pools, plans, chunks, lora, step):  # noqa: ANN001, ANN202
         kernels_digest  # noqa: B018  (a closure cell: part of numba's cache key)
         tokens = x.shape[0]
         hq, hkv, d = shape.n_heads, shape.n_kv_heads, shape.head_dim
         qkv = _linear(x, w.qkv, layer, chunks)
+        lora_add(x, qkv, lora.qkv, layer, step)
         q = np.ascontiguousarray(qkv[:, : hq * d]).reshape(tokens, hq, d)
         k = np.ascontiguousarray(qkv[:, hq * d : (hq + hkv) * d]).reshape(tokens, hkv, d)
         v = qkv[:, (hq + hkv) * d :]
@@ -150,27 +159,32 @@ def _compile_layers(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatcher
         _rope_kernel(k, plan.row_pos, inv_freq, rope_scale, mscale)
         scale, softcap = np.float32(shape.attention_scale), np.float32(shape.softcap)
         out = attend_step(pools[layer], q, k, v, plan, scale, w.sliding_windows[layer], softcap)
-        return _linear(out.reshape(tokens, hq * d), w.o, layer, chunks)
+        flat = out.reshape(tokens, hq * d)
+        o = _linear(flat, w.o, layer, chunks)
+        lora_add(flat, o, lora.o, layer, step)
+        return o
 
     @jit
-    def decoder(h, w, shape, pools, plans, chunks):  # noqa: ANN001, ANN202
+    def decoder(h, w, shape, pools, plans, chunks, lora, step):  # noqa: ANN001, ANN202
         kernels_digest  # noqa: B018  (a closure cell: part of numba's cache key)
         eps = np.float32(shape.norm_eps)
         x = np.empty_like(h)
         for layer in range(w.input_norm.shape[0]):
             _rms_norm_kernel(h, w.input_norm[layer], eps, x)
-            out = _attention(x, w, shape, layer, pools, plans, chunks)
+            out = _attention(x, w, shape, layer, pools, plans, chunks, lora, step)
             if shape.sandwich_norms:  # in place: each row's sum is taken before its first write
                 _rms_norm_kernel(out, w.attn_out_norm[layer], eps, out)
             h += out
             _rms_norm_kernel(h, w.post_attention_norm[layer], eps, x)
             gate_up = _linear(x, w.gate_up, layer, chunks)
+            lora_add(x, gate_up, lora.gate_up, layer, step)
             hidden = np.empty((h.shape[0], gate_up.shape[1] // 2), np.float32)
             if shape.gelu:
                 _gelu_tanh_glu_kernel(gate_up, hidden)
             else:
                 _swiglu_kernel(gate_up, hidden)
             out = _linear(hidden, w.down, layer, chunks)
+            lora_add(hidden, out, lora.down, layer, step)
             if shape.sandwich_norms:
                 _rms_norm_kernel(out, w.mlp_out_norm[layer], eps, out)
             h += out
@@ -192,14 +206,17 @@ def decoder_layers(
     shape: DecoderShape,
     pools: tuple[np.ndarray, ...] | tuple[QuantPages, ...],
     plans: tuple[CpuStepPlan, ...],
+    lora: DecoderLora,
+    step: HostLoraStep,
 ) -> np.ndarray:
     """Run every layer over `h` `[T, hidden]` float32 (updated in place and returned), writing each
     layer's K/V into `pools[layer]` (the float pool `[2, Hkv, num_slots, D]` or a layer's `QuantPages`)
     and attending over them with `plans[layer]` (its group's tables: gemma3's sliding and full layers
-    keep their own)."""
+    keep their own); the adapter tokens of `step` add their slot's LoRA delta (`lora`) after each
+    projection."""
     layers = weights.input_norm.shape[0]
     if h.dtype != np.float32 or not h.flags.c_contiguous or len(pools) != layers or len(plans) != layers:
         raise ValueError(f"decoder_layers takes contiguous [T, hidden] float32 and one pool per layer, got {h.shape}")
     with launch_lock:
         chunks = numba.get_num_threads() * 8  # several per thread even out a core that is busy elsewhere
-        return _decoder_layers(h, weights, shape, pools, plans, chunks)
+        return _decoder_layers(h, weights, shape, pools, plans, chunks, lora, step)
