@@ -45,8 +45,9 @@ def step_ms(
     plan = CpuStepPlan(positions.astype(np.int64), tables, owners, positions, BLOCK)
     rng = np.random.default_rng(requests * 100 + tokens)
     hidden = host.embedding[rng.integers(0, 1000, requests * tokens)]
+    plans = (plan,) * len(pools)  # one group: every layer reads the same tables
     decoder = median_ms(
-        lambda: decoder_layers(hidden.copy(), host.weights, host.shape, pools, plan, host.lora, NO_HOST_LORA), repeats
+        lambda: decoder_layers(hidden.copy(), host.weights, host.shape, pools, plans, host.lora, NO_HOST_LORA), repeats
     )
     rows = rng.standard_normal((requests * tokens, hidden.shape[1])).astype(np.float32)
     head = median_ms(lambda: affine_linear(rows, codes), repeats)

@@ -64,10 +64,12 @@ def _read(model: str | None, weights: str, platform: Platform, whole: bool = Tru
 def takes_host_path(path: Path) -> bool:  # also serving/engine_loader.py's estimate
     """Whether the GGUF's architecture is one the CPU fast path runs (so its codes need no fp32 copy)."""
     from metalserve.kernels.cpu.decoder_weights import HOST_MODEL_TYPES
+    from metalserve.loader.gguf_arch_config import MODEL_TYPES
     from metalserve.loader.gguf_header import read_header
 
     try:
-        return read_header(path).architecture in HOST_MODEL_TYPES
+        architecture = read_header(path).architecture or ""
+        return MODEL_TYPES.get(architecture, (architecture,))[0] in HOST_MODEL_TYPES
     except Exception:  # noqa: BLE001  (an unreadable file gets load_gguf's own error)
         return False
 

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_every_family_the_registry_names_is_a_supported_type() -> None:
     assert len(set(SUPPORTED_MODEL_TYPES)) == len(SUPPORTED_MODEL_TYPES)
     assert set(FAMILIES) | MLA_MODEL_TYPES | HOST_MODEL_TYPES <= set(SUPPORTED_MODEL_TYPES)
-    assert {"llama", "mistral", "qwen2", "qwen3"} == HOST_MODEL_TYPES
+    assert {"llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3"} == HOST_MODEL_TYPES
     for model_type in SUPPORTED_MODEL_TYPES:
         family = model_family(model_type)
         assert (family.hybrid is not None) == (model_type in FAMILIES)

@@ -10,14 +10,19 @@ import numpy as np
 import pytest
 
 from metalserve.executor.attention.base import AttentionOptions
+from metalserve.executor.attention.cpu import CpuAttention
+from metalserve.executor.attention.rotation import RotatedPages
 from metalserve.executor.host.compute import HostCompute
 from metalserve.executor.host.forward import HostForward
 from metalserve.executor.models.adapter import PagedModel
+from metalserve.executor.runner import ModelRunner
 from metalserve.kernels.cpu.layer_ops import rms_norm, rope_in_place, rope_inverse_frequencies
+from metalserve.kvcache.specs import PageDtype
 from metalserve.sampling_params import SamplingParams
 from tests.executor.simple_driver import run_to_completion
 from tests.executor.test_host_linear import dequantized_tiny
 from tests.executor.test_runner_golden import make_runner, mlx_lm_greedy, prompts_of
+from tests.executor.tiny_models import greedy_sampler
 
 
 def _with_codes(model_type: str = "llama") -> tuple[nn.Module, str, HostCompute]:
@@ -137,3 +142,38 @@ def test_decoder_cache_is_keyed_on_the_kernels_it_calls(tmp_path: Path, monkeypa
     edited.write_bytes(Path(str(cpu_attention.__file__)).read_bytes() + b"# edited\n")
     monkeypatch.setattr(cpu_attention, "__file__", str(edited))
     assert cpu_decoder.kernel_sources_digest() != digest
+
+
+WIDE_HEADS = {"hidden_size": 128, "head_dim": 32}  # q4 pages take groups of 32 channels
+
+
+def _quantized_runner(model_type: str, storage: str, host: bool) -> ModelRunner:
+    """The CPU path over `storage` KV pages (Hadamard-rotated, as the engine builds it); `host` False: the
+    host decoder removed, so every step runs the MLX modules and the per-layer quantized kernel."""
+    model, codes = dequantized_tiny(model_type, **WIDE_HEADS)
+    paged = PagedModel(model, model_type, HostCompute(codes))
+    if not host:
+        paged.compute.forward_on_host = None
+    spec = paged.get_kv_cache_spec(PageDtype(storage=storage), 16, 128)
+    return ModelRunner(paged, spec, sampler=greedy_sampler, backend=RotatedPages(CpuAttention()))
+
+
+@pytest.mark.parametrize("storage", ["int8", "q4"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_host_forward_reads_quantized_pages(model_type: str, storage: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """int8 / q4 pages through the one-call decoder: the tokens of the per-layer route over the same pages."""
+    calls: list[int] = []
+    real = HostForward.__call__
+
+    def counted(self: HostForward, ids: np.ndarray, ctx: object) -> np.ndarray:
+        calls.append(len(ids))
+        return real(self, ids, ctx)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(HostForward, "__call__", counted)
+    prompts = prompts_of([5, 40, 17, 1, 33, 9], 97, seed=5)  # seed 4: a 0.013 logit tie flips with the rounding
+    params = [SamplingParams(temperature=0, max_tokens=16) for _ in prompts]
+    expected = run_to_completion(_quantized_runner(model_type, storage, host=False), prompts, params, chunk_size=7)
+    assert not calls
+    got = run_to_completion(_quantized_runner(model_type, storage, host=True), prompts, params, chunk_size=7)
+    assert got == expected
+    assert sum(calls) == 105 + 6 * 15  # every token through the host decoder

@@ -21,9 +21,11 @@ from tests.executor.test_runner_golden import make_runner, mlx_lm_greedy, prompt
 from tests.executor.tiny_models import tiny_model
 
 
-def dequantized_tiny(model_type: str = "llama", keep_codes: bool = True) -> tuple[nn.Module, dict[str, PackedCodes]]:
+def dequantized_tiny(
+    model_type: str = "llama", keep_codes: bool = True, **overrides: object
+) -> tuple[nn.Module, dict[str, PackedCodes]]:
     """A tiny model as the loader leaves a Q4 GGUF on the CPU: fp32 weights, and their codes by module path."""
-    model = tiny_model(model_type)
+    model = tiny_model(model_type, **overrides)
     nn.quantize(model, group_size=32, bits=4)
     codes = dequantize_model(model, keep_codes=keep_codes)
     mx.eval(model.parameters())

@@ -103,9 +103,9 @@ def test_dequantize_and_other_families_keep_the_fp32_route(tmp_path: Path) -> No
     write_arch_gguf(path, "llama", T.Q4_K)
     fp32 = load_model(str(path), weights="dequantize")
     assert fp32.weights_desc.startswith("fp32") and type(fp32.model.model.layers[0].self_attn.q_proj) is nn.Linear
-    gemma = tmp_path / "gemma3.gguf"
-    write_arch_gguf(gemma, "gemma3", T.Q4_0)
-    other = load_model(str(gemma))  # not a fast-path family: its modules run in MLX, on fp32
+    moe = tmp_path / "qwen3moe.gguf"
+    write_arch_gguf(moe, "qwen3moe", T.Q4_0)
+    other = load_model(str(moe))  # not a fast-path family: its modules run in MLX, on fp32
     assert other.weights_desc.startswith("fp32") and not any(
         isinstance(m, CodesLinear) for _, m in other.model.named_modules()
     )

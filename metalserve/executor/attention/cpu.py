@@ -14,6 +14,7 @@ from metalserve.executor.attention.base import AttentionBackend, AttentionCall, 
 from metalserve.executor.attention.kv_quant import QuantPool
 from metalserve.executor.attention.mlx import zeros_pool
 from metalserve.executor.step_inputs import StepInputs
+from metalserve.kernels.cpu.decoder_weights import QuantPages, quant_pages
 from metalserve.kernels.cpu.paged import (
     CpuStepPlan,
     build_cpu_plan,
@@ -45,13 +46,15 @@ class HostQuantKV:
 
     pool: QuantPool
     host: list[np.ndarray]
+    pages: QuantPages  # the same buffers as the one-call host decoder reads them
 
     def arrays(self) -> list[mx.array]:
         return self.pool.arrays()
 
     @staticmethod
     def of(pool: QuantPool) -> HostQuantKV:
-        return HostQuantKV(pool, host_views(pool.arrays()))
+        views = host_views(pool.arrays())
+        return HostQuantKV(pool, views, quant_pages(views))
 
 
 CpuKV = HostKV | HostQuantKV

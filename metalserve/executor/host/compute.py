@@ -1,6 +1,6 @@
 """The host-compute strategy: on MLX's CPU backend, small steps run on the host from stored codes.
 
-What it installs: the MLP's SwiGLU through numba (`HostSwiGLUMLP`), every projection whose codes the
+What it installs: the MLP's gated activation through numba (`HostGatedMLP`), every projection whose codes the
 loader kept as a `HostLinear`, the vocabulary projection through NumPy (from its codes in small steps)
 and, where every block has a host twin, the whole decoder in one numba call (`HostForward`). A step
 that the host forward takes stays in NumPy from the token ids to the logits.
@@ -17,7 +17,7 @@ import numpy as np
 from metalserve.executor.context import current_context
 from metalserve.executor.host.forward import HostForward
 from metalserve.executor.host.linear import HOST_LINEAR_MAX_TOKENS, HostLinear, host_codes
-from metalserve.executor.host.mlp import HostSwiGLUMLP, is_swiglu_mlp
+from metalserve.executor.host.mlp import HostGatedMLP, is_gated_mlp
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.kernels.cpu.packed_codes import PackedCodes
 from metalserve.loader.codes_linear import CodeParts, CodesEmbedding, CodesLinear
@@ -38,25 +38,29 @@ class HostCompute:
         self.forward_on_host: HostForward | None = None
         self._root: nn.Module | None = None  # the mlx-lm model installed on
 
-    def _parts(self, prefix: str, names: tuple[str, ...]) -> list[PackedCodes | None]:
-        """The codes of a (fused) projection's row blocks, by the loader's module paths."""
+    def _parts(self, prefix: str, attr: str, names: tuple[str, ...]) -> list[PackedCodes | None]:
+        """The codes of a (fused) projection's row blocks, by the loader's module paths; a projection the
+        model ships fused (phi3's qkv_proj, gate_up_proj) under its own path."""
+        if f"{prefix}.{attr}" in self.codes:
+            return [self.codes[f"{prefix}.{attr}"]]
         return [self.codes.get(f"{prefix}.{name}") for name in names]
 
     def install(self, model: PagedModel) -> None:
         self._root = model.model
         for layer in model.backbone.layers:
-            if is_swiglu_mlp(layer.mlp) and type(layer.mlp.gate_proj) in (nn.Linear, CodesLinear):
-                layer.mlp = HostSwiGLUMLP(layer.mlp)
+            gate = getattr(layer.mlp, "gate_proj", getattr(layer.mlp, "gate_up_proj", None))
+            if is_gated_mlp(layer.mlp) and type(gate) in (nn.Linear, CodesLinear):
+                layer.mlp = HostGatedMLP(layer.mlp)
         for i, layer in enumerate(model.backbone.layers):
             owners: list[tuple[nn.Module, nn.Module, str, Projections]] = [
                 (layer.self_attn, layer.self_attn.inner, f"model.layers.{i}.self_attn", _ATTENTION)
             ]
-            if isinstance(layer.mlp, HostSwiGLUMLP):
+            if isinstance(layer.mlp, HostGatedMLP):
                 owners.append((layer.mlp, layer.mlp.inner, f"model.layers.{i}.mlp", _MLP))
             for outer, inner, prefix, names in owners:
                 for (attr, parts), owner in zip(names, (outer, inner), strict=True):
                     linear = getattr(owner, attr, None)
-                    codes = host_codes(linear, self._parts(prefix, parts))
+                    codes = host_codes(linear, self._parts(prefix, attr, parts))
                     if isinstance(linear, (nn.Linear, CodesLinear)) and codes is not None:
                         setattr(owner, attr, HostLinear(linear, codes))
                         self.linears += 1
@@ -117,8 +121,9 @@ class HostCompute:
 
     def description(self) -> str:
         layers = self._root.model.layers if self._root is not None else []
-        host_mlps = sum(isinstance(layer.mlp, HostSwiGLUMLP) for layer in layers)
-        parts = [f"SwiGLU through numba in {host_mlps} layers"] if host_mlps else []
+        mlps = [layer.mlp for layer in layers if isinstance(layer.mlp, HostGatedMLP)]
+        names = sorted({"SwiGLU" if mlp.activation == "silu" else "GeGLU" for mlp in mlps})
+        parts = [f"{'/'.join(names)} through numba in {len(mlps)} layers"] if mlps else []
         if self.forward_on_host is not None:
             parts.append(f"the whole decoder through numba in steps of up to {HOST_LINEAR_MAX_TOKENS} tokens")
         if self.linears:

@@ -2,7 +2,7 @@
 
 A family answers: is it supported (each has a golden test in tests/models/), is it a hybrid (recurrent-
 state layers beside attention, models/hybrid.py), does it keep MLA's latent pages (models/mla.py), may
-it take the host fast path (executor/host/: dense llama-family blocks only). From those follow what a
+it take the host fast path (executor/host/: dense blocks the host twins reproduce). From those follow what a
 loaded model of the family looks like to the engine: its embedding and activation dtype, its KV layout
 (sliding windows included) and its recurrent-state layers. Everything else asks here rather than
 testing `model_type` itself. The KV cache's bytes per block are the layout's business (kv_layout.py).
@@ -93,8 +93,8 @@ EMBEDDING_SCALES = {"gemma2": "sqrt", "gemma3_text": "sqrt-bf16"}
 # families too: images are not sent to the stages).
 NOT_SPLIT = {"gemma4_text": "its layers take per-layer inputs that the backbone computes from the token ids"}
 # HOST_MODEL_TYPES (metalserve/kernels/cpu/decoder_weights.py, where the loader reads it too): the dense
-# llama-family models whose blocks the host twins reproduce (executor/host/); every other family runs
-# mlx-lm's own modules on MLX.
+# models whose blocks the host twins reproduce (executor/host/layers.py: llama, mistral, qwen2, qwen3,
+# gemma3 text, phi3); every other family runs mlx-lm's own modules on MLX.
 
 
 class UnsupportedModelType(ValueError):

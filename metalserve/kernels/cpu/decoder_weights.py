@@ -12,24 +12,29 @@ import numpy as np
 if TYPE_CHECKING:
     from metalserve.kernels.cpu.packed_linear import Segments
 
-# The model types whose blocks the host decoder reproduces (dense llama-family: pre-norm RMSNorm, plain
-# RoPE, SwiGLU); every other family runs mlx-lm's own modules on MLX. The loader keeps such a GGUF in its
-# codes alone (no fp32 copy), the executor installs the host twins (executor/models/families.py).
-HOST_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+# The model types whose blocks the host decoder reproduces (dense: pre-norm RMSNorm, RoPE, a gated MLP;
+# gemma3's sandwich norms, GeGLU and per-layer RoPE; phi3's fused projections and SuScaledRoPE); every
+# other family runs mlx-lm's own modules on MLX. The loader keeps such a GGUF in its codes alone (no fp32
+# copy), the executor installs the host twins (executor/models/families.py).
+HOST_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3"})
 
 
 class DecoderWeights(NamedTuple):
-    """The weights of `L` identical pre-norm blocks, stacked on a leading layer axis."""
+    """The weights of `L` pre-norm blocks of one shape, stacked on a leading layer axis."""
 
     input_norm: np.ndarray  # [L, hidden]
-    post_attention_norm: np.ndarray  # [L, hidden]
+    post_attention_norm: np.ndarray  # [L, hidden]: the norm before the MLP (gemma3's pre_feedforward)
+    attn_out_norm: np.ndarray  # [L, hidden]: gemma3's norm of the attention's output (`DecoderShape.sandwich_norms`)
+    mlp_out_norm: np.ndarray  # [L, hidden]: gemma3's norm of the MLP's output
     qkv: Segments  # each projection of every layer, in its packed codes (kernels/cpu/packed_linear.py)
     o: Segments
     gate_up: Segments
     down: Segments
     q_norm: np.ndarray  # [L, head_dim]; qwen3's per-head norms (unused unless `DecoderShape.head_norms`)
     k_norm: np.ndarray
-    rope_inv_freq: np.ndarray  # [rope_dims // 2]
+    rope_inv_freq: np.ndarray  # [L, rope_dims // 2] (gemma3's sliding and full layers differ)
+    rope_scales: np.ndarray  # [L] float32: positions times this (linear RoPE scaling)
+    rope_mscales: np.ndarray  # [L] float32: rotated features times this first (SuScaledRoPE), else 1
     sliding_windows: np.ndarray  # [L] int64, 0 for full attention
 
 
@@ -40,9 +45,42 @@ class DecoderShape(NamedTuple):
     head_norms: bool
     norm_eps: float
     head_norm_eps: float
-    rope_scale: float
     attention_scale: float
     softcap: float  # 0 for none
+    sandwich_norms: bool  # gemma3: the attention's and the MLP's outputs normed before the residual adds
+    gelu: bool  # the MLP's gate through GELU (tanh), gemma3; else SiLU
+
+
+class PagePlane(NamedTuple):
+    """One plane (K or V) of a layer's quantized pages, for every KV head (kernels/cpu/page_codes.py)."""
+
+    codes: np.ndarray  # [Hkv, slots, D] int8 codes viewed as uint8, or [Hkv, slots, D/2] q4 nibbles
+    scales: np.ndarray  # [Hkv, slots, groups] float16 bits as uint16 (int8: one group)
+    biases: np.ndarray  # q4's, likewise; int8 pages have none and repeat `scales` here
+    storage: int  # page_codes.INT8 or page_codes.Q4
+
+
+class QuantPages(NamedTuple):
+    """A layer's quantized pages: K and V each in its own storage."""
+
+    k: PagePlane
+    v: PagePlane
+
+
+PAGE_STORAGES = {"int8": 1, "q4": 2}  # PagePlane.storage by --kv-cache-dtype (page_codes.INT8, Q4)
+
+
+def quant_pages(views: list[np.ndarray]) -> QuantPages:
+    """A layer's pages from the host views of its `[2, Hkv, slots, ...]` codes, scales (and q4's biases),
+    sharing their memory."""
+    codes, scales = views[0], views[1]
+    biases = views[2] if len(views) > 2 else scales
+    storage = PAGE_STORAGES["int8" if codes.dtype == np.int8 else "q4"]
+
+    def plane(i: int) -> PagePlane:
+        return PagePlane(codes[i].view(np.uint8), scales[i].view(np.uint16), biases[i].view(np.uint16), storage)
+
+    return QuantPages(plane(0), plane(1))
 
 
 class LoraProjection(NamedTuple):

@@ -24,9 +24,15 @@ def _rms_norm_kernel(x, weight, eps, out):  # noqa: ANN001, ANN202  (numba infer
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True)
-def _rope_kernel(x, positions, inv_freq, scale):  # noqa: ANN001, ANN202
+def _rope_kernel(x, positions, inv_freq, scale, mscale):  # noqa: ANN001, ANN202
+    """`mscale`: a factor on the rotated features before rotating (phi3's SuScaledRoPE), 1 for plain RoPE."""
     tokens, heads, _ = x.shape
     half = inv_freq.shape[0]
+    if mscale != 1:
+        for t in range(tokens):
+            for h in range(heads):
+                for i in range(2 * half):
+                    x[t, h, i] *= mscale
     for t in range(tokens):
         for i in range(half):
             angle = np.float32(positions[t]) * scale * inv_freq[i]  # float32 throughout, as MLX computes it
@@ -53,9 +59,12 @@ def rope_inverse_frequencies(dims: int, base: float) -> np.ndarray:
     return np.exp(-np.arange(half, dtype=np.float32) * np.float32(np.log(base) / half))
 
 
-def rope_in_place(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, scale: float = 1.0) -> None:
+def rope_in_place(
+    x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, scale: float = 1.0, mscale: float = 1.0
+) -> None:
     """Rotate `x` `[T, H, D]` float32 as MLX's non-traditional RoPE does (pairs `i` and `i + dims/2`, the
-    first `dims = 2 * len(inv_freq)` features), token `t` at position `positions[t] * scale`."""
+    first `dims = 2 * len(inv_freq)` features, first multiplied by `mscale`), token `t` at position
+    `positions[t] * scale`."""
     if x.dtype != np.float32 or not x.flags.c_contiguous or x.ndim != 3 or 2 * len(inv_freq) > x.shape[2]:
         raise ValueError(f"rope_in_place takes contiguous [T, H, D] float32, got {x.shape} {x.dtype}")
-    _rope_kernel(x, np.ascontiguousarray(positions, np.int64), inv_freq, np.float32(scale))
+    _rope_kernel(x, np.ascontiguousarray(positions, np.int64), inv_freq, np.float32(scale), np.float32(mscale))
