@@ -138,6 +138,17 @@ class ChatServing:
                 "itself and reads calls back as <tool_call> JSON blocks (--no-generic-tool-prompt: off)"
             )
             self.tool_parser = GenericToolParser()
+        if self.grammar_for_tools():
+            # The grammar engine's vocabulary takes seconds to build (minutes on a busy CPU): build it now,
+            # in the background, rather than inside an agent's first request.
+            ctx.engine.grammar.tokenizer_ready()
+
+    def grammar_for_tools(self) -> bool:
+        """Whether `auto` tool calls of this model get a lazy call grammar (its parser has one)."""
+        parser = self.tool_parser
+        if not self.tool_call_grammar or parser is None:
+            return False
+        return type(parser).call_grammar is not ToolParser.call_grammar
 
     async def create(self, req: ChatCompletionRequest, raw: HTTPRequest) -> Response:
         gen = await self.start(req)
