@@ -238,7 +238,11 @@ class ChatServing:
         template = self._template()
         if not template:
             raise OpenAIError("this model has no chat template; start the server with --chat-template", 400)
-        tools = None if req.tool_choice == "none" or not req.tools else [t.model_dump() for t in req.tools]
+        # The tools as the client wrote them: fields it left out (description, strict) are not rendered as
+        # nulls, which a small model reads as part of the tool (the schemas inside are dicts, kept whole).
+        tools = (
+            None if req.tool_choice == "none" or not req.tools else [t.model_dump(exclude_none=True) for t in req.tools]
+        )
         messages = [message_dict(m) for m in req.messages]
         if self.generic_tools:
             messages, tools = with_generic_tools(messages, tools), None

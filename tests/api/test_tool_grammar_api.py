@@ -3,6 +3,7 @@ checks the engine's params), unless --no-tool-call-grammar or another constraint
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -103,3 +104,12 @@ def test_the_grammar_vocabulary_is_built_at_start_where_tool_calls_get_a_grammar
     assert compiler._tokenizer_future.result(timeout=60) is not None
     off = ServerSettings(tool_call_parser="hermes", enable_auto_tool_choice=True, tool_call_grammar=False)
     assert make_served(off).engine._grammar is None
+
+
+def test_the_prompt_renders_the_tools_as_the_client_wrote_them(server: Served) -> None:
+    """No `"description": null` / `"strict": null` for fields the client left out; a schema's own nulls stay."""
+    schema = {"type": "object", "properties": {"city": {"type": "string", "default": None}}}
+    _chat(server, tools=[{"type": "function", "function": {"name": "get_weather", "parameters": schema}}])
+    prompt = server.core.tokenizer.decode(server.core.added[-1].prompt_token_ids)
+    rendered = '{"type": "function", "function": {"name": "get_weather", "parameters": ' + json.dumps(schema) + "}}"
+    assert rendered in prompt, prompt
