@@ -169,7 +169,13 @@ class ChatServing:
         requested = req.max_completion_tokens or req.max_tokens
         max_tokens = resolve_max_tokens(requested, len(prompt), engine.max_model_len, self.ctx.default_max_tokens)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = build_sampling_params(req, max_tokens=max_tokens, logprobs=logprobs, vocab_size=len(engine.tokenizer))
+        params = build_sampling_params(
+            req,
+            max_tokens=max_tokens,
+            logprobs=logprobs,
+            vocab_size=len(engine.tokenizer),
+            defaults=self.ctx.sampling_defaults,
+        )
         params.structured_outputs, source = chat_structured(req)
         if params.structured_outputs is None and parse_tools is not None and self.tool_call_grammar:
             params.structured_outputs = await auto_tool_params(self.ctx, parse_tools, req, self.special_tokens)
