@@ -42,16 +42,18 @@ MODELS = os.environ.get("METALSERVE_AGENT_MODELS", "qwen2.5-coder-0.5b,qwen2.5-c
 IDLE_MS = str(int(AGENT_TIMEOUT * 1000))  # generous: the server's keep-alive events should make it moot
 # Claude Code's tools per task (all ~24 make an ~19k-token prompt; these keep the CPU prefill short).
 CLAUDE_TOOLS = {"read": "Read", "fix": "Read,Edit,Bash"}
-QWEN_SAMPLING = '{"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}'
+GREEDY = '{"temperature": 0}'
 
 
 def _flags(model: str) -> tuple[str, ...]:
     # The server's defaults, as docs/agents.md recommends: weights kept in their codes (the 1.5B's process
     # holds about 2 GB), the prefix cache on, the tool-call grammar with the default compile timeout.
     # 16k tokens hold every prompt here (Codex's first is ~8.8k) and fit a 1 GiB KV budget for the 1.5B.
-    # Neither agent sends a temperature (Claude Code's API default is 1, Codex's none): the model's own
-    # recommended sampling (Qwen2.5 Instruct's generation config) instead, as docs/agents.md recommends.
-    sampling = ("--override-generation-config", QWEN_SAMPLING)
+    # Neither agent sends a temperature (Claude Code's API default is 1, Codex's none): greedy instead, as
+    # docs/agents.md recommends for a small model (at 1 the 1.5B said hello.txt could not be read; at
+    # Qwen's own 0.7/top-p 0.8/top-k 20 it refused the "secret" as sensitive, both with the file's text
+    # in its prompt).
+    sampling = ("--override-generation-config", GREEDY)
     return (model, "--max-model-len", "16384", "--kv-cache-memory", str(1 << 30), *sampling)
 
 
