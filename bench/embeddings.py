@@ -1,12 +1,14 @@
 """Embedding throughput of the shipped all-MiniLM-L6-v2 (sentences/s over mixed lengths), metalserve's
 engine against sentence-transformers on the same machine, and chat TPOT with and without that load.
 
-    .venv/bin/python bench/embeddings.py [--sentences 10000] [--st-python /work/venvs/st/bin/python]
+    .venv/bin/python bench/embeddings.py [--sentences 10000] [--st-python /work/venvs/st/bin/python] [--rounds 2]
 
 sentence-transformers needs torch, which is not ours: `--st-python` names an interpreter that has it (the
-same sentences are handed to it; it runs after ours, alone). The chat part streams `--chat-streams`
-greedy requests on the embedded SmolLM2 engine, once alone and once while the MiniLM engine embeds on its
-own engine thread (as a multi-model server runs them), and reports the mean time per output token.
+same sentences are handed to it; it runs after ours, alone). `--rounds` alternates the two arms that many
+times and prints each round's ratio (the machine is shared: compare arms of one round). The chat part
+streams `--chat-streams` greedy requests on the embedded SmolLM2 engine, once alone and once while the
+MiniLM engine embeds on its own engine thread (as a multi-model server runs them), and reports the mean
+time per output token.
 """
 
 from __future__ import annotations
@@ -145,15 +147,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sentences", type=int, default=10000)
     parser.add_argument("--st-python", default=None, help="an interpreter with sentence-transformers and torch")
+    parser.add_argument("--rounds", type=int, default=1, help="alternate the two arms this many times")
     parser.add_argument("--chat-streams", type=int, default=4)
     parser.add_argument("--chat-tokens", type=int, default=32)
     args = parser.parse_args()
     sentences = mixed_sentences(args.sentences)
     print(f"{len(sentences)} sentences, 3-200 words, all-MiniLM-L6-v2, {os.cpu_count()} CPUs")
-    print(f"metalserve engine: {ours(sentences):.1f} sentences/s")
-    if args.st_python:
-        rate = sentence_transformers(args.st_python, sentences)
-        print(f"sentence-transformers (torch, batch 32): {rate:.1f} sentences/s")
+    for round_ in range(1, args.rounds + 1):
+        mine = ours(sentences)
+        print(f"round {round_}: metalserve engine: {mine:.1f} sentences/s", flush=True)
+        if args.st_python:
+            rate = sentence_transformers(args.st_python, sentences)
+            print(f"round {round_}: sentence-transformers (torch, batch 32): {rate:.1f} sentences/s", flush=True)
+            print(f"round {round_}: metalserve / sentence-transformers = {mine / rate:.2f}", flush=True)
     alone = chat_tpot(args.chat_streams, args.chat_tokens, None)
     loaded = chat_tpot(args.chat_streams, args.chat_tokens, sentences[:2000])
     print(

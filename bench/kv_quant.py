@@ -1,5 +1,5 @@
-"""What --kv-cache-dtype costs and buys on the default model: perplexity with auto / int8 / q4 pages over
-bench/data/sonnet.txt (prompt logprobs, the engine's own path), greedy agreement with auto (the share of
+"""What --kv-cache-dtype costs and buys on the default model: perplexity with auto / int8 / q4 / k8v4 pages
+over bench/data/sonnet.txt (prompt logprobs, the engine's own path), greedy agreement with auto (the share of
 64-token greedy continuations of 32 prompts that are identical), tokens per GiB of KV cache, and decode
 TPOT and prefill time at a 4k context. Every dtype runs in this one process, one after another.
 
@@ -10,6 +10,9 @@ greedy continuations turn on near-ties, so even bfloat16 pages change some of th
     .venv/bin/python bench/kv_quant.py            # the full table (a few minutes on 2 cores)
     .venv/bin/python bench/kv_quant.py --quick    # fewer windows, prompts and steps
     .venv/bin/python bench/kv_quant.py --speed-only   # only prefill and decode TPOT at a 4k context
+
+bench/kv_quant_variants.py measures formats not built (K and V in different types, finer groups) against
+the 16-bit controls on held-out texts and other models.
 
 Attention: `--attention-backend auto` for every dtype (the numba kernel on the CPU path, which reads int8
 and q4 pages too); `auto` pages are also measured on MLX ops, for a second backend's TPOT.
@@ -38,7 +41,7 @@ from metalserve.sampling_params import SamplingParams
 from metalserve.serving.build import build_engine_core
 
 TEXT = Path(__file__).resolve().parent / "data" / "sonnet.txt"
-STORAGES = ("auto", "int8", "q4")
+STORAGES = ("auto", "int8", "q4", "k8v4")
 GIB = 1 << 30
 
 
@@ -66,8 +69,8 @@ class RoundedPages(MlxAttention):
         return super().forward(call._replace(k=k, v=v))
 
 
-def engine(storage: str, backend: str, max_model_len: int) -> tuple[EngineCore, LoadedModel]:
-    loaded = load_model(None)  # a fresh copy: installing paged attention changes the model in place
+def engine(storage: str, backend: str, max_model_len: int, model: str | None = None) -> tuple[EngineCore, LoadedModel]:
+    loaded = load_model(model)  # a fresh copy: installing paged attention changes the model in place
     config = EngineConfig(
         kv_cache_memory=1 << 30,
         max_model_len=max_model_len,
@@ -104,7 +107,7 @@ def continuations(core: EngineCore, prompts: list[list[int]], n: int) -> list[li
     return [got[f"q{i}"][0] for i in range(len(prompts))]
 
 
-SPEED_ARMS = (("auto", "auto"), ("int8", "auto"), ("q4", "auto"), ("auto", "mlx"))
+SPEED_ARMS = (("auto", "auto"), ("int8", "auto"), ("q4", "auto"), ("k8v4", "auto"), ("auto", "mlx"))
 
 
 def speed(ids: list[int], context: int, steps: int) -> dict[tuple[str, str], tuple[float, float]]:

@@ -135,8 +135,9 @@ class EngineConfig:
     kv_cache_memory: int | None = flag(None, "KV cache bytes (overrides the fraction)")
     kv_cache_dtype: KVCacheDtype = flag(
         KVCacheDtype.AUTO,
-        "how K/V pages are stored: auto (the model's dtype), int8 (a scale per token and head) or q4 "
-        "(4-bit groups with a scale and bias each); about 2x / 3.5x the tokens of fp16 in the same memory",
+        "how K/V pages are stored: auto (the model's dtype), int8 (a scale per token and head), q4 "
+        "(4-bit groups with a scale and bias each) or k8v4 (int8 keys, q4 values; MLX ops); about 2x / 3.5x / "
+        "2.4x the tokens of fp16 in the same memory",
     )
     weights: WeightsMode = flag(WeightsMode.AUTO, "quantized weights: keep them packed, or dequantize (auto: by size)")
     dequantize_max_bytes: int = 4 * 1024**3  # "auto": dequantize to fp32 only below this size

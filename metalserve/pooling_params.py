@@ -22,6 +22,10 @@ class PoolingModel:
     # the two token ids whose last-token logits score a (query, document) prompt; None: an embedder.
     score_token_ids: tuple[int, int] | None = None
     score_template: str = "{query}\n{document}"  # how a pair becomes the reranker's prompt
+    # A cross-encoder (BertForSequenceClassification with one label): a pair is scored by its classifier,
+    # through a sigmoid unless the model says its scores are raw (sentence-transformers' Identity).
+    cross_encoder: bool = False
+    score_sigmoid: bool = True
 
     def params(self, dimensions: int | None = None, logit_token_ids: tuple[int, ...] | None = None) -> PoolingParams:
         """A request's pooling: ValueError for a `dimensions` the model cannot give."""
@@ -35,12 +39,15 @@ class PoolingParams:
     """`pooling_type`: which hidden states make the vector (the last token's, the mean of all, the first);
     `normalize`: to unit length; `dimensions`: Matryoshka truncation to the first n (before normalising,
     as sentence-transformers and vLLM do); `logit_token_ids`: instead of the hidden state, the last
-    token's logits of these vocabulary ids (a decoder reranker's yes/no)."""
+    token's logits of these vocabulary ids (a decoder reranker's yes/no); `classify`: a cross-encoder's
+    classifier logits over the prompt (a tokenizer pair encoding: its second segment after the first
+    [SEP])."""
 
     pooling_type: PoolingType = "last"
     normalize: bool = True
     dimensions: int | None = None
     logit_token_ids: tuple[int, ...] | None = None
+    classify: bool = False
 
     def __post_init__(self) -> None:
         if self.pooling_type not in POOLING_TYPES:
@@ -49,9 +56,11 @@ class PoolingParams:
             raise ValueError("dimensions must be at least 1")
         if self.logit_token_ids is not None and self.pooling_type != "last":
             raise ValueError("logit scores are read at the last token only")
+        if self.classify and self.logit_token_ids is not None:
+            raise ValueError("a request is scored by a classifier or by token logits, not both")
 
     @property
     def reuses_prefix(self) -> bool:
         """Whether a prefix-cache hit can serve this request: only the last token's hidden state is
         needed (it is always recomputed); mean and CLS pooling need every prompt row's."""
-        return self.pooling_type == "last"
+        return self.pooling_type == "last" and not self.classify

@@ -47,3 +47,8 @@ class RerankRequest(BaseModel):
     top_n: int | None = Field(default=None, ge=0)  # None or 0: all
     return_documents: bool = True
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+
+
+class PoolingRequest(EmbeddingRequest):
+    """vLLM's /pooling for an embedding model: the body of /v1/embeddings, each input's vector answered
+    as `{"object": "pooling", "data": [...]}`."""

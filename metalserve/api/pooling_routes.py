@@ -1,4 +1,4 @@
-"""The pooling routes: /v1/embeddings (OpenAI), /score and /v1/score (vLLM), /rerank, /v1/rerank and
+"""The pooling routes: /v1/embeddings (OpenAI), /pooling, /score and /v1/score (vLLM), /rerank, /v1/rerank and
 /v2/rerank (Jina, Cohere). Routed by `model` like every other route; errors in OpenAI's shape (vLLM's)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 
 from metalserve.api.model_serving import ModelServing, serve_with
-from metalserve.api.pooling_protocol import EmbeddingRequest, RerankRequest, ScoreRequest
+from metalserve.api.pooling_protocol import EmbeddingRequest, PoolingRequest, RerankRequest, ScoreRequest
 from metalserve.serving.registry import ModelRegistry
 
 
@@ -18,6 +18,11 @@ def add_pooling_routes(app: FastAPI, registry: ModelRegistry[ModelServing], aliv
     async def embeddings(body: EmbeddingRequest) -> Response:
         alive()
         return await serve_with(registry, body.model, lambda m: m.pooling.embeddings(body))
+
+    @app.post("/pooling")
+    async def pooling(body: PoolingRequest) -> Response:
+        alive()
+        return await serve_with(registry, body.model, lambda m: m.pooling.pooling(body))
 
     async def score(body: ScoreRequest) -> Response:
         alive()

@@ -27,6 +27,7 @@ class RequestRecord:
     tpot_s: float | None  # mean time per output token after the first
     e2e_s: float
     ended_at: float  # wall-clock seconds
+    kind: str = "generate"  # or "pooling": an embedding, score or rerank input (one vector, no tokens out)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -44,6 +45,7 @@ class RunningRequest:
     started: float  # monotonic
     progress: ProgressReader | None
     output_tokens: int = 0
+    kind: str = "generate"
 
     def to_dict(self, now: float) -> dict[str, Any]:
         got = self.progress(self.request_id) if self.progress is not None else None
@@ -55,6 +57,7 @@ class RunningRequest:
             "prompt_tokens_done": done,
             "output_tokens": self.output_tokens,
             "elapsed_s": round(now - self.started, 2),
+            "kind": self.kind,
         }
 
 
@@ -66,6 +69,7 @@ class RequestRecorder:
         self._running: dict[str, RunningRequest] = {}  # event loop only
         self._lock = threading.Lock()
         self.total = 0
+        self.pooling_total = 0  # of `total`
 
     def running(self, response_id: str | None = None) -> list[dict[str, Any]]:
         """The running requests, oldest first; with `response_id`, that response's (its one request, or
@@ -80,6 +84,7 @@ class RequestRecorder:
         with self._lock:
             self._records.appendleft(record)
             self.total += 1
+            self.pooling_total += record.kind == "pooling"
 
     def recent(self) -> list[RequestRecord]:
         with self._lock:
@@ -92,15 +97,17 @@ class RequestRecorder:
         request_id: str,
         prompt_tokens: int = 0,
         progress: ProgressReader | None = None,
+        kind: str = "generate",
     ) -> AsyncIterator[RequestOutput]:
         """`stream` as it is, listed as running until it ends and then recorded (closing this closes, so
         aborts, it). `prompt_tokens`: the prompt's length, which a request aborted before its first output
-        reports too; `progress`: the engine's prefill progress (AsyncEngine.prompt_progress)."""
+        reports too; `progress`: the engine's prefill progress (AsyncEngine.prompt_progress); `kind`: "generate"
+        or "pooling"."""
         started = time.monotonic()
         first: float | None = None
         last: RequestOutput | None = None
         status = "aborted"
-        running = RunningRequest(request_id, model, prompt_tokens, started, progress)
+        running = RunningRequest(request_id, model, prompt_tokens, started, progress, kind=kind)
         self._running[request_id] = running
         try:
             async for out in stream:
@@ -117,7 +124,7 @@ class RequestRecorder:
         finally:
             self._running.pop(request_id, None)
             await stream.aclose()  # type: ignore[attr-defined]
-            self.add(_record(request_id, model, status, last, started, first, prompt_tokens))
+            self.add(_record(request_id, model, status, last, started, first, prompt_tokens, kind))
 
 
 def _record(
@@ -128,6 +135,7 @@ def _record(
     started: float,
     first: float | None,
     prompt_tokens: int,
+    kind: str,
 ) -> RequestRecord:
     ended = time.monotonic()
     outputs = last.num_output_tokens if last else 0
@@ -143,4 +151,5 @@ def _record(
         tpot_s=tpot,
         e2e_s=ended - started,
         ended_at=time.time(),
+        kind=kind,
     )

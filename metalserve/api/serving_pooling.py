@@ -1,9 +1,10 @@
 """The pooling APIs over one model: embeddings (OpenAI's shape), score (vLLM's) and rerank (Jina's and
 Cohere's). Every input is one pooling request on the engine (packed into its steps like any other).
 
-Scores: a decoder reranker (`classifier_from_token`, Qwen3-Reranker style) scores each (query, document)
-prompt by its last token's two logits, p(true) = sigmoid(true - false); an embedding model scores by the
-cosine of the two embeddings, as vLLM does for embedding models."""
+Scores: a cross-encoder (a BERT sequence classifier) scores the tokenizer's pair encoding of (query,
+document) by its classifier, through a sigmoid; a decoder reranker (`classifier_from_token`, Qwen3-Reranker
+style) scores each (query, document) prompt by its last token's two logits, p(true) = sigmoid(true -
+false); an embedding model scores by the cosine of the two embeddings, as vLLM does for embedding models."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import numpy as np
 from fastapi.responses import JSONResponse
 
 from metalserve.api.errors import OpenAIError
-from metalserve.api.pooling_protocol import EmbeddingRequest, RerankRequest, ScoreRequest
+from metalserve.api.pooling_protocol import EmbeddingRequest, PoolingRequest, RerankRequest, ScoreRequest
 from metalserve.api.serving_context import ServingContext
 from metalserve.pooling_params import PoolingModel, PoolingParams
 from metalserve.sampling_params import SamplingParams
@@ -45,8 +46,31 @@ class PoolingServing:
     # ---- the routes --------------------------------------------------------------------------------
 
     async def embeddings(self, body: EmbeddingRequest) -> JSONResponse:
+        tokens, vectors = await self._embed(body)
+        data = [
+            {"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
+            for i, v in enumerate(vectors)
+        ]
+        return JSONResponse(self._envelope("embd", tokens, data=data))
+
+    async def pooling(self, body: PoolingRequest) -> JSONResponse:
+        """vLLM's /pooling: each input's pooled vector, `{"object": "pooling", "data": [...]}`."""
+        tokens, vectors = await self._embed(body)
+        data = [
+            {"object": "pooling", "index": i, "data": _encode(v, body.encoding_format)} for i, v in enumerate(vectors)
+        ]
+        return JSONResponse(self._envelope("pool", tokens, data=data))
+
+    async def _embed(self, body: EmbeddingRequest) -> tuple[list[list[int]], list[list[float]]]:
         self.ctx.check_model(body.model)
         model = self.model()
+        if model.cross_encoder:
+            raise OpenAIError(
+                f"the model {self.ctx.served_model_name!r} is a cross-encoder: it scores (query, document) pairs "
+                "through /score and /rerank, and gives no embeddings",
+                400,
+                param="model",
+            )
         prompts = _embedding_inputs(body.input)
         try:
             params = model.params(body.dimensions)
@@ -55,12 +79,7 @@ class PoolingServing:
         if body.normalize is not None:
             params = PoolingParams(params.pooling_type, body.normalize, params.dimensions)
         tokens = await self._tokenize(prompts, body.truncate_prompt_tokens, body.add_special_tokens)
-        vectors = await self._pool(tokens, params, "embd")
-        data = [
-            {"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
-            for i, v in enumerate(vectors)
-        ]
-        return JSONResponse(self._envelope("embd", tokens, data=data))
+        return tokens, await self._pool(tokens, params, "embd")
 
     async def score(self, body: ScoreRequest) -> JSONResponse:
         self.ctx.check_model(body.model)
@@ -99,6 +118,11 @@ class PoolingServing:
     ) -> tuple[list[float], list[list[int]]]:
         """One score per (query, document) pair, and the token ids that made them (for usage)."""
         model = self.model()
+        if model.cross_encoder:
+            tokens = await self._tokenize_pairs(queries, docs, truncate)
+            logits = await self._pool(tokens, PoolingParams("cls", normalize=False, classify=True), "score")
+            raw = [float(v[0]) for v in logits]
+            return [1.0 / (1.0 + math.exp(-x)) for x in raw] if model.score_sigmoid else raw, tokens
         if model.score_token_ids is not None:
             pairs = [model.score_template.format(query=q, document=d) for q, d in zip(queries, docs, strict=True)]
             tokens = await self._tokenize(list(pairs), truncate, add_special_tokens=True)
@@ -149,16 +173,54 @@ class PoolingServing:
                 )
         return tokens
 
+    async def _tokenize_pairs(
+        self, queries: Sequence[str], docs: Sequence[str], truncate: int | None
+    ) -> list[list[int]]:
+        """The tokenizer's pair encoding ([CLS] query [SEP] document [SEP] for BERT); a pair over the
+        limit is refused, or cut by the tokenizer's longest-first truncation when asked."""
+        engine = self.ctx.engine
+        limit = engine.max_model_len
+        keep = limit if truncate == -1 else truncate
+        if keep is not None and keep > limit:
+            raise OpenAIError(
+                f"truncate_prompt_tokens {keep} is more than max_model_len={limit}", 400, param="truncate_prompt_tokens"
+            )
+
+        def encode() -> list[list[int]]:
+            cut = {"truncation": "longest_first", "max_length": keep} if keep is not None else {}
+            return [list(engine.tokenizer(q, d, **cut)["input_ids"]) for q, d in zip(queries, docs, strict=True)]
+
+        tokens = await self.ctx.off_loop(encode)
+        for i, ids in enumerate(tokens):
+            if len(ids) > limit:
+                raise OpenAIError(
+                    f"This model's maximum context length is {limit} tokens. However, pair {i} has {len(ids)} "
+                    "tokens. Please reduce the length of the query or document, or set truncate_prompt_tokens.",
+                    400,
+                    param="documents",
+                    code="context_length_exceeded",
+                )
+        return tokens
+
     async def _pool(self, tokens: list[list[int]], params: PoolingParams, kind: str) -> list[list[float]]:
         """One pooling request per input, all submitted at once (the scheduler packs them)."""
         sampling = SamplingParams(max_tokens=1, pooling=params)
         base = f"{kind}-{uuid.uuid4().hex}"
 
         async def one(i: int, ids: list[int]) -> list[float]:
-            async for out in self.ctx.engine.generate(ids, sampling, f"{base}-{i}"):
+            rid = f"{base}-{i}"
+            stream = self.ctx.engine.generate(ids, sampling, rid)
+            if self.ctx.recorder is not None:  # the server view lists and counts pooling requests too
+                stream = self.ctx.recorder.recorded(
+                    stream, self.ctx.served_model_name, rid, len(ids), self.ctx.engine.prompt_progress, kind="pooling"
+                )
+            vector = None
+            async for out in stream:  # to its end, so the recorder lists it as finished at once
                 if out.pooled is not None:
-                    return out.pooled
-            raise OpenAIError("the engine ended a pooling request without its vector", 500)
+                    vector = out.pooled
+            if vector is None:
+                raise OpenAIError("the engine ended a pooling request without its vector", 500)
+            return vector
 
         try:
             return list(await asyncio.gather(*(one(i, ids) for i, ids in enumerate(tokens))))

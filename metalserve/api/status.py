@@ -94,6 +94,7 @@ def server_status(registry: ModelRegistry[ModelServing], recorder: RequestRecord
         "memory": memory_summary(registry, models),
         "models": models,
         "requests_total": recorder.total,
+        "pooling_requests_total": recorder.pooling_total,
         "running_requests": recorder.running(),
         "recent_requests": [r.to_dict() for r in recorder.recent()],
     }

@@ -91,6 +91,8 @@ class TensorParallelRunner(ModelRunner):
     """Rank 0's runner: the ordinary runner, whose every forward first sends the step to the other ranks
     and is evaluated to its last layer (its model computes with `WholeForward`)."""
 
+    shrinks_kv = False  # the other ranks size their pools from rank 0's block count and only grow
+
     def __init__(
         self,
         model: PagedModel,

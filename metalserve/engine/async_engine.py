@@ -53,6 +53,10 @@ T = TypeVar("T")
 # Idle this long after the last request ended, the engine hands MLX's buffer cache and the freed heap
 # back (core.release_idle_memory); a client sending one request after another keeps its warm buffers.
 IDLE_RELEASE_S = 2.0
+# Idle this long after the last step, it cuts the KV pool back to what it started with (core.shrink_kv_pool): a pool
+# grows by doubling in a burst, and a server that idles between bursts a minute apart should not hold
+# the largest one for ever, nor copy the pool back and forth between requests seconds apart.
+KV_SHRINK_IDLE_S = 30.0
 DEAD_MESSAGE = "the engine stopped after an internal error (the server log has the details)"
 
 
@@ -294,17 +298,27 @@ class AsyncEngine:
 
     def _run(self) -> None:
         held = False  # a busy period's buffers not yet handed back
+        grown = False  # the KV pool not yet cut back after a busy period
+        last_step = time.monotonic()
         try:
             while True:
                 idle = not self.core.has_unfinished_requests()
                 if idle and held and not self._next_command_within(IDLE_RELEASE_S):
                     self._release_idle_memory()  # idle a while: give back what the burst held, once
                     held = False
+                    grown = True
+                    continue  # on to the pool's longer wait
+                if idle and grown:
+                    left = KV_SHRINK_IDLE_S - (time.monotonic() - last_step)  # commands do not restart it
+                    if left <= 0 or not self._next_command_within(left):
+                        self._call_core("shrink_kv_pool")  # idle a good while longer: the KV pool too
+                        grown = False
                 if not self._apply_commands(block=idle):
                     break
                 if self.core.has_unfinished_requests():
                     held = True
                     self._process(self.core.step())
+                    last_step = time.monotonic()
         except BaseException as exc:  # the core is broken: fail everyone, refuse new work
             logger.exception("engine core failed")
             self.dead_error = exc
@@ -323,9 +337,13 @@ class AsyncEngine:
             return self._commands.not_empty.wait_for(lambda: len(self._commands.queue) > 0, seconds)
 
     def _release_idle_memory(self) -> None:
-        release = getattr(self.core, "release_idle_memory", None)
-        if callable(release):
-            release()
+        self._call_core("release_idle_memory")
+
+    def _call_core(self, name: str) -> None:
+        """A core's optional idle hook (fakes and pipeline cores may lack it)."""
+        hook = getattr(self.core, name, None)
+        if callable(hook):
+            hook()
 
     def _apply_commands(self, block: bool) -> bool:
         """Apply queued commands; False once a stop command arrives."""

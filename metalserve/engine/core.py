@@ -71,6 +71,21 @@ class EngineCore:
         mx.clear_cache()
         return_freed_memory()
 
+    def shrink_kv_pool(self) -> int:
+        """Idle a good while: give back the KV blocks the last bursts grew and no longer use (the policy is
+        KVCacheManager.shrink_pool's), pool tensors and all. Returns the bytes given back."""
+        if not getattr(self.runner, "shrinks_kv", False) or self.has_unfinished_requests() or self._in_flight:
+            return 0
+        gone = self.scheduler.kv.shrink_pool()
+        if not gone:
+            return 0
+        assert isinstance(self.runner, ModelRunner)
+        self.runner.shrink_kv(self.scheduler.kv.pool.num_allocated_blocks)
+        return_freed_memory()
+        freed = len(gone) * self.kv_bytes_per_block
+        logger.info("KV pool: %d idle blocks given back (%.1f MiB)", len(gone), freed / (1 << 20))
+        return freed
+
     def memory_report(self) -> dict[str, int]:
         """Bytes by component: the weights (fixed at load), the KV pool as grown so far, and MLX's buffer
         cache (the process's: freed arrays kept for reuse)."""

@@ -68,6 +68,9 @@ class DraftModelProposer:
     def grow(self, num_blocks: int) -> None:
         self.runner.grow_kv(num_blocks)
 
+    def truncate(self, num_blocks: int) -> None:
+        self.runner.shrink_kv(num_blocks)
+
     def propose(self, requests: Sequence[DraftedRequest], limits: Mapping[str, int]) -> dict[str, list[int]]:
         bs = self.spec.block_size
         views: dict[str, _View] = {}

@@ -62,6 +62,8 @@ def pool_step(
 def _vector(
     params: PoolingParams, acc: PoolingSoFar, last: mx.array, logits: Callable[[mx.array], mx.array]
 ) -> mx.array:
+    if params.classify:
+        raise ValueError("a decoder model has no classification head (a cross-encoder is a BERT encoder)")
     if params.logit_token_ids is not None:  # scores, not an embedding: neither cut nor normalised
         return logits(last)[0, mx.array(params.logit_token_ids)].astype(mx.float32)
     if params.pooling_type == "mean":

@@ -62,6 +62,8 @@ MLX_OPS = MlxAttention()  # the default backend: it runs wherever MLX runs, and 
 class ModelRunner:
     """Keeps a persistent batch of request states and the paged KV pools; runs one mixed step at a time."""
 
+    shrinks_kv = True  # its pools can be cut back at idle (shrink_kv)
+
     def __init__(
         self,
         model: PagedModel,
@@ -126,6 +128,21 @@ class ModelRunner:
             self.proposer.grow(num_blocks)
         mx.eval(self._kv_arrays())
         mx.clear_cache()  # the old, smaller buffers are not needed again
+
+    def shrink_kv(self, num_blocks: int) -> None:
+        """Cut every pool tensor back to its first `num_blocks` blocks (the KV manager gave the rest back at
+        idle; none of them is in any table) and hand the freed buffers to the OS."""
+        self.kv = [
+            self.backend.truncate(c, self._layer(t, num_blocks))
+            for c, t in zip(self.kv, self.spec.tensors, strict=True)
+        ]
+        self.spec = self.spec.with_blocks(num_blocks)
+        if self.states is not None:
+            self.states.pool.truncate(num_blocks)
+        if self.proposer is not None:
+            self.proposer.truncate(num_blocks)
+        mx.eval(self._kv_arrays())
+        mx.clear_cache()
 
     def _kv_arrays(self) -> list[mx.array]:
         states = self.states.pool.all_arrays() if self.states is not None else []

@@ -70,6 +70,14 @@ class StatePool:
         self.num_blocks = num_blocks
         mx.eval(self.all_arrays())
 
+    def truncate(self, num_blocks: int) -> None:
+        """Keep the first `num_blocks` slots, in buffers of that size (a pool cut back at idle)."""
+        for layer in self.arrays:
+            for i, a in layer.items():
+                layer[i] = mx.contiguous(a[:num_blocks])
+        self.num_blocks = num_blocks
+        mx.eval(self.all_arrays())
+
     def read(self, layer: int, block_ids: mx.array) -> dict[int, mx.array]:
         return {i: a[block_ids] for i, a in self.arrays[layer].items()}
 

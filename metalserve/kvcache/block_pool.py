@@ -103,7 +103,8 @@ class BlockPool:
 
     With `initial_blocks` below `num_blocks` the pool starts small and grows (doubling) when an
     allocation would otherwise evict a cached block or fail, so the runner allocates memory as it is
-    used; block ids never move. Blocks not yet grown count as free for admission.
+    used; block ids never move. Blocks not yet grown count as free for admission. `shrink` gives the
+    grown tail back at idle (the engine calls it; see there for the policy).
     """
 
     def __init__(self, num_blocks: int, enable_caching: bool = True, initial_blocks: int | None = None) -> None:
@@ -112,6 +113,7 @@ class BlockPool:
         start = num_blocks if initial_blocks is None else min(max(initial_blocks, NUM_RESERVED_BLOCKS + 1), num_blocks)
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
+        self.initial_blocks = start
         self.blocks = [KVBlock(i) for i in range(start)]
         self.null_block = self.blocks[NULL_BLOCK_ID]
         self.free_queue = FreeBlockQueue(self.blocks[NUM_RESERVED_BLOCKS:])
@@ -142,6 +144,27 @@ class BlockPool:
         new = [KVBlock(i) for i in range(start, stop)]
         self.blocks += new
         self.free_queue.prepend(new)
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks some request holds (the null block aside)."""
+        return len(self.blocks) - NUM_RESERVED_BLOCKS - len(self.free_queue)
+
+    def shrink(self, keep: int) -> list[int]:
+        """Cut the pool back to `keep` blocks, or to just past the highest block in use if that is more (ids
+        never move, so a held block keeps every id below it). The blocks cut off are free; those still in
+        the prefix cache are evicted. Returns the ids given back, lowest first (the runner's pools are cut
+        to the new size)."""
+        top = max((b.block_id for b in self.blocks if b.ref_cnt > 0), default=NULL_BLOCK_ID)
+        stop = max(keep, top + 1, NUM_RESERVED_BLOCKS + 1)
+        gone = self.blocks[stop:]
+        for block in gone:
+            self.free_queue.remove(block)
+            if block.block_hash is not None:
+                self._num_free_cached -= 1
+                self._evict(block)
+        del self.blocks[stop:]
+        return [b.block_id for b in gone]
 
     @property
     def usage(self) -> float:

@@ -79,6 +79,18 @@ class KVCacheManager:
     def num_free_blocks(self) -> int:
         return self.pool.num_free_blocks
 
+    def shrink_pool(self) -> list[int]:
+        """Give back grown blocks that idle (the engine calls this once it has been idle a while): keep what
+        the pool started with plus room for what is held now, and shrink only when that returns at least a
+        quarter of the pool, so a pool that regrows (by doubling) does not swing back and forth. Cached
+        blocks below the cut stay in the prefix cache; those above it are evicted (ids never move, so the
+        cut is by id, not by age). Returns the ids given back."""
+        pool = self.pool
+        keep = pool.initial_blocks + pool.num_used_blocks
+        if 4 * (pool.num_allocated_blocks - keep) < pool.num_allocated_blocks:
+            return []
+        return pool.shrink(keep)
+
     def blocks_for_request(self, num_tokens: int) -> int:
         """The most block ids one request of `num_tokens` tokens can hold at once, over every group."""
         return blocks_for_request(self.specs, num_tokens, self.block_size)

@@ -30,6 +30,7 @@ class KVCacheDtype(StrEnum):
     AUTO = "auto"
     INT8 = "int8"
     Q4 = "q4"
+    K8V4 = "k8v4"  # keys int8, values q4 (llama.cpp's -ctk q8_0 -ctv q4_0): keys are where the outliers live
 
 
 # Scales (and q4's biases) are kept in float16 whatever the model's dtype: an int8 page of head dim 64
@@ -67,13 +68,19 @@ class PageDtype:
     def quantized(self) -> bool:
         return self.storage != "auto"
 
+    def plane(self, index: int) -> PageDtype:
+        """How plane `index` (0: K, 1: V) is stored: k8v4 is int8 keys and q4 values; others are uniform."""
+        if self.storage != "k8v4":
+            return self
+        return replace(self, storage=KVCacheDtype.INT8 if index == 0 else KVCacheDtype.Q4)
+
     @property
     def key(self) -> str:
         """A name that tells pages of different storage apart (e.g. `q4g64-h`, `int8-h`, `float16`). `-h`:
         quantized pages hold K and V in the Hadamard-rotated basis (executor/attention/rotation.py), so
         pages written before the rotation (keyed without it) are never read as rotated ones."""
-        if self.storage == "q4":
-            return f"q4g{self.group_size}-h"
+        if self.storage in ("q4", "k8v4"):
+            return f"{self.storage}g{self.group_size}-h"
         return f"{self.storage}-h" if self.quantized else self.dtype
 
     def group_for(self, head_dim: int) -> int:
@@ -99,7 +106,9 @@ class PageDtype:
         return 0
 
     def vector_bytes(self, head_dim: int) -> int:
-        """Bytes of one vector of `head_dim` channels: data plus scales."""
+        """Bytes of one vector of `head_dim` channels: data plus scales (k8v4: a key and a value, halved)."""
+        if self.storage == "k8v4":
+            return (self.plane(0).vector_bytes(head_dim) + self.plane(1).vector_bytes(head_dim)) // 2
         return self.data_bytes(head_dim) + self.num_scales(head_dim) * SCALE_ITEMSIZE
 
     def describe(self) -> str:
@@ -107,6 +116,8 @@ class PageDtype:
             return f"int8 (a {SCALE_DTYPE} scale per token and head; {self.dtype} in attention)"
         if self.storage == "q4":
             return f"q4 (groups of {self.group_size}, {SCALE_DTYPE} scale and bias; {self.dtype} in attention)"
+        if self.storage == "k8v4":
+            return f"k8v4 (keys int8, values q4 in groups of {self.group_size}; {self.dtype} in attention)"
         return f"auto ({self.dtype})"
 
 
@@ -133,14 +144,15 @@ class AttentionSpec:
 
     def page_bytes(self, block_size: int) -> int:
         """One layer's page of `block_size` tokens: every plane, head and token, data and scales."""
-        return self.planes * block_size * self.num_kv_heads * self.page.vector_bytes(self.head_dim)
+        per_token = sum(self.page.plane(i).vector_bytes(self.head_dim) for i in range(self.planes))
+        return block_size * self.num_kv_heads * per_token
 
     def with_storage(self, storage: KVCacheDtype) -> Self:
         """This spec with pages stored as `storage` (unchanged where the kind cannot be quantized)."""
         if not self.quantizable or storage == self.page.storage:
             return self
         page = replace(self.page, storage=storage)
-        if storage == "q4":
+        if storage in ("q4", "k8v4"):
             page = replace(page, group_size=page.group_for(self.head_dim))
         return replace(self, page=page)
 

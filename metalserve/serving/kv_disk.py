@@ -52,6 +52,8 @@ def attach_disk_tier(
     if config.kv_disk_dir is None:
         return None
     problem = disk_tier_problem(spec.groups, spec)
+    if problem is None and spec.page.storage == "k8v4":
+        problem = "k8v4 pages (K and V in formats of their own) are not stored on disk yet; int8 and q4 are"
     if problem is None and not all(supported(c) for c in runner.kv):
         problem = f"the attention backend {runner.backend.name!r} keeps pools the disk tier cannot read"
     if problem is not None:

@@ -35,6 +35,10 @@ class Proposer(Protocol):
         """The KV pool grew to `num_blocks` blocks (a draft model grows its own pools to match)."""
         ...
 
+    def truncate(self, num_blocks: int) -> None:
+        """The KV pool was cut back to `num_blocks` blocks at idle (a draft model cuts its own pools)."""
+        ...
+
 
 class NgramProposer:
     """Prompt-lookup drafts (spec_decode/ngram.py)."""
@@ -56,6 +60,9 @@ class NgramProposer:
         return None
 
     def grow(self, num_blocks: int) -> None:
+        return None
+
+    def truncate(self, num_blocks: int) -> None:
         return None
 
 

@@ -82,3 +82,29 @@ def test_an_encoder_beside_a_chat_model_is_routed_by_name() -> None:
             client.embeddings.create(model="chat", input="hello")
         with pytest.raises(openai.BadRequestError, match="is a pooling model"):
             client.chat.completions.create(model="minilm", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_the_pooling_route_answers_each_input_vector_as_vllm_does(encoder: Served) -> None:
+    texts = ["A man is eating food.", "A plane is flying."]
+    embedded = httpx.post(f"{encoder.url}/v1/embeddings", json={"input": texts}, timeout=60).json()
+    pooled = httpx.post(f"{encoder.url}/pooling", json={"model": "minilm", "input": texts}, timeout=60).json()
+    assert pooled["object"] == "list" and pooled["id"].startswith("pool-")
+    assert [d["object"] for d in pooled["data"]] == ["pooling", "pooling"]
+    np.testing.assert_allclose(
+        [d["data"] for d in pooled["data"]], [d["embedding"] for d in embedded["data"]], atol=1e-6
+    )
+    assert pooled["usage"] == embedded["usage"]
+    unknown = httpx.post(f"{encoder.url}/pooling", json={"input": "x", "task": "classify"}, timeout=60)
+    assert unknown.status_code == 400  # a field we do not serve is refused, not ignored
+
+
+def test_the_server_view_counts_and_lists_pooling_requests(encoder: Served) -> None:
+    before = httpx.get(f"{encoder.url}/v1/server/status", timeout=10).json()
+    texts = ["one text", "and another one"]
+    assert httpx.post(f"{encoder.url}/v1/embeddings", json={"input": texts}, timeout=60).status_code == 200
+    after = httpx.get(f"{encoder.url}/v1/server/status", timeout=10).json()
+    assert after["pooling_requests_total"] == before["pooling_requests_total"] + 2
+    assert after["requests_total"] == before["requests_total"] + 2
+    newest = after["recent_requests"][:2]
+    assert [r["kind"] for r in newest] == ["pooling", "pooling"] and all(r["model"] == "minilm" for r in newest)
+    assert sorted(r["prompt_tokens"] for r in newest) == sorted(len(encoder.engine.tokenizer.encode(t)) for t in texts)

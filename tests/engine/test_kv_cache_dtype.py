@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -15,7 +16,7 @@ from metalserve.config import ConfigError, EngineConfig
 from metalserve.engine.core import EngineCore
 from metalserve.executor.attention import kv_quant
 from metalserve.executor.attention.base import AttentionBackend, AttentionCall
-from metalserve.executor.attention.kv_quant import QuantPool
+from metalserve.executor.attention.kv_quant import QuantPool, SplitPool
 from metalserve.executor.attention.rotation import RotatedPages
 from metalserve.kvcache.specs import PageDtype
 from metalserve.outputs import TokenLogprob
@@ -67,10 +68,11 @@ class RoundTripPages(RotatedPages):
     def forward(self, call: AttentionCall[Any, Any]) -> mx.array:
         assert call.v is not None
 
-        def stored(x: mx.array) -> mx.array:
-            return kv_quant.dequantize(*kv_quant.quantize(self.rotate(x), self.page), self.page, x.dtype)
+        def stored(x: mx.array, page: PageDtype) -> mx.array:
+            return kv_quant.dequantize(*kv_quant.quantize(self.rotate(x), page), page, x.dtype)
 
-        out = self.inner.forward(call._replace(q=self.rotate(call.q), k=stored(call.k), v=stored(call.v)))
+        k, v = stored(call.k, self.page.plane(0)), stored(call.v, self.page.plane(1))
+        out = self.inner.forward(call._replace(q=self.rotate(call.q), k=k, v=v))
         return self.rotate(out)
 
 
@@ -131,6 +133,36 @@ def test_q4_pages_serve_the_model_over_dequantized_kv() -> None:
     assert isinstance(q4.runner.kv[0].pool, QuantPool) and q4.runner.spec.page.group_size == 32
     got = golden.serve(q4, batch)
     assert_same_serving(got, core("auto", "mlx"), PageDtype(storage="q4", group_size=32), batch)
+    mx.clear_cache()
+
+
+def test_k8v4_pages_serve_the_model_over_int8_keys_and_q4_values(tmp_path: Path) -> None:
+    """k8v4: keys int8, values q4 (what bench/kv_quant_variants.py measured best per byte). `auto` reads it
+    on MLX ops (neither kernel does); the engine is the float engine over each plane's own round trip."""
+    batch = golden.prompts([golden.SHORT, 60], VOCAB, seed=5)
+
+    def core(storage: str, backend: str = "auto") -> EngineCore:
+        config = EngineConfig(
+            kv_cache_memory=1 << 24, block_size=16, max_num_seqs=8, kv_cache_dtype=storage, attention_backend=backend
+        )  # type: ignore[arg-type]
+        return build_engine_core(config, golden.loaded_of(build("qwen3", head_dim=32), "qwen3"))
+
+    mixed = core("k8v4")
+    assert mixed.runner.backend.name == "mlx"  # the numba kernel `auto` takes for int8 and q4 does not read it
+    pool = mixed.runner.kv[0].pool
+    assert isinstance(pool, SplitPool) and pool.k.page.storage == "int8" and pool.v.page.storage == "q4"
+    # per token and KV head: an int8 key of 32 + its scale (34), a q4 value of 16 + scale and bias (20)
+    sizes = {s: core(s, "mlx").runner.spec.bytes_per_block for s in ("int8", "q4")}
+    assert 2 * mixed.runner.spec.bytes_per_block == sizes["int8"] + sizes["q4"]
+    got = golden.serve(mixed, batch)
+    assert_same_serving(got, core("auto", "mlx"), PageDtype(storage="k8v4", group_size=32), batch)
+    for backend in ("cpu", "metal"):
+        with pytest.raises(ConfigError, match=f"--attention-backend {backend} cannot read k8v4 KV pages"):
+            core("k8v4", backend)
+    config = EngineConfig(kv_cache_memory=1 << 22, block_size=16, kv_cache_dtype="k8v4", kv_disk_dir=str(tmp_path))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="--kv-disk-dir: k8v4 pages .* are not stored on disk yet"):
+        build_engine_core(config, golden.loaded_of(build("qwen3", head_dim=32), "qwen3"))
+    assert not list(tmp_path.iterdir())
     mx.clear_cache()
 
 

@@ -44,6 +44,12 @@ def test_page_bytes_count_data_and_scales_per_storage() -> None:
     assert wide.page.key == "q4g64-h" and wide.page_bytes(16) == 2 * 16 * (32 + 2 * 2)
     with pytest.raises(ValueError, match="multiple of 32"):
         FullAttention(head_dim=80, page=FP16).with_storage("q4")
+    # k8v4: an int8 key and a q4 value per token and head.
+    mixed = full.with_storage("k8v4")
+    assert mixed.page.key == "k8v4g32-h" and mixed.page.group_size == 32
+    assert [mixed.page.plane(i).storage for i in (0, 1)] == ["int8", "q4"]
+    assert mixed.page_bytes(16) == 16 * 3 * ((64 + 2) + (32 + 2 * 2 * 2))
+    assert mixed.page.vector_bytes(64) == 53  # the two planes' mean, what one vector costs on average
 
 
 def test_tokens_per_byte_beat_fp16_by_the_issue_s_ratios() -> None:

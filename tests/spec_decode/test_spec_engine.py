@@ -181,6 +181,9 @@ def test_draft_model_pools_grow_with_the_target_and_sampling_matches(monkeypatch
     proposer = core.runner.proposer
     assert proposer.spec.num_blocks == core.runner.spec.num_blocks > 4  # type: ignore[union-attr]
     assert core.make_stats().spec_num_accepted_tokens > 0
+    assert core.shrink_kv_pool() > 0  # idle: the draft's pools are cut back with the target's
+    assert proposer.spec.num_blocks == core.runner.spec.num_blocks == 4  # type: ignore[union-attr]
+    assert drive(core, pipeline_requests()) == tokens
 
 
 def test_a_draft_with_another_vocabulary_is_refused() -> None:
@@ -223,6 +226,9 @@ class OracleProposer:
         return None
 
     def grow(self, num_blocks: int) -> None:
+        return None
+
+    def truncate(self, num_blocks: int) -> None:
         return None
 
 

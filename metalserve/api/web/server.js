@@ -111,6 +111,11 @@ function renderMemory(memory) {
     " of it not yet allocated, so not in the process memory).";
 }
 
+// A pooling request (an embedding, score or rerank input) returns a vector, not tokens: say so beside its model.
+function modelLabel(r) {
+  return r.kind === "pooling" ? r.model + " (pooling)" : r.model;
+}
+
 function renderRunning(running) {
   const box = $("running-requests");
   box.innerHTML = "";
@@ -123,7 +128,7 @@ function renderRunning(running) {
       ? "prompt " + count(r.prompt_tokens_done) + " / " + count(r.prompt_tokens) + " tokens"
       : count(r.output_tokens) + " tokens out";
     const label = document.createElement("span");
-    label.textContent = r.model + " · " + text + " · " + duration(r.elapsed_s);
+    label.textContent = modelLabel(r) + " · " + text + " · " + duration(r.elapsed_s);
     const bar = document.createElement("div"); bar.className = "bar";
     const fill = document.createElement("span");
     fill.style.width = (prefill ? 100 * r.prompt_tokens_done / Math.max(1, r.prompt_tokens) : 100).toFixed(1) + "%";
@@ -138,7 +143,7 @@ function renderRecent(recent) {
   body.innerHTML = "";
   for (const r of recent) {
     const row = document.createElement("tr");
-    const cells = [r.model, r.status, count(r.prompt_tokens), count(r.cached_tokens), count(r.output_tokens),
+    const cells = [modelLabel(r), r.status, count(r.prompt_tokens), count(r.cached_tokens), count(r.output_tokens),
       duration(r.ttft_s), duration(r.tpot_s), duration(r.e2e_s), new Date(1000 * r.ended_at).toLocaleTimeString()];
     for (const c of cells) { const td = document.createElement("td"); td.textContent = c; row.appendChild(td); }
     body.appendChild(row);
@@ -147,7 +152,8 @@ function renderRecent(recent) {
 
 function renderStatus(status) {
   renderMemory(status.memory);
-  $("requests-total").textContent = count(status.requests_total);
+  $("requests-total").textContent = count(status.requests_total) +
+    (status.pooling_requests_total ? " (" + count(status.pooling_requests_total) + " pooling)" : "");
   $("uptime").textContent = duration(status.uptime_s < 60 ? Math.round(status.uptime_s) : status.uptime_s);
   for (const m of status.models) renderCard(m, m.window_s ? m.window_s.throughput : null);
   renderRunning(status.running_requests || []);

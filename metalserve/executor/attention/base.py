@@ -157,6 +157,11 @@ class AttentionBackend(ABC, Generic[CacheT, MetaT]):
         """`cache` followed by `spec.num_blocks` more zeroed blocks (a grown pool), keeping its contents."""
 
     @abstractmethod
+    def truncate(self, cache: CacheT, spec: LayerCacheSpec) -> CacheT:
+        """`cache`'s first `spec.num_blocks` blocks in buffers of that size (a pool cut back at idle): the old
+        buffers are not referenced afterwards, so dropping `cache` frees them."""
+
+    @abstractmethod
     def build_metadata(self, step: StepInputs, spec: LayerCacheSpec) -> MetaT:
         """The step's metadata for one layer group (its block table in `step`), built once per step and
         shared by the group's layers."""

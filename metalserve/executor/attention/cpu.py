@@ -73,6 +73,11 @@ class CpuAttention(AttentionBackend[CpuKV, CpuStepPlan]):
             return HostQuantKV.of(cache.pool.concatenate(_quant_zeros(spec)))
         return HostKV.of(mx.concatenate([cache.pool, zeros_pool(spec)], axis=2))
 
+    def truncate(self, cache: CpuKV, spec: LayerCacheSpec) -> CpuKV:
+        if isinstance(cache, HostQuantKV):
+            return HostQuantKV.of(cache.pool.truncate(spec.num_slots))
+        return HostKV.of(mx.contiguous(cache.pool[:, :, : spec.num_slots]))
+
     def build_metadata(self, step: StepInputs, spec: LayerCacheSpec) -> CpuStepPlan:
         return build_cpu_plan(
             step.padded_block_tables(), step.cu_seqlens_q, step.seq_lens, step.slot_mapping, spec.block_size

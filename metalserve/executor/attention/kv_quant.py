@@ -99,6 +99,11 @@ class QuantPool:
         cat = [mx.concatenate([a, b], axis=2) for a, b in zip(self.arrays(), more.arrays(), strict=True)]
         return QuantPool(cat[0], cat[1], cat[2] if len(cat) > 2 else None, self.page, self.head_dim, self.dtype)
 
+    def truncate(self, num_slots: int) -> QuantPool:
+        """The first `num_slots` slots, copied into buffers of their own."""
+        cut = [mx.contiguous(a[:, :, :num_slots]) for a in self.arrays()]
+        return QuantPool(cut[0], cut[1], cut[2] if len(cut) > 2 else None, self.page, self.head_dim, self.dtype)
+
     def write(self, kv: mx.array, slot_mapping: mx.array) -> None:
         """Quantize `kv` `[planes, T, Hkv, D]` and scatter it to `slot_mapping` `[T]`."""
         codes, scales, biases = quantize(kv, self.page)
@@ -113,11 +118,56 @@ class QuantPool:
         return dequantize(self.codes[:, :, index], self.scales[:, :, index], biases, self.page, self.dtype)
 
 
-KVPool = mx.array | QuantPool  # what the MLX-ops path attends: a float pool or a quantized one
+@dataclass
+class SplitPool:
+    """K and V in formats of their own (k8v4: int8 keys, q4 values), one single-plane QuantPool each;
+    the same interface as QuantPool, over `[2, Hkv, num_slots, D]`."""
+
+    k: QuantPool
+    v: QuantPool
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        _, heads, slots, dim = self.k.shape
+        return 2, heads, slots, dim
+
+    def arrays(self) -> list[mx.array]:
+        return self.k.arrays() + self.v.arrays()
+
+    @staticmethod
+    def zeros(heads: int, num_slots: int, head_dim: int, page: PageDtype, dtype: mx.Dtype) -> SplitPool:
+        k, v = (QuantPool.zeros(1, heads, num_slots, head_dim, page.plane(i), dtype) for i in (0, 1))
+        return SplitPool(k, v)
+
+    def concatenate(self, more: SplitPool) -> SplitPool:
+        return SplitPool(self.k.concatenate(more.k), self.v.concatenate(more.v))
+
+    def truncate(self, num_slots: int) -> SplitPool:
+        return SplitPool(self.k.truncate(num_slots), self.v.truncate(num_slots))
+
+    def write(self, kv: mx.array, slot_mapping: mx.array) -> None:
+        self.k.write(kv[:1], slot_mapping)
+        self.v.write(kv[1:], slot_mapping)
+
+    def take(self, index: mx.array) -> mx.array:
+        return mx.concatenate([self.k.take(index), self.v.take(index)])
+
+
+def quant_zeros(planes: int, heads: int, num_slots: int, head_dim: int, page: PageDtype, dtype: mx.Dtype) -> QuantPages:
+    """A zeroed quantized pool for `page`'s storage: one QuantPool, or a SplitPool for k8v4."""
+    if page.storage == "k8v4":
+        if planes != 2:
+            raise ValueError("k8v4 pages need separate K and V planes")
+        return SplitPool.zeros(heads, num_slots, head_dim, page, dtype)
+    return QuantPool.zeros(planes, heads, num_slots, head_dim, page, dtype)
+
+
+QuantPages = QuantPool | SplitPool
+KVPool = mx.array | QuantPool | SplitPool  # what the MLX-ops path attends: a float pool or a quantized one
 
 
 def take_slots(pool: KVPool, index: mx.array) -> mx.array:
     """`pool[:, :, index]`, dequantized where the pool is quantized."""
-    if isinstance(pool, QuantPool):
+    if isinstance(pool, QuantPool | SplitPool):
         return pool.take(index)
     return pool[:, :, index]

@@ -15,7 +15,7 @@ from metalserve.executor.attention.kv_quant import dequantize, quantize
 from metalserve.executor.attention.mlx_ops import paged_attention, write_kv
 from metalserve.executor.step_inputs import StepInputs
 from metalserve.kernels.metal.guard import LaunchRefused
-from metalserve.kvcache.specs import KVCacheDtype, PageDtype
+from metalserve.kvcache.specs import PageDtype
 
 logger = logging.getLogger("metalserve.engine")
 
@@ -59,7 +59,7 @@ class KernelStep:
 
 
 # The Metal kernels read every page storage (kernels/metal/args.py).
-METAL_STORAGES = tuple(s.value for s in KVCacheDtype)
+METAL_STORAGES = ("auto", "int8", "q4")  # not k8v4: the kernels read K and V in one format
 
 
 def _zeros(spec: LayerCacheSpec) -> LayerKV:
@@ -103,6 +103,9 @@ class KernelAttention(AttentionBackend[LayerKV, KernelStep]):
     def extend(self, cache: LayerKV, spec: LayerCacheSpec) -> LayerKV:
         more = _zeros(spec)
         return cache.with_arrays([mx.concatenate([a, b]) for a, b in zip(cache.arrays(), more.arrays(), strict=True)])
+
+    def truncate(self, cache: LayerKV, spec: LayerCacheSpec) -> LayerKV:
+        return cache.with_arrays([mx.contiguous(a[: spec.num_slots]) for a in cache.arrays()])
 
     def build_metadata(self, step: StepInputs, spec: LayerCacheSpec) -> KernelStep:
         return KernelStep(

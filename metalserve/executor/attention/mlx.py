@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from metalserve.executor.attention.base import AttentionBackend, AttentionCall, LayerCacheSpec
-from metalserve.executor.attention.kv_quant import KVPool, QuantPool
+from metalserve.executor.attention.kv_quant import KVPool, QuantPool, SplitPool, quant_zeros
 from metalserve.executor.attention.mlx_ops import (
     AttentionPlan,
     build_plan,
@@ -28,7 +28,7 @@ class PortableKV:
     pool: KVPool
 
     def arrays(self) -> list[mx.array]:
-        return self.pool.arrays() if isinstance(self.pool, QuantPool) else [self.pool]
+        return self.pool.arrays() if isinstance(self.pool, QuantPool | SplitPool) else [self.pool]
 
 
 def zeros_pool(spec: LayerCacheSpec) -> mx.array:
@@ -49,8 +49,15 @@ class MlxAttention(AttentionBackend[PortableKV, AttentionPlan]):
         more = _zeros(spec)
         if isinstance(cache.pool, QuantPool) and isinstance(more, QuantPool):
             return PortableKV(cache.pool.concatenate(more))
-        assert not isinstance(cache.pool, QuantPool) and not isinstance(more, QuantPool)
+        if isinstance(cache.pool, SplitPool) and isinstance(more, SplitPool):
+            return PortableKV(cache.pool.concatenate(more))
+        assert isinstance(cache.pool, mx.array) and isinstance(more, mx.array)
         return PortableKV(mx.concatenate([cache.pool, more], axis=2))
+
+    def truncate(self, cache: PortableKV, spec: LayerCacheSpec) -> PortableKV:
+        if isinstance(cache.pool, QuantPool | SplitPool):
+            return PortableKV(cache.pool.truncate(spec.num_slots))
+        return PortableKV(mx.contiguous(cache.pool[:, :, : spec.num_slots]))  # a copy: a slice would keep the buffer
 
     def build_metadata(self, step: StepInputs, spec: LayerCacheSpec) -> AttentionPlan:
         return build_plan(
@@ -65,7 +72,7 @@ class MlxAttention(AttentionBackend[PortableKV, AttentionPlan]):
 
     def forward(self, call: AttentionCall[PortableKV, AttentionPlan]) -> mx.array:
         cache = call.cache
-        if isinstance(cache.pool, QuantPool):
+        if isinstance(cache.pool, QuantPool | SplitPool):
             cache.pool.write(mx.stack([call.k] if call.v is None else [call.k, call.v]), call.slot_mapping)
         else:
             cache.pool = write_kv_portable(cache.pool, call.k, call.v, call.slot_mapping)
@@ -75,5 +82,5 @@ class MlxAttention(AttentionBackend[PortableKV, AttentionPlan]):
 def _zeros(spec: LayerCacheSpec) -> KVPool:
     """A float pool in the model's dtype, or codes and scales where the spec's pages are quantized."""
     if spec.page.quantized:
-        return QuantPool.zeros(spec.num_planes, spec.num_kv_heads, spec.num_slots, spec.head_dim, spec.page, spec.dtype)
+        return quant_zeros(spec.num_planes, spec.num_kv_heads, spec.num_slots, spec.head_dim, spec.page, spec.dtype)
     return zeros_pool(spec)

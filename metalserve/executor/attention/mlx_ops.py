@@ -19,7 +19,7 @@ import mlx.core as mx
 import numpy as np
 
 from metalserve.executor.attention.base import AttentionOptions
-from metalserve.executor.attention.kv_quant import KVPool, QuantPool, take_slots
+from metalserve.executor.attention.kv_quant import KVPool, QuantPool, SplitPool, take_slots
 
 
 @dataclass(frozen=True)
@@ -212,7 +212,7 @@ def _attend_decodes(q: mx.array, pool: KVPool, g: DecodeGroup, opts: AttentionOp
     """One call for every single-query request: KV heads folded into the batch, `[Hkv * B, 1, L, D]`."""
     planes, hkv, num_slots, d = pool.shape
     b, pages = g.block_ids.shape
-    if isinstance(pool, QuantPool):  # gather the pages' codes and scales, dequantize only those
+    if isinstance(pool, QuantPool | SplitPool):  # gather the pages' codes and scales, dequantize only those
         slots = (g.block_ids[:, :, None] * g.block_size + mx.arange(g.block_size)).reshape(b, pages * g.block_size)
         kv = pool.take(slots).reshape(planes, hkv * b, 1, pages * g.block_size, d)
     else:

@@ -50,6 +50,9 @@ class RotatedPages(AttentionBackend[Any, Any]):
     def extend(self, cache: Any, spec: LayerCacheSpec) -> Any:
         return self.inner.extend(cache, spec)
 
+    def truncate(self, cache: Any, spec: LayerCacheSpec) -> Any:
+        return self.inner.truncate(cache, spec)
+
     def build_metadata(self, step: StepInputs, spec: LayerCacheSpec) -> Any:
         return self.inner.build_metadata(step, spec)
 
