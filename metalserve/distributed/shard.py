@@ -25,9 +25,13 @@ from mlx.nn.layers.distributed import (
     ShardedToAllLinear,
 )
 
+from metalserve.executor.models.families import model_family
+
 # mlx-lm model modules whose `shard` splits exactly attention heads and MLP (or MoE) columns, with the
-# attention modules our paged attention takes over. Others (hybrid, MLA, vision) are refused by name.
-TP_MODULES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+# attention modules our paged attention takes over; qwen3_5 / qwen3_5_moe (hybrids) also split each gated
+# delta net by its key/value heads (conv channels, A_log, dt_bias with them), so each rank's recurrent
+# state holds its own heads. Others (qwen3_next's fused projections, MLA, vision) are refused by name.
+TP_MODULES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
 
 
 class TensorParallelError(ValueError):
@@ -70,6 +74,34 @@ def _module_name(model: nn.Module) -> str:
     return type(model).__module__.rsplit(".", 1)[-1]
 
 
+def _layers(model: nn.Module) -> list[nn.Module]:
+    return list(model_family(str(getattr(model, "model_type", ""))).backbone(model).layers)
+
+
+def _heads(attn: nn.Module) -> tuple[int, int]:
+    """(query heads, KV heads), as the family spells them."""
+    q = attn.n_heads if hasattr(attn, "n_heads") else attn.num_attention_heads
+    kv = attn.n_kv_heads if hasattr(attn, "n_kv_heads") else attn.num_key_value_heads
+    return int(q), int(kv)
+
+
+def _mixer_problem(layer: nn.Module, size: int) -> str | None:
+    """A layer's token mixer: attention heads, or a gated delta net's key / value heads."""
+    if getattr(layer, "is_linear", False):
+        la = layer.linear_attn
+        counts = (("linear-attention key heads", la.num_k_heads), ("linear-attention value heads", la.num_v_heads))
+        out_name, out = "out_proj", la.out_proj
+    else:
+        q, kv = _heads(layer.self_attn)
+        counts = (("attention heads", q), ("KV heads", kv))
+        out_name, out = "o_proj", layer.self_attn.o_proj
+    for what, count in counts:
+        if count % size:
+            return f"has {count} {what}, not divisible by {size}"
+    problem = _quantized_split_problem(out, size)
+    return f"{out_name}: {problem}" if problem else None
+
+
 def tp_problem(model: nn.Module, size: int) -> str | None:
     """Why `model` cannot be split over `size` ranks, or None."""
     name = _module_name(model)
@@ -78,18 +110,16 @@ def tp_problem(model: nn.Module, size: int) -> str | None:
             f"a {getattr(model, 'model_type', name)} model: tensor parallelism serves {', '.join(TP_MODULES)} "
             "models so far"
         )
-    for i, layer in enumerate(model.model.layers):
-        attn = layer.self_attn
-        for what, count in (("attention heads", attn.n_heads), ("KV heads", attn.n_kv_heads)):
-            if count % size:
-                return f"layer {i} has {count} {what}, not divisible by {size}"
+    for i, layer in enumerate(_layers(model)):
+        problem = _mixer_problem(layer, size)
+        if problem:
+            return f"layer {i} {problem}" if problem.startswith("has") else f"layer {i}'s {problem}"
         columns = _mlp_columns(layer.mlp)
         if columns % size:
             return f"layer {i}'s MLP has {columns} intermediate columns, not divisible by {size}"
-        for proj_name, proj in (("o_proj", attn.o_proj), ("down_proj", _down_proj(layer.mlp))):
-            problem = _quantized_split_problem(proj, size)
-            if problem:
-                return f"layer {i}'s {proj_name}: {problem}"
+        problem = _quantized_split_problem(_down_proj(layer.mlp), size)
+        if problem:
+            return f"layer {i}'s down_proj: {problem}"
     return None
 
 
@@ -120,12 +150,25 @@ def shard_model(model: nn.Module, group: mx.distributed.Group) -> None:
     problem = tp_problem(model, group.size())
     if problem is not None:
         raise TensorParallelError(f"--tensor-parallel-size {group.size()}: {problem}")
+    # qwen3_5's shard also splits an untied head by vocabulary (then gathers the logits); rank 0 projects
+    # and samples alone, so the head stays whole.
+    lm = model_family(str(getattr(model, "model_type", ""))).language_model(model)
+    head = lm.lm_head if "lm_head" in lm else None
     model.shard(group)
-    for layer in model.model.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        for name in ("q_proj", "k_proj", "v_proj"):
-            setattr(attn, name, _column(getattr(attn, name)))
-        attn.o_proj = _row(attn.o_proj, group)
+    if head is not None:
+        lm.lm_head = head
+        lm.sharding_group = None
+    for layer in _layers(model):
+        mlp = layer.mlp
+        if getattr(layer, "is_linear", False):
+            la = layer.linear_attn  # split in place by mlx-lm (heads, conv channels, A_log, dt_bias)
+            la.sharding_group = None  # its all-reduce after out_proj becomes ours (counted)
+            la.out_proj = AllSum(la.out_proj, group)
+        else:
+            attn = layer.self_attn
+            for name in ("q_proj", "k_proj", "v_proj"):
+                setattr(attn, name, _column(getattr(attn, name)))
+            attn.o_proj = _row(attn.o_proj, group)
         if "switch_mlp" in mlp:
             mlp.sharding_group = None  # its all-reduce becomes ours, so it is counted like the others
             layer.mlp = AllSum(mlp, group)

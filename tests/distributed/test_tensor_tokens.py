@@ -25,6 +25,16 @@ def test_two_tensor_parallel_ranks_match_one_process(tiny_llama: Path, tmp_path:
     assert "tensor-parallel rank 1: stopped by rank 0 after" in got["log"]
 
 
+def test_a_hybrid_with_recurrent_states_at_tp2(tiny_qwen3_5: Path, tmp_path: Path) -> None:
+    """qwen3_5: each rank's gated delta nets keep their own heads' recurrent states (resumed from
+    snapshots at block boundaries on prefix hits), its attention layers their own KV heads."""
+    spec = {**SPEC, "model": str(tiny_qwen3_5), "tp": 2}
+    got = run_pipeline(spec, tmp_path)
+    assert got["prefix_hits"] > 0
+    assert got["tokens"] == reference_tokens(spec)
+    assert "tensor-parallel rank 1: KV heads 1-1 of every layer" in got["log"]
+
+
 @pytest.mark.slow
 def test_qwen3_at_tp2(tiny_qwen3: Path, tmp_path: Path) -> None:
     spec = {**SPEC, "model": str(tiny_qwen3), "tp": 2}

@@ -37,6 +37,10 @@ def _shards(make: object, size: int = 2) -> list[nn.Module]:
     for rank in range(size):
         model = make()  # type: ignore[operator]
         shard_model(model, FakeGroup(rank, size))  # type: ignore[arg-type]
+        # A real (one-process) group in the all-reduces, so a forward can be built (a hybrid's state probe).
+        for _, module in model.named_modules():
+            if isinstance(module, AllSum):
+                module.group = mx.distributed.init()
         models.append(model)
     return models
 
@@ -79,7 +83,8 @@ def test_which_models_split_and_why_not() -> None:
     )
     gemma = build("gemma3_text")
     assert tp_problem(gemma, 2) == (
-        "a gemma3_text model: tensor parallelism serves llama, qwen2, qwen3, qwen3_moe models so far"
+        "a gemma3_text model: tensor parallelism serves llama, qwen2, qwen3, qwen3_moe, qwen3_5, qwen3_5_moe "
+        "models so far"
     )
     with pytest.raises(TensorParallelError, match="--tensor-parallel-size 3: layer 0 has 4 attention heads"):
         shard_model(tiny_model("llama"), FakeGroup(0, 3))  # type: ignore[arg-type]
@@ -159,12 +164,16 @@ def test_step_broadcast_round_trip() -> None:
         [0, 1],
         np.array([3, 4], np.int32),
     )
-    flat, width = encode_step(step)
-    header = Header(Kind.STEP, 5, 2, 2, width, 64, 0, flat.nbytes)
-    back = decode_step(flat, header)
-    assert back.token_ids.tolist() == [5, 6, 7, 8, 9] and back.positions.tolist() == [0, 1, 2, 3, 16]
+    # A second layer group's tables (a hybrid's recurrent-state group) travel with the step.
+    states = [np.array([7]), np.array([8, 9])]
+    flat, width = encode_step(step, (states,))
+    header = Header(Kind.STEP, 5, 2, 2, width, 64, 0, flat.nbytes, 2)
+    token_ids, meta = decode_step(flat, header)
+    back = meta.step_inputs()
+    assert token_ids.tolist() == [5, 6, 7, 8, 9] and back.positions.tolist() == [0, 1, 2, 3, 16]
     assert back.padded_block_tables().tolist() == [[1, 0, 0], [2, 3, 5]]
     assert back.slot_mapping.tolist() == step.slot_mapping.tolist()
+    assert [r.tolist() for r in meta.group_rows[0]] == [[7], [8, 9]]
 
 
 def test_reports_name_tensor_parallel_ranks() -> None:
@@ -198,16 +207,71 @@ def test_quantized_layers_split_while_packed() -> None:
     )
 
 
-def test_a_split_model_with_sliding_windows_is_refused() -> None:
+def test_split_models_of_several_groups_pass_the_layout_check() -> None:
+    """Sliding windows and recurrent states: every rank builds every group's metadata (Stage.context)."""
     from metalserve.executor.models.adapter import PagedModel
     from metalserve.serving.tensor import check_tensor_parallel_layout
+    from tests.models.hybrid_tiny import tiny_hybrid
+    from tests.models.mla_golden import tiny_mla
 
     windowed = _shards(
         lambda: tiny_model("llama", layer_types=["sliding_attention", "full_attention"], sliding_window=16)
     )
-    with pytest.raises(TensorParallelError, match="keeps 2 KV layer groups"):
-        check_tensor_parallel_layout(PagedModel(windowed[0], "llama"), "llama")
-    check_tensor_parallel_layout(PagedModel(_shards(lambda: tiny_model("llama"))[0], "llama"), "llama")
+    check_tensor_parallel_layout(PagedModel(windowed[0], "llama"), "llama")
+    check_tensor_parallel_layout(PagedModel(_shards(lambda: tiny_hybrid("qwen3_5", seed=11))[1], "qwen3_5"), "qwen3_5")
+    mla = PagedModel(tiny_mla("deepseek_v3", seed=8), "deepseek_v3")
+    with pytest.raises(TensorParallelError, match="MLA latent pages"):
+        check_tensor_parallel_layout(mla, "deepseek_v3")
+
+
+def _delta_partial(la: nn.Module, x: mx.array, cache: object) -> mx.array:
+    """One rank's gated delta net before its all-reduce (out_proj's inner layer)."""
+    reduce = la.out_proj
+    la.out_proj = reduce.inner
+    try:
+        return la(x, None, cache)
+    finally:
+        la.out_proj = reduce
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
+def test_a_hybrids_recurrent_heads_split_with_their_states(model_type: str) -> None:
+    """qwen3_5: each rank's gated delta net keeps its key/value heads (conv channels, A_log, dt_bias) and
+    its own recurrent state; the ranks' partials sum to the whole layer over a prefill and a decode step
+    that reads the state back. Attention and MLP split as llama's; the untied head stays whole."""
+    from mlx_lm.models.cache import ArraysCache
+
+    from metalserve.executor.models.adapter import PagedModel
+    from tests.models.hybrid_tiny import tiny_hybrid
+
+    whole = tiny_hybrid(model_type, seed=11)
+    ranks = _shards(lambda: tiny_hybrid(model_type, seed=11))
+    layers = [r.language_model.model.layers for r in ranks]
+    la = layers[0][0].linear_attn
+    assert (la.num_k_heads, la.num_v_heads) == (1, 2) and isinstance(la.out_proj, AllSum)
+    assert la.sharding_group is None and isinstance(layers[0][1].self_attn.o_proj, AllSum)
+    head = whole.language_model.lm_head.weight
+    assert ranks[1].language_model.lm_head.weight.shape == head.shape
+    x = mx.random.normal((1, 5, 64), key=mx.random.key(2))
+    step = mx.random.normal((1, 1, 64), key=mx.random.key(3))
+    ref_cache = ArraysCache(2)
+    ref = whole.language_model.model.layers[0].linear_attn
+    want = [ref(x, None, ref_cache), ref(step, None, ref_cache)]
+    caches = [ArraysCache(2) for _ in ranks]
+    for i, inp in enumerate((x, step)):
+        got = sum(_delta_partial(ls[0].linear_attn, inp, c) for ls, c in zip(layers, caches, strict=True))
+        assert mx.allclose(got, want[i], atol=1e-4).item()  # type: ignore[union-attr]
+    mlp = whole.language_model.model.layers[1].mlp
+    if model_type == "qwen3_5":
+        got_mlp = sum(_partial(ls[1].mlp, x, False) for ls in layers)
+    else:
+        got_mlp = sum(ls[1].mlp.inner(x) for ls in layers)
+    assert mx.allclose(got_mlp, mlp(x), atol=1e-4).item()  # type: ignore[union-attr]
+    # Last (PagedModel wraps the mixers in place): each rank's state slots hold its heads, half the bytes.
+    whole_state = PagedModel(whole, model_type).state_layout
+    rank_state = PagedModel(ranks[1], model_type).state_layout
+    assert whole_state is not None and rank_state is not None
+    assert 2 * rank_state.slot_bytes == whole_state.slot_bytes
 
 
 def test_watchdog_names_tensor_parallel_ranks() -> None:
