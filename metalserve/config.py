@@ -266,8 +266,6 @@ class EngineConfig:
             raise ConfigError("--tensor-parallel-size must be at least 1")
         if tp == 1:
             return
-        if self.pipeline_parallel_size > 1:
-            raise ConfigError("--tensor-parallel-size with --pipeline-parallel-size > 1 is not supported yet")
         # Each rank runs the same packed step; these features keep state or work outside that step.
         refused = {
             "--speculative-config": self.speculative_config is not None,

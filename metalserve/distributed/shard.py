@@ -25,6 +25,7 @@ from mlx.nn.layers.distributed import (
     ShardedToAllLinear,
 )
 
+from metalserve.distributed.subgroup import TensorGroup, reduce_sum
 from metalserve.executor.models.families import model_family
 
 # mlx-lm model modules whose `shard` splits exactly attention heads and MLP (or MoE) columns, with the
@@ -56,7 +57,7 @@ class AllSum(nn.Module):
     """A row-parallel projection (or an MoE block of column-split experts): this rank's partial sum, then
     the sum over the group; a bias is added once, after the sum."""
 
-    def __init__(self, inner: nn.Module, group: mx.distributed.Group, bias: mx.array | None = None) -> None:
+    def __init__(self, inner: nn.Module, group: TensorGroup, bias: mx.array | None = None) -> None:
         super().__init__()
         self.inner = inner
         if bias is not None:
@@ -64,7 +65,7 @@ class AllSum(nn.Module):
         self.group = group  # not an array: not a parameter
 
     def __call__(self, x: mx.array, *args: Any) -> mx.array:
-        y = mx.distributed.all_sum(self.inner(x, *args), group=self.group)
+        y = reduce_sum(self.inner(x, *args), self.group)
         METER.calls += 1
         METER.bytes += y.nbytes
         return y + self.bias if "bias" in self else y
@@ -145,7 +146,7 @@ def _quantized_split_problem(proj: nn.Module, size: int) -> str | None:
     return None
 
 
-def shard_model(model: nn.Module, group: mx.distributed.Group) -> None:
+def shard_model(model: nn.Module, group: TensorGroup) -> None:
     """Split `model`'s layers over `group` in place (TensorParallelError if it cannot be)."""
     problem = tp_problem(model, group.size())
     if problem is not None:
@@ -190,7 +191,7 @@ def _column(layer: nn.Module) -> nn.Module:
     return plain
 
 
-def _row(layer: nn.Module, group: mx.distributed.Group) -> nn.Module:
+def _row(layer: nn.Module, group: TensorGroup) -> nn.Module:
     """A row-parallel layer as a plain layer of this rank's input columns inside one all-reduce."""
     if isinstance(layer, ShardedToAllLinear):
         plain: nn.Module = nn.Linear(1, 1, bias=False)

@@ -35,6 +35,19 @@ def test_a_hybrid_with_recurrent_states_at_tp2(tiny_qwen3_5: Path, tmp_path: Pat
     assert "tensor-parallel rank 1: KV heads 1-1 of every layer" in got["log"]
 
 
+@pytest.mark.slow  # 4 ranks: ~30 s
+def test_tensor_parallel_pairs_inside_two_pipeline_stages(tiny_llama: Path, tmp_path: Path) -> None:
+    """TP 2 x PP 2 over 4 local ranks (ring backend: no sub-groups, each stage's pair sums over send/recv):
+    world ranks 0-1 hold layers 0-1 split by heads, ranks 2-3 layers 2-3."""
+    spec = {**SPEC, "model": str(tiny_llama), "tp": 2, "pp": 2}
+    got = run_pipeline(spec, tmp_path)
+    assert got["prefix_hits"] > 0
+    assert got["tokens"] == reference_tokens(spec)
+    assert "pipeline rank 1: layers 0-1 (2)" in got["log"] and "pipeline rank 3: layers 2-3 (2)" in got["log"]
+    # Each rank's pool holds one KV head of two: half of a lone pipeline stage's 4.0 KiB per block.
+    assert "pipeline rank 0: layers 0-1 (2), weights 0 MiB, KV 2.0 KiB per block" in got["log"]
+
+
 @pytest.mark.slow
 def test_qwen3_at_tp2(tiny_qwen3: Path, tmp_path: Path) -> None:
     spec = {**SPEC, "model": str(tiny_qwen3), "tp": 2}

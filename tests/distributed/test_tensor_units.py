@@ -51,8 +51,7 @@ def test_flag_refusals_are_clear() -> None:
     assert EngineConfig(tensor_parallel_size=2).world_size == 2
     with pytest.raises(ConfigError, match="--tensor-parallel-size must be at least 1"):
         EngineConfig(tensor_parallel_size=0)
-    with pytest.raises(ConfigError, match="with --pipeline-parallel-size > 1 is not supported yet"):
-        EngineConfig(tensor_parallel_size=2, pipeline_parallel_size=2)
+    assert EngineConfig(tensor_parallel_size=2, pipeline_parallel_size=2).world_size == 4  # TP inside stages
     with pytest.raises(ConfigError, match="--speculative-config does not work with --tensor-parallel-size"):
         EngineConfig(tensor_parallel_size=2, speculative_config=SpeculativeConfig("ngram", 3, 1, 5))
     with pytest.raises(ConfigError, match="--enable-lora does not work with --tensor-parallel-size"):
@@ -174,6 +173,29 @@ def test_step_broadcast_round_trip() -> None:
     assert back.padded_block_tables().tolist() == [[1, 0, 0], [2, 3, 5]]
     assert back.slot_mapping.tolist() == step.slot_mapping.tolist()
     assert [r.tolist() for r in meta.group_rows[0]] == [[7], [8, 9]]
+
+
+class RingWorld(FakeGroup):
+    """A world group whose backend cannot split (MLX's ring)."""
+
+    def split(self, color: int, key: int) -> None:
+        raise RuntimeError("[ring] Group split not supported")
+
+
+def test_a_stages_pair_sums_over_send_recv_where_the_backend_cannot_split() -> None:
+    from metalserve.distributed.subgroup import PairGroup, stage_tensor_group
+
+    pair = stage_tensor_group(RingWorld(3, 4), 2)  # type: ignore[arg-type]
+    assert isinstance(pair, PairGroup) and pair.members == (2, 3) and (pair.rank(), pair.partner) == (1, 2)
+    assert stage_tensor_group(RingWorld(0, 4), 2).members == (0, 1)  # type: ignore[arg-type,union-attr]
+    with pytest.raises(ConfigError, match="cannot split the group .*serves 2 ranks"):
+        stage_tensor_group(RingWorld(0, 6), 3)  # type: ignore[arg-type]
+    # A stage's ranks hold the same layers; stages follow each other.
+    ok = RankReport(True, (1,) * 8, 10, range(0, 2), 1, 4096, "", 16)
+    stages = [ok, ok, ok._replace(layers=range(2, 4)), ok._replace(layers=range(2, 4))]
+    check_reports(stages, tp=2)
+    with pytest.raises(StartupError, match="ranks 2 and 3 \\(one stage\\) disagree on the layer split"):
+        check_reports([*stages[:3], ok._replace(layers=range(3, 4))], tp=2)
 
 
 def test_reports_name_tensor_parallel_ranks() -> None:
