@@ -23,6 +23,7 @@ from mlx.nn.layers.distributed import (
     QuantizedAllToShardedLinear,
     QuantizedShardedToAllLinear,
     ShardedToAllLinear,
+    shard_linear,
 )
 
 from metalserve.distributed.subgroup import TensorGroup, reduce_sum
@@ -33,6 +34,10 @@ from metalserve.executor.models.families import model_family
 # delta net by its key/value heads (conv channels, A_log, dt_bias with them), so each rank's recurrent
 # state holds its own heads. Others (qwen3_next's fused projections, MLA, vision) are refused by name.
 TP_MODULES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
+# Families mlx-lm has no `shard` for, whose layers are llama's shape (q/k/v/o attention with `n_heads` /
+# `n_kv_heads`, a gate/up/down MLP): split here the way llama's `shard` does. gemma3_text brings
+# sliding-window layer groups (each rank builds every group's metadata, Stage.context).
+OWN_SHARD = ("gemma3_text",)
 
 
 class TensorParallelError(ValueError):
@@ -106,10 +111,10 @@ def _mixer_problem(layer: nn.Module, size: int) -> str | None:
 def tp_problem(model: nn.Module, size: int) -> str | None:
     """Why `model` cannot be split over `size` ranks, or None."""
     name = _module_name(model)
-    if name not in TP_MODULES or not hasattr(model, "shard"):
+    if name not in OWN_SHARD and (name not in TP_MODULES or not hasattr(model, "shard")):
         return (
-            f"a {getattr(model, 'model_type', name)} model: tensor parallelism serves {', '.join(TP_MODULES)} "
-            "models so far"
+            f"a {getattr(model, 'model_type', name)} model: tensor parallelism serves "
+            f"{', '.join(TP_MODULES + OWN_SHARD)} models so far"
         )
     for i, layer in enumerate(_layers(model)):
         problem = _mixer_problem(layer, size)
@@ -155,7 +160,10 @@ def shard_model(model: nn.Module, group: TensorGroup) -> None:
     # and samples alone, so the head stays whole.
     lm = model_family(str(getattr(model, "model_type", ""))).language_model(model)
     head = lm.lm_head if "lm_head" in lm else None
-    model.shard(group)
+    if _module_name(model) in OWN_SHARD:
+        _shard_dense(model, group)
+    else:
+        model.shard(group)
     if head is not None:
         lm.lm_head = head
         lm.sharding_group = None
@@ -176,6 +184,21 @@ def shard_model(model: nn.Module, group: TensorGroup) -> None:
         else:
             mlp.gate_proj, mlp.up_proj = _column(mlp.gate_proj), _column(mlp.up_proj)
             mlp.down_proj = _row(mlp.down_proj, group)
+
+
+def _shard_dense(model: nn.Module, group: TensorGroup) -> None:
+    """llama's `shard` for a family without one: heads and MLP columns (the layers made plain after)."""
+    n = group.size()
+    for layer in _layers(model):
+        attn, mlp = layer.self_attn, layer.mlp
+        for name in ("q_proj", "k_proj", "v_proj"):
+            setattr(attn, name, shard_linear(getattr(attn, name), "all-to-sharded", group=group))
+        attn.o_proj = shard_linear(attn.o_proj, "sharded-to-all", group=group)
+        attn.n_heads //= n
+        attn.n_kv_heads //= n
+        mlp.gate_proj = shard_linear(mlp.gate_proj, "all-to-sharded", group=group)
+        mlp.up_proj = shard_linear(mlp.up_proj, "all-to-sharded", group=group)
+        mlp.down_proj = shard_linear(mlp.down_proj, "sharded-to-all", group=group)
 
 
 def _column(layer: nn.Module) -> nn.Module:

@@ -35,6 +35,16 @@ def test_a_hybrid_with_recurrent_states_at_tp2(tiny_qwen3_5: Path, tmp_path: Pat
     assert "tensor-parallel rank 1: KV heads 1-1 of every layer" in got["log"]
 
 
+@pytest.mark.slow
+def test_sliding_window_groups_at_tp2(tiny_gemma3: Path, tmp_path: Path) -> None:
+    """gemma3_text (split by shard.py itself): three layer groups, each rank its own KV heads of each."""
+    spec = {**SPEC, "model": str(tiny_gemma3), "tp": 2}
+    got = run_pipeline(spec, tmp_path)
+    assert got["prefix_hits"] > 0
+    assert got["tokens"] == reference_tokens(spec)
+    assert "KV cache layer groups: FullAttention x2, SlidingWindow x2, SlidingWindow x2" in got["log"]
+
+
 @pytest.mark.slow  # 4 ranks: ~30 s
 def test_tensor_parallel_pairs_inside_two_pipeline_stages(tiny_llama: Path, tmp_path: Path) -> None:
     """TP 2 x PP 2 over 4 local ranks (ring backend: no sub-groups, each stage's pair sums over send/recv):
