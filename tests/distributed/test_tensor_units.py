@@ -56,7 +56,10 @@ def test_flag_refusals_are_clear() -> None:
         EngineConfig(tensor_parallel_size=2, speculative_config=SpeculativeConfig("ngram", 3, 1, 5))
     with pytest.raises(ConfigError, match="--enable-lora does not work with --tensor-parallel-size"):
         EngineConfig(tensor_parallel_size=2, enable_lora=True)
-    with pytest.raises(ConfigError, match="--kv-disk-dir does not work with --tensor-parallel-size"):
+    with pytest.raises(
+        ConfigError,
+        match="--kv-disk-dir does not work with --tensor-parallel-size > 1 yet: each rank would have to save",
+    ):
         EngineConfig(tensor_parallel_size=2, kv_disk_dir="/tmp/x")
 
 
