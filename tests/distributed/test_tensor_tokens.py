@@ -83,3 +83,12 @@ def test_4bit_checkpoint_at_tp2(tmp_path: Path, weights: str) -> None:
     spec = {**SPEC, "model": str(model), "tp": 2, "weights": weights}
     got = run_pipeline(spec, tmp_path)
     assert got["tokens"] == reference_tokens(spec)
+
+
+@pytest.mark.slow
+def test_a_hybrid_at_tp2_inside_two_pipeline_stages(tiny_qwen3_5: Path, tmp_path: Path) -> None:
+    """qwen3_5 at TP 2 x PP 2: each stage's pair splits its gated delta nets' heads and states."""
+    spec = {**SPEC, "model": str(tiny_qwen3_5), "tp": 2, "pp": 2}
+    got = run_pipeline(spec, tmp_path)
+    assert got["prefix_hits"] > 0
+    assert got["tokens"] == reference_tokens(spec)
