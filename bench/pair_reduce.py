@@ -17,8 +17,10 @@ import subprocess
 import sys
 import time
 
+# isort: off
 import metalserve  # noqa: F401  (must come before MLX: it loads the optimized BLAS that MLX then binds)
 
+# isort: on
 import mlx.core as mx
 
 from metalserve.distributed.launch import init_group, write_local_hostfile
