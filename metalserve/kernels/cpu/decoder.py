@@ -16,12 +16,18 @@ import numba
 import numpy as np
 
 from metalserve.kernels.cpu import attention as cpu_attention
+from metalserve.kernels.cpu import attention_prefill as cpu_attention_prefill
+from metalserve.kernels.cpu import gemm as cpu_gemm
 from metalserve.kernels.cpu import layer_ops as cpu_layer_ops
+from metalserve.kernels.cpu import packed_gemm as cpu_packed_gemm
 from metalserve.kernels.cpu import packed_linear as cpu_packed_linear
+from metalserve.kernels.cpu import packed_unpack as cpu_packed_unpack
 from metalserve.kernels.cpu import swiglu as cpu_swiglu
-from metalserve.kernels.cpu.attention import _attention_kernel
+from metalserve.kernels.cpu.attention import attend
+from metalserve.kernels.cpu.gemm import host_gemm
 from metalserve.kernels.cpu.layer_ops import _rms_norm_kernel, _rope_kernel
 from metalserve.kernels.cpu.numba_lock import launch_lock
+from metalserve.kernels.cpu.packed_gemm import GEMM_MIN_ROWS, segments_gemm_kernel
 from metalserve.kernels.cpu.packed_linear import segments_linear_kernel
 from metalserve.kernels.cpu.swiglu import _swiglu_kernel
 
@@ -38,7 +44,8 @@ def kernel_sources_digest() -> str:
     below closes over this digest, so such an edit is a cache miss instead.
     """
     digest = hashlib.sha256()
-    for module in (cpu_attention, cpu_layer_ops, cpu_packed_linear, cpu_swiglu):
+    modules = (cpu_attention, cpu_attention_prefill, cpu_gemm, cpu_layer_ops, cpu_packed_gemm, cpu_packed_linear)
+    for module in (*modules, cpu_packed_unpack, cpu_swiglu):
         digest.update(Path(str(module.__file__)).read_bytes())
     return digest.hexdigest()
 
@@ -52,10 +59,13 @@ def _compile_ops(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatchers
     jit = _jit()
 
     @jit
-    def linear(x, weight, layer, chunks):  # noqa: ANN001, ANN202  (numba infers the types)
+    def linear(x, weight, layer, chunks, gemm):  # noqa: ANN001, ANN202  (numba infers the types)
         kernels_digest  # noqa: B018  (a closure cell: part of numba's cache key)
         out = np.empty((x.shape[0], weight.bias.shape[1]), np.float32)
-        segments_linear_kernel(x, weight, layer, chunks, out)  # adds the bias
+        if x.shape[0] >= GEMM_MIN_ROWS and gemm.usable:  # a prefill chunk: fp32 tiles and MKL's GEMM
+            segments_gemm_kernel(x, weight, layer, gemm, out)
+        else:
+            segments_linear_kernel(x, weight, layer, chunks, out)  # both add the bias
         return out
 
     @jit
@@ -74,11 +84,11 @@ def _compile_layers(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatcher
     jit = _jit()
 
     @jit
-    def attention(x, w, shape, layer, pools, plan, chunks):  # noqa: ANN001, ANN202
+    def attention(x, w, shape, layer, pools, plan, chunks, gemm):  # noqa: ANN001, ANN202
         kernels_digest  # noqa: B018  (a closure cell: part of numba's cache key)
         tokens = x.shape[0]
         hq, hkv, d = shape.n_heads, shape.n_kv_heads, shape.head_dim
-        qkv = _linear(x, w.qkv, layer, chunks)
+        qkv = _linear(x, w.qkv, layer, chunks, gemm)
         q = np.ascontiguousarray(qkv[:, : hq * d]).reshape(tokens, hq, d)
         k = np.ascontiguousarray(qkv[:, hq * d : (hq + hkv) * d]).reshape(tokens, hkv, d)
         v = qkv[:, (hq + hkv) * d :]
@@ -96,7 +106,7 @@ def _compile_layers(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatcher
                     pool[1, h, slot, c] = v[t, h * d + c]
         out = np.empty((tokens, hq, d), np.float32)
         no_sinks = np.zeros(hq, np.float32)
-        _attention_kernel(
+        attend(  # long runs of one request's rows (a prefill chunk) by GEMMs, the rest row by row
             q,
             pool,
             plan.block_tables,
@@ -108,23 +118,24 @@ def _compile_layers(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatcher
             np.float32(shape.softcap),
             no_sinks,
             False,
+            gemm,
             out,
         )
-        return _linear(out.reshape(tokens, hq * d), w.o, layer, chunks)
+        return _linear(out.reshape(tokens, hq * d), w.o, layer, chunks, gemm)
 
     @jit
-    def decoder(h, w, shape, pools, plan, chunks):  # noqa: ANN001, ANN202
+    def decoder(h, w, shape, pools, plan, chunks, gemm):  # noqa: ANN001, ANN202
         kernels_digest  # noqa: B018  (a closure cell: part of numba's cache key)
         eps = np.float32(shape.norm_eps)
         x = np.empty_like(h)
         for layer in range(w.input_norm.shape[0]):
             _rms_norm_kernel(h, w.input_norm[layer], eps, x)
-            h += _attention(x, w, shape, layer, pools, plan, chunks)
+            h += _attention(x, w, shape, layer, pools, plan, chunks, gemm)
             _rms_norm_kernel(h, w.post_attention_norm[layer], eps, x)
-            gate_up = _linear(x, w.gate_up, layer, chunks)
+            gate_up = _linear(x, w.gate_up, layer, chunks, gemm)
             hidden = np.empty((h.shape[0], gate_up.shape[1] // 2), np.float32)
             _swiglu_kernel(gate_up, hidden)
-            h += _linear(hidden, w.down, layer, chunks)
+            h += _linear(hidden, w.down, layer, chunks, gemm)
         return h
 
     return attention, decoder
@@ -146,4 +157,4 @@ def decoder_layers(
         raise ValueError(f"decoder_layers takes contiguous [T, hidden] float32 and one pool per layer, got {h.shape}")
     with launch_lock:
         chunks = numba.get_num_threads() * 8  # several per thread even out a core that is busy elsewhere
-        return _decoder_layers(h, weights, shape, pools, plan, chunks)
+        return _decoder_layers(h, weights, shape, pools, plan, chunks, host_gemm())
