@@ -160,6 +160,12 @@ class EngineConfig:
         "mlx.launch each host runs one rank and rank 0 serves HTTP",
         aliases=("-pp",),
     )
+    tensor_parallel_size: int = flag(
+        1,
+        "split every layer's heads and MLP columns over N ranks (MLX distributed), one all-reduce after "
+        "attention and one after the MLP; alone it starts N-1 local ranks, under mlx.launch each host runs one",
+        aliases=("-tp",),
+    )
     pipeline_layer_partition: tuple[int, ...] | None = flag(
         None,
         "layers per rank, comma-separated (e.g. 12,18); default: balanced by weight bytes",
@@ -232,6 +238,7 @@ class EngineConfig:
             raise ConfigError("--long-prefill-token-threshold must be >= 0")
         if self.pipeline_parallel_size < 1:
             raise ConfigError("--pipeline-parallel-size must be at least 1")
+        self._validate_tensor_parallel()
         if self.pipeline_step_timeout <= 0:
             raise ConfigError("--pipeline-step-timeout must be a positive number of seconds")
         partition = self.pipeline_layer_partition
@@ -252,6 +259,30 @@ class EngineConfig:
             raise ConfigError(f"--pooling-type must be one of {', '.join(POOLING_TYPES)}, got {self.pooling_type!r}")
         self._validate_kv_disk()
         self._validate_lora()
+
+    def _validate_tensor_parallel(self) -> None:
+        tp = self.tensor_parallel_size
+        if tp < 1:
+            raise ConfigError("--tensor-parallel-size must be at least 1")
+        if tp == 1:
+            return
+        if self.pipeline_parallel_size > 1:
+            raise ConfigError("--tensor-parallel-size with --pipeline-parallel-size > 1 is not supported yet")
+        # Each rank runs the same packed step; these features keep state or work outside that step.
+        refused = {
+            "--speculative-config": self.speculative_config is not None,
+            "--enable-lora": self.enable_lora,
+            "--kv-disk-dir": self.kv_disk_dir is not None,
+            "--runner pooling": self.runner == "pooling",
+        }
+        for name, on in refused.items():
+            if on:
+                raise ConfigError(f"{name} does not work with --tensor-parallel-size > 1 yet")
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the MLX distributed group: pipeline stages times tensor-parallel ranks."""
+        return self.pipeline_parallel_size * self.tensor_parallel_size
 
     def _validate_lora(self) -> None:
         if self.lora_modules and not self.enable_lora:

@@ -95,7 +95,7 @@ SERVE_OPTIONS = {
 
 
 MULTI = {"more_models", "models", "pinned_models", "model_idle_timeout", "model_load_timeout", "memory_budget"}
-PIPELINE = {"pipeline_parallel_size", "pipeline_layer_partition"}  # with speculation they refuse to start
+PIPELINE = {"pipeline_parallel_size", "pipeline_layer_partition", "tensor_parallel_size"}  # refused with speculation
 DISK = {"kv_disk_dir", "kv_disk_size"}  # need prefix caching, which the first command line turns off
 
 

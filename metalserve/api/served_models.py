@@ -60,6 +60,8 @@ def model_specs(config: EngineConfig, settings: ServerSettings) -> list[ModelSpe
         raise ConfigError(f"--pinned-models {', '.join(unknown)}: no such served model ({', '.join(sorted(served))})")
     if config.pipeline_parallel_size > 1:
         raise ConfigError("--pipeline-parallel-size serves one model, not several")
+    if config.tensor_parallel_size > 1:
+        raise ConfigError("--tensor-parallel-size serves one model, not several")
     pins = set(settings.pinned_models)
     return [dataclasses.replace(s, pinned=True) if pins & set(s.names) else s for s in specs]
 

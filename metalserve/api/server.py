@@ -57,7 +57,7 @@ def run_server(config: EngineConfig, settings: ServerSettings) -> None:
     from metalserve.api.served_models import build_registry  # heavy (MLX); only the real server needs it
 
     frontend = Frontend.of(settings)
-    if settings.multi_model or config.pipeline_parallel_size > 1:
+    if settings.multi_model or config.world_size > 1:
         # Several models load on first use: the port serves at once. Pipeline stages load first: only rank 0
         # returns from the load to serve HTTP (the other ranks run their stage until the end).
         serve_app(build_app(build_registry(config, settings, frontend), frontend), settings)

@@ -90,23 +90,24 @@ def exchange(report: RankReport, group: mx.distributed.Group) -> list[RankReport
     return [RankReport.decode(r) for r in table]
 
 
-def check_reports(reports: list[RankReport]) -> None:
-    """Raise StartupError naming the first rank that failed or holds a different model than rank 0."""
+def check_reports(reports: list[RankReport], role: str = "pipeline") -> None:
+    """Raise StartupError naming the first rank that failed or holds a different model than rank 0.
+    `role` names the ranks in the message ("pipeline", "tensor-parallel")."""
     for rank, r in enumerate(reports):
         if not r.ok:
-            raise StartupError(f"pipeline rank {rank} could not start: {r.message}")
+            raise StartupError(f"{role} rank {rank} could not start: {r.message}")
     for rank, r in enumerate(reports[1:], start=1):
         if r.fingerprint != reports[0].fingerprint:
             raise StartupError(
-                f"pipeline rank {rank} loaded a different model than rank 0 (config or weights differ): "
+                f"{role} rank {rank} loaded a different model than rank 0 (config or weights differ): "
                 "give every host the same model files"
             )
     for rank, r in enumerate(reports[1:], start=1):
         if r.block_size != reports[0].block_size:
             raise StartupError(
-                f"pipeline rank {rank} runs --block-size {r.block_size}, rank 0 {reports[0].block_size}: "
+                f"{role} rank {rank} runs --block-size {r.block_size}, rank 0 {reports[0].block_size}: "
                 "give every rank the same flags"
             )
     for rank in range(1, len(reports)):
         if reports[rank].layers.start != reports[rank - 1].layers.stop:
-            raise StartupError(f"pipeline ranks {rank - 1} and {rank} disagree on the layer split")
+            raise StartupError(f"{role} ranks {rank - 1} and {rank} disagree on the layer split")

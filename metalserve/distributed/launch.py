@@ -63,8 +63,9 @@ def config_from_env() -> EngineConfig:
 
 
 def spawn_local_ranks(config: EngineConfig) -> list[subprocess.Popen[bytes]]:
-    """Start ranks 1..N-1 here and make this process rank 0 of the same ring."""
-    n = config.pipeline_parallel_size
+    """Start ranks 1..N-1 here and make this process rank 0 of the same ring (N: every pipeline stage's
+    tensor-parallel ranks)."""
+    n = config.world_size
     hostfile = write_local_hostfile(n)
     os.environ["MLX_HOSTFILE"] = hostfile
     os.environ["MLX_RANK"] = "0"
@@ -77,16 +78,16 @@ def spawn_local_ranks(config: EngineConfig) -> list[subprocess.Popen[bytes]]:
     return children
 
 
-def init_group(size: int) -> mx.distributed.Group:
-    """Join the ring; the group must have exactly --pipeline-parallel-size ranks."""
+def init_group(size: int, flag: str = "--pipeline-parallel-size") -> mx.distributed.Group:
+    """Join the ring; the group must have exactly `size` ranks (what `flag` asked for)."""
     if not mx.distributed.is_available():
-        raise ConfigError("--pipeline-parallel-size: this MLX build has no distributed backend")
+        raise ConfigError(f"{flag}: this MLX build has no distributed backend")
     # mlx.launch --backend jaccl (Thunderbolt RDMA) names the devices; otherwise the ring (TCP) backend.
     backend = "jaccl" if "MLX_IBV_DEVICES" in os.environ else "ring"
     group = mx.distributed.init(strict=True, backend=backend)
     if group.size() != size:
         raise ConfigError(
-            f"--pipeline-parallel-size {size}, but the launcher started {group.size()} rank(s): give the same "
+            f"{flag} {size}, but the launcher started {group.size()} rank(s): give the same "
             "number to both (or drop mlx.launch to start local ranks)"
         )
     return group

@@ -28,8 +28,11 @@ class Watchdog:
         children: list[subprocess.Popen[bytes]],
         step_timeout_s: float,
         waiting_since: Callable[[], float | None],
+        role: str = "pipeline",
     ) -> None:
-        """`waiting_since`: when rank 0 began waiting for a step's result (None while not waiting)."""
+        """`waiting_since`: when rank 0 began waiting for a step's result (None while not waiting); `role`
+        names the ranks in messages ("pipeline", "tensor-parallel")."""
+        self.role = role
         self.children = children
         self.step_timeout_s = step_timeout_s
         self.waiting_since = waiting_since
@@ -61,10 +64,11 @@ class Watchdog:
         for rank, child in enumerate(self.children, start=1):
             code = child.poll()
             if code is not None and not self.stopping:
-                return f"pipeline rank {rank} exited with status {code}"
+                return f"{self.role} rank {rank} exited with status {code}"
         since = self.waiting_since()
         if since is not None and time.monotonic() - since > self.step_timeout_s:
-            return f"no result from the pipeline for {self.step_timeout_s:.0f} s (--pipeline-step-timeout)"
+            ranks = "the pipeline" if self.role == "pipeline" else f"the {self.role} ranks"
+            return f"no result from {ranks} for {self.step_timeout_s:.0f} s (--pipeline-step-timeout)"
         return None
 
     def _exit_now(self, problem: str) -> None:

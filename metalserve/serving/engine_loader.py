@@ -57,13 +57,16 @@ def start_engine(spec: ModelSpec, grammar_limits: GrammarLimits | None = None) -
 
     thread = EngineThread()
     config = spec.config
-    if config.pipeline_parallel_size == 1:
+    if config.world_size == 1:
         core, loaded = thread.call(load_engine_core, config)
         return _engine_of(spec, core, loaded, thread, grammar_limits, images=True)
-    from metalserve.serving.pipeline import start_pipeline  # on ranks other than 0 it serves and exits
+    # On ranks other than 0 these serve their part and exit.
+    from metalserve.serving.pipeline import start_pipeline
+    from metalserve.serving.tensor import start_tensor_parallel
 
-    core, loaded, watchdog = thread.call(start_pipeline, config)
-    # Pipeline ranks run the language model's layers only: images need the single-process engine.
+    start = start_tensor_parallel if config.tensor_parallel_size > 1 else start_pipeline
+    core, loaded, watchdog = thread.call(start, config)
+    # Distributed ranks run the language model only: images need the single-process engine.
     engine = _engine_of(spec, core, loaded, thread, grammar_limits, images=False)
     watchdog.on_failure = lambda problem: engine.crash(RuntimeError(problem))
     return engine

@@ -107,11 +107,17 @@ def _stop(core: PipelineEngineCore, watchdog: Watchdog) -> None:
 
 
 def main() -> int:
-    """`python -m metalserve.serving.pipeline`: a local rank started by rank 0 (distributed/launch.py)."""
+    """`python -m metalserve.serving.pipeline`: a local rank started by rank 0 (distributed/launch.py), of a
+    pipeline or of a tensor-parallel group."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     from metalserve.distributed.launch import config_from_env
 
-    return run_rank(config_from_env())
+    config = config_from_env()
+    if config.tensor_parallel_size > 1:
+        from metalserve.serving.tensor import run_tensor_rank
+
+        return run_tensor_rank(config)
+    return run_rank(config)
 
 
 if __name__ == "__main__":

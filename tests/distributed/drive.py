@@ -1,7 +1,8 @@
 """Drive an engine core over a fixed workload and print each request's greedy tokens (JSON).
 
-`python -m tests.distributed.drive SPEC.json` runs the pipelined core (rank 0 here, the other ranks
-started by it); `reference_tokens` runs one process on the same generic MLX path, for comparison.
+`python -m tests.distributed.drive SPEC.json` runs the pipelined (or, with "tp", tensor-parallel) core
+(rank 0 here, the other ranks started by it); `reference_tokens` runs one process on the same generic
+MLX path, for comparison.
 Requests arrive staggered (one every `stagger` steps) so steps mix prefill chunks and decodes, and
 prompts share prefixes so later ones hit the prefix cache.
 """
@@ -55,9 +56,11 @@ def config_of(spec: dict[str, Any]) -> EngineConfig:
         enable_prefix_caching=True,
         kv_cache_memory=64 << 20,
         pipeline_parallel_size=spec.get("pp", 1),
+        tensor_parallel_size=spec.get("tp", 1),
         attention_backend="mlx",
         pipeline_step_timeout=60.0,
         max_model_len=512,
+        weights=spec.get("weights", "auto"),
     )
 
 
@@ -72,8 +75,8 @@ def reference_tokens(spec: dict[str, Any]) -> dict[str, list[int]]:
     from metalserve.loader import load_model
     from metalserve.serving.kv_groups import build_scheduler
 
-    config = replace(config_of(spec), pipeline_parallel_size=1)
-    loaded = load_model(config.model)
+    config = replace(config_of(spec), pipeline_parallel_size=1, tensor_parallel_size=1)
+    loaded = load_model(config.model, weights=config.weights)
     model = PagedModel(loaded.model, loaded.model_type, MlxCompute())
     blocks = 512
     kv_spec = kv_cache_spec(loaded, config.block_size, num_blocks=blocks)
@@ -85,11 +88,13 @@ def reference_tokens(spec: dict[str, Any]) -> dict[str, list[int]]:
 
 def main() -> int:
     from metalserve.serving.pipeline import start_pipeline
+    from metalserve.serving.tensor import start_tensor_parallel
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     with open(sys.argv[1]) as f:
         spec = json.load(f)
-    core, _, watchdog = start_pipeline(config_of(spec))
+    start = start_tensor_parallel if spec.get("tp", 1) > 1 else start_pipeline
+    core, _, watchdog = start(config_of(spec))
     tokens = run_core(core, workload(spec), spec["max_tokens"], spec["stagger"])
     stats = core.make_stats()
     print(json.dumps({"tokens": tokens, "prefix_hits": stats.prefix_cache_hits}))

@@ -73,15 +73,18 @@ def child_pids(pid: int) -> list[int]:
     return sorted(int(child) for task in tasks for child in (task / "children").read_text().split())
 
 
-def launched_ranks(models: list[Path], tmp_path: Path, timeout: float = 120) -> list[subprocess.CompletedProcess[str]]:
+def launched_ranks(
+    models: list[Path], tmp_path: Path, timeout: float = 120, flag: str = "--pipeline-parallel-size"
+) -> list[subprocess.CompletedProcess[str]]:
     """Run one `metalserve serve` per rank with MLX_RANK and MLX_HOSTFILE set, as mlx.launch does across
-    hosts; each rank may get a different model path. Returns every rank's finished process."""
+    hosts; each rank may get a different model path; `flag` sets the group's size. Returns every rank's
+    finished process."""
     hostfile = tmp_path / "hosts.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{free_port()}"] for _ in models]))
     procs = []
     for rank, model in enumerate(models):
         env = {**os.environ, "MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile)}
-        flags = ["--port", str(free_port()), "--pipeline-parallel-size", str(len(models))]
+        flags = ["--port", str(free_port()), flag, str(len(models))]
         procs.append(
             subprocess.Popen(
                 serve_cmd(model, *flags), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

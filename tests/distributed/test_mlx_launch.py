@@ -28,7 +28,14 @@ def _completion_tokens(base: str) -> int:
 
 
 @pytest.mark.slow
-def test_mlx_launch_runs_every_rank(tiny_llama: Path) -> None:
+@pytest.mark.parametrize(
+    ("flag", "ready"),
+    [
+        ("--pipeline-parallel-size", "pipeline rank 1 ready: layers 2-3"),
+        ("--tensor-parallel-size", "tensor-parallel rank 1 ready"),
+    ],
+)
+def test_mlx_launch_runs_every_rank(tiny_llama: Path, flag: str, ready: str) -> None:
     launcher = Path(sys.executable).parent / "mlx.launch"
     port = free_port()
     cmd = [
@@ -46,7 +53,7 @@ def test_mlx_launch_runs_every_rank(tiny_llama: Path) -> None:
         "metalserve.cli",
         "serve",
         str(tiny_llama),
-        "--pipeline-parallel-size",
+        flag,
         "2",
         "--port",
         str(port),
@@ -60,7 +67,7 @@ def test_mlx_launch_runs_every_rank(tiny_llama: Path) -> None:
             assert _completion_tokens(f"http://127.0.0.1:{port}") == 8
             log.seek(0)
             text = log.read()
-            assert "pipeline rank 1 ready: layers 2-3" in text and "serving on http" in text
+            assert ready in text and "serving on http" in text
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)

@@ -13,17 +13,24 @@ from tests.loader.tiny_tokenizer import save_hf_tokenizer, vocab_tokens
 from tests.models.archs import build
 
 
-def write_tiny_dir(path: Path, model_type: str = "llama", seed: int = 0, layers: int = 4) -> Path:
+def write_tiny_dir(
+    path: Path, model_type: str = "llama", seed: int = 0, layers: int = 4, quantize_bits: int | None = None
+) -> Path:
+    """`quantize_bits`: store the weights quantized (affine, groups of 32), as mlx-community checkpoints are."""
     vocab = len(vocab_tokens())
     overrides = dict(num_hidden_layers=layers, vocab_size=vocab, eos_token_id=2)
     if model_type in ("llama", "mistral", "qwen2", "qwen3"):
         model = tiny_model(model_type, seed=seed, **overrides)
     else:  # the other covered architectures' tiny configs (tests/models/archs.py)
         model = build(model_type, seed=seed, **overrides)
+    if quantize_bits is not None:
+        nn.quantize(model, group_size=32, bits=quantize_bits)
     path.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(path / "model.safetensors"), dict(nn.utils.tree_flatten(model.parameters())))
     # A variant of tests/models/archs.py ("llama+yarn_rope") names the type it is built as.
     config = {**model.args.__dict__, "model_type": model.model_type, "architectures": ["LlamaForCausalLM"]}
+    if quantize_bits is not None:
+        config["quantization"] = {"group_size": 32, "bits": quantize_bits}
     (path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if _plain(v)}))
     save_hf_tokenizer(path)
     return path
