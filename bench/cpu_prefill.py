@@ -49,6 +49,12 @@ def worker(model: str, chunk: int, contexts: list[int], repeats: int) -> dict[st
     from metalserve.loader import load_model
     from metalserve.platform import current_platform
 
+    try:  # a tree with LoRA on the host decoder takes the adapters (none here) as two more arguments
+        from metalserve.kernels.cpu.decoder_weights import NO_HOST_LORA, no_lora
+
+        lora: tuple[Any, ...] = (no_lora(), NO_HOST_LORA)
+    except ImportError:
+        lora = ()
     loaded = load_model(model)
     paged = paged_model(loaded, current_platform())
     host = paged.compute.forward_on_host  # type: ignore[attr-defined]
@@ -78,7 +84,7 @@ def worker(model: str, chunk: int, contexts: list[int], repeats: int) -> dict[st
         pools = tuple(pool.copy() for _ in range(layers))
         plan = CpuStepPlan(pos.astype(np.int64), tables, req, pos, bs)
         h0 = rng.standard_normal((chunk, hidden), dtype=np.float32) * 0.1
-        t_all = _best(lambda: decoder_layers(h0.copy(), w, shape, pools, plan), repeats, warm=i == 0)  # noqa: B023
+        t_all = _best(lambda: decoder_layers(h0.copy(), w, shape, pools, plan, *lora), repeats, warm=i == 0)  # noqa: B023
         out[f"ctx{ctx}"] = {"attention_ms": 1000 * layers * t_att, "decoder_ms": 1000 * t_all}
     return out
 

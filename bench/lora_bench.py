@@ -2,10 +2,13 @@
 requests, on one engine, in the same run; and the base model without --enable-lora beside them.
 
     PYTHONPATH=$PWD .venv/bin/python bench/lora_bench.py [--hidden 512] [--layers 8] [--rank 16] [--rounds 3]
+    PYTHONPATH=$PWD .venv/bin/python bench/lora_bench.py --default-model [--rank 16] [--rounds 3]
 
-A random-weight llama (mlx-lm's class) and random adapters made with mlx-lm's LoRA classes on every
-attention and MLP projection: no real model is loaded. Steps are timed after every prompt is prefilled
-(decode steps only); variants alternate, round by round, and the median step of each is printed.
+A random-weight llama (mlx-lm's class), or with --default-model the embedded SmolLM2-135M GGUF kept in its
+codes (on MLX's CPU backend: the CPU fast path, every step in the one-call numba decoder), and random
+adapters of its shape made with mlx-lm's LoRA classes on every attention and MLP projection. Steps are
+timed after every prompt is prefilled (decode steps only); variants alternate, round by round, and the
+median step of each is printed.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--default-model", action="store_true", help="the embedded SmolLM2 GGUF, in its codes")
     args = parser.parse_args()
     shape = dict(
         hidden_size=args.hidden,
@@ -61,13 +65,21 @@ def main() -> None:
         num_attention_heads=8,
         num_key_value_heads=4,
     )
+    if args.default_model:
+        config = _loaded(shape, True).config
+        names = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+        shape = {name: int(config[name]) for name in names}
     folder = Path(tempfile.mkdtemp())
     paths = [make_mlx_lm_adapter(folder / f"a{i}", seed=i, rank=args.rank, keys=KEYS, **shape) for i in range(4)]
     base_config = dict(kv_cache_memory=1 << 27, max_num_batched_tokens=1024, block_size=16)
+    if args.default_model:  # its trained context (8192) would not fit the 128 MiB pool
+        base_config["max_model_len"] = 1024
     modules = tuple((f"a{i}", str(p)) for i, p in enumerate(paths))
-    plain = build_engine_core(EngineConfig(**base_config), _loaded(shape))  # type: ignore[arg-type]
+    plain = build_engine_core(EngineConfig(**base_config), _loaded(shape, args.default_model))  # type: ignore[arg-type]
     lora_config = EngineConfig(**base_config, enable_lora=True, lora_modules=modules, max_lora_rank=args.rank)  # type: ignore[arg-type]
-    lora = build_engine_core(lora_config, _loaded(shape))
+    lora = build_engine_core(lora_config, _loaded(shape, args.default_model))
+    host = getattr(lora.runner.model.compute, "forward_on_host", None)
+    print(f"adapters' deltas on: {'the one-call numba decoder' if host is not None else 'the MLX route'}")
     adapters = list(lora.lora_requests().values())
     slots = lora.runner.lora
     assert slots is not None
@@ -89,7 +101,12 @@ def main() -> None:
         print(f"{name:36s} median decode step {median * 1e3:7.2f} ms  ({median / base:.2f}x the 8 base requests)")
 
 
-def _loaded(shape: dict[str, int]):  # noqa: ANN202
+def _loaded(shape: dict[str, int], default_model: bool):  # noqa: ANN202
+    if default_model:
+        from metalserve.loader import load_model
+        from metalserve.loader.embedded import default_model_path
+
+        return load_model(str(default_model_path()))
     loaded = loaded_of("llama")
     from tests.models.archs import build
 

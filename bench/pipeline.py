@@ -29,6 +29,7 @@ from metalserve.distributed.launch import init_group, write_local_hostfile
 from metalserve.distributed.partition import split_layers
 from metalserve.distributed.stage import Stage, keep_layers, layer_bytes, non_layer_bytes, run_layers
 from metalserve.distributed.wire import (
+    HEADER_LEN,
     Header,
     Kind,
     StepMeta,
@@ -80,10 +81,9 @@ def build_stage(args: argparse.Namespace, rank: int) -> tuple[Stage, PagedModel,
 
 def rank0_step(stage: Stage, model: PagedModel, meta: StepMeta, group: mx.distributed.Group) -> list[float]:
     """[compute s, send s, round trip s, bytes out, bytes back, head compute s] for one decode step."""
-    step = meta.step_inputs()
     tokens = mx.array(np.arange(len(meta.positions)) % 1000 + 5)
     t0 = time.perf_counter()
-    with forward_context(stage.context(step)):
+    with forward_context(stage.context(meta)):
         hidden = run_layers(model, model.backbone.embed_tokens(tokens[None])[0])
     mx.eval(hidden, stage.pools())
     t1 = time.perf_counter()
@@ -101,7 +101,7 @@ def rank0_step(stage: Stage, model: PagedModel, meta: StepMeta, group: mx.distri
     rows = as_hidden(back, reply.num_rows, hidden.dtype)
     mx.eval(mx.argmax(model.mlx_logits(model.backbone.norm(rows)), axis=-1))
     t4 = time.perf_counter()
-    return [t1 - t0, t2 - t1, t3 - t2, 32 + payload.nbytes, 32 + back.nbytes, t4 - t3]
+    return [t1 - t0, t2 - t1, t3 - t2, 4 * HEADER_LEN + payload.nbytes, 4 * HEADER_LEN + back.nbytes, t4 - t3]
 
 
 def rank1_loop(stage: Stage, group: mx.distributed.Group, dtype: mx.Dtype) -> list[float]:
@@ -115,7 +115,7 @@ def rank1_loop(stage: Stage, group: mx.distributed.Group, dtype: mx.Dtype) -> li
         assert flat is not None
         meta = StepMeta.decode(flat, header)
         t0 = time.perf_counter()
-        out = stage.forward(as_hidden(raw, header.num_tokens, dtype), meta.step_inputs())
+        out = stage.forward(as_hidden(raw, header.num_tokens, dtype), meta)
         rows = out[mx.array(meta.logits_indices)]
         mx.eval(rows, stage.pools())
         times.append(time.perf_counter() - t0)

@@ -23,6 +23,7 @@ from metalserve.executor.host import paged_model
 from metalserve.executor.host.compute import HostCompute
 from metalserve.executor.models.families import kv_shape
 from metalserve.kernels.cpu.decoder import decoder_layers
+from metalserve.kernels.cpu.decoder_weights import NO_HOST_LORA
 from metalserve.kernels.cpu.paged import CpuStepPlan
 from metalserve.loader import load_model
 from metalserve.platform import current_platform
@@ -44,7 +45,9 @@ def step_ms(
     plan = CpuStepPlan(positions.astype(np.int64), tables, owners, positions, BLOCK)
     rng = np.random.default_rng(requests * 100 + tokens)
     hidden = host.embedding[rng.integers(0, 1000, requests * tokens)]
-    decoder = median_ms(lambda: decoder_layers(hidden.copy(), host.weights, host.shape, pools, plan), repeats)
+    decoder = median_ms(
+        lambda: decoder_layers(hidden.copy(), host.weights, host.shape, pools, plan, host.lora, NO_HOST_LORA), repeats
+    )
     rows = rng.standard_normal((requests * tokens, hidden.shape[1])).astype(np.float32)
     head = median_ms(lambda: affine_linear(rows, codes), repeats)
     return decoder, head

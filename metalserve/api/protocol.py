@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
+from metalserve.lora.request import MAX_LORA_SCALE
 from metalserve.sampling_params import MAX_LOGPROBS
 
 MAX_N = 16  # choices per request; each is its own engine request
@@ -138,6 +139,8 @@ class _SamplingRequest(BaseModel):
     priority: StrictInt = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
     structured_outputs: StructuredOutputsRequest | None = None
     return_tokens_as_token_ids: bool = False  # vLLM's: logprobs name tokens "token_id:N"
+    # llama.cpp's per-request LoRA scale, for a `model` that names an adapter (docs/lora.md)
+    lora_scale: float | None = Field(default=None, ge=0.0, le=MAX_LORA_SCALE, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> _SamplingRequest:

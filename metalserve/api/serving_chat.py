@@ -149,7 +149,7 @@ class ChatServing:
     async def start(self, req: ChatCompletionRequest, id_prefix: str = "chatcmpl") -> Generation:
         """Check, render and submit the request; errors before any engine work are OpenAIErrors.
         `id_prefix`: the calling API's response id prefix (random_id)."""
-        self.ctx.check_model(req.model)
+        self.ctx.check_model(req.model, req.lora_scale)
         parse_tools = self._parse_tools(req)
         check_sequence_count(1, req.n)
         rendered = await self.render_off_loop(req)

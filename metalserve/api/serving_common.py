@@ -130,7 +130,7 @@ def start_generations(
             priority=req.priority,
             cache_salt=req.cache_salt,
             mm_inputs=mm_inputs,
-            lora=ctx.lora_for(req.model),
+            lora=ctx.lora_for(req.model, req.lora_scale),
         )
         if ctx.recorder is not None:  # the status page's recent requests
             stream = ctx.recorder.recorded(stream, ctx.served_model_name, rid, len(prompt), ctx.engine.prompt_progress)

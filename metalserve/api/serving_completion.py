@@ -48,7 +48,7 @@ class CompletionServing:
         self.token_text = TokenText(ctx.engine.tokenizer)
 
     async def create(self, req: CompletionRequest, raw: HTTPRequest) -> Response:
-        self.ctx.check_model(req.model)
+        self.ctx.check_model(req.model, req.lora_scale)
         if req.suffix:
             raise OpenAIError("suffix is not supported", 400, param="suffix")
         if req.best_of is not None and req.best_of != req.n:

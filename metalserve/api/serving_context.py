@@ -7,7 +7,7 @@ import asyncio
 import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from metalserve.api.errors import ContextLengthError, OpenAIError
@@ -39,22 +39,28 @@ class ServingContext:
     aliases: tuple[str, ...] = ()  # other names a request may give for this model
     recorder: RequestRecorder | None = None  # the status page's recent requests
 
-    def check_model(self, model: str | None) -> None:
-        if model is None or model == self.served_model_name or model in self.aliases:
-            return
-        if self.lora_for(model) is None:
+    def check_model(self, model: str | None, lora_scale: float | None = None) -> None:
+        """404 for a `model` that is neither this model nor a loaded adapter; 400 for a `lora_scale` given
+        with the base model (a scale has nothing to scale there, and is never dropped silently)."""
+        base = model is None or model == self.served_model_name or model in self.aliases
+        if model is not None and not base and self.lora_for(model) is None:
             message = f"The model `{shown_name(model)}` does not exist."
             raise OpenAIError(message, 404, param="model", code="model_not_found")
+        if base and lora_scale is not None:
+            message = f"lora_scale scales a LoRA adapter's delta; `model` names the base model {self.served_model_name}"
+            raise OpenAIError(message, 400, param="lora_scale")
 
     def model_id(self, model: str | None) -> str:
         """The `model` an answer names: the adapter the request chose, else the served name."""
         return model if model is not None and self.lora_for(model) is not None else self.served_model_name
 
-    def lora_for(self, model: str | None) -> LoraRequest | None:
-        """The LoRA adapter a request's `model` names (served like a model, as vLLM does); None: the base."""
+    def lora_for(self, model: str | None, lora_scale: float | None = None) -> LoraRequest | None:
+        """The LoRA adapter a request's `model` names (served like a model, as vLLM does), at the request's
+        `lora_scale` (default 1); None: the base."""
         if model is None or model == self.served_model_name or model in self.aliases:
             return None
-        return self.engine.lora_requests().get(model)
+        lora = self.engine.lora_requests().get(model)
+        return replace(lora, scale=lora_scale) if lora is not None and lora_scale is not None else lora
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """Run tokenizer or template work in the tokenizer thread, so a huge prompt never stalls HTTP."""

@@ -9,7 +9,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from metalserve.distributed.stage import run_layers
+from metalserve.distributed.stage import embed_inputs, final_norm, run_layers
 from metalserve.distributed.wire import (
     Header,
     Kind,
@@ -64,6 +64,8 @@ class PipelineRunner(ModelRunner):
         self.group = group
         self.last_rank = group.size() - 1
         self._next_id = 0
+        # The activations' dtype (the last rank's rows come back in it); a slice may keep no K/V pages.
+        self.dtype = model.family.activation_dtype(model.model)
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         flight = self.submit(so)
@@ -78,8 +80,10 @@ class PipelineRunner(ModelRunner):
             return None
         step = pack_step(self.requests, so.num_scheduled_tokens, self.spec.block_size)
         with forward_context(self._context(step)):
-            hidden = run_layers(self.model, self.model.backbone.embed_tokens(mx.array(step.token_ids)[None])[0])
-        meta, width = StepMeta.from_step(step).encode()
+            hidden = run_layers(self.model, embed_inputs(self.model, mx.array(step.token_ids)))
+        tables = self.block_tables
+        others = tuple([tables[rid].array(g) for rid in step.request_ids] for g in range(1, tables.num_groups))
+        meta, width = StepMeta.from_step(step, others).encode()
         payload = pack_payload(meta, hidden)
         assert payload is not None
         header = Header(
@@ -91,6 +95,7 @@ class PipelineRunner(ModelRunner):
             self.spec.num_blocks,
             self._next_id,
             payload.nbytes,
+            tables.num_groups,
         )
         send_message(header, payload, 1, self.group)
         mx.eval(self._kv_arrays())
@@ -113,8 +118,8 @@ class PipelineRunner(ModelRunner):
                 state.num_computed_tokens = max(state.num_computed_tokens, int(flight.step.seq_lens[i]))
         prompt: dict[str, tuple[int, list[TokenLogprob]]] = {}
         if payload is not None and (flight.sampling or flight.step.prompt_rows):
-            rows = as_hidden(payload, header.num_rows, getattr(mx, self.spec.page.dtype))
-            logits = self.model.mlx_logits(self.model.backbone.norm(rows))
+            rows = as_hidden(payload, header.num_rows, self.dtype)
+            logits = self.model.mlx_logits(final_norm(self.model, rows))
             if flight.step.prompt_rows:  # their rows follow the sampling rows
                 prompt = prompt_logprobs(logits[flight.step.num_sampling_logits :], flight.step, self.requests)
                 logits = logits[: flight.step.num_sampling_logits]

@@ -13,13 +13,15 @@ import mlx.nn as nn
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.distributed.handshake import RankReport, check_reports, exchange, fingerprint
 from metalserve.distributed.partition import split_layers
-from metalserve.distributed.stage import keep_layers, layer_bytes, non_layer_bytes
+from metalserve.distributed.stage import backbone_of, keep_layers, layer_bytes, non_layer_bytes
 from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.compute import MlxCompute
-from metalserve.executor.models.families import kv_cache_spec, kv_shape, load_model_for
+from metalserve.executor.models.families import load_model_for, model_family
+from metalserve.executor.models.kv_layout import stage_layout
 from metalserve.kvcache.plan import plan_stage_pool, stage_blocks_fit, stage_step_bytes
+from metalserve.kvcache.specs import KVCacheDtype, KVCacheSpec
 from metalserve.loader import LoadedModel
 from metalserve.loader.weights_mode import fp32_bytes, parameter_bytes, should_dequantize
 from metalserve.platform import current_platform
@@ -45,36 +47,41 @@ class RankSetup:
 
 
 def _load_slice(config: EngineConfig, rank: int, size: int) -> tuple[LoadedModel, PagedModel, range, tuple[int, ...]]:
-    """Load only this rank's layers: the split and the fingerprint are taken from the built model before
-    its (lazy, for safetensors) weights are materialised, so the other layers never reach memory."""
+    """Load only this rank's layers: the split, the fingerprint and the whole model's KV layout (its layer
+    groups, which every rank's block tables keep) are taken from the built model before its (lazy, for
+    safetensors) weights are materialised, so the other layers never reach memory."""
     found: dict[str, Any] = {}
 
     def prepare(model: nn.Module) -> None:
+        model_type = str(getattr(model, "model_type", ""))
+        check_pipeline_model(model_type)
         found["fingerprint"] = fingerprint(model, loaded_config(model))
         sizes, extra = _resident_sizes(model, config)
         slices = split_layers(sizes, size, extra, config.pipeline_layer_partition)
+        family = model_family(model_type)
+        found["layout"], found["states"] = family.kv_layout(model), family.state_groups(model)
         found["layers"] = slices[rank]
         keep_layers(model, slices[rank], first=rank == 0)
 
     loaded = load_model_for(config, prepare)
     mx.clear_cache()
     # The generic MLX path on every rank: the host fast path (executor/host/) runs whole models only.
-    model = PagedModel(loaded.model, loaded.model_type, MlxCompute())
-    check_pipeline_model(model, loaded.model_type)
+    layout = stage_layout(found["layout"], found["layers"])
+    model = PagedModel(loaded.model, loaded.model_type, MlxCompute(), kv_layout=layout, state_groups=found["states"])
     return loaded, model, found["layers"], found["fingerprint"]
 
 
-def check_pipeline_model(model: PagedModel, model_type: str) -> None:
-    """A stage runs its layers under one group's block table: models with sliding-window groups,
-    recurrent states or MLA's latent pages are refused here, naming why, rather than served wrongly."""
-    layout = model.kv_layout
-    if model.state_layout is not None or layout.value_dim is not None or len(layout.groups) != 1:
-        raise ConfigError(
-            f"--pipeline-parallel-size: a {model_type} model keeps {len(layout.groups)} KV layer groups"
-            f"{', recurrent states' if model.state_layout is not None else ''}"
-            f"{', MLA latent pages' if layout.value_dim is not None else ''}; pipeline stages serve models "
-            "of full attention only so far"
-        )
+def check_pipeline_model(model_type: str) -> None:
+    """Refuse, naming why, a family whose layers the stages cannot run apart (every KV kind is served:
+    sliding-window groups, recurrent states and MLA's latent pages)."""
+    why = model_family(model_type).not_split
+    if why is not None:
+        raise ConfigError(f"--pipeline-parallel-size: a {model_type} model cannot be split into stages yet: {why}")
+
+
+def stage_spec(model: PagedModel, block_size: int, storage: KVCacheDtype, num_blocks: int = 0) -> KVCacheSpec:
+    """A stage's KV spec: the whole model's layer groups over this slice's pool tensors and state slots."""
+    return model.get_kv_cache_spec(model.family.page(model.model, storage), block_size, num_blocks)
 
 
 def _resident_sizes(model: nn.Module, config: EngineConfig) -> tuple[list[int], int]:
@@ -82,7 +89,7 @@ def _resident_sizes(model: nn.Module, config: EngineConfig) -> tuple[list[int], 
     will dequantize (MLX's CPU backend), else as stored."""
     whole = fp32_bytes(model)
     if should_dequantize(config.weights, whole, config.dequantize_max_bytes, current_platform().metal):
-        sizes = [fp32_bytes(layer) for layer in model.model.layers]
+        sizes = [fp32_bytes(layer) for layer in backbone_of(model).layers]
         return sizes, whole - sum(sizes)
     return layer_bytes(model), non_layer_bytes(model)
 
@@ -92,16 +99,17 @@ def loaded_config(model: nn.Module) -> dict[str, object]:
     return {k: v for k, v in vars(model.args).items() if isinstance(v, (int, float, str, bool, list, type(None)))}
 
 
-def _blocks_fit(config: EngineConfig, loaded: LoadedModel, rank: int) -> tuple[int, int]:
+def _blocks_fit(config: EngineConfig, loaded: LoadedModel, model: PagedModel, rank: int) -> tuple[int, int]:
     """(KV blocks this rank can hold for its layers, bytes per block here): the facts of this rank, sized
     by the pool planner (kvcache/plan.py)."""
-    per_block = kv_cache_spec(loaded, config.block_size, config.kv_cache_dtype).bytes_per_block  # this rank's layers
+    per_block = stage_spec(model, config.block_size, config.kv_cache_dtype).bytes_per_block  # this rank's layers
     if config.kv_cache_memory is not None:
         return stage_blocks_fit(config, per_block, None, 0), per_block
     hidden = int(loaded.config.get("hidden_size", 0))
     inter = int(loaded.config.get("intermediate_size", 4 * hidden))
     vocab = int(loaded.config.get("vocab_size", 0))
-    step = stage_step_bytes(config, kv_shape(loaded).dtype.size, hidden, inter, vocab, first=rank == 0)
+    itemsize = model.family.activation_dtype(model.model).size
+    step = stage_step_bytes(config, itemsize, hidden, inter, vocab, first=rank == 0)
     return stage_blocks_fit(config, per_block, machine_memory(int(mx.get_active_memory())), step), per_block
 
 
@@ -111,10 +119,11 @@ def setup_rank(config: EngineConfig, group: mx.distributed.Group) -> RankSetup:
     try:
         loaded, model, layers, fp = _load_slice(config, rank, size)
         max_model_len = resolve_max_model_len(config, loaded.max_model_len, loaded.rope_scaled_len, warn=rank == 0)
+        dtype = model.family.activation_dtype(model.model)
         backend = select_attention(
-            config.attention_backend, kv_shape(loaded).dtype, current_platform(), kv_storage=config.kv_cache_dtype
+            config.attention_backend, dtype, current_platform(), kv_storage=config.kv_cache_dtype
         )
-        fits, per_block = _blocks_fit(config, loaded, rank)
+        fits, per_block = _blocks_fit(config, loaded, model, rank)
         weight_mib = parameter_bytes(model.model) >> 20
         report = RankReport(True, fp, fits, layers, weight_mib, per_block, "", config.block_size)
     except Exception as exc:  # reported to every rank, then raised here too
@@ -122,7 +131,8 @@ def setup_rank(config: EngineConfig, group: mx.distributed.Group) -> RankSetup:
         raise
     reports = exchange(report, group)
     check_reports(reports)
-    plan = plan_stage_pool(config, [r.blocks_fit for r in reports], max_model_len)
+    groups = stage_spec(model, config.block_size, config.kv_cache_dtype).groups  # the same on every rank
+    plan = plan_stage_pool(config, [r.blocks_fit for r in reports], max_model_len, groups)
     if rank == 0:
         log_ranks(reports, plan.num_blocks, config.block_size)
     return RankSetup(

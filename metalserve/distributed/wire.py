@@ -15,7 +15,7 @@ import numpy as np
 
 from metalserve.executor.step_inputs import StepInputs
 
-HEADER_LEN = 8
+HEADER_LEN = 9
 
 
 class Kind(IntEnum):
@@ -33,13 +33,16 @@ class Header(NamedTuple):
     num_kv_blocks: int  # the pool size every rank must have for this step
     step_id: int
     payload_bytes: int
+    num_tables: int = 1  # block tables per request: one per layer group of the model
 
     def array(self) -> mx.array:
         return mx.array(list(self), dtype=mx.int32)
 
 
 class StepMeta(NamedTuple):
-    """What a stage needs from a packed step: no token ids (rank 0 embeds), no request ids."""
+    """What a stage needs from a packed step: no token ids (rank 0 embeds), no request ids. The slots and
+    `block_rows` are the packed group's (group 0); `group_rows` every other layer group's tables (sliding
+    windows, recurrent states), from which each stage reads its layers' groups."""
 
     positions: np.ndarray
     slot_mapping: np.ndarray
@@ -47,18 +50,30 @@ class StepMeta(NamedTuple):
     seq_lens: np.ndarray
     block_rows: list[np.ndarray]
     logits_indices: np.ndarray
+    group_rows: tuple[list[np.ndarray], ...] = ()  # groups 1.. in spec order, each per request
 
     @classmethod
-    def from_step(cls, step: StepInputs) -> StepMeta:
+    def from_step(cls, step: StepInputs, group_rows: tuple[list[np.ndarray], ...] = ()) -> StepMeta:
         return cls(
-            step.positions, step.slot_mapping, step.cu_seqlens_q, step.seq_lens, step.block_rows, step.logits_indices
+            step.positions,
+            step.slot_mapping,
+            step.cu_seqlens_q,
+            step.seq_lens,
+            step.block_rows,
+            step.logits_indices,
+            group_rows,
         )
 
-    def step_inputs(self) -> StepInputs:
-        """A StepInputs for the attention backend's `build_metadata` (request and token ids left empty)."""
+    def tables(self) -> list[list[np.ndarray]]:
+        """Every layer group's block rows, group 0 first."""
+        return [self.block_rows, *self.group_rows]
+
+    def step_inputs(self, request_ids: list[str] | None = None) -> StepInputs:
+        """A StepInputs for the attention backend's `build_metadata` (token ids left empty; request ids
+        as given, else empty)."""
         r = len(self.seq_lens)
         return StepInputs(
-            [""] * r,
+            [""] * r if request_ids is None else request_ids,
             np.zeros(0, np.int32),
             self.positions,
             self.slot_mapping,
@@ -70,33 +85,39 @@ class StepMeta(NamedTuple):
         )
 
     def encode(self) -> tuple[np.ndarray, int]:
-        """int32 vector: positions, slots, cu_seqlens, seq_lens, row lengths, padded table, logits rows."""
-        width = max((len(row) for row in self.block_rows), default=0)
-        table = np.zeros((len(self.block_rows), width), np.int32)
-        for i, row in enumerate(self.block_rows):
-            table[i, : len(row)] = row
-        lens = np.fromiter((len(row) for row in self.block_rows), np.int32, len(self.block_rows))
-        parts = [
-            self.positions,
-            self.slot_mapping,
-            self.cu_seqlens_q,
-            self.seq_lens,
-            lens,
-            table.ravel(),
-            self.logits_indices,
-        ]
+        """int32 vector: positions, slots, cu_seqlens, seq_lens, row lengths, padded table, logits rows,
+        then each other group's row lengths and padded table (every table padded to one width)."""
+        width = max((len(row) for rows in self.tables() for row in rows), default=0)
+        parts = [self.positions, self.slot_mapping, self.cu_seqlens_q, self.seq_lens, *_padded(self.block_rows, width)]
+        parts.append(self.logits_indices)
+        for rows in self.group_rows:
+            parts.extend(_padded(rows, width))
         return np.concatenate([np.asarray(p, np.int32) for p in parts]), width
 
     @classmethod
     def decode(cls, flat: np.ndarray, h: Header) -> StepMeta:
         t, r, s, w = h.num_tokens, h.num_requests, h.num_rows, h.table_width
-        cuts = np.cumsum([t, t, r + 1, r, r, r * w])
-        pos, slots, cu, seq, lens, table, rows = np.split(flat, cuts)
-        table = table.reshape(r, w)
-        block_rows = [table[i, : lens[i]] for i in range(r)]
+        cuts = np.cumsum([t, t, r + 1, r, r, r * w, s] + [r, r * w] * (h.num_tables - 1))
+        pos, slots, cu, seq, *tables = np.split(flat, cuts)
+        rows, extra = tables[2], tables[3:-1]
         if len(rows) != s:
             raise ValueError(f"step metadata: {len(rows)} sampling rows, the header says {s}")
-        return cls(pos, slots, cu, seq, block_rows, rows)
+        groups = [_unpadded(tables[0], tables[1], r, w)]
+        groups += [_unpadded(extra[k], extra[k + 1], r, w) for k in range(0, len(extra), 2)]
+        return cls(pos, slots, cu, seq, groups[0], rows, tuple(groups[1:]))
+
+
+def _padded(rows: list[np.ndarray], width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(each row's length, the rows as one zero-padded `[R, width]` table, flattened)."""
+    table = np.zeros((len(rows), width), np.int32)
+    for i, row in enumerate(rows):
+        table[i, : len(row)] = row
+    return np.fromiter((len(row) for row in rows), np.int32, len(rows)), table.ravel()
+
+
+def _unpadded(lens: np.ndarray, flat: np.ndarray, r: int, w: int) -> list[np.ndarray]:
+    table = flat.reshape(r, w)
+    return [table[i, : lens[i]] for i in range(r)]
 
 
 def pack_payload(meta_flat: np.ndarray | None, hidden: mx.array | None) -> mx.array | None:
@@ -135,7 +156,7 @@ def recv_payload(header: Header, src: int, group: mx.distributed.Group) -> mx.ar
 
 def meta_bytes(header: Header) -> int:
     t, r, s, w = header.num_tokens, header.num_requests, header.num_rows, header.table_width
-    return 4 * (2 * t + (r + 1) + 2 * r + r * w + s)
+    return 4 * (2 * t + (r + 1) + r + header.num_tables * (r + r * w) + s)
 
 
 def split_payload(payload: mx.array | None, header: Header, with_meta: bool) -> tuple[np.ndarray | None, mx.array]:

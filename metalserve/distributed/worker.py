@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
-from metalserve.distributed.setup import RankSetup
+from metalserve.distributed.setup import RankSetup, stage_spec
 from metalserve.distributed.stage import Stage
 from metalserve.distributed.wire import (
     Header,
@@ -66,7 +66,7 @@ class Worker:
         meta = StepMeta.decode(flat, header)
         self.stage.ensure_blocks(header.num_kv_blocks)
         t1 = time.perf_counter()
-        out = self.stage.forward(as_hidden(raw, header.num_tokens, self.dtype), meta.step_inputs())
+        out = self.stage.forward(as_hidden(raw, header.num_tokens, self.dtype), meta)
         if self.last:
             rows = out[mx.array(meta.logits_indices)] if header.num_rows else None
             mx.eval([rows] if rows is not None else [], self.stage.pools())
@@ -86,10 +86,10 @@ class Worker:
 def run_worker(
     setup: RankSetup, group: mx.distributed.Group, block_size: int, storage: KVCacheDtype = KVCacheDtype.AUTO
 ) -> None:
-    from metalserve.executor.models.families import kv_cache_spec, kv_shape
-
-    spec = kv_cache_spec(setup.loaded, block_size, storage, setup.initial_blocks)
-    worker = Worker(Stage(setup.model, spec, setup.backend), group, kv_shape(setup.loaded).dtype)
+    spec = stage_spec(setup.model, block_size, storage, setup.initial_blocks)
+    worker = Worker(
+        Stage(setup.model, spec, setup.backend), group, setup.model.family.activation_dtype(setup.model.model)
+    )
     logger.info("pipeline rank %d ready: layers %d-%d", setup.rank, setup.layers.start, setup.layers.stop - 1)
     try:
         worker.serve()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 
 import mlx.core as mx
 
@@ -79,7 +80,7 @@ class EngineCore:
     def add_request(self, request: Request) -> None:
         if request.mm_inputs and self.runner.encoder_outputs is None:
             raise ValueError("this model takes no images")
-        if request.lora is not None and request.lora not in self.lora_requests().values():
+        if request.lora is not None and replace(request.lora, scale=1.0) not in self.lora_requests().values():
             raise ValueError(f"LoRA adapter {request.lora.name!r} is not loaded")
         if request.sampling_params.pooling is not None and not self.runner.pooling_model:
             # A pooling model's steps pack both kinds (the APIs send it pooling requests only).

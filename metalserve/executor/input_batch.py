@@ -25,6 +25,7 @@ class CachedRequestState:
     # M-RoPE models: the prompt's positions [3, num_prompt_tokens] and the delta later tokens add to their index.
     mrope: tuple[np.ndarray, int] | None = None
     lora_slot: int = -1  # its LoRA adapter's slot in the model (lora/layers.py: LoraSlots); -1: the base model
+    lora_scale: float = 1.0  # the request's multiplier of its adapter's delta (its `lora_scale`)
 
     @property
     def wants_pooling(self) -> bool:

@@ -154,6 +154,7 @@ class ModelRunner:
                 mm_inputs=new.mm_inputs,
                 mrope=self._mrope_table(new.num_prompt_tokens, new.mm_inputs),
                 lora_slot=self._lora_slot(new.lora.name) if new.lora is not None else -1,
+                lora_scale=new.lora.scale if new.lora is not None else 1.0,
             )
         for cached in so.scheduled_cached_reqs:
             self.block_tables.append(cached.request_id, cached.new_block_ids)
@@ -205,9 +206,10 @@ class ModelRunner:
     def _context(self, step: StepInputs) -> ForwardContext:
         groups = [self._group_step(step, g) for g in self.block_tables.attention_groups]
         states = self.states.plan(step) if self.states is not None else None
-        lora = (
-            lora_step([self.requests[r].lora_slot for r in step.request_ids], step.cu_seqlens_q) if self.lora else None
-        )
+        lora = None
+        if self.lora is not None:
+            reqs = [self.requests[r] for r in step.request_ids]
+            lora = lora_step([r.lora_slot for r in reqs], [r.lora_scale for r in reqs], step.cu_seqlens_q)
         return ForwardContext(self._positions(step), self.backend, self.kv, groups, states, self._images(step), lora)
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:

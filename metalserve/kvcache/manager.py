@@ -204,7 +204,9 @@ class KVCacheManager:
             parent = hashes[-1] if hashes else None
             tokens = request.token_ids_between(i * bs, (i + 1) * bs)
             images = request.mm_hashes_between(i * bs, (i + 1) * bs)  # an image's pixels key its blocks
-            adapter = request.lora.key if request.lora is not None else None  # a LoRA adapter keys every block
+            adapter = (
+                request.lora.cache_key if request.lora is not None else None
+            )  # an adapter (and scale) keys every block
             extra = block_extra_keys(i, request.cache_salt, adapter, mm_hashes=images)
             hashes.append(hash_block_tokens(parent, tokens, extra, self.hash_algorithm))
         return hashes

@@ -173,8 +173,12 @@ def stage_blocks_fit(config: EngineConfig, per_block: int, memory: MachineMemory
     return max(0, (limit - memory.held - step_bytes) // per_block)
 
 
-def plan_stage_pool(config: EngineConfig, blocks_fit: Sequence[int], max_model_len: int) -> KVPoolPlan:
-    """Pipeline stages share block ids: the pool is the smallest any stage can hold, capped as always."""
-    cap = pool_block_cap(config.max_num_seqs, max_model_len, config.block_size)
+def plan_stage_pool(
+    config: EngineConfig, blocks_fit: Sequence[int], max_model_len: int, groups: Sequence[LayerGroupSpec] = ()
+) -> KVPoolPlan:
+    """Pipeline stages share block ids: the pool is the smallest any stage can hold, capped as always
+    (`groups`: the whole model's layer groups, in each of which a request holds blocks; () counts one)."""
+    per_request = blocks_for_request(groups, max_model_len, config.block_size) if groups else None
+    cap = pool_block_cap(config.max_num_seqs, max_model_len, config.block_size, per_request)
     num_blocks = min(min(blocks_fit), cap)
     return KVPoolPlan(num_blocks, min(num_blocks, INITIAL_POOL_BLOCKS))

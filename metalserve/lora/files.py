@@ -111,6 +111,8 @@ def _peft_modules(
     scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
     stripped = {k.removeprefix(_PEFT_PREFIX): v for k, v in weights.items()}
     pairs = _pairs(name, stripped, ".lora_A.weight", ".lora_B.weight")
+    if any(a.ndim != 2 for a, _ in pairs.values()):
+        raise AdapterError(f"LoRA adapter {name!r}: PEFT adapters on MoE experts are not served (mlx-lm's are)")
     # PEFT stores torch's Linear layout: A [r, in], B [out, r].
     return rank, {path: _checked(name, path, a.T, b.T, rank, scale) for path, (a, b) in pairs.items()}
 
@@ -131,8 +133,9 @@ def _pairs(
 
 
 def _checked(name: str, path: str, a: mx.array, b: mx.array, rank: int, scale: float) -> tuple[mx.array, mx.array]:
-    if a.ndim == 3:  # mlx-lm's LoRASwitchLinear: one A/B per expert
-        raise AdapterError(f"LoRA adapter {name!r}: {path} adapts MoE experts, which are not served yet")
+    if a.ndim == 3 and b.ndim == 3 and a.shape[1] == rank and b.shape[2] == rank:
+        # mlx-lm's LoRASwitchLinear, one A and B per expert: A [E, r, in], B [E, out, r] -> [E, in, r], [E, r, out].
+        return a.swapaxes(1, 2), b.swapaxes(1, 2) * scale
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != rank or b.shape[0] != rank:
         raise AdapterError(
             f"LoRA adapter {name!r}: {path} has A {tuple(a.shape)} and B {tuple(b.shape)}, not rank {rank}"

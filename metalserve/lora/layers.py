@@ -10,8 +10,9 @@ mixes. Tokens under no adapter are not among the rows: a base-only step pays one
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -19,6 +20,7 @@ import numpy as np
 from mlx.utils import tree_unflatten
 
 from metalserve.executor.context import current_context
+from metalserve.kernels.cpu.decoder_weights import HostLoraStep
 from metalserve.loader.codes_linear import CodesLinear
 from metalserve.lora.files import AdapterError, AdapterWeights
 
@@ -29,10 +31,15 @@ DELTA_DTYPE = mx.float32  # the adapters' arithmetic (lora/files.py reads them a
 
 @dataclass(frozen=True)
 class LoraStep:
-    """The step's tokens that run under an adapter: their packed rows, sorted by slot, and each one's slot."""
+    """The step's tokens that run under an adapter: their packed rows, sorted by slot, each one's slot and
+    scale (the request's `lora_scale`), as MLX arrays and as the host decoder's NumPy arrays."""
 
     rows: mx.array  # [n] int32
     slots: mx.array  # [n] uint32
+    scales: mx.array  # [n, 1] float32
+    host: HostLoraStep
+    token_slots: mx.array  # [T] uint32 over every packed token (0 for base tokens; MoE experts read these)
+    token_scales: mx.array  # [T] float32 (0 for base tokens: their expert delta is multiplied away)
 
 
 class LoraLinear(nn.Module):
@@ -63,6 +70,9 @@ class LoraLinear(nn.Module):
             self.lora_a[slot, :, :rank] = a
             self.lora_b[slot, :rank, :] = b
 
+    def arrays(self) -> list[mx.array]:
+        return [self.lora_a, self.lora_b]
+
     def __call__(self, x: mx.array) -> mx.array:
         y = self.base(x)
         step: LoraStep | None = current_context().lora
@@ -71,7 +81,7 @@ class LoraLinear(nn.Module):
         # x is [1, T, in] (the packed axis behind a batch of one); rows [n] -> [n, 1, in].
         rows = x[0, step.rows][:, None, :].astype(DELTA_DTYPE)
         low = mx.gather_mm(rows, self.lora_a, rhs_indices=step.slots, sorted_indices=True)
-        delta = mx.gather_mm(low, self.lora_b, rhs_indices=step.slots, sorted_indices=True)[:, 0, :]
+        delta = mx.gather_mm(low, self.lora_b, rhs_indices=step.slots, sorted_indices=True)[:, 0, :] * step.scales
         return y.at[:, step.rows].add(delta.astype(y.dtype)[None])
 
 
@@ -88,11 +98,28 @@ def install_lora_layers(model: nn.Module, max_loras: int, max_rank: int) -> dict
     return wrapped
 
 
-class LoraSlots:
-    """The adapters loaded into a model's LoraLinear layers: name -> slot, at most `max_loras` at once."""
+class AdapterTarget(Protocol):
+    """A linear layer an adapter names by its mlx-lm path: a LoraLinear, or a part of a fused projection
+    on the CPU fast path (lora/fused.py: LoraPart)."""
 
-    def __init__(self, layers: dict[str, LoraLinear], max_loras: int, max_rank: int) -> None:
+    in_out: tuple[int, int]
+
+    def set_slot(self, slot: int, delta: tuple[mx.array, mx.array] | None) -> None: ...
+
+    def arrays(self) -> list[mx.array]: ...
+
+
+class LoraSlots:
+    """The adapters loaded into a model's adapter targets: name -> slot, at most `max_loras` at once.
+
+    `detached_bytes`: slot memory that is no module's parameter (the fast path's stacks), which the
+    engine adds to the weights' bytes itself."""
+
+    def __init__(
+        self, layers: Mapping[str, AdapterTarget], max_loras: int, max_rank: int, detached_bytes: int = 0
+    ) -> None:
         self.layers = layers
+        self.detached_bytes = detached_bytes
         self.max_loras = max_loras
         self.max_rank = max_rank
         self.slots: dict[str, int] = {}  # adapter name -> slot
@@ -110,9 +137,14 @@ class LoraSlots:
             layer = self.layers.get(path)
             if layer is None:
                 raise AdapterError(f"LoRA adapter {adapter.name!r} targets {path}, not a linear layer of this model")
-            if (a.shape[0], b.shape[1]) != layer.in_out:
+            experts = getattr(layer, "experts", 0)  # MoE experts (lora/experts.py): A [E, in, r]
+            if (a.ndim == 3) != bool(experts) or (experts and a.shape[0] != experts):
+                has = f"{a.shape[0]} experts" if a.ndim == 3 else "one dense linear"
+                want = f"{experts} experts" if experts else "one dense linear"
+                raise AdapterError(f"LoRA adapter {adapter.name!r}: {path} adapts {has}, the model's layer has {want}")
+            if (a.shape[-2], b.shape[-1]) != layer.in_out:
                 raise AdapterError(
-                    f"LoRA adapter {adapter.name!r}: {path} maps {a.shape[0]} -> {b.shape[1]}, "
+                    f"LoRA adapter {adapter.name!r}: {path} maps {a.shape[-2]} -> {b.shape[-1]}, "
                     f"the model's layer {layer.in_out[0]} -> {layer.in_out[1]}"
                 )
         slot = min(set(range(self.max_loras)) - set(self.slots.values()))
@@ -129,24 +161,49 @@ class LoraSlots:
     def _fill(self, slot: int, adapter: AdapterWeights | None) -> None:
         for path, layer in self.layers.items():
             layer.set_slot(slot, adapter.modules.get(path) if adapter is not None else None)
-        mx.eval([x for layer in self.layers.values() for x in (layer.lora_a, layer.lora_b)])
+        mx.eval(list(self._arrays().values()))
+
+    def _arrays(self) -> dict[int, mx.array]:
+        return {id(x): x for layer in self.layers.values() for x in layer.arrays()}
 
     @property
     def nbytes(self) -> int:
         """The slots' bytes (allocated at start-up, whatever is loaded)."""
-        return sum(layer.lora_a.nbytes + layer.lora_b.nbytes for layer in self.layers.values())
+        return sum(int(x.nbytes) for x in self._arrays().values())
 
 
-def lora_step(slots: Sequence[int], cu_seqlens_q: np.ndarray) -> LoraStep | None:
+def lora_step(slots: Sequence[int], scales: Sequence[float], cu_seqlens_q: np.ndarray) -> LoraStep | None:
     """The packed rows of the adapters' tokens, sorted by slot: request i (slot `slots[i]`, -1 for the
-    base model) owns rows `[cu[i], cu[i+1])`. None when every request runs on the base model."""
-    by_slot: dict[int, list[np.ndarray]] = {}
+    base model; its scale `scales[i]`) owns rows `[cu[i], cu[i+1])`. None when every request runs on the
+    base model."""
+    by_slot: dict[int, list[int]] = {}
     for i, slot in enumerate(slots):
         if slot >= 0:
-            by_slot.setdefault(slot, []).append(np.arange(cu_seqlens_q[i], cu_seqlens_q[i + 1], dtype=np.int32))
+            by_slot.setdefault(slot, []).append(i)
     if not by_slot:
         return None
-    order = sorted(by_slot)
-    rows = [np.concatenate(by_slot[s]) for s in order]
-    slot_of_row = np.concatenate([np.full(len(r), s, dtype=np.uint32) for s, r in zip(order, rows, strict=True)])
-    return LoraStep(mx.array(np.concatenate(rows)), mx.array(slot_of_row))
+    total = int(cu_seqlens_q[-1])
+    token_slots = np.zeros(total, np.uint32)
+    token_scales = np.zeros(total, np.float32)
+    rows, row_scales, group_start, group_slot = [], [], [0], []
+    for slot in sorted(by_slot):
+        for i in by_slot[slot]:
+            lo, hi = int(cu_seqlens_q[i]), int(cu_seqlens_q[i + 1])
+            rows.append(np.arange(lo, hi, dtype=np.int64))
+            row_scales.append(np.full(hi - lo, scales[i], np.float32))
+            token_slots[lo:hi] = slot
+            token_scales[lo:hi] = scales[i]
+        group_start.append(sum(len(r) for r in rows))
+        group_slot.append(slot)
+    row = np.concatenate(rows)
+    scale = np.concatenate(row_scales)
+    slot_of_row = np.repeat(np.array(group_slot, np.uint32), np.diff(group_start))
+    host = HostLoraStep(row, scale, np.array(group_start, np.int64), np.array(group_slot, np.int64))
+    return LoraStep(
+        mx.array(row.astype(np.int32)),
+        mx.array(slot_of_row),
+        mx.array(scale[:, None]),
+        host,
+        mx.array(token_slots),
+        mx.array(token_scales),
+    )

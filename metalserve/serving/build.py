@@ -14,7 +14,7 @@ from metalserve.config import ConfigError, EngineConfig
 from metalserve.engine.core import EngineCore
 from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.select import select_attention
-from metalserve.executor.host import paged_model
+from metalserve.executor.host import host_compute_applies, paged_model
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.families import kv_cache_spec, load_model_for
 from metalserve.executor.runner import ModelRunner
@@ -22,6 +22,7 @@ from metalserve.executor.sampler import Sampler
 from metalserve.kvcache.plan import plan_kv_pool, pool_budget
 from metalserve.kvcache.specs import KVCacheSpec, LayerGroupSpec, RecurrentState
 from metalserve.loader import LoadedModel
+from metalserve.loader.codes_linear import CodesLinear
 from metalserve.loader.weights_mode import parameter_bytes
 from metalserve.lora.layers import LoraSlots
 from metalserve.platform import Platform, current_platform
@@ -29,7 +30,7 @@ from metalserve.pooling_params import PoolingModel
 from metalserve.serving.context_len import resolve_max_model_len
 from metalserve.serving.kv_disk import attach_disk_tier
 from metalserve.serving.kv_groups import build_scheduler
-from metalserve.serving.lora import prepare_lora
+from metalserve.serving.lora import prepare_fast_path_lora, prepare_lora
 from metalserve.serving.memory import machine_memory
 from metalserve.serving.parts import (
     async_scheduling_for,
@@ -66,7 +67,7 @@ def build_engine_core(config: EngineConfig, loaded: LoadedModel, draft: LoadedMo
     max_model_len = resolve_max_model_len(config, loaded.max_model_len, loaded.rope_scaled_len, warn=True)
     model, pooling, lora = _paged_model_for(config, loaded, platform)
     # This model's own parameters (MLX's active memory would count every model a server has loaded).
-    weight_bytes = parameter_bytes(loaded.model) + model.host_bytes()
+    weight_bytes = parameter_bytes(loaded.model) + model.host_bytes() + (lora.detached_bytes if lora else 0)
     storage = config.kv_cache_dtype
     try:
         spec = model.get_kv_cache_spec(model.family.page(loaded.model, storage), config.block_size)
@@ -129,28 +130,38 @@ def build_engine_core(config: EngineConfig, loaded: LoadedModel, draft: LoadedMo
 def _paged_model_for(
     config: EngineConfig, loaded: LoadedModel, platform: Platform
 ) -> tuple[PagedModel, PoolingModel | None, LoraSlots | None]:
-    """The paged model, with the pooling setup and LoRA slots it needs. Pooling and adapters run on the
-    all-MLX route: pooled rows need the hidden states, and the host (numba) path's fused layers have no
-    LoRA deltas."""
+    """The paged model, with the pooling setup and LoRA slots it needs. Pooling runs on the all-MLX route
+    (pooled rows need the hidden states); adapters run on the CPU fast path where the model takes it
+    (lora/fused.py), else on the MLX route (lora/layers.py)."""
     try:
         pooling = pooling_model_of(config, loaded.source, int(loaded.config.get("hidden_size", 0)))
         if pooling is not None:
             pooling = reranker_of(pooling, config.hf_overrides, loaded.tokenizer)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    lora = prepare_lora(config, loaded.model, loaded.model_type)
-    if pooling is not None and lora is not None:
+    if pooling is not None and config.enable_lora:
         raise ConfigError(
             "--enable-lora serves generating models; a pooling model (--runner pooling) takes no adapters"
         )
+    if pooling is None and config.enable_lora and _takes_host_decoder(loaded, platform):
+        model = paged_model(loaded, platform)
+        return model, None, prepare_fast_path_lora(config, model)
+    lora = prepare_lora(config, loaded.model, loaded.model_type)
     if pooling is None and lora is None:
         return paged_model(loaded, platform), None, None
     if pooling is not None:
         logger.info("pooling model: %s pooling%s", pooling.pooling_type, ", normalised" if pooling.normalize else "")
-    elif loaded.codes:
-        logger.info("--enable-lora: every request runs on the MLX route (the CPU fast path has no LoRA deltas)")
     loaded.codes.clear()
     return PagedModel(loaded.model, loaded.model_type), pooling, lora
+
+
+def _takes_host_decoder(loaded: LoadedModel, platform: Platform) -> bool:
+    """Whether the host compute will run this model's decoder in numba: it needs the projections' codes.
+    Without them LoRA takes the MLX route's own layers (separate q/k/v, each delta one gathered pair of
+    matmuls), which ran mixed steps faster than the fused stacks on MLX (bench/lora_bench.py)."""
+    if not host_compute_applies(platform, loaded.model_type):
+        return False
+    return bool(loaded.codes) or any(isinstance(m, CodesLinear) for _, m in loaded.model.named_modules())
 
 
 def _attention_for(

@@ -16,10 +16,9 @@ from metalserve.distributed.core import PipelineEngineCore
 from metalserve.distributed.handshake import StartupError
 from metalserve.distributed.launch import init_group, launched_externally, spawn_local_ranks
 from metalserve.distributed.rank0 import PipelineRunner
-from metalserve.distributed.setup import RankSetup, setup_rank
+from metalserve.distributed.setup import RankSetup, setup_rank, stage_spec
 from metalserve.distributed.watchdog import Watchdog
 from metalserve.distributed.worker import run_worker
-from metalserve.executor.models.families import kv_cache_spec
 from metalserve.executor.sampler import Sampler
 from metalserve.loader import LoadedModel, ModelLoadError
 from metalserve.serving.build import BUFFER_CACHE_FRACTION
@@ -68,7 +67,7 @@ def run_rank_in_group(config: EngineConfig, group: mx.distributed.Group) -> int:
 
 def build_core(config: EngineConfig, setup: RankSetup, group: mx.distributed.Group) -> PipelineEngineCore:
     loaded = setup.loaded
-    spec = kv_cache_spec(setup.loaded, config.block_size, config.kv_cache_dtype, setup.initial_blocks)
+    spec = stage_spec(setup.model, config.block_size, config.kv_cache_dtype, setup.initial_blocks)
     runner = PipelineRunner(
         setup.model,
         spec,

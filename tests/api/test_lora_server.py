@@ -4,6 +4,8 @@ a model in every API, its answers are the fused model's, the base model's stay t
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -141,3 +143,57 @@ def test_adapters_load_and_unload_at_run_time_behind_the_api_key(dirs: dict[str,
         assert httpx.post(f"{url}/v1/load_lora_adapter", json=second, headers=auth, timeout=30).status_code == 200
         reply = client.completions.create(model="chat", prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0)
         assert reply.model == "chat" and reply.choices[0].text == expected_text(dirs, "chat")
+
+
+def scaled_copy(folder: Path, to: Path, factor: float) -> Path:
+    """The adapter saved again at `factor` times its scale: mlx-lm's fused reference for a lora_scale."""
+    shutil.copytree(folder, to)
+    config = json.loads((to / "adapter_config.json").read_text())
+    config["lora_parameters"]["scale"] *= factor
+    (to / "adapter_config.json").write_text(json.dumps(config))
+    return to
+
+
+def test_a_request_scale_is_a_body_field_in_every_api(server: Served, dirs: dict[str, Path], tmp_path: Path) -> None:
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+
+    def complete(model: str, scale: float) -> str:
+        body = {"lora_scale": scale}
+        reply = client.completions.create(
+            model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0, extra_body=body
+        )
+        return str(reply.choices[0].text)
+
+    half = {**dirs, "half": scaled_copy(dirs["sql"], tmp_path / "half", 0.5)}
+    assert complete("sql", 0.5) == expected_text(half, "half") != expected_text(dirs, "sql")
+    assert complete("sql", 0.0) == expected_text(dirs, None)  # scale 0: the adapter off
+    assert complete("sql", 1.0) == expected_text(dirs, "sql")
+    hi = [{"role": "user", "content": "Hi"}]
+    base = client.chat.completions.create(model="tiny-base", messages=hi, max_tokens=8, temperature=0)  # type: ignore[arg-type]
+    off = {"lora_scale": 0.0}
+    chat = client.chat.completions.create(model="sql", messages=hi, max_tokens=8, temperature=0, extra_body=off)  # type: ignore[arg-type]
+    assert chat.choices[0].message.content == base.choices[0].message.content
+    response = client.responses.create(model="sql", input="Hi", max_output_tokens=8, temperature=0, extra_body=off)
+    assert response.output_text == base.choices[0].message.content
+    claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+    message = claude.messages.create(model="sql", max_tokens=8, messages=hi, extra_body={"temperature": 0, **off})  # type: ignore[arg-type]
+    assert message.content[0].text == base.choices[0].message.content  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("model", "scale", "message"),
+    [
+        ("sql", -0.5, "greater than or equal to 0"),
+        ("sql", 9, "less than or equal to 8"),
+        ("sql", "big", "valid number"),
+        ("tiny-base", 0.5, "lora_scale scales a LoRA adapter's delta; `model` names the base model"),
+    ],
+)
+def test_a_bad_request_scale_is_a_400_in_the_api_shape(server: Served, model: str, scale: object, message: str) -> None:
+    body = {"model": model, "prompt": "hi", "max_tokens": 2, "lora_scale": scale}
+    reply = httpx.post(f"{server.url}/v1/completions", json=body, timeout=30)
+    assert reply.status_code == 400 and message in reply.json()["error"]["message"], reply.text
+    claude = {"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}], "lora_scale": scale}
+    reply = httpx.post(f"{server.url}/v1/messages", json=claude, timeout=30)
+    assert reply.status_code == 400 and reply.json()["type"] == "error", reply.text
+    assert message in reply.json()["error"]["message"], reply.text

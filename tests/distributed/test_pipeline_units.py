@@ -62,6 +62,28 @@ def test_step_meta_round_trip() -> None:
     assert back.step_inputs().padded_block_tables().tolist() == [[3, 4, 5], [9, 0, 0]]
 
 
+def test_step_meta_carries_every_layer_groups_tables() -> None:
+    """Group 0's rows, then each other group's (a sliding window's, a recurrent state's), each padded to
+    the widest row of any group; the header says how many tables each request has."""
+    rows = [np.array([3, 4]), np.array([9])]
+    others = ([np.array([7, 8, 11]), np.array([12])], [np.array([20]), np.array([21, 22])])
+    meta = StepMeta(
+        np.arange(3, dtype=np.int32),
+        np.arange(3, dtype=np.int32),
+        np.array([0, 1, 3], np.int32),
+        np.array([9, 4], np.int32),
+        rows,
+        np.array([0, 2], np.int32),
+        others,
+    )
+    flat, width = meta.encode()
+    header = Header(Kind.STEP, 3, 2, 2, width, 64, 7, 0, 3)
+    assert width == 3 and flat.nbytes == meta_bytes(header)
+    back = StepMeta.decode(flat, header)
+    assert [[r.tolist() for r in g] for g in back.tables()] == [[[3, 4], [9]], [[7, 8, 11], [12]], [[20], [21, 22]]]
+    assert back.logits_indices.tolist() == [0, 2]
+
+
 def test_payload_carries_meta_then_activations() -> None:
     import mlx.core as mx
 

@@ -39,10 +39,9 @@ def _stage(layers: range, first: bool, blocks: int, storage: KVCacheDtype = "aut
 
 
 def _two_stage_logits(first: Stage, second: Stage, tokens: list[int], meta: StepMeta) -> mx.array:
-    step = meta.step_inputs()
-    with forward_context(first.context(step)):
+    with forward_context(first.context(meta)):
         h = run_layers(first.model, first.model.backbone.embed_tokens(mx.array(tokens)[None])[0])
-    out = second.forward(h, step)[mx.array(meta.logits_indices)]
+    out = second.forward(h, meta)[mx.array(meta.logits_indices)]
     return first.model.mlx_logits(first.model.backbone.norm(out))
 
 

@@ -14,12 +14,20 @@ from tests.models.archs import build
 
 
 def write_tiny_dir(
-    path: Path, model_type: str = "llama", seed: int = 0, layers: int = 4, quantize_bits: int | None = None
+    path: Path,
+    model_type: str = "llama",
+    seed: int = 0,
+    layers: int = 4,
+    quantize_bits: int | None = None,
+    model: nn.Module | None = None,
 ) -> Path:
-    """`quantize_bits`: store the weights quantized (affine, groups of 32), as mlx-community checkpoints are."""
+    """`quantize_bits`: store the weights quantized (affine, groups of 32), as mlx-community checkpoints are;
+    `model`: one already built (e.g. with a config of several layer groups), else one of `model_type`."""
     vocab = len(vocab_tokens())
     overrides = dict(num_hidden_layers=layers, vocab_size=vocab, eos_token_id=2)
-    if model_type in ("llama", "mistral", "qwen2", "qwen3"):
+    if model is not None:
+        pass
+    elif model_type in ("llama", "mistral", "qwen2", "qwen3"):
         model = tiny_model(model_type, seed=seed, **overrides)
     else:  # the other covered architectures' tiny configs (tests/models/archs.py)
         model = build(model_type, seed=seed, **overrides)

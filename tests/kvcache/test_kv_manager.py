@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from metalserve.kvcache.manager import KVCacheManager
@@ -173,3 +175,6 @@ def test_blocks_computed_under_one_lora_adapter_serve_only_that_adapter() -> Non
     kv.free(base)
     assert kv.get_computed_blocks(under("base2", None)).block_ids == ([4, 5],)
     assert kv.get_computed_blocks(under("sql2", sql)).block_ids == ([1, 2],)
+    # The same adapter at another per-request scale computes other K/V: no hit either.
+    assert kv.get_computed_blocks(under("sql-half", replace(sql, scale=0.5))).block_ids == ([],)
+    assert kv.get_computed_blocks(under("sql-one", replace(sql, scale=1.0))).block_ids == ([1, 2],)

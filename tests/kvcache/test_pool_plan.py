@@ -17,7 +17,7 @@ from metalserve.kvcache.plan import (
     stage_blocks_fit,
     stage_step_bytes,
 )
-from metalserve.kvcache.specs import KVCacheSpec, RecurrentState
+from metalserve.kvcache.specs import FullAttention, KVCacheSpec, RecurrentState, SlidingWindow
 
 GIB, MIB = 1 << 30, 1 << 20
 SMOL = KVCacheSpec.uniform(30, 3, 64, "float16", 2, 16)  # SmolLM2-135M: 368,640 bytes a block
@@ -74,3 +74,7 @@ def test_pipeline_stages_take_the_smallest_stage_and_the_cap() -> None:
     assert stage_blocks_fit(given, MIB, None, step) == 100
     assert tuple(plan_stage_pool(config, [3000, 2000], 1024)) == (4 * 64 + 1, 256)  # 256: the initial pool
     assert tuple(plan_stage_pool(config, [3000, 200], 1024)) == (200, 200)
+    # A model of several layer groups (the whole model's, every stage keeps them): a request holds blocks
+    # in each, a recurrent state at most two.
+    groups = (FullAttention(), SlidingWindow(16), RecurrentState())
+    assert plan_stage_pool(config, [3000, 2000], 1024, groups).num_blocks == 4 * (64 + 64 + 2) + 1

@@ -79,13 +79,22 @@ def test_full_weights_in_an_adapter_file_are_refused(tmp_path: Path) -> None:
         read_adapter("m", folder, 16)
 
 
-def test_an_adapter_on_moe_experts_is_refused_at_start_up(tmp_path: Path) -> None:
-    folder = make_mlx_lm_adapter(tmp_path / "m", "qwen3_moe", keys=["mlp.switch_mlp.gate_proj"])
-    config = EngineConfig(kv_cache_memory=1 << 22, enable_lora=True, lora_modules=(("experts", str(folder)),))
+def test_an_expert_adapter_of_another_expert_count_or_on_a_dense_layer_is_refused(tmp_path: Path) -> None:
+    keys = ["mlp.switch_mlp.gate_proj"]
+    other = make_mlx_lm_adapter(tmp_path / "m", "qwen3_moe", keys=keys, num_experts=8)  # the model has 4
+    config = EngineConfig(kv_cache_memory=1 << 22, enable_lora=True, lora_modules=(("experts", str(other)),))
     with pytest.raises(
         ConfigError,
-        match="'experts': model.layers.0.mlp.switch_mlp.gate_proj adapts MoE experts, which are not served yet",
+        match="'experts': model.layers.0.mlp.switch_mlp.gate_proj adapts 8 experts, the model's layer has 4 experts",
     ):
+        build_engine_core(config, loaded_of("qwen3_moe"))
+    dense = make_mlx_lm_adapter(tmp_path / "d", "qwen3_moe", keys=["self_attn.q_proj"])
+    weights = mx.load(str(dense / "adapters.safetensors"))
+    # The same weights stacked as if q_proj had 4 experts: a dense layer takes no expert adapter.
+    stacked = {k: mx.stack([v.T] * 4) for k, v in weights.items()}  # type: ignore[union-attr]
+    mx.save_safetensors(str(dense / "adapters.safetensors"), stacked)
+    config = EngineConfig(kv_cache_memory=1 << 22, enable_lora=True, lora_modules=(("d", str(dense)),))
+    with pytest.raises(ConfigError, match="q_proj adapts 4 experts, the model's layer has one dense linear"):
         build_engine_core(config, loaded_of("qwen3_moe"))
 
 

@@ -3,6 +3,7 @@ gives with each adapter fused into the weights (tokens equal, logprobs within fl
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -21,6 +22,7 @@ from tests.executor.test_runner_golden import prompts_of
 from tests.lora.tiny_adapters import ALL_KEYS, as_peft, fused_model, loaded_of, make_mlx_lm_adapter
 
 NUM_TOKENS = 8
+MOE_BLOCKS = {"qwen3_moe": "mlp", "mixtral": "block_sparse_moe"}  # where each MoE family keeps its experts
 LOGPROB_TOLERANCE = 1e-3
 
 
@@ -55,13 +57,20 @@ def run(
 def adapters(tmp_path: Path, model_type: str) -> dict[str, Path]:
     """Three adapters: attention-only (mlx-lm), attention + MLP down projection (mlx-lm), and the first
     one's weights saved as PEFT saves them, with another scale."""
-    keys = ALL_KEYS if model_type != "qwen3_moe" else ALL_KEYS[:4]  # MoE experts are not adapted
+    keys = ALL_KEYS
+    if model_type in MOE_BLOCKS:  # the router and every expert's gate, up and down (mlx-lm's LoRASwitchLinear)
+        block = MOE_BLOCKS[model_type]
+        keys = [
+            *ALL_KEYS[:4],
+            f"{block}.gate",
+            *(f"{block}.switch_mlp.{p}" for p in ("gate_proj", "up_proj", "down_proj")),
+        ]
     first = make_mlx_lm_adapter(tmp_path / "a", model_type, seed=1, rank=4, scale=2.0)
     second = make_mlx_lm_adapter(tmp_path / "b", model_type, seed=2, rank=8, scale=1.0, keys=keys)
     return {"a": first, "b": second, "c": as_peft(first, tmp_path / "c", alpha=4 * 3.0)}
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "qwen3_moe", "mixtral"])
 def test_a_batch_mixing_three_adapters_and_the_base_equals_the_fused_models(tmp_path: Path, model_type: str) -> None:
     paths = adapters(tmp_path, model_type)
     prompts = prompts_of([13, 21, 9, 30], 256, seed=7)
@@ -86,6 +95,8 @@ def test_a_batch_mixing_three_adapters_and_the_base_equals_the_fused_models(tmp_
     for rid, (tokens, logprobs) in expected.items():
         assert got[rid][0] == tokens, rid
         assert max(abs(a - b) for a, b in zip(got[rid][1], logprobs, strict=True)) < LOGPROB_TOLERANCE, rid
+    worst = max(abs(a - b) for rid, (_, lps) in expected.items() for a, b in zip(got[rid][1], lps, strict=True))
+    print(f"{model_type}: {len(expected)} requests, tokens equal, max |logprob delta| {worst:.1e}")  # the note's figure
     # The adapters do change the output (else the test would prove nothing).
     assert expected["a0"][0] != expected["b0"][0] != expected["c0"][0]
 
@@ -173,3 +184,30 @@ def test_a_gguf_kept_in_its_codes_takes_adapters_as_its_fp32_twin_does(tmp_path:
         assert codes[rid][0] == tokens, rid
         assert max(abs(a - b) for a, b in zip(codes[rid][1], logprobs, strict=True)) < LOGPROB_TOLERANCE, rid
     assert fp32["a0"][0] != fp32["base0"][0]  # the adapter changes the answer
+
+
+def test_a_request_scale_multiplies_the_adapter_delta_in_a_mixed_batch(tmp_path: Path) -> None:
+    """lora_scale s over an adapter of scale 2 answers as mlx-lm's model fused at scale 2 s; scale 0 as the
+    base model; requests at several scales of one adapter share a step."""
+    path = make_mlx_lm_adapter(tmp_path / "a", seed=1, rank=4, scale=2.0, keys=ALL_KEYS)
+    loaded = loaded_of("llama")
+    prompts = prompts_of([13, 21], 256, seed=8)
+    fused = {
+        s: fused_model(make_mlx_lm_adapter(tmp_path / f"a{s}", seed=1, rank=4, scale=2.0 * s, keys=ALL_KEYS))
+        for s in (0.5, 1.5)
+    }
+    expected = {f"0/{i}": reference(loaded.model, prompt, NUM_TOKENS) for i, prompt in enumerate(prompts)}
+    config = EngineConfig(kv_cache_memory=1 << 23, block_size=8, enable_lora=True, lora_modules=(("a", str(path)),))
+    core = build_engine_core(config, loaded)
+    lora = core.lora_requests()["a"]
+    jobs: dict[str, tuple[list[int], LoraRequest | None]] = {}
+    for i, prompt in enumerate(prompts):
+        for s, model in fused.items():
+            jobs[f"{s}/{i}"] = (prompt, replace(lora, scale=s))
+            expected[f"{s}/{i}"] = reference(model, prompt, NUM_TOKENS)
+        jobs[f"0/{i}"] = (prompt, replace(lora, scale=0.0))
+    got = run(core, jobs)
+    for rid, (tokens, logprobs) in expected.items():
+        assert got[rid][0] == tokens, rid
+        assert max(abs(a - b) for a, b in zip(got[rid][1], logprobs, strict=True)) < LOGPROB_TOLERANCE, rid
+    assert expected["0.5/0"][0] != expected["1.5/0"][0] != expected["0/0"][0]

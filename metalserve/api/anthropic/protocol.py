@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from metalserve.lora.request import MAX_LORA_SCALE
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -146,3 +148,5 @@ class MessagesRequest(CountTokensRequest):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: StrictInt | None = Field(default=None, ge=0)
     metadata: Metadata | None = None
+    # llama.cpp's per-request LoRA scale, for a `model` that names an adapter (docs/lora.md)
+    lora_scale: float | None = Field(default=None, ge=0.0, le=MAX_LORA_SCALE, allow_inf_nan=False)

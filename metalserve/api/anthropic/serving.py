@@ -35,5 +35,5 @@ class MessagesServing:
 
     async def count_tokens(self, req: CountTokensRequest) -> dict[str, Any]:
         chat_req = to_chat(req, reasoning=self.chat.reasoning_parser is not None)
-        self.chat.ctx.check_model(chat_req.model)
+        self.chat.ctx.check_model(chat_req.model, chat_req.lora_scale)
         return {"input_tokens": len((await self.chat.render_off_loop(chat_req)).token_ids)}

@@ -48,6 +48,7 @@ def to_chat(req: CountTokensRequest, *, reasoning: bool) -> ChatCompletionReques
             top_p=req.top_p,
             top_k=req.top_k,
             user=req.metadata.user_id if req.metadata else None,
+            lora_scale=req.lora_scale,
         )
     try:
         return ChatCompletionRequest(**fields)

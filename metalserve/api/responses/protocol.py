@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, StrictInt, Tag
 
+from metalserve.lora.request import MAX_LORA_SCALE
+
 # OpenAI's limits on `metadata`: 16 pairs, keys up to 64 characters, values up to 512.
 MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
 
@@ -169,6 +171,8 @@ class ResponsesRequest(_Strict):
     stream: bool = False
     metadata: Metadata | None = None
     user: str | None = None
+    # llama.cpp's per-request LoRA scale, for a `model` that names an adapter (docs/lora.md)
+    lora_scale: float | None = Field(default=None, ge=0.0, le=MAX_LORA_SCALE, allow_inf_nan=False)
     # Reasoning always comes back in plain text (content), which serves what encrypted_content is for.
     include: list[Literal["reasoning.encrypted_content"]] | None = None
     truncation: Literal["disabled"] | None = None

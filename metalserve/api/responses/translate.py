@@ -45,6 +45,7 @@ def to_chat(req: ResponsesRequest, items: list[dict[str, Any]], *, reasoning: bo
         "top_p": req.top_p,
         "user": req.user,
         "stream": req.stream,
+        "lora_scale": req.lora_scale,
     }
     functions = [t for t, _ in flat_tools(req) if not t.defer_loading]
     if functions:

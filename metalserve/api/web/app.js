@@ -59,7 +59,9 @@ function showModels(list) {
   for (const m of models) {
     const option = document.createElement("option");
     option.value = m.id;
-    option.textContent = m.id + (m.state ? "  (" + m.state + ")" : "");
+    // A LoRA adapter is listed with its base model (`parent`, as vLLM lists it); it runs on that model.
+    const kind = m.parent ? "LoRA on " + m.parent + (m.state ? ", " + m.state : "") : m.state;
+    option.textContent = m.id + (kind ? "  (" + kind + ")" : "");
     select.appendChild(option);
   }
   if (models.some((m) => m.id === chosen)) select.value = chosen;
@@ -74,7 +76,9 @@ function showModelState() {
   const aliases = m.aliases && m.aliases.length ? "aliases: " + m.aliases.join(", ") + " · " : "";
   const context = m.max_model_len ? "context " + m.max_model_len + " tokens · " : "";
   const state = m.state === "unloaded" ? "unloaded (it loads on the first message)" : (m.state || "");
-  $("model-state").textContent = aliases + context + state;
+  const adapter = m.parent ? "LoRA adapter on " + m.parent + " · " : "";
+  $("model-state").textContent = adapter + aliases + context + state;
+  $("lora-scale-label").hidden = !m.parent;  // the scale is an adapter's (lora_scale); the base has none
 }
 
 $("model-select").addEventListener("change", () => {
@@ -154,6 +158,15 @@ function readSettings() {
     if (!Number.isInteger(n) || n < 1) problems.push("Max tokens must be a whole number of at least 1 (or empty for the default).");
     else if (model && model.max_model_len && n >= model.max_model_len) problems.push("Max tokens must be below the model's context of " + model.max_model_len + " tokens.");
     else body.max_tokens = n;
+  }
+  const scale = $("lora-scale");
+  if (model && model.parent) {  // an adapter: its strength (docs/lora.md: lora_scale, 0 to 8)
+    if (scale.validity.badInput) problems.push("Adapter scale is not a number.");
+    else if (scale.value.trim() !== "") {
+      const s = Number(scale.value);
+      if (!(s >= 0 && s <= 8)) problems.push("Adapter scale must be between 0 and 8.");
+      else body.lora_scale = s;
+    }
   }
   if (!$("model-select").value) problems.push("No model to send to: " + (modelsProblem || "the server lists none."));
   $("settings-error").textContent = problems.join(" ");

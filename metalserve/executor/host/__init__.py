@@ -20,12 +20,17 @@ if TYPE_CHECKING:
     from metalserve.loader import LoadedModel
 
 
+def host_compute_applies(platform: Platform, model_type: str) -> bool:
+    """Whether `choose_compute` picks the host compute for this model type on this platform."""
+    return platform.host_compute and model_family(model_type).host_path
+
+
 def choose_compute(platform: Platform, codes: Mapping[str, PackedCodes], model_type: str) -> ModelCompute:
     """Host compute where MLX runs on the CPU, numba is installed and the family may take the host path
     (families.py: the dense llama family), else everything in MLX.
 
     `codes`: the stored codes the loader kept, by module path (see LoadedModel.codes)."""
-    if not platform.host_compute or not model_family(model_type).host_path:
+    if not host_compute_applies(platform, model_type):
         return MlxCompute()
     from metalserve.executor.host.compute import HostCompute
 

@@ -26,7 +26,7 @@ from metalserve.executor.context import ForwardContext
 from metalserve.executor.host.linear import HostLinear
 from metalserve.executor.host.mlp import HostSwiGLUMLP
 from metalserve.executor.models.paged_attention import PagedAttention
-from metalserve.kernels.cpu.decoder_weights import DecoderShape, DecoderWeights
+from metalserve.kernels.cpu.decoder_weights import NO_HOST_LORA, DecoderLora, DecoderShape, DecoderWeights, no_lora
 from metalserve.loader.codes_linear import CodesEmbedding, CodesLinear
 
 if TYPE_CHECKING:
@@ -205,6 +205,7 @@ class HostForward:
         self.shape = shape
         self.final_norm = final_norm
         self.codes_only = codes_only
+        self.lora: DecoderLora = no_lora()  # the adapter slots (lora/fused.py installs them, --enable-lora)
 
     @staticmethod
     def build(backbone: nn.Module) -> HostForward | None:
@@ -242,5 +243,6 @@ class HostForward:
         from metalserve.kernels.cpu.decoder import decoder_layers
 
         pools = tuple(kv.host for kv in ctx.kv)
-        h = decoder_layers(self.embed(token_ids), self.weights, self.shape, pools, ctx.metadata)
+        step = ctx.lora.host if ctx.lora is not None else NO_HOST_LORA
+        h = decoder_layers(self.embed(token_ids), self.weights, self.shape, pools, ctx.metadata, self.lora, step)
         return self.final_norm(h)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 import mlx.core as mx
@@ -14,6 +15,7 @@ from metalserve.executor.models.attention_traits import all_traits
 from metalserve.executor.models.compute import MlxCompute
 from metalserve.executor.models.families import ModelFamily, model_family
 from metalserve.executor.models.hybrid import install_hybrid
+from metalserve.executor.models.kv_layout import KVLayout
 from metalserve.executor.models.mla import PagedMLA, is_mla_attention
 from metalserve.executor.models.mrope_attention import PagedMRoPEAttention
 from metalserve.executor.models.paged_attention import PagedAttention
@@ -51,27 +53,39 @@ class ModelCompute(Protocol):
 class PagedModel:
     """An mlx-lm causal LM whose attention layers read and write the paged KV pools."""
 
-    def __init__(self, model: nn.Module, model_type: str, compute: ModelCompute = ALL_MLX) -> None:
-        """`compute`: how the rest of the model runs (models/compute.py, executor/host/); all MLX by default."""
+    def __init__(
+        self,
+        model: nn.Module,
+        model_type: str,
+        compute: ModelCompute = ALL_MLX,
+        *,
+        kv_layout: KVLayout | None = None,
+        state_groups: tuple[RecurrentState, ...] | None = None,
+    ) -> None:
+        """`compute`: how the rest of the model runs (models/compute.py, executor/host/); all MLX by default.
+        `kv_layout`, `state_groups`: a pipeline stage's (distributed/stage.py): the whole model's groups
+        over this slice's tensors, and its state groups, whose slot bytes become this slice's; None: the
+        model's own."""
         self.family = model_family(model_type)  # UnsupportedModelType (a ValueError) for other types
         self.model = model
         self.state_layout: StateLayout | None = None  # the recurrent layers' states, for hybrid models
         self.state_groups: tuple[RecurrentState, ...] = ()  # their layer group (kvcache/specs.py)
         if self.family.hybrid:
-            self._install_hybrid(model, model_type)
+            self._install_hybrid(model, model_type, kv_layout, state_groups)
         else:
-            self._install_attention(model, self.family)
+            self._install_attention(model, self.family, kv_layout)
         self.compute = compute
         compute.install(self)
         # Materialise the fused projections now, on this thread's stream, before any forward runs.
         mx.eval(model.parameters())
 
-    def _install_attention(self, model: nn.Module, family: ModelFamily) -> None:
+    def _install_attention(self, model: nn.Module, family: ModelFamily, layout: KVLayout | None) -> None:
         self.backbone = model.model
         layers = self.backbone.layers
         if any(isinstance(getattr(layer, "self_attn", None), PagedAttention | PagedMLA) for layer in layers):
             raise ValueError("this model already has paged attention installed")
-        self.kv_layout = family.kv_layout(model)  # read before the swap: ours keep mlx-lm's module as `inner`
+        # Read before the swap (ours keep mlx-lm's module as `inner`).
+        self.kv_layout = family.kv_layout(model) if layout is None else layout
         if family.mla:  # latent pages: one tensor per layer, group 0 (models/mla.py)
             for i, layer in enumerate(layers):
                 if not is_mla_attention(layer.self_attn):
@@ -91,13 +105,20 @@ class PagedModel:
         self.final_softcap = getattr(model, "final_logit_softcapping", None)
         self.logit_scale = getattr(model.args, "logit_scale", None)  # cohere2 multiplies the logits
 
-    def _install_hybrid(self, model: nn.Module, model_type: str) -> None:
+    def _install_hybrid(
+        self, model: nn.Module, model_type: str, layout: KVLayout | None, groups: tuple[RecurrentState, ...] | None
+    ) -> None:
+        if layout is None:
+            layout = self.family.kv_layout(model)
         parts = install_hybrid(model, model_type)
         self.backbone, self.embed, self.lm_head = parts.backbone, parts.embed, parts.lm_head
         self.tied = parts.lm_head is None
-        self.kv_layout = self.family.kv_layout(model)
+        self.kv_layout = layout
         self.state_layout = parts.state_layout
-        self.state_groups = self.family.state_groups(model, parts.state_layout)
+        if groups is None:
+            self.state_groups = self.family.state_groups(model, parts.state_layout)
+        else:
+            self.state_groups = tuple(replace(g, state_bytes=parts.state_layout.slot_bytes) for g in groups)
         self.logits_scaling = parts.logits_divisor if parts.logits_divisor != 1.0 else None
         self.final_softcap = self.logit_scale = None
 

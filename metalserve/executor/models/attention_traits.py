@@ -40,6 +40,16 @@ def _first(module: nn.Module, *names: str) -> object:
     raise ValueError(f"{type(module).__name__} has none of the attributes {names}: not a known attention module")
 
 
+# Set on the backbone of a pipeline stage's slice (distributed/stage.py keep_layers): the whole model's
+# index of its first kept layer. Per-model lists (`layer_types`, gemma4's `previous_kvs`) stay whole.
+FIRST_LAYER_ATTR = "pipeline_first_layer"
+
+
+def first_layer(model: nn.Module) -> int:
+    """The whole model's index of `model.model.layers[0]` (0 unless the model is a pipeline slice)."""
+    return int(getattr(model.model, FIRST_LAYER_ATTR, 0))
+
+
 def _layer_types(model: nn.Module) -> list[str] | None:
     backbone, args = model.model, model.args
     types = getattr(backbone, "layer_types", None) or getattr(args, "layer_types", None)
@@ -52,7 +62,7 @@ def _window(model: nn.Module, i: int, inner: nn.Module) -> int | None:
     types = _layer_types(model)
     flags = [getattr(inner, name, False) for name in ("is_sliding", "use_sliding_window", "is_local")]
     sliding = any(bool(f) for f in flags) or bool(getattr(layer, "use_sliding", False))
-    sliding = sliding or (types is not None and types[i] == "sliding_attention")
+    sliding = sliding or (types is not None and types[first_layer(model) + i] == "sliding_attention")
     if not sliding:
         return None
     window = getattr(model.args, "sliding_window", None) or getattr(model.model, "window_size", None)
@@ -85,7 +95,7 @@ def attention_traits(model: nn.Module, i: int) -> AttentionTraits:
         window=_window(model, i, inner),
         softcap=float(softcap) if softcap else None,
         has_sinks="sinks" in inner,
-        kv_source=int(sources[i]) if sources is not None else i,
+        kv_source=int(sources[first_layer(model) + i]) - first_layer(model) if sources is not None else i,
         position_scale=_position_scale(inner),
         rotary=bool(getattr(inner, "use_sliding_window", True)) and bool(getattr(inner, "use_rope", True)),
     )

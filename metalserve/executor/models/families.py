@@ -86,6 +86,12 @@ MROPE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl"})
 # attention honours it, and the scheduler never splits an image across prefill chunks.
 BIDIRECTIONAL_IMAGE_MODEL_TYPES = frozenset({"gemma3"})
 MLA_MODEL_TYPES = frozenset({"deepseek_v2", "deepseek_v3", "glm4_moe_lite"})
+# What mlx-lm's backbone does to the embedding before the first layer besides looking it up (granite's
+# `embedding_multiplier` is read off the backbone): sqrt(hidden), or that factor rounded to bfloat16 first.
+EMBEDDING_SCALES = {"gemma2": "sqrt", "gemma3_text": "sqrt-bf16"}
+# Families whose layers pipeline stages cannot run apart as mlx-lm's backbone would, and why (the vision
+# families too: images are not sent to the stages).
+NOT_SPLIT = {"gemma4_text": "its layers take per-layer inputs that the backbone computes from the token ids"}
 # HOST_MODEL_TYPES (metalserve/kernels/cpu/decoder_weights.py, where the loader reads it too): the dense
 # llama-family models whose blocks the host twins reproduce (executor/host/); every other family runs
 # mlx-lm's own modules on MLX.
@@ -117,6 +123,30 @@ class ModelFamily:
     vision: bool = False  # takes images: a vision tower beside the language model (mlx-vlm's classes)
     mrope: bool = False  # multimodal RoPE: three position rows per token (Qwen2-VL)
     bidirectional_images: bool = False  # an image's tokens attend to each other both ways (Gemma 3)
+    embedding_scale: str | None = None  # EMBEDDING_SCALES
+    not_split: str | None = None  # why pipeline stages cannot run it (None: they can)
+
+    def language_model(self, model: nn.Module) -> nn.Module:
+        """The module holding the backbone and the head (a wrapper's `language_model` for qwen3_5)."""
+        return self.hybrid.language_model(model) if self.hybrid else model
+
+    def backbone(self, model: nn.Module) -> nn.Module:
+        """The module holding the embedding, the decoder layers and the final norm."""
+        return getattr(self.language_model(model), self.hybrid.backbone_attr) if self.hybrid else model.model
+
+    @property
+    def embedding_attr(self) -> str:
+        return self.hybrid.embed_attr if self.hybrid else "embed_tokens"
+
+    def embed_inputs(self, embedded: mx.array, backbone: nn.Module) -> mx.array:
+        """The embedding's output as mlx-lm's backbone feeds it to the first layer (a pipeline's rank 0
+        runs its layers without the backbone's own call)."""
+        if self.embedding_scale == "sqrt":
+            return embedded * (backbone.args.hidden_size**0.5)
+        if self.embedding_scale == "sqrt-bf16":
+            return embedded * mx.array(backbone.args.hidden_size**0.5, mx.bfloat16).astype(embedded.dtype)
+        multiplier = getattr(backbone, "embedding_multiplier", None)  # the granite families
+        return embedded * multiplier if multiplier is not None else embedded
 
     def embedding(self, model: nn.Module) -> nn.Module:
         return embedding_of(model, self.model_type) if self.hybrid else model.model.embed_tokens
@@ -207,6 +237,9 @@ def model_family(model_type: str) -> ModelFamily:
         vision=model_type in VISION_MODEL_TYPES,
         mrope=model_type in MROPE_MODEL_TYPES,
         bidirectional_images=model_type in BIDIRECTIONAL_IMAGE_MODEL_TYPES,
+        embedding_scale=EMBEDDING_SCALES.get(model_type),
+        not_split=NOT_SPLIT.get(model_type)
+        or ("images are not sent to the stages" if model_type in VISION_MODEL_TYPES else None),
     )
 
 

@@ -150,3 +150,34 @@ def mla_kv_layout(model: nn.Module) -> KVLayout | None:
         layer_tensor=tuple(range(n)),
         layer_group=(0,) * n,
     )
+
+
+def stage_layout(full: KVLayout, layers: range) -> KVLayout:
+    """A pipeline stage's view of the whole model's layout `full`: every layer group stays (the scheduler's
+    one block table per group indexes them on every rank), but the pool tensors are the stage's own.
+
+    The stage's layers are numbered from `layers.start`; layer j (in layer order) of a group on this stage
+    takes the stage's tensor j of its shape, so groups share tensors under their own block ids as in
+    `layout_of`, and a block costs what this stage's layers keep, not the whole model's."""
+    start, n = layers.start, len(layers)
+    tensor_of: dict[tuple[int, AttentionSpec], int] = {}
+    layer_tensor, layer_group = [-1] * n, [-1] * n
+    for g, group in enumerate(full.groups):
+        for j, i in enumerate(i for i in group.layers if i in layers):
+            key = (j, full.tensors[full.layer_tensor[i]])
+            layer_tensor[i - start] = tensor_of.setdefault(key, len(tensor_of))
+            layer_group[i - start] = g
+    for i in layers:  # shared-KV layers (gemma4) read their source's tensor, which must be on this stage
+        if full.layer_tensor[i] < 0 or layer_tensor[i - start] >= 0:
+            continue
+        group = full.groups[full.layer_group[i]]
+        source = next(s for s in group.layers if full.layer_tensor[s] == full.layer_tensor[i])
+        if source not in layers:
+            raise ValueError(f"layer {i} reads the K/V of layer {source}, which is on another pipeline stage")
+        layer_tensor[i - start], layer_group[i - start] = layer_tensor[source - start], layer_group[source - start]
+    return KVLayout(
+        groups=full.groups,
+        tensors=tuple(spec for _, spec in sorted(tensor_of, key=tensor_of.__getitem__)),
+        layer_tensor=tuple(layer_tensor),
+        layer_group=tuple(layer_group),
+    )

@@ -59,5 +59,6 @@ def probe_layout(mixers: list[nn.Module], hidden: int, dtype: mx.Dtype, cache_si
         if not slots:
             raise ValueError(f"{type(m).__name__} keeps no state in its cache: not a recurrent mixer")
         layers.append(tuple(slots))
-    used = max(s.index for layer in layers for s in layer) + 1
+    # A pipeline stage may hold no recurrent layer: an empty layout, of the default cache size.
+    used = max((s.index for layer in layers for s in layer), default=cache_size - 1) + 1
     return StateLayout(tuple(layers), used)

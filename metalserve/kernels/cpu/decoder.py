@@ -19,6 +19,7 @@ from metalserve.kernels.cpu import attention as cpu_attention
 from metalserve.kernels.cpu import attention_prefill as cpu_attention_prefill
 from metalserve.kernels.cpu import gemm as cpu_gemm
 from metalserve.kernels.cpu import layer_ops as cpu_layer_ops
+from metalserve.kernels.cpu import lora as cpu_lora
 from metalserve.kernels.cpu import packed_gemm as cpu_packed_gemm
 from metalserve.kernels.cpu import packed_linear as cpu_packed_linear
 from metalserve.kernels.cpu import packed_unpack as cpu_packed_unpack
@@ -26,13 +27,14 @@ from metalserve.kernels.cpu import swiglu as cpu_swiglu
 from metalserve.kernels.cpu.attention import attend
 from metalserve.kernels.cpu.gemm import host_gemm
 from metalserve.kernels.cpu.layer_ops import _rms_norm_kernel, _rope_kernel
+from metalserve.kernels.cpu.lora import lora_add
 from metalserve.kernels.cpu.numba_lock import launch_lock
 from metalserve.kernels.cpu.packed_gemm import GEMM_MIN_ROWS, segments_gemm_kernel
 from metalserve.kernels.cpu.packed_linear import segments_linear_kernel
 from metalserve.kernels.cpu.swiglu import _swiglu_kernel
 
 if TYPE_CHECKING:
-    from metalserve.kernels.cpu.decoder_weights import DecoderShape, DecoderWeights
+    from metalserve.kernels.cpu.decoder_weights import DecoderLora, DecoderShape, DecoderWeights, HostLoraStep
     from metalserve.kernels.cpu.paged import CpuStepPlan
 
 
@@ -44,8 +46,8 @@ def kernel_sources_digest() -> str:
     below closes over this digest, so such an edit is a cache miss instead.
     """
     digest = hashlib.sha256()
-    modules = (cpu_attention, cpu_attention_prefill, cpu_gemm, cpu_layer_ops, cpu_packed_gemm, cpu_packed_linear)
-    for module in (*modules, cpu_packed_unpack, cpu_swiglu):
+    modules = (cpu_attention, cpu_attention_prefill, cpu_gemm, cpu_layer_ops, cpu_lora, cpu_packed_gemm)
+    for module in (*modules, cpu_packed_linear, cpu_packed_unpack, cpu_swiglu):
         digest.update(Path(str(module.__file__)).read_bytes())
     return digest.hexdigest()
 
@@ -84,11 +86,12 @@ def _compile_layers(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatcher
     jit = _jit()
 
     @jit
-    def attention(x, w, shape, layer, pools, plan, chunks, gemm):  # noqa: ANN001, ANN202
+    def attention(x, w, shape, layer, pools, plan, chunks, lora, step, gemm):  # noqa: ANN001, ANN202
         kernels_digest  # noqa: B018  (a closure cell: part of numba's cache key)
         tokens = x.shape[0]
         hq, hkv, d = shape.n_heads, shape.n_kv_heads, shape.head_dim
         qkv = _linear(x, w.qkv, layer, chunks, gemm)
+        lora_add(x, qkv, lora.qkv, layer, step)
         q = np.ascontiguousarray(qkv[:, : hq * d]).reshape(tokens, hq, d)
         k = np.ascontiguousarray(qkv[:, hq * d : (hq + hkv) * d]).reshape(tokens, hkv, d)
         v = qkv[:, (hq + hkv) * d :]
@@ -121,21 +124,27 @@ def _compile_layers(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatcher
             gemm,
             out,
         )
-        return _linear(out.reshape(tokens, hq * d), w.o, layer, chunks, gemm)
+        flat = out.reshape(tokens, hq * d)
+        o = _linear(flat, w.o, layer, chunks, gemm)
+        lora_add(flat, o, lora.o, layer, step)
+        return o
 
     @jit
-    def decoder(h, w, shape, pools, plan, chunks, gemm):  # noqa: ANN001, ANN202
+    def decoder(h, w, shape, pools, plan, chunks, lora, step, gemm):  # noqa: ANN001, ANN202
         kernels_digest  # noqa: B018  (a closure cell: part of numba's cache key)
         eps = np.float32(shape.norm_eps)
         x = np.empty_like(h)
         for layer in range(w.input_norm.shape[0]):
             _rms_norm_kernel(h, w.input_norm[layer], eps, x)
-            h += _attention(x, w, shape, layer, pools, plan, chunks, gemm)
+            h += _attention(x, w, shape, layer, pools, plan, chunks, lora, step, gemm)
             _rms_norm_kernel(h, w.post_attention_norm[layer], eps, x)
             gate_up = _linear(x, w.gate_up, layer, chunks, gemm)
+            lora_add(x, gate_up, lora.gate_up, layer, step)
             hidden = np.empty((h.shape[0], gate_up.shape[1] // 2), np.float32)
             _swiglu_kernel(gate_up, hidden)
-            h += _linear(hidden, w.down, layer, chunks, gemm)
+            down = _linear(hidden, w.down, layer, chunks, gemm)
+            lora_add(hidden, down, lora.down, layer, step)
+            h += down
         return h
 
     return attention, decoder
@@ -149,12 +158,19 @@ _attention, _decoder_layers = _compile_layers(_DIGEST)
 
 
 def decoder_layers(
-    h: np.ndarray, weights: DecoderWeights, shape: DecoderShape, pools: tuple[np.ndarray, ...], plan: CpuStepPlan
+    h: np.ndarray,
+    weights: DecoderWeights,
+    shape: DecoderShape,
+    pools: tuple[np.ndarray, ...],
+    plan: CpuStepPlan,
+    lora: DecoderLora,
+    step: HostLoraStep,
 ) -> np.ndarray:
     """Run every layer over `h` `[T, hidden]` float32 (updated in place and returned), writing each
-    layer's K/V into `pools[layer]` `[2, Hkv, num_slots, D]` and attending over them."""
+    layer's K/V into `pools[layer]` `[2, Hkv, num_slots, D]` and attending over them; the adapter tokens
+    of `step` add their slot's LoRA delta (`lora`) after each projection."""
     if h.dtype != np.float32 or not h.flags.c_contiguous or len(pools) != weights.input_norm.shape[0]:
         raise ValueError(f"decoder_layers takes contiguous [T, hidden] float32 and one pool per layer, got {h.shape}")
     with launch_lock:
         chunks = numba.get_num_threads() * 8  # several per thread even out a core that is busy elsewhere
-        return _decoder_layers(h, weights, shape, pools, plan, chunks, host_gemm())
+        return _decoder_layers(h, weights, shape, pools, plan, chunks, lora, step, host_gemm())

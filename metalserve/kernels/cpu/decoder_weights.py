@@ -43,3 +43,44 @@ class DecoderShape(NamedTuple):
     rope_scale: float
     attention_scale: float
     softcap: float  # 0 for none
+
+
+class LoraProjection(NamedTuple):
+    """Every adapter slot's A and B of one (fused) projection in every layer, for kernels/cpu/lora.py.
+
+    Part p of the projection (q, k, v of a fused qkv) owns output columns `bounds[p]:bounds[p + 1]` and
+    ranks `p * R:(p + 1) * R` of A; B is stored transposed, each part in its own rows of it."""
+
+    a: np.ndarray  # [L, slots, in, parts * R] float32
+    bt: np.ndarray  # [L, slots, out, R] float32: B transposed
+    bounds: np.ndarray  # [parts + 1] int64
+
+
+class DecoderLora(NamedTuple):
+    qkv: LoraProjection
+    o: LoraProjection
+    gate_up: LoraProjection
+    down: LoraProjection
+
+
+def no_lora() -> DecoderLora:
+    """No adapter slots: the decoder's LoRA loops find no groups (and numba sees the same types)."""
+    empty = LoraProjection(
+        np.zeros((0, 0, 0, 0), np.float32), np.zeros((0, 0, 0, 0), np.float32), np.zeros(1, np.int64)
+    )
+    return DecoderLora(empty, empty, empty, empty)
+
+
+class HostLoraStep(NamedTuple):
+    """A step's adapter tokens for the numba decoder (lora/layers.py: lora_step builds it): group g is
+    slot `group_slot[g]`, packed rows `rows[group_start[g]:group_start[g + 1]]`, each at its request's scale."""
+
+    rows: np.ndarray  # [n] int64
+    scales: np.ndarray  # [n] float32
+    group_start: np.ndarray  # [G + 1] int64
+    group_slot: np.ndarray  # [G] int64
+
+
+NO_HOST_LORA = HostLoraStep(
+    np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(1, np.int64), np.zeros(0, np.int64)
+)
