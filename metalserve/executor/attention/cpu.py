@@ -1,7 +1,8 @@
 """The CPU backend (`--attention-backend cpu`): the float32 pool `[2, Hkv, num_slots, D]`, written in
 place through a NumPy view of its MLX buffer and attended by the numba kernel (metalserve/kernels/cpu/paged.py).
 The backend owns those views: it makes them when it allocates a pool and again when a pool grows.
-Quantized pages (int8, q4: kv_quant.QuantPool; k8v4: kv_quant.SplitPool) are written and read through views of their arrays alike."""
+Quantized pages (int8, q4: kv_quant.QuantPool; k8v4: kv_quant.SplitPool) are written and read through
+views of their arrays alike."""
 
 from __future__ import annotations
 
@@ -79,7 +80,11 @@ class CpuAttention(AttentionBackend[CpuKV, CpuStepPlan]):
 
     def extend(self, cache: CpuKV, spec: LayerCacheSpec) -> CpuKV:
         if isinstance(cache, HostQuantKV):
-            return HostQuantKV.of(cache.pool.concatenate(_quant_zeros(spec)))
+            more = _quant_zeros(spec)
+            if isinstance(cache.pool, SplitPool) and isinstance(more, SplitPool):
+                return HostQuantKV.of(cache.pool.concatenate(more))
+            assert isinstance(cache.pool, QuantPool) and isinstance(more, QuantPool)
+            return HostQuantKV.of(cache.pool.concatenate(more))
         return HostKV.of(mx.concatenate([cache.pool, zeros_pool(spec)], axis=2))
 
     def truncate(self, cache: CpuKV, spec: LayerCacheSpec) -> CpuKV:

@@ -80,7 +80,11 @@ def host_views(arrays: list[mx.array]) -> list[np.ndarray]:
 
 
 def write_quantized(
-    views: list[np.ndarray], k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray, v_views: list[np.ndarray] | None = None
+    views: list[np.ndarray],
+    k: np.ndarray,
+    v: np.ndarray,
+    slot_mapping: np.ndarray,
+    v_views: list[np.ndarray] | None = None,
 ) -> None:
     """Quantize new K/V `[T, Hkv, D]` (kv_quant.py's formats) into the pages' host views at `slot_mapping`;
     `v_views`: V's own single-plane arrays where K and V are stored apart (k8v4), `views` then K's."""
