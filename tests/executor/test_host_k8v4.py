@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from metalserve.engine.core import EngineCore
+from metalserve.executor.attention.base import LayerCacheSpec
+from metalserve.executor.attention.cpu import CpuAttention, HostQuantKV
 from metalserve.executor.attention.kv_quant import SplitPool
 from metalserve.executor.host.forward import HostForward
 from metalserve.kernels.cpu.decoder_weights import PAGE_STORAGES
@@ -55,3 +57,20 @@ def test_k8v4_pages_decode_on_the_host_decoder_like_mlx_ops(storage: str, monkey
         assert g.tokens == w.tokens
         np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-2, rtol=0)  # a code may round the other way
     assert max(abs(lp) for w in want for lp in w.logprobs) > 0.05
+
+
+def test_k8v4_pages_grow_and_shrink_on_the_cpu_backend_keeping_each_planes_format() -> None:
+    """A grown / truncated k8v4 pool keeps its K (int8) and V (q4) planes, and the decoder's pages view
+    the new buffers (the views are rebuilt, not left on the old arrays)."""
+    backend = CpuAttention()
+    spec = LayerCacheSpec.dense(2, 32, mx.float32, 8, 4, storage="k8v4")  # type: ignore[arg-type]
+    cache = backend.allocate(spec)
+    assert isinstance(cache, HostQuantKV) and isinstance(cache.pool, SplitPool) and cache.planes is not None
+    cache.planes[0][0][0, 0, 3] = 7  # an int8 key code, through the host view
+    grown = backend.extend(cache, LayerCacheSpec.dense(2, 32, mx.float32, 8, 2, storage="k8v4"))  # type: ignore[arg-type]
+    assert isinstance(grown, HostQuantKV) and isinstance(grown.pool, SplitPool)
+    assert grown.pages.k.codes.shape == (2, 48, 32) and grown.pages.v.codes.shape == (2, 48, 16)
+    assert (grown.pages.k.storage, grown.pages.v.storage) == (PAGE_STORAGES["int8"], PAGE_STORAGES["q4"])
+    assert grown.pages.k.codes[0, 3, 0] == 7 and np.shares_memory(grown.pages.k.codes, grown.planes[0][0])
+    cut = backend.truncate(grown, spec)
+    assert isinstance(cut, HostQuantKV) and cut.pages.v.codes.shape == (2, 32, 16) and cut.pages.k.codes[0, 3, 0] == 7
