@@ -212,6 +212,8 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         "77",
         "--no-generic-tool-prompt",
         "--no-tool-call-grammar",
+        "--override-generation-config",
+        '{"temperature": 0.7, "top_k": 20}',
         "--no-async-scheduling",
         "--runner",
         "pooling",
@@ -277,6 +279,7 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         default_max_tokens=77,
         generic_tool_prompt=False,
         tool_call_grammar=False,
+        override_generation_config=(("temperature", 0.7), ("top_k", 20.0)),
     )
     config, _ = config_from_args(_parser().parse_args(["--kv-disk-dir", "/tmp/kv", "--kv-disk-size", "4096"]))
     assert (config.kv_disk_dir, config.kv_disk_size) == ("/tmp/kv", 4096)

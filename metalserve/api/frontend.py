@@ -39,6 +39,7 @@ class Frontend:
             settings.default_max_tokens,
             settings.generic_tool_prompt,
             settings.tool_call_grammar,
+            dict(settings.override_generation_config),
         )
         serving = make_model_serving(engine, options, self.store, self.series, self.recorder)
         self.series.loaded.labels(spec.name).set(1)

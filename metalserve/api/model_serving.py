@@ -70,6 +70,7 @@ class ServingOptions:
     default_max_tokens: int = 0  # --default-max-tokens
     generic_tool_prompt: bool = True  # --generic-tool-prompt
     tool_call_grammar: bool = True  # --tool-call-grammar
+    sampling_defaults: dict[str, float] = field(default_factory=dict)  # --override-generation-config
 
 
 def make_model_serving(
@@ -90,6 +91,7 @@ def make_model_serving(
         aliases=options.names[1:],
         recorder=recorder,
         default_max_tokens=options.default_max_tokens,
+        sampling_defaults=options.sampling_defaults,
     )
     template = engine.chat_template or getattr(engine.tokenizer, "chat_template", None)
     parsers = choose_parsers(options.tool_call_parser, options.reasoning_parser, template)

@@ -138,6 +138,17 @@ class ChatServing:
                 "itself and reads calls back as <tool_call> JSON blocks (--no-generic-tool-prompt: off)"
             )
             self.tool_parser = GenericToolParser()
+        if self.grammar_for_tools():
+            # The grammar engine's vocabulary takes seconds to build (minutes on a busy CPU): build it now,
+            # in the background, rather than inside an agent's first request.
+            ctx.engine.grammar.tokenizer_ready()
+
+    def grammar_for_tools(self) -> bool:
+        """Whether `auto` tool calls of this model get a lazy call grammar (its parser has one)."""
+        parser = self.tool_parser
+        if not self.tool_call_grammar or parser is None:
+            return False
+        return type(parser).call_grammar is not ToolParser.call_grammar
 
     async def create(self, req: ChatCompletionRequest, raw: HTTPRequest) -> Response:
         gen = await self.start(req)
@@ -158,7 +169,13 @@ class ChatServing:
         requested = req.max_completion_tokens or req.max_tokens
         max_tokens = resolve_max_tokens(requested, len(prompt), engine.max_model_len, self.ctx.default_max_tokens)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = build_sampling_params(req, max_tokens=max_tokens, logprobs=logprobs, vocab_size=len(engine.tokenizer))
+        params = build_sampling_params(
+            req,
+            max_tokens=max_tokens,
+            logprobs=logprobs,
+            vocab_size=len(engine.tokenizer),
+            defaults=self.ctx.sampling_defaults,
+        )
         params.structured_outputs, source = chat_structured(req)
         if params.structured_outputs is None and parse_tools is not None and self.tool_call_grammar:
             params.structured_outputs = await auto_tool_params(self.ctx, parse_tools, req, self.special_tokens)
@@ -227,7 +244,11 @@ class ChatServing:
         template = self._template()
         if not template:
             raise OpenAIError("this model has no chat template; start the server with --chat-template", 400)
-        tools = None if req.tool_choice == "none" or not req.tools else [t.model_dump() for t in req.tools]
+        # The tools as the client wrote them: fields it left out (description, strict) are not rendered as
+        # nulls, which a small model reads as part of the tool (the schemas inside are dicts, kept whole).
+        tools = (
+            None if req.tool_choice == "none" or not req.tools else [t.model_dump(exclude_none=True) for t in req.tools]
+        )
         messages = [message_dict(m) for m in req.messages]
         if self.generic_tools:
             messages, tools = with_generic_tools(messages, tools), None

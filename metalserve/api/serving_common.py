@@ -7,7 +7,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -64,9 +64,23 @@ def _logit_bias(raw: dict[str, float] | None, vocab_size: int) -> dict[int, floa
 
 
 def build_sampling_params(
-    req: _SamplingRequest, *, max_tokens: int, logprobs: int | None, vocab_size: int
+    req: _SamplingRequest,
+    *,
+    max_tokens: int,
+    logprobs: int | None,
+    vocab_size: int,
+    defaults: Mapping[str, float] | None = None,
 ) -> SamplingParams:
-    """Map the request onto SamplingParams; a bad combination becomes a 400."""
+    """Map the request onto SamplingParams; a bad combination becomes a 400. `defaults`: the server's
+    values (--override-generation-config) for the sampling fields the request leaves unset."""
+    given = defaults or {}
+
+    def pick(name: str, fallback: float) -> float:
+        value = getattr(req, name)
+        if value is None or name not in req.model_fields_set:  # repetition_penalty has a default of 1
+            return given.get(name, fallback if value is None else value)
+        return float(value)
+
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     stop_ids = list(req.stop_token_ids or [])
     if any(not 0 <= t < vocab_size for t in stop_ids):
@@ -74,13 +88,13 @@ def build_sampling_params(
     try:
         return SamplingParams(
             n=1,
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=req.top_k or 0,
-            min_p=req.min_p or 0.0,
+            temperature=pick("temperature", 1.0),
+            top_p=pick("top_p", 1.0),
+            top_k=int(pick("top_k", 0)),
+            min_p=pick("min_p", 0.0),
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
-            repetition_penalty=req.repetition_penalty,
+            repetition_penalty=pick("repetition_penalty", 1.0),
             seed=req.seed,
             max_tokens=max_tokens,
             min_tokens=req.min_tokens,

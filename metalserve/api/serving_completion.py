@@ -96,7 +96,11 @@ class CompletionServing:
                 req.max_tokens, len(prompt), engine.max_model_len, self.ctx.default_max_tokens
             )
             params = build_sampling_params(
-                req, max_tokens=max_tokens, logprobs=req.logprobs, vocab_size=len(engine.tokenizer)
+                req,
+                max_tokens=max_tokens,
+                logprobs=req.logprobs,
+                vocab_size=len(engine.tokenizer),
+                defaults=self.ctx.sampling_defaults,
             )
             params.structured_outputs = structured
             params.prompt_logprobs = self._prompt_top(req)

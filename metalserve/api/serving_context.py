@@ -35,6 +35,8 @@ class ServingContext:
     served_model_name: str
     image_limits: ImageLimits = field(default_factory=ImageLimits)  # ServerSettings' --max-image* flags
     default_max_tokens: int = 0  # --default-max-tokens: the output cap when a request sets none; 0: none
+    # --override-generation-config: sampling fields for requests that leave them unset.
+    sampling_defaults: dict[str, float] = field(default_factory=dict)
     tokenizer_thread: ThreadPoolExecutor = field(default_factory=_tokenizer_thread)
     aliases: tuple[str, ...] = ()  # other names a request may give for this model
     recorder: RequestRecorder | None = None  # the status page's recent requests

@@ -29,6 +29,26 @@ def _reasoning_parsers() -> list[str]:
     return [*sorted(REASONING_PARSERS), "none"]
 
 
+# What --override-generation-config may set: the sampling fields a request leaves unset (vLLM's flag).
+GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def _generation_config(text: str) -> tuple[tuple[str, float], ...]:
+    """--override-generation-config: a JSON object of sampling defaults, as (name, value) pairs."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict):
+        raise ValueError("--override-generation-config takes a JSON object, e.g. '{\"temperature\": 0.7}'")
+    for key, number in value.items():
+        if key not in GENERATION_DEFAULTS:
+            raise ValueError(f"--override-generation-config: {key!r} is not one of {', '.join(GENERATION_DEFAULTS)}")
+        if isinstance(number, bool) or not isinstance(number, (int, float)):
+            raise ValueError(f"--override-generation-config: {key} must be a number, got {number!r}")
+    return tuple((k, float(v)) for k, v in value.items())
+
+
 def _json_strings(option: str) -> Callable[[str], tuple[str, ...]]:
     """A flag's JSON list of strings, as a tuple."""
 
@@ -97,6 +117,12 @@ class ServerSettings:
         4096,
         "output cap for requests that set none (chat, completions with max_tokens null, Responses: Codex "
         "sends none); 0: up to the end of the context",
+    )
+    override_generation_config: tuple[tuple[str, float], ...] = flag(
+        (),
+        "vLLM's flag: a JSON object of sampling defaults (temperature, top_p, top_k, min_p, "
+        "repetition_penalty) for requests that leave them unset (the APIs' own default is temperature 1)",
+        parse=_generation_config,
     )
     generic_tool_prompt: bool = flag(
         True,

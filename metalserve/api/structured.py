@@ -102,7 +102,9 @@ async def auto_tool_params(
         return None
     params = StructuredOutputsParams(grammar=text)
     try:
-        await ctx.engine.check_structured(params)
+        # A compile past the limit goes on in the background: agents send the same tools every turn,
+        # so the next request finds it in the cache.
+        await ctx.engine.check_structured(params, keep_on_timeout=True)
     except GrammarError as exc:
         logger.warning("tool calls of this request are not constrained: %s", exc)
         return None

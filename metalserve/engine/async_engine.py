@@ -239,15 +239,20 @@ class AsyncEngine:
             self._grammar = GrammarCompiler(self.tokenizer, limits=self.grammar_limits)
         return self._grammar
 
-    async def check_structured(self, params: StructuredOutputsParams) -> None:
+    async def check_structured(self, params: StructuredOutputsParams, *, keep_on_timeout: bool = False) -> None:
         """Compile the spec (off the event loop and the engine thread); GrammarError when it is invalid
-        or takes longer than the limit to compile (it is then dropped from the cache when it ends)."""
+        or takes longer than the limit to compile. The limit times the spec's own compile: the one-off
+        build of the grammar engine's vocabulary comes first, untimed. A spec past the limit is dropped
+        from the cache when it ends, unless `keep_on_timeout` (a server-made grammar, such as the tool-call
+        grammar agents send again every turn: it finishes in the background for the next request)."""
+        await asyncio.wrap_future(self.grammar.tokenizer_ready())
         future = self.grammar.submit(params)
         timeout = self.grammar.limits.grammar_compile_timeout
         try:
             await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)
         except TimeoutError:
-            self.grammar.forget(params)
+            if not keep_on_timeout:
+                self.grammar.forget(params)
             raise GrammarError(
                 params.kind, f"the grammar did not compile within {timeout:g} s (--grammar-compile-timeout)"
             ) from None

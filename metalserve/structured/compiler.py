@@ -175,6 +175,7 @@ class GrammarCompiler:
         self.cache_bytes = 0  # their sum
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="metalserve-grammar")
+        self._tokenizer_future: Future[llguidance.LLTokenizer] | None = None
         self.num_compiles = 0  # grammars actually built (cache misses), for tests and stats
 
     @property
@@ -183,6 +184,16 @@ class GrammarCompiler:
         if self._ll_tokenizer is None:
             self._ll_tokenizer = from_tokenizer(self._hf_tokenizer)
         return self._ll_tokenizer
+
+    def tokenizer_ready(self) -> Future[llguidance.LLTokenizer]:
+        """The grammar engine's view of the vocabulary, built once on the compile thread (seconds for a
+        150k vocabulary, many more on a busy CPU). A one-off cost of the server, not of the first spec:
+        callers wait for it before they time a compile, and a server with a tool-call grammar starts it
+        at load so an agent's first request does not pay for it."""
+        with self._lock:
+            if self._tokenizer_future is None:
+                self._tokenizer_future = self._pool.submit(lambda: self.ll_tokenizer)
+            return self._tokenizer_future
 
     def submit(self, params: StructuredOutputsParams) -> Future[CompiledGrammar]:
         """The prototype matcher of the spec, compiled in the background (or found in the cache)."""

@@ -42,13 +42,19 @@ MODELS = os.environ.get("METALSERVE_AGENT_MODELS", "qwen2.5-coder-0.5b,qwen2.5-c
 IDLE_MS = str(int(AGENT_TIMEOUT * 1000))  # generous: the server's keep-alive events should make it moot
 # Claude Code's tools per task (all ~24 make an ~19k-token prompt; these keep the CPU prefill short).
 CLAUDE_TOOLS = {"read": "Read", "fix": "Read,Edit,Bash"}
+GREEDY = '{"temperature": 0}'
 
 
 def _flags(model: str) -> tuple[str, ...]:
-    # fp32 weights run the CPU fast path (the 1.5B's 6 GB is above the default dequantize limit). On a busy
-    # CPU the tool-call grammar of an agent's tools took more than the default 10 s to compile.
-    memory = ("--weights", "dequantize", "--kv-cache-memory", str(2 << 30))
-    return (model, "--max-model-len", "32768", *memory, "--grammar-compile-timeout", "300")
+    # The server's defaults, as docs/agents.md recommends: weights kept in their codes (the 1.5B's process
+    # holds about 2 GB), the prefix cache on, the tool-call grammar with the default compile timeout.
+    # 16k tokens hold every prompt here (Codex's first is ~8.8k) and fit a 1 GiB KV budget for the 1.5B.
+    # Neither agent sends a temperature (Claude Code's API default is 1, Codex's none): greedy instead, as
+    # docs/agents.md recommends for a small model (at 1 the 1.5B said hello.txt could not be read; at
+    # Qwen's own 0.7/top-p 0.8/top-k 20 it refused the "secret" as sensitive, both with the file's text
+    # in its prompt).
+    sampling = ("--override-generation-config", GREEDY)
+    return (model, "--max-model-len", "16384", "--kv-cache-memory", str(1 << 30), *sampling)
 
 
 @pytest.fixture(scope="module", params=MODELS)

@@ -113,8 +113,10 @@ def test_messages_keepalive_block_closes_before_a_tool_call() -> None:
 
 
 def test_responses_stream_repeats_in_progress(slow: Served) -> None:
-    body = {"model": MODEL, "input": "Hi", "max_output_tokens": 3, "stream": True}
-    events = _events(slow, "/v1/responses", body)
+    instructions = "You are a coding agent. " * 4  # Codex sends ~10 KB: not repeated every 10 s
+    tool = {"type": "function", "name": "shell", "description": "Run a command. " * 4, "parameters": {}}
+    body = {"model": MODEL, "input": "Hi", "max_output_tokens": 3, "stream": True, "instructions": instructions}
+    events = _events(slow, "/v1/responses", {**body, "tools": [tool]})
     early = _before_output(events, lambda e: e[1] == "response.output_item.added")
     _assert_steady(early)
     names = [e[1] for e in early]
@@ -122,6 +124,13 @@ def test_responses_stream_repeats_in_progress(slow: Served) -> None:
     sequence = [e[2]["sequence_number"] for e in events]
     assert sequence == list(range(len(events)))
     assert all(e[2]["response"]["status"] == "in_progress" for e in early[1:])
+    full = [e[2]["response"] for e in early[:2]]  # created and the first in_progress: the whole object
+    assert all(r["instructions"] == instructions and r["tools"][0]["name"] == "shell" for r in full)
+    repeats = [e[2]["response"] for e in early[2:]]
+    saved = len(instructions) + len(tool["description"])
+    assert repeats and all(len(json.dumps(r)) < len(json.dumps(full[0])) - saved for r in repeats)
+    assert all(r["instructions"] is None and r["tools"] == [] and r["id"] == full[0]["id"] for r in repeats)
+    assert set(repeats[0]) == set(full[0])  # every key the protocol requires is still there
     client = openai.OpenAI(base_url=f"{slow.url}/v1", api_key="x", max_retries=0)
     parsed = list(client.responses.create(model=MODEL, input="Hi", max_output_tokens=3, stream=True))
     assert parsed[-1].type == "response.incomplete"  # max_output_tokens ran out, as asked

@@ -3,6 +3,7 @@ checks the engine's params), unless --no-tool-call-grammar or another constraint
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -94,3 +95,21 @@ def test_the_flag_turns_it_off() -> None:
         message = _chat(served, tools=TOOLS)["choices"][0]["message"]
         assert message["tool_calls"][0]["function"]["name"] == "get_weather"  # the forgiving parser still reads it
         assert _spec(served) is None
+
+
+def test_the_grammar_vocabulary_is_built_at_start_where_tool_calls_get_a_grammar() -> None:
+    """So an agent's first request does not wait (or time out) for it; not built when nothing needs it."""
+    compiler = make_served().engine._grammar
+    assert compiler is not None and compiler._tokenizer_future is not None
+    assert compiler._tokenizer_future.result(timeout=60) is not None
+    off = ServerSettings(tool_call_parser="hermes", enable_auto_tool_choice=True, tool_call_grammar=False)
+    assert make_served(off).engine._grammar is None
+
+
+def test_the_prompt_renders_the_tools_as_the_client_wrote_them(server: Served) -> None:
+    """No `"description": null` / `"strict": null` for fields the client left out; a schema's own nulls stay."""
+    schema = {"type": "object", "properties": {"city": {"type": "string", "default": None}}}
+    _chat(server, tools=[{"type": "function", "function": {"name": "get_weather", "parameters": schema}}])
+    prompt = server.core.tokenizer.decode(server.core.added[-1].prompt_token_ids)
+    rendered = '{"type": "function", "function": {"name": "get_weather", "parameters": ' + json.dumps(schema) + "}}"
+    assert rendered in prompt, prompt

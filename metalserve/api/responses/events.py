@@ -6,7 +6,10 @@ same with reasoning_text, for calls function_call_arguments.delta / .done; outpu
 then response.completed (or response.incomplete when max_output_tokens ran out).
 
 While the model is silent (a long prefill), `response.in_progress` is sent again every few seconds
-(api/keepalive.py): Codex resets its stream-idle timer on any event, never on an SSE comment.
+(api/keepalive.py): Codex resets its stream-idle timer on any event, never on an SSE comment. Those
+repeats are keep-alives and stay small: their response object keeps every key the protocol requires but
+not the echo of the request's bulk (`instructions` null, `tools` empty: 20 KB for Codex, every 10 s);
+response.created, the first response.in_progress and the final event carry the whole object.
 """
 
 from __future__ import annotations
@@ -116,11 +119,12 @@ async def response_events(gen: Generation, renderer: ResponseEvents, finish: Fin
     shell = renderer.shell
     yield renderer.event("response.created", response=shell)
     yield renderer.event("response.in_progress", response=shell)
+    keepalive = {**shell, "instructions": None, "tools": []}
     parser = gen.parsing.streamer(0)
     try:
         async for item in with_keepalive(merge_streams(gen.streams)):
             if item is None:
-                yield renderer.event("response.in_progress", response=shell)
+                yield renderer.event("response.in_progress", response=keepalive)
                 continue
             delta = parser.feed(item[1])
             for seg in segments(delta):
