@@ -136,8 +136,8 @@ class EngineConfig:
     kv_cache_dtype: KVCacheDtype = flag(
         KVCacheDtype.AUTO,
         "how K/V pages are stored: auto (the model's dtype), int8 (a scale per token and head), q4 "
-        "(4-bit groups with a scale and bias each) or k8v4 (int8 keys, q4 values; MLX ops); about 2x / 3.5x / "
-        "2.4x the tokens of fp16 in the same memory",
+        "(4-bit groups with a scale and bias each) or k8v4 (int8 keys, q4 values; MLX ops, CPU path); "
+        "about 2x / 3.5x / 2.4x the tokens of fp16 in the same memory",
     )
     weights: WeightsMode = flag(WeightsMode.AUTO, "quantized weights: keep them packed, or dequantize (auto: by size)")
     dequantize_max_bytes: int = 4 * 1024**3  # "auto": dequantize to fp32 only below this size
