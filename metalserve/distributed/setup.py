@@ -137,6 +137,7 @@ def setup_rank(config: EngineConfig, group: mx.distributed.Group) -> RankSetup:
         backend = select_attention(
             config.attention_backend, dtype, current_platform(), kv_storage=config.kv_cache_dtype
         )
+        backend.warm_up()  # every rank at once, here, rather than each in turn on the first request
         fits, per_block = _blocks_fit(config, loaded, model, rank, tp)
         weight_mib = parameter_bytes(model.model) >> 20
         report = RankReport(True, fp, fits, layers, weight_mib, per_block, "", config.block_size)

@@ -104,6 +104,7 @@ def setup_tensor_rank(config: EngineConfig, group: mx.distributed.Group) -> Tens
         backend = select_attention(
             config.attention_backend, kv_shape(loaded).dtype, current_platform(), kv_storage=config.kv_cache_dtype
         )
+        backend.warm_up()  # every rank at once, here, rather than each in turn on the first request
         fits, per_block = _blocks_fit(config, loaded, size, rank == 0)
         heads = kv_shape(loaded).num_kv_heads
         weight_mib = parameter_bytes(model.model) >> 20

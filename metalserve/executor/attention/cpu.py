@@ -15,6 +15,7 @@ from metalserve.executor.attention.base import AttentionBackend, AttentionCall, 
 from metalserve.executor.attention.kv_quant import QuantPool, SplitPool, quant_zeros
 from metalserve.executor.attention.mlx import zeros_pool
 from metalserve.executor.step_inputs import StepInputs
+from metalserve.kernels.cpu import attention as cpu_attention
 from metalserve.kernels.cpu.decoder_weights import QuantPages, quant_pages
 from metalserve.kernels.cpu.paged import (
     CpuStepPlan,
@@ -105,6 +106,11 @@ class CpuAttention(AttentionBackend[CpuKV, CpuStepPlan]):
                 return cpu_split_attention(call.q, call.k, call.v, cache.planes, cache.pages, call.meta, call.options)
             return cpu_quantized_attention(call.q, call.k, call.v, cache.host, call.meta, call.options)
         return cpu_paged_attention(call.q, call.k, call.v, cache.host, call.meta, call.options)
+
+    def warm_up(self) -> None:
+        # numba loads (or compiles) the kernel on its first call: ~1 s of CPU per process with a warm
+        # cache, several seconds per rank on a loaded machine.
+        cpu_attention.warm_up()
 
 
 def _quant_zeros(spec: LayerCacheSpec) -> QuantPool | SplitPool:

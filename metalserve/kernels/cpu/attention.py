@@ -283,6 +283,14 @@ def attend_rows(
     return out
 
 
+def warm_up() -> None:
+    """One tiny call: numba loads the dense kernel for the argument types every real call passes
+    (float32 C arrays, int32 tables and rows, Python ints), so the first step does not."""
+    q = np.zeros((1, 1, 8), np.float32)
+    pool = np.zeros((2, 1, 16, 8), np.float32)
+    paged_attention(q, pool, np.zeros((1, 1), np.int32), np.array([0, 1]), np.array([1]), block_size=16, scale=1.0)
+
+
 def write_kv(pool: np.ndarray, k: np.ndarray, v: np.ndarray | None, slot_mapping: np.ndarray) -> None:
     """Write new K/V `[T, Hkv, D]` into the pool `[2, Hkv, num_slots, D]` in place, at `slot_mapping` `[T]`;
     `v` None: K alone into a latent pool `[1, Hkv, num_slots, D]`."""
