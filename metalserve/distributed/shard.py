@@ -14,7 +14,7 @@ all-reduce is one `AllSum` module whose byte count is kept (bench/tensor_paralle
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -189,16 +189,19 @@ def shard_model(model: nn.Module, group: TensorGroup) -> None:
 def _shard_dense(model: nn.Module, group: TensorGroup) -> None:
     """llama's `shard` for a family without one: heads and MLP columns (the layers made plain after)."""
     n = group.size()
+    # shard_linear reads only rank() and size() to slice (the all-reduce becomes ours after), so a
+    # PairGroup does for a Group here.
+    split = cast("mx.distributed.Group", group)
     for layer in _layers(model):
         attn, mlp = layer.self_attn, layer.mlp
         for name in ("q_proj", "k_proj", "v_proj"):
-            setattr(attn, name, shard_linear(getattr(attn, name), "all-to-sharded", group=group))
-        attn.o_proj = shard_linear(attn.o_proj, "sharded-to-all", group=group)
+            setattr(attn, name, shard_linear(getattr(attn, name), "all-to-sharded", group=split))
+        attn.o_proj = shard_linear(attn.o_proj, "sharded-to-all", group=split)
         attn.n_heads //= n
         attn.n_kv_heads //= n
-        mlp.gate_proj = shard_linear(mlp.gate_proj, "all-to-sharded", group=group)
-        mlp.up_proj = shard_linear(mlp.up_proj, "all-to-sharded", group=group)
-        mlp.down_proj = shard_linear(mlp.down_proj, "sharded-to-all", group=group)
+        mlp.gate_proj = shard_linear(mlp.gate_proj, "all-to-sharded", group=split)
+        mlp.up_proj = shard_linear(mlp.up_proj, "all-to-sharded", group=split)
+        mlp.down_proj = shard_linear(mlp.down_proj, "sharded-to-all", group=split)
 
 
 def _column(layer: nn.Module) -> nn.Module:
