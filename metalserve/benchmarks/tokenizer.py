@@ -35,8 +35,10 @@ class LocalTokenizer:
 class ServerTokenizer:
     """`POST {base_url}/tokenize` of the server under test (vLLM, metalserve and llama.cpp shapes)."""
 
-    def __init__(self, base_url: str, model: str | None, timeout: float = 30.0) -> None:
-        self._client = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout)
+    def __init__(
+        self, base_url: str, model: str | None, timeout: float = 30.0, transport: httpx.BaseTransport | None = None
+    ) -> None:
+        self._client = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, transport=transport)
         self._model = model
 
     def encode(self, text: str) -> list[int]:
@@ -44,8 +46,9 @@ class ServerTokenizer:
         if self._model:
             body["model"] = self._model
         resp = self._client.post("/tokenize", json=body)
-        if resp.status_code >= 400:
-            # llama.cpp's server names the text `content`.
+        # llama.cpp's server names the text `content`: older builds refuse `prompt`, newer ones answer 200
+        # with no tokens for it.
+        if resp.status_code >= 400 or (text and resp.json().get("tokens") == []):
             resp = self._client.post("/tokenize", json={"content": text, "add_special": False})
         if resp.status_code >= 400:
             raise TokenizerError(
