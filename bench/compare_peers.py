@@ -6,6 +6,10 @@ Peers that are not installed are reported as such. Prepare them with the scripts
 A/B of one setting, alternated so machine noise falls on both (async scheduling on and off):
     .venv/bin/python bench/compare_peers.py --servers metalserve,metalserve-no-async --levels 1,8 \
         --alternate 2 --out async_ab
+The CPU path against llama-server on both the default model and the coder model (issue 36's table: c=1 and
+c=8 decode, 4k and 16k prefills, resident memory; the servers in turn per workload, peers/cpu_table.py):
+    .venv/bin/python bench/compare_peers.py --cpu-table [--models default,coder] \
+        [--workloads c1,c8,prefill4k,prefill16k] [--threads 2] --out cpu_table
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from peers import cpu_table
 from peers.bench_run import RESULTS, run_bench
 from peers.launch import MLX_DIR, RunningServer, ServerStartError
 from peers.servers import SERVERS, availability, spec_for
@@ -182,11 +187,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=0,
         help="N rounds with the servers alternated within each level (an A/B of settings)",
     )
+    p.add_argument("--cpu-table", action="store_true", help="issue 36's table: metalserve vs llama-server")
+    p.add_argument("--models", default="default,coder", help="--cpu-table: 'default', 'coder' or GGUF paths")
+    p.add_argument("--workloads", default=",".join(cpu_table.WORKLOADS), help="--cpu-table: which rows")
+    p.add_argument("--threads", type=int, default=2, help="--cpu-table: threads for both servers")
     return p.parse_args(argv)
+
+
+def main_cpu_table(a: argparse.Namespace) -> int:
+    if unknown := set(a.workloads.split(",")) - set(cpu_table.WORKLOADS):
+        print(f"error: unknown workloads {sorted(unknown)}; choose from {', '.join(cpu_table.WORKLOADS)}")
+        return 2
+    out = RESULTS / a.out
+    out.mkdir(parents=True, exist_ok=True)
+    flags = sorted(
+        {f for f in Path("/proc/cpuinfo").read_text().split() if f.startswith(("avx512", "avx_vnni", "amx"))}
+    )
+    rows, checks = cpu_table.run_table(a, out)
+    doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "settings": vars(a), "cpu_flags": flags, "rows": rows}
+    (out / "cpu_table.json").write_text(json.dumps(doc | {"targets": checks}, indent=2) + "\n", encoding="utf-8")
+    md = cpu_table.markdown(rows, checks) + f"\nCPU flags: {' '.join(flags)}\n"
+    (out / "cpu_table.md").write_text(md, encoding="utf-8")
+    print(md + f"\nwritten under {out}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    if a.cpu_table:
+        return main_cpu_table(a)
     names = [s.strip() for s in a.servers.split(",") if s.strip()]
     if unknown := set(names) - set(SERVERS):
         print(f"error: unknown servers {sorted(unknown)}; choose from {', '.join(SERVERS)}", file=sys.stderr)

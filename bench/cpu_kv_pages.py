@@ -1,11 +1,12 @@
-"""Decode TPOT on the CPU fast path over float, int8 and q4 KV pages, side by side in one process.
+"""Decode TPOT on the CPU fast path over float, int8, q4 and k8v4 KV pages, side by side in one process.
 
     .venv/bin/python bench/cpu_kv_pages.py [--model PATH] [--contexts 512,4096] [--steps 16] [--rounds 2]
 
 One model load (the GGUF's codes, `--weights auto`); per round each arm builds its runner (the CPU
 attention backend; quantized pages Hadamard-rotated, as the engine builds them), prefills a prompt of
 each context in 512-token chunks and times `--steps` single-token decode steps (median). Arms:
-`auto` (float32 pages), `int8`, `q4` through the one-call host decoder, and `int8-layers` / `q4-layers`:
+`auto` (float32 pages), `int8`, `q4`, `k8v4` (int8 K, q4 V) through the one-call host decoder, and
+`int8-layers` / `q4-layers` / `k8v4-layers`:
 the same pages with the host decoder removed (the per-layer route quantized pages took before). Set
 NUMBA_NUM_THREADS to pin the threads. Prints each arm's median TPOT per context and its ratio to `auto`.
 """
@@ -63,7 +64,7 @@ def main() -> None:
     ap.add_argument("--contexts", default="512,4096")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--arms", default="auto,int8,q4,int8-layers,q4-layers")
+    ap.add_argument("--arms", default="auto,int8,q4,k8v4,int8-layers,q4-layers")
     args = ap.parse_args()
     import numpy as np
 

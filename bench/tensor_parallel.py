@@ -114,10 +114,11 @@ def tp_step(pm: PagedModel, stage: Stage, step: StepInputs | None, group: mx.dis
             send_step(header, flat, group)
         else:
             header, flat = receive_step(group)
-            step = decode_step(flat, header)
-    assert step is not None
-    with forward_context(stage.context(step)):
-        hidden = pm.mlx_hidden_states(mx.array(step.token_ids))
+            token_ids, meta = decode_step(flat, header)
+    if step is not None:
+        token_ids, meta = np.asarray(step.token_ids, np.int32), StepMeta.from_step(step)
+    with forward_context(stage.context(meta)):
+        hidden = pm.mlx_hidden_states(mx.array(token_ids))
     mx.eval(hidden, stage.pools())
     return time.perf_counter() - t0
 

@@ -136,8 +136,8 @@ class EngineConfig:
     kv_cache_dtype: KVCacheDtype = flag(
         KVCacheDtype.AUTO,
         "how K/V pages are stored: auto (the model's dtype), int8 (a scale per token and head), q4 "
-        "(4-bit groups with a scale and bias each) or k8v4 (int8 keys, q4 values; MLX ops); about 2x / 3.5x / "
-        "2.4x the tokens of fp16 in the same memory",
+        "(4-bit groups with a scale and bias each) or k8v4 (int8 keys, q4 values; MLX ops, CPU path); "
+        "about 2x / 3.5x / 2.4x the tokens of fp16 in the same memory",
     )
     weights: WeightsMode = flag(WeightsMode.AUTO, "quantized weights: keep them packed, or dequantize (auto: by size)")
     dequantize_max_bytes: int = 4 * 1024**3  # "auto": dequantize to fp32 only below this size
@@ -267,18 +267,25 @@ class EngineConfig:
             raise ConfigError("--tensor-parallel-size must be at least 1")
         if tp == 1:
             return
-        if self.pipeline_parallel_size > 1:
-            raise ConfigError("--tensor-parallel-size with --pipeline-parallel-size > 1 is not supported yet")
         # Each rank runs the same packed step; these features keep state or work outside that step.
         refused = {
-            "--speculative-config": self.speculative_config is not None,
-            "--enable-lora": self.enable_lora,
-            "--kv-disk-dir": self.kv_disk_dir is not None,
-            "--runner pooling": self.runner == "pooling",
+            "--speculative-config": (
+                self.speculative_config is not None,
+                "its draft and verify forwards are not sent to the other ranks",
+            ),
+            "--enable-lora": (self.enable_lora, "adapter weights are not split over the ranks"),
+            "--kv-disk-dir": (
+                self.kv_disk_dir is not None,
+                "each rank would have to save and load its own KV heads; only rank 0 runs the tier",
+            ),
+            "--runner pooling": (
+                self.runner == "pooling",
+                "the pooling runner's forwards are not sent to the other ranks",
+            ),
         }
-        for name, on in refused.items():
+        for name, (on, why) in refused.items():
             if on:
-                raise ConfigError(f"{name} does not work with --tensor-parallel-size > 1 yet")
+                raise ConfigError(f"{name} does not work with --tensor-parallel-size > 1 yet: {why}")
 
     @property
     def world_size(self) -> int:

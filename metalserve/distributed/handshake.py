@@ -90,9 +90,10 @@ def exchange(report: RankReport, group: mx.distributed.Group) -> list[RankReport
     return [RankReport.decode(r) for r in table]
 
 
-def check_reports(reports: list[RankReport], role: str = "pipeline") -> None:
+def check_reports(reports: list[RankReport], role: str = "pipeline", tp: int = 1) -> None:
     """Raise StartupError naming the first rank that failed or holds a different model than rank 0.
-    `role` names the ranks in the message ("pipeline", "tensor-parallel")."""
+    `role` names the ranks in the message ("pipeline", "tensor-parallel"); `tp`: a pipeline's stages
+    each of `tp` consecutive ranks holding the same layers."""
     for rank, r in enumerate(reports):
         if not r.ok:
             raise StartupError(f"{role} rank {rank} could not start: {r.message}")
@@ -109,5 +110,8 @@ def check_reports(reports: list[RankReport], role: str = "pipeline") -> None:
                 "give every rank the same flags"
             )
     for rank in range(1, len(reports)):
-        if reports[rank].layers.start != reports[rank - 1].layers.stop:
+        prev, here = reports[rank - 1].layers, reports[rank].layers
+        if rank % tp and here != prev:
+            raise StartupError(f"{role} ranks {rank - 1} and {rank} (one stage) disagree on the layer split")
+        if not rank % tp and here.start != prev.stop:
             raise StartupError(f"{role} ranks {rank - 1} and {rank} disagree on the layer split")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 from metalserve.distributed.stage import embed_inputs, final_norm, run_layers
 from metalserve.distributed.wire import (
@@ -61,9 +62,11 @@ class PipelineRunner(ModelRunner):
         eos_token_ids: frozenset[int] = frozenset(),
         sampler: SamplerFn | None = None,
         backend: AttentionBackend[Any, Any],
+        tensor_parallel: int = 1,
     ) -> None:
         super().__init__(model, spec, eos_token_ids=eos_token_ids, sampler=sampler, backend=backend)
         self.group = group
+        self.tensor_parallel = tensor_parallel  # ranks per stage: rank 0's stage partners are 1..tp-1
         self.last_rank = group.size() - 1
         self._next_id = 0
         # The activations' dtype (the last rank's rows come back in it); a slice may keep no K/V pages.
@@ -81,11 +84,26 @@ class PipelineRunner(ModelRunner):
         if so.total_num_scheduled_tokens == 0:
             return None
         step = pack_step(self.requests, so.num_scheduled_tokens, self.spec.block_size)
-        with forward_context(self._context(step)):
-            hidden = run_layers(self.model, embed_inputs(self.model, mx.array(step.token_ids)))
         tables = self.block_tables
         others = tuple([tables[rid].array(g) for rid in step.request_ids] for g in range(1, tables.num_groups))
         meta, width = StepMeta.from_step(step, others).encode()
+        inputs = embed_inputs(self.model, mx.array(step.token_ids))
+        if self.tensor_parallel > 1:
+            # Rank 1 runs the same layers on its heads: it gets the step (and its inputs) first, passes
+            # its own output on to the next stage, and the layers' all-reduces join the two here.
+            mx.eval(inputs)
+            self._send_step(step, meta, width, inputs, tables.num_groups)
+        with forward_context(self._context(step)):
+            hidden = run_layers(self.model, inputs)
+        if self.tensor_parallel == 1:
+            self._send_step(step, meta, width, hidden, tables.num_groups)
+        mx.eval(hidden, self._kv_arrays())
+        states = [self.requests[rid] for rid in step.request_ids]
+        sampling = [states[i] for i in step.sampling_rows]
+        self._next_id += 1
+        return InFlight(so, step, states, sampling, self._next_id - 1)
+
+    def _send_step(self, step: StepInputs, meta: np.ndarray, width: int, hidden: mx.array, num_tables: int) -> None:
         payload = pack_payload(meta, hidden)
         assert payload is not None
         header = Header(
@@ -97,14 +115,9 @@ class PipelineRunner(ModelRunner):
             self.spec.num_blocks,
             self._next_id,
             payload.nbytes,
-            tables.num_groups,
+            num_tables,
         )
         send_message(header, payload, 1, self.group)
-        mx.eval(self._kv_arrays())
-        states = [self.requests[rid] for rid in step.request_ids]
-        sampling = [states[i] for i in step.sampling_rows]
-        self._next_id += 1
-        return InFlight(so, step, states, sampling, header.step_id)
 
     def complete(self, flight: InFlight) -> ModelRunnerOutput:
         """Receive the step's sampling rows from the last rank, project them and sample."""

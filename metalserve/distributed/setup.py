@@ -13,7 +13,9 @@ import mlx.nn as nn
 from metalserve.config import ConfigError, EngineConfig
 from metalserve.distributed.handshake import RankReport, check_reports, exchange, fingerprint
 from metalserve.distributed.partition import split_layers
+from metalserve.distributed.shard import shard_model
 from metalserve.distributed.stage import backbone_of, keep_layers, layer_bytes, non_layer_bytes
+from metalserve.distributed.subgroup import TensorGroup, stage_tensor_group
 from metalserve.executor.attention.base import AttentionBackend
 from metalserve.executor.attention.select import select_attention
 from metalserve.executor.models.adapter import PagedModel
@@ -46,22 +48,30 @@ class RankSetup:
     reports: list[RankReport]
 
 
-def _load_slice(config: EngineConfig, rank: int, size: int) -> tuple[LoadedModel, PagedModel, range, tuple[int, ...]]:
+def _load_slice(
+    config: EngineConfig, rank: int, size: int, tensor_group: TensorGroup | None = None
+) -> tuple[LoadedModel, PagedModel, range, tuple[int, ...]]:
     """Load only this rank's layers: the split, the fingerprint and the whole model's KV layout (its layer
     groups, which every rank's block tables keep) are taken from the built model before its (lazy, for
-    safetensors) weights are materialised, so the other layers never reach memory."""
+    safetensors) weights are materialised, so the other layers never reach memory. With `tensor_group`
+    (tensor parallelism inside each stage) the layers are split over it first, so the layout holds this
+    rank's KV heads; its stage is `rank // tp` of `size // tp`."""
     found: dict[str, Any] = {}
+    tp = 1 if tensor_group is None else tensor_group.size()
 
     def prepare(model: nn.Module) -> None:
         model_type = str(getattr(model, "model_type", ""))
         check_pipeline_model(model_type)
         found["fingerprint"] = fingerprint(model, loaded_config(model))
         sizes, extra = _resident_sizes(model, config)
-        slices = split_layers(sizes, size, extra, config.pipeline_layer_partition)
+        stage = rank // tp
+        slices = split_layers(sizes, size // tp, extra, config.pipeline_layer_partition)
+        if tensor_group is not None:
+            shard_model(model, tensor_group)  # lazy slices of lazy weights: the dropped layers never load
         family = model_family(model_type)
         found["layout"], found["states"] = family.kv_layout(model), family.state_groups(model)
-        found["layers"] = slices[rank]
-        keep_layers(model, slices[rank], first=rank == 0)
+        found["layers"] = slices[stage]
+        keep_layers(model, slices[stage], first=rank == 0)
 
     loaded = load_model_for(config, prepare)
     mx.clear_cache()
@@ -99,14 +109,16 @@ def loaded_config(model: nn.Module) -> dict[str, object]:
     return {k: v for k, v in vars(model.args).items() if isinstance(v, (int, float, str, bool, list, type(None)))}
 
 
-def _blocks_fit(config: EngineConfig, loaded: LoadedModel, model: PagedModel, rank: int) -> tuple[int, int]:
+def _blocks_fit(
+    config: EngineConfig, loaded: LoadedModel, model: PagedModel, rank: int, tp: int = 1
+) -> tuple[int, int]:
     """(KV blocks this rank can hold for its layers, bytes per block here): the facts of this rank, sized
     by the pool planner (kvcache/plan.py)."""
     per_block = stage_spec(model, config.block_size, config.kv_cache_dtype).bytes_per_block  # this rank's layers
     if config.kv_cache_memory is not None:
         return stage_blocks_fit(config, per_block, None, 0), per_block
     hidden = int(loaded.config.get("hidden_size", 0))
-    inter = int(loaded.config.get("intermediate_size", 4 * hidden))
+    inter = int(loaded.config.get("intermediate_size", 4 * hidden)) // tp  # this rank's MLP columns
     vocab = int(loaded.config.get("vocab_size", 0))
     itemsize = model.family.activation_dtype(model.model).size
     step = stage_step_bytes(config, itemsize, hidden, inter, vocab, first=rank == 0)
@@ -114,23 +126,26 @@ def _blocks_fit(config: EngineConfig, loaded: LoadedModel, model: PagedModel, ra
 
 
 def setup_rank(config: EngineConfig, group: mx.distributed.Group) -> RankSetup:
-    """Load this rank's slice and agree with the others; StartupError if any rank cannot go on."""
-    rank, size = group.rank(), group.size()
+    """Load this rank's slice and agree with the others; StartupError if any rank cannot go on. With
+    --tensor-parallel-size, world rank `stage * tp + t` holds tensor-parallel share t of stage's layers."""
+    rank, size, tp = group.rank(), group.size(), config.tensor_parallel_size
     try:
-        loaded, model, layers, fp = _load_slice(config, rank, size)
+        tensor_group = stage_tensor_group(group, tp) if tp > 1 else None
+        loaded, model, layers, fp = _load_slice(config, rank, size, tensor_group)
         max_model_len = resolve_max_model_len(config, loaded.max_model_len, loaded.rope_scaled_len, warn=rank == 0)
         dtype = model.family.activation_dtype(model.model)
         backend = select_attention(
             config.attention_backend, dtype, current_platform(), kv_storage=config.kv_cache_dtype
         )
-        fits, per_block = _blocks_fit(config, loaded, model, rank)
+        backend.warm_up()  # every rank at once, here, rather than each in turn on the first request
+        fits, per_block = _blocks_fit(config, loaded, model, rank, tp)
         weight_mib = parameter_bytes(model.model) >> 20
         report = RankReport(True, fp, fits, layers, weight_mib, per_block, "", config.block_size)
     except Exception as exc:  # reported to every rank, then raised here too
         exchange(RankReport.failed(f"{type(exc).__name__}: {exc}"), group)
         raise
     reports = exchange(report, group)
-    check_reports(reports)
+    check_reports(reports, tp=tp)
     groups = stage_spec(model, config.block_size, config.kv_cache_dtype).groups  # the same on every rank
     plan = plan_stage_pool(config, [r.blocks_fit for r in reports], max_model_len, groups)
     if rank == 0:

@@ -14,7 +14,7 @@ all-reduce is one `AllSum` module whose byte count is kept (bench/tensor_paralle
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -23,11 +23,21 @@ from mlx.nn.layers.distributed import (
     QuantizedAllToShardedLinear,
     QuantizedShardedToAllLinear,
     ShardedToAllLinear,
+    shard_linear,
 )
 
+from metalserve.distributed.subgroup import TensorGroup, reduce_sum
+from metalserve.executor.models.families import model_family
+
 # mlx-lm model modules whose `shard` splits exactly attention heads and MLP (or MoE) columns, with the
-# attention modules our paged attention takes over. Others (hybrid, MLA, vision) are refused by name.
-TP_MODULES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+# attention modules our paged attention takes over; qwen3_5 / qwen3_5_moe (hybrids) also split each gated
+# delta net by its key/value heads (conv channels, A_log, dt_bias with them), so each rank's recurrent
+# state holds its own heads. Others (qwen3_next's fused projections, MLA, vision) are refused by name.
+TP_MODULES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
+# Families mlx-lm has no `shard` for, whose layers are llama's shape (q/k/v/o attention with `n_heads` /
+# `n_kv_heads`, a gate/up/down MLP): split here the way llama's `shard` does. gemma3_text brings
+# sliding-window layer groups (each rank builds every group's metadata, Stage.context).
+OWN_SHARD = ("gemma3_text",)
 
 
 class TensorParallelError(ValueError):
@@ -52,7 +62,7 @@ class AllSum(nn.Module):
     """A row-parallel projection (or an MoE block of column-split experts): this rank's partial sum, then
     the sum over the group; a bias is added once, after the sum."""
 
-    def __init__(self, inner: nn.Module, group: mx.distributed.Group, bias: mx.array | None = None) -> None:
+    def __init__(self, inner: nn.Module, group: TensorGroup, bias: mx.array | None = None) -> None:
         super().__init__()
         self.inner = inner
         if bias is not None:
@@ -60,7 +70,7 @@ class AllSum(nn.Module):
         self.group = group  # not an array: not a parameter
 
     def __call__(self, x: mx.array, *args: Any) -> mx.array:
-        y = mx.distributed.all_sum(self.inner(x, *args), group=self.group)
+        y = reduce_sum(self.inner(x, *args), self.group)
         METER.calls += 1
         METER.bytes += y.nbytes
         return y + self.bias if "bias" in self else y
@@ -70,26 +80,52 @@ def _module_name(model: nn.Module) -> str:
     return type(model).__module__.rsplit(".", 1)[-1]
 
 
+def _layers(model: nn.Module) -> list[nn.Module]:
+    return list(model_family(str(getattr(model, "model_type", ""))).backbone(model).layers)
+
+
+def _heads(attn: nn.Module) -> tuple[int, int]:
+    """(query heads, KV heads), as the family spells them."""
+    q = attn.n_heads if hasattr(attn, "n_heads") else attn.num_attention_heads
+    kv = attn.n_kv_heads if hasattr(attn, "n_kv_heads") else attn.num_key_value_heads
+    return int(q), int(kv)
+
+
+def _mixer_problem(layer: nn.Module, size: int) -> str | None:
+    """A layer's token mixer: attention heads, or a gated delta net's key / value heads."""
+    if getattr(layer, "is_linear", False):
+        la = layer.linear_attn
+        counts = (("linear-attention key heads", la.num_k_heads), ("linear-attention value heads", la.num_v_heads))
+        out_name, out = "out_proj", la.out_proj
+    else:
+        q, kv = _heads(layer.self_attn)
+        counts = (("attention heads", q), ("KV heads", kv))
+        out_name, out = "o_proj", layer.self_attn.o_proj
+    for what, count in counts:
+        if count % size:
+            return f"has {count} {what}, not divisible by {size}"
+    problem = _quantized_split_problem(out, size)
+    return f"{out_name}: {problem}" if problem else None
+
+
 def tp_problem(model: nn.Module, size: int) -> str | None:
     """Why `model` cannot be split over `size` ranks, or None."""
     name = _module_name(model)
-    if name not in TP_MODULES or not hasattr(model, "shard"):
+    if name not in OWN_SHARD and (name not in TP_MODULES or not hasattr(model, "shard")):
         return (
-            f"a {getattr(model, 'model_type', name)} model: tensor parallelism serves {', '.join(TP_MODULES)} "
-            "models so far"
+            f"a {getattr(model, 'model_type', name)} model: tensor parallelism serves "
+            f"{', '.join(TP_MODULES + OWN_SHARD)} models so far"
         )
-    for i, layer in enumerate(model.model.layers):
-        attn = layer.self_attn
-        for what, count in (("attention heads", attn.n_heads), ("KV heads", attn.n_kv_heads)):
-            if count % size:
-                return f"layer {i} has {count} {what}, not divisible by {size}"
+    for i, layer in enumerate(_layers(model)):
+        problem = _mixer_problem(layer, size)
+        if problem:
+            return f"layer {i} {problem}" if problem.startswith("has") else f"layer {i}'s {problem}"
         columns = _mlp_columns(layer.mlp)
         if columns % size:
             return f"layer {i}'s MLP has {columns} intermediate columns, not divisible by {size}"
-        for proj_name, proj in (("o_proj", attn.o_proj), ("down_proj", _down_proj(layer.mlp))):
-            problem = _quantized_split_problem(proj, size)
-            if problem:
-                return f"layer {i}'s {proj_name}: {problem}"
+        problem = _quantized_split_problem(_down_proj(layer.mlp), size)
+        if problem:
+            return f"layer {i}'s down_proj: {problem}"
     return None
 
 
@@ -115,23 +151,57 @@ def _quantized_split_problem(proj: nn.Module, size: int) -> str | None:
     return None
 
 
-def shard_model(model: nn.Module, group: mx.distributed.Group) -> None:
+def shard_model(model: nn.Module, group: TensorGroup) -> None:
     """Split `model`'s layers over `group` in place (TensorParallelError if it cannot be)."""
     problem = tp_problem(model, group.size())
     if problem is not None:
         raise TensorParallelError(f"--tensor-parallel-size {group.size()}: {problem}")
-    model.shard(group)
-    for layer in model.model.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        for name in ("q_proj", "k_proj", "v_proj"):
-            setattr(attn, name, _column(getattr(attn, name)))
-        attn.o_proj = _row(attn.o_proj, group)
+    # qwen3_5's shard also splits an untied head by vocabulary (then gathers the logits); rank 0 projects
+    # and samples alone, so the head stays whole.
+    lm = model_family(str(getattr(model, "model_type", ""))).language_model(model)
+    head = lm.lm_head if "lm_head" in lm else None
+    if _module_name(model) in OWN_SHARD:
+        _shard_dense(model, group)
+    else:
+        model.shard(group)
+    if head is not None:
+        lm.lm_head = head
+        lm.sharding_group = None
+    for layer in _layers(model):
+        mlp = layer.mlp
+        if getattr(layer, "is_linear", False):
+            la = layer.linear_attn  # split in place by mlx-lm (heads, conv channels, A_log, dt_bias)
+            la.sharding_group = None  # its all-reduce after out_proj becomes ours (counted)
+            la.out_proj = AllSum(la.out_proj, group)
+        else:
+            attn = layer.self_attn
+            for name in ("q_proj", "k_proj", "v_proj"):
+                setattr(attn, name, _column(getattr(attn, name)))
+            attn.o_proj = _row(attn.o_proj, group)
         if "switch_mlp" in mlp:
             mlp.sharding_group = None  # its all-reduce becomes ours, so it is counted like the others
             layer.mlp = AllSum(mlp, group)
         else:
             mlp.gate_proj, mlp.up_proj = _column(mlp.gate_proj), _column(mlp.up_proj)
             mlp.down_proj = _row(mlp.down_proj, group)
+
+
+def _shard_dense(model: nn.Module, group: TensorGroup) -> None:
+    """llama's `shard` for a family without one: heads and MLP columns (the layers made plain after)."""
+    n = group.size()
+    # shard_linear reads only rank() and size() to slice (the all-reduce becomes ours after), so a
+    # PairGroup does for a Group here.
+    split = cast("mx.distributed.Group", group)
+    for layer in _layers(model):
+        attn, mlp = layer.self_attn, layer.mlp
+        for name in ("q_proj", "k_proj", "v_proj"):
+            setattr(attn, name, shard_linear(getattr(attn, name), "all-to-sharded", group=split))
+        attn.o_proj = shard_linear(attn.o_proj, "sharded-to-all", group=split)
+        attn.n_heads //= n
+        attn.n_kv_heads //= n
+        mlp.gate_proj = shard_linear(mlp.gate_proj, "all-to-sharded", group=split)
+        mlp.up_proj = shard_linear(mlp.up_proj, "all-to-sharded", group=split)
+        mlp.down_proj = shard_linear(mlp.down_proj, "sharded-to-all", group=split)
 
 
 def _column(layer: nn.Module) -> nn.Module:
@@ -147,7 +217,7 @@ def _column(layer: nn.Module) -> nn.Module:
     return plain
 
 
-def _row(layer: nn.Module, group: mx.distributed.Group) -> nn.Module:
+def _row(layer: nn.Module, group: TensorGroup) -> nn.Module:
     """A row-parallel layer as a plain layer of this rank's input columns inside one all-reduce."""
     if isinstance(layer, ShardedToAllLinear):
         plain: nn.Module = nn.Linear(1, 1, bias=False)

@@ -24,13 +24,13 @@ import numpy as np
 from metalserve.distributed.stage import Stage
 from metalserve.distributed.wire import HEADER_LEN, Header, Kind, StepMeta
 from metalserve.engine.core import EngineCore
-from metalserve.executor.attention.base import AttentionBackend, LayerCacheSpec
-from metalserve.executor.context import ForwardContext, GroupStep, forward_context
+from metalserve.executor.attention.base import AttentionBackend
+from metalserve.executor.context import ForwardContext, forward_context
 from metalserve.executor.models.adapter import PagedModel
 from metalserve.executor.models.compute import MlxCompute, MlxForward
 from metalserve.executor.runner import InFlightStep, ModelRunner, SamplerFn
 from metalserve.executor.step_inputs import StepInputs
-from metalserve.kvcache.specs import AttentionSpec, KVCacheSpec
+from metalserve.kvcache.specs import KVCacheSpec
 from metalserve.outputs import EngineCoreOutput
 from metalserve.scheduler.output import ModelRunnerOutput
 
@@ -45,17 +45,17 @@ def broadcast(values: mx.array | None, shape: tuple[int, ...], group: mx.distrib
     return out
 
 
-def encode_step(step: StepInputs) -> tuple[np.ndarray, int]:
-    """The step as one int32 vector (token ids, then wire.py's metadata) and its block-table width."""
-    meta, width = StepMeta.from_step(step).encode()
+def encode_step(step: StepInputs, group_rows: tuple[list[np.ndarray], ...] = ()) -> tuple[np.ndarray, int]:
+    """The step as one int32 vector (token ids, then wire.py's metadata with every other layer group's
+    tables: sliding windows, recurrent states) and its block-table width."""
+    meta, width = StepMeta.from_step(step, group_rows).encode()
     return np.concatenate([np.asarray(step.token_ids, np.int32), meta]), width
 
 
-def decode_step(flat: np.ndarray, header: Header) -> StepInputs:
+def decode_step(flat: np.ndarray, header: Header) -> tuple[np.ndarray, StepMeta]:
+    """(token ids, the step's metadata)."""
     t = header.num_tokens
-    step = StepMeta.decode(flat[t:], header).step_inputs()
-    step.token_ids = flat[:t]
-    return step
+    return flat[:t], StepMeta.decode(flat[t:], header)
 
 
 def send_step(header: Header, flat: np.ndarray | None, group: mx.distributed.Group) -> None:
@@ -118,7 +118,9 @@ class TensorParallelRunner(ModelRunner):
 
     def _context(self, step: StepInputs) -> ForwardContext:
         # Called once per step with tokens, right before the forward is built: the one place to send it.
-        flat, width = encode_step(step)
+        tables = self.block_tables
+        others = tuple([tables[rid].array(g) for rid in step.request_ids] for g in range(1, tables.num_groups))
+        flat, width = encode_step(step, others)
         header = Header(
             Kind.STEP,
             len(step.token_ids),
@@ -128,6 +130,7 @@ class TensorParallelRunner(ModelRunner):
             self.spec.num_blocks,
             self._next_id,
             flat.nbytes,
+            tables.num_groups,
         )
         send_step(header, flat, self.group)
         self._next_id += 1
@@ -163,16 +166,6 @@ class TensorParallelCore(EngineCore):
         send_step(Header(Kind.STOP, 0, 0, 0, 0, 0, -1, 0), None, self.runner.group)
 
 
-def one_group_context(stage: Stage, step: StepInputs) -> ForwardContext:
-    """The step's attention metadata over the stage's pools, for a model of one full-attention layer
-    group (serving/tensor.py refuses others): the step's own slots and block rows are that group's."""
-    attn = stage.spec.groups[0]
-    assert isinstance(attn, AttentionSpec)
-    meta = stage.backend.build_metadata(step, LayerCacheSpec(attn, stage.spec.block_size, stage.spec.num_blocks))
-    group = GroupStep(mx.array(step.slot_mapping), meta)
-    return ForwardContext(mx.array(step.positions), stage.backend, stage.kv, [group])
-
-
 class TensorParallelWorker:
     """Ranks 1..N-1: no scheduler, no sampler; this rank's heads of every layer and their KV pools."""
 
@@ -192,10 +185,12 @@ class TensorParallelWorker:
             self.run_step(header, flat)
 
     def run_step(self, header: Header, flat: np.ndarray) -> None:
-        step = decode_step(flat, header)
+        token_ids, meta = decode_step(flat, header)
         self.stage.ensure_blocks(header.num_kv_blocks)
-        with forward_context(one_group_context(self.stage, step)):
-            hidden = self.stage.model.mlx_hidden_states(mx.array(step.token_ids))
+        # Every layer group's metadata and the recurrent states' plan, as a pipeline stage builds them:
+        # this rank holds every layer, with its own heads' pages and states.
+        with forward_context(self.stage.context(meta)):
+            hidden = self.stage.model.mlx_hidden_states(mx.array(token_ids))
         # The whole forward, not only the pools: the last layer's all-reduce feeds no pool but rank 0 waits on it.
         mx.eval(hidden, self.stage.pools())
         self.steps += 1

@@ -40,11 +40,15 @@ class StepTimes(NamedTuple):
 class Worker:
     """One middle or last rank of the pipeline."""
 
-    def __init__(self, stage: Stage, group: mx.distributed.Group, dtype: mx.Dtype) -> None:
+    def __init__(self, stage: Stage, group: mx.distributed.Group, dtype: mx.Dtype, tensor_parallel: int = 1) -> None:
         self.stage = stage
         self.group = group
         self.rank = group.rank()
         self.last = self.rank == group.size() - 1
+        # A stage of several tensor-parallel ranks (world ranks stage * tp + t): all but its last relay the
+        # step they receive to the next rank of the stage before running it (the layers' all-reduces need
+        # every rank of the stage); the stage's last rank sends its output on, as a lone stage does.
+        self.relay = (self.rank + 1) % tensor_parallel != 0
         self.dtype = dtype
         self.times: deque[StepTimes] = deque(maxlen=1024)  # the latest steps, summarised at the end
 
@@ -65,8 +69,14 @@ class Worker:
         assert flat is not None
         meta = StepMeta.decode(flat, header)
         self.stage.ensure_blocks(header.num_kv_blocks)
+        if self.relay:
+            send_message(header, payload, self.rank + 1, self.group)
         t1 = time.perf_counter()
         out = self.stage.forward(as_hidden(raw, header.num_tokens, self.dtype), meta)
+        if self.relay:
+            mx.eval(out, self.stage.pools())
+            self.times.append(StepTimes(t1 - t0, time.perf_counter() - t1, 0.0, header.payload_bytes, 0))
+            return
         if self.last:
             rows = out[mx.array(meta.logits_indices)] if header.num_rows else None
             mx.eval([rows] if rows is not None else [], self.stage.pools())
@@ -84,12 +94,15 @@ class Worker:
 
 
 def run_worker(
-    setup: RankSetup, group: mx.distributed.Group, block_size: int, storage: KVCacheDtype = KVCacheDtype.AUTO
+    setup: RankSetup,
+    group: mx.distributed.Group,
+    block_size: int,
+    storage: KVCacheDtype = KVCacheDtype.AUTO,
+    tensor_parallel: int = 1,
 ) -> None:
     spec = stage_spec(setup.model, block_size, storage, setup.initial_blocks)
-    worker = Worker(
-        Stage(setup.model, spec, setup.backend), group, setup.model.family.activation_dtype(setup.model.model)
-    )
+    dtype = setup.model.family.activation_dtype(setup.model.model)
+    worker = Worker(Stage(setup.model, spec, setup.backend), group, dtype, tensor_parallel)
     logger.info("pipeline rank %d ready: layers %d-%d", setup.rank, setup.layers.start, setup.layers.stop - 1)
     try:
         worker.serve()

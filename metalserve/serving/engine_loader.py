@@ -64,7 +64,8 @@ def start_engine(spec: ModelSpec, grammar_limits: GrammarLimits | None = None) -
     from metalserve.serving.pipeline import start_pipeline
     from metalserve.serving.tensor import start_tensor_parallel
 
-    start = start_tensor_parallel if config.tensor_parallel_size > 1 else start_pipeline
+    # Tensor parallelism inside pipeline stages runs the pipeline's steps (serving/pipeline.py).
+    start = start_tensor_parallel if config.pipeline_parallel_size == 1 else start_pipeline
     core, loaded, watchdog = thread.call(start, config)
     # Distributed ranks run the language model only: images need the single-process engine.
     engine = _engine_of(spec, core, loaded, thread, grammar_limits, images=False)

@@ -29,7 +29,7 @@ logger = logging.getLogger("metalserve.distributed")
 
 def run_rank(config: EngineConfig) -> int:
     """A rank other than 0: set up, then run steps until STOP. The exit status says how it ended."""
-    return run_rank_in_group(config, init_group(config.pipeline_parallel_size))
+    return run_rank_in_group(config, init_group(config.world_size))
 
 
 def start_pipeline(config: EngineConfig) -> tuple[PipelineEngineCore, LoadedModel, Watchdog]:
@@ -38,7 +38,7 @@ def start_pipeline(config: EngineConfig) -> tuple[PipelineEngineCore, LoadedMode
     core_ref: list[PipelineEngineCore] = []
     watchdog = Watchdog(children, config.pipeline_step_timeout, lambda: core_ref[0].waiting_since if core_ref else None)
     watchdog.start()  # from here a local rank that dies during start-up ends this process too
-    group = init_group(config.pipeline_parallel_size)
+    group = init_group(config.world_size)
     if group.rank() != 0:
         sys.exit(run_rank_in_group(config, group))
     try:
@@ -58,7 +58,7 @@ def start_pipeline(config: EngineConfig) -> tuple[PipelineEngineCore, LoadedMode
 def run_rank_in_group(config: EngineConfig, group: mx.distributed.Group) -> int:
     try:
         setup = setup_rank(config, group)
-        run_worker(setup, group, config.block_size, config.kv_cache_dtype)
+        run_worker(setup, group, config.block_size, config.kv_cache_dtype, config.tensor_parallel_size)
     except (StartupError, ModelLoadError, ValueError, RuntimeError) as exc:  # RuntimeError: a peer went away
         logger.error("pipeline rank %d: %s", group.rank(), exc)
         return 1
@@ -75,6 +75,7 @@ def build_core(config: EngineConfig, setup: RankSetup, group: mx.distributed.Gro
         eos_token_ids=loaded.eos_token_ids,
         sampler=Sampler(config.seed),
         backend=setup.backend,
+        tensor_parallel=config.tensor_parallel_size,
     )
     mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * setup.num_blocks * spec.bytes_per_block))
     scheduler = build_scheduler(config, spec, setup.num_blocks, setup.max_model_len, setup.initial_blocks)
@@ -112,7 +113,7 @@ def main() -> int:
     from metalserve.distributed.launch import config_from_env
 
     config = config_from_env()
-    if config.tensor_parallel_size > 1:
+    if config.tensor_parallel_size > 1 and config.pipeline_parallel_size == 1:
         from metalserve.serving.tensor import run_tensor_rank
 
         return run_tensor_rank(config)

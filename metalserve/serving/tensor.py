@@ -73,13 +73,13 @@ def _load_shard(config: EngineConfig, group: mx.distributed.Group) -> tuple[Load
 
 
 def check_tensor_parallel_layout(model: PagedModel, model_type: str) -> None:
-    """A worker builds one layer group's metadata (distributed/tensor.py): refuse a split model of several
-    (sliding windows), recurrent states or MLA latents by name, rather than serve it wrongly."""
-    layout = model.kv_layout
-    if model.state_layout is not None or len(layout.groups) != 1 or layout.value_dim is not None:
+    """Every rank builds every layer group's metadata and the recurrent states' plan (a pipeline stage's
+    `Stage.context`), so sliding windows and gated-delta states split with their heads. MLA latent pages
+    hold no heads to split: refused by name (no MLA family is in shard.py's list today; this guards it)."""
+    if model.kv_layout.value_dim is not None:
         raise TensorParallelError(
-            f"{FLAG}: a {model_type} model keeps {len(layout.groups)} KV layer groups (sliding windows, recurrent "
-            "states or MLA latents); tensor-parallel ranks serve one full-attention group so far"
+            f"{FLAG}: a {model_type} model keeps MLA latent pages, shared by every head; they do not split over "
+            "tensor-parallel ranks"
         )
 
 
@@ -104,6 +104,7 @@ def setup_tensor_rank(config: EngineConfig, group: mx.distributed.Group) -> Tens
         backend = select_attention(
             config.attention_backend, kv_shape(loaded).dtype, current_platform(), kv_storage=config.kv_cache_dtype
         )
+        backend.warm_up()  # every rank at once, here, rather than each in turn on the first request
         fits, per_block = _blocks_fit(config, loaded, size, rank == 0)
         heads = kv_shape(loaded).num_kv_heads
         weight_mib = parameter_bytes(model.model) >> 20
@@ -115,7 +116,9 @@ def setup_tensor_rank(config: EngineConfig, group: mx.distributed.Group) -> Tens
         raise
     reports = exchange(report, group)
     check_reports(reports, role="tensor-parallel")
-    plan = plan_stage_pool(config, [r.blocks_fit for r in reports], max_model_len)
+    # A request holds blocks in every layer group (sliding windows, the recurrent-state group).
+    groups = kv_cache_spec(loaded, config.block_size, config.kv_cache_dtype).groups
+    plan = plan_stage_pool(config, [r.blocks_fit for r in reports], max_model_len, groups)
     if rank == 0:
         log_ranks(reports, plan.num_blocks, config.block_size)
     return TensorRankSetup(

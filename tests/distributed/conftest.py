@@ -57,6 +57,12 @@ def tiny_qwen3_next(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3_5(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Gated-delta layers 0 and 2 (2 key / 4 value heads), gated attention layers 1 and 3; untied head."""
+    return write_hybrid_dir(tmp_path_factory.mktemp("tiny") / "qwen3_5", "qwen3_5", seed=11)
+
+
+@pytest.fixture(scope="session")
 def tiny_nemotron_h(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Mamba layers 0 and 3, attention layer 2, MLP-only layers 1 and 4; the backbone is `backbone`."""
     return write_hybrid_dir(tmp_path_factory.mktemp("tiny") / "nemotron_h", "nemotron_h", seed=10)

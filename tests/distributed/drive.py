@@ -93,7 +93,7 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     with open(sys.argv[1]) as f:
         spec = json.load(f)
-    start = start_tensor_parallel if spec.get("tp", 1) > 1 else start_pipeline
+    start = start_tensor_parallel if spec.get("pp", 1) == 1 and spec.get("tp", 1) > 1 else start_pipeline
     core, _, watchdog = start(config_of(spec))
     tokens = run_core(core, workload(spec), spec["max_tokens"], spec["stagger"])
     stats = core.make_stats()

@@ -37,6 +37,10 @@ def _shards(make: object, size: int = 2) -> list[nn.Module]:
     for rank in range(size):
         model = make()  # type: ignore[operator]
         shard_model(model, FakeGroup(rank, size))  # type: ignore[arg-type]
+        # A real (one-process) group in the all-reduces, so a forward can be built (a hybrid's state probe).
+        for _, module in model.named_modules():
+            if isinstance(module, AllSum):
+                module.group = mx.distributed.init()
         models.append(model)
     return models
 
@@ -47,13 +51,15 @@ def test_flag_refusals_are_clear() -> None:
     assert EngineConfig(tensor_parallel_size=2).world_size == 2
     with pytest.raises(ConfigError, match="--tensor-parallel-size must be at least 1"):
         EngineConfig(tensor_parallel_size=0)
-    with pytest.raises(ConfigError, match="with --pipeline-parallel-size > 1 is not supported yet"):
-        EngineConfig(tensor_parallel_size=2, pipeline_parallel_size=2)
+    assert EngineConfig(tensor_parallel_size=2, pipeline_parallel_size=2).world_size == 4  # TP inside stages
     with pytest.raises(ConfigError, match="--speculative-config does not work with --tensor-parallel-size"):
         EngineConfig(tensor_parallel_size=2, speculative_config=SpeculativeConfig("ngram", 3, 1, 5))
     with pytest.raises(ConfigError, match="--enable-lora does not work with --tensor-parallel-size"):
         EngineConfig(tensor_parallel_size=2, enable_lora=True)
-    with pytest.raises(ConfigError, match="--kv-disk-dir does not work with --tensor-parallel-size"):
+    with pytest.raises(
+        ConfigError,
+        match="--kv-disk-dir does not work with --tensor-parallel-size > 1 yet: each rank would have to save",
+    ):
         EngineConfig(tensor_parallel_size=2, kv_disk_dir="/tmp/x")
 
 
@@ -77,9 +83,10 @@ def test_which_models_split_and_why_not() -> None:
     assert "MLP has 102 intermediate columns, not divisible by 4" in str(
         tp_problem(tiny_model("llama", num_attention_heads=4, num_key_value_heads=4, intermediate_size=102), 4)
     )
-    gemma = build("gemma3_text")
-    assert tp_problem(gemma, 2) == (
-        "a gemma3_text model: tensor parallelism serves llama, qwen2, qwen3, qwen3_moe models so far"
+    assert tp_problem(build("gemma3_text"), 2) is None
+    assert tp_problem(build("gemma2"), 2) == (
+        "a gemma2 model: tensor parallelism serves llama, qwen2, qwen3, qwen3_moe, qwen3_5, qwen3_5_moe, "
+        "gemma3_text models so far"
     )
     with pytest.raises(TensorParallelError, match="--tensor-parallel-size 3: layer 0 has 4 attention heads"):
         shard_model(tiny_model("llama"), FakeGroup(0, 3))  # type: ignore[arg-type]
@@ -120,11 +127,16 @@ def _partial(layer_part: nn.Module, x: mx.array, attention: bool) -> mx.array:
         layer_part.down_proj = reduce
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def _tiny(model_type: str, seed: int) -> nn.Module:
+    return build(model_type, seed=seed) if model_type == "gemma3_text" else tiny_model(model_type, seed=seed)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "gemma3_text"])
 def test_rank_partials_sum_to_the_whole_layer(model_type: str) -> None:
-    """Attention (GQA: each rank's query heads read its own KV head) and MLP split exactly."""
-    whole = tiny_model(model_type, seed=4)
-    ranks = _shards(lambda: tiny_model(model_type, seed=4))
+    """Attention (GQA: each rank's query heads read its own KV head) and MLP split exactly; gemma3_text
+    (split here: mlx-lm has no `shard` for it) with its q/k norms."""
+    whole = _tiny(model_type, 4)
+    ranks = _shards(lambda: _tiny(model_type, 4))
     x = mx.random.normal((1, 6, 64), key=mx.random.key(0))
     layer = whole.model.layers[1]
     want_attn = layer.self_attn(x, mask="causal")
@@ -159,12 +171,39 @@ def test_step_broadcast_round_trip() -> None:
         [0, 1],
         np.array([3, 4], np.int32),
     )
-    flat, width = encode_step(step)
-    header = Header(Kind.STEP, 5, 2, 2, width, 64, 0, flat.nbytes)
-    back = decode_step(flat, header)
-    assert back.token_ids.tolist() == [5, 6, 7, 8, 9] and back.positions.tolist() == [0, 1, 2, 3, 16]
+    # A second layer group's tables (a hybrid's recurrent-state group) travel with the step.
+    states = [np.array([7]), np.array([8, 9])]
+    flat, width = encode_step(step, (states,))
+    header = Header(Kind.STEP, 5, 2, 2, width, 64, 0, flat.nbytes, 2)
+    token_ids, meta = decode_step(flat, header)
+    back = meta.step_inputs()
+    assert token_ids.tolist() == [5, 6, 7, 8, 9] and back.positions.tolist() == [0, 1, 2, 3, 16]
     assert back.padded_block_tables().tolist() == [[1, 0, 0], [2, 3, 5]]
     assert back.slot_mapping.tolist() == step.slot_mapping.tolist()
+    assert [r.tolist() for r in meta.group_rows[0]] == [[7], [8, 9]]
+
+
+class RingWorld(FakeGroup):
+    """A world group whose backend cannot split (MLX's ring)."""
+
+    def split(self, color: int, key: int) -> None:
+        raise RuntimeError("[ring] Group split not supported")
+
+
+def test_a_stages_pair_sums_over_send_recv_where_the_backend_cannot_split() -> None:
+    from metalserve.distributed.subgroup import PairGroup, stage_tensor_group
+
+    pair = stage_tensor_group(RingWorld(3, 4), 2)  # type: ignore[arg-type]
+    assert isinstance(pair, PairGroup) and pair.members == (2, 3) and (pair.rank(), pair.partner) == (1, 2)
+    assert stage_tensor_group(RingWorld(0, 4), 2).members == (0, 1)  # type: ignore[arg-type,union-attr]
+    with pytest.raises(ConfigError, match="cannot split the group .*serves 2 ranks"):
+        stage_tensor_group(RingWorld(0, 6), 3)  # type: ignore[arg-type]
+    # A stage's ranks hold the same layers; stages follow each other.
+    ok = RankReport(True, (1,) * 8, 10, range(0, 2), 1, 4096, "", 16)
+    stages = [ok, ok, ok._replace(layers=range(2, 4)), ok._replace(layers=range(2, 4))]
+    check_reports(stages, tp=2)
+    with pytest.raises(StartupError, match="ranks 2 and 3 \\(one stage\\) disagree on the layer split"):
+        check_reports([*stages[:3], ok._replace(layers=range(3, 4))], tp=2)
 
 
 def test_reports_name_tensor_parallel_ranks() -> None:
@@ -198,16 +237,71 @@ def test_quantized_layers_split_while_packed() -> None:
     )
 
 
-def test_a_split_model_with_sliding_windows_is_refused() -> None:
+def test_split_models_of_several_groups_pass_the_layout_check() -> None:
+    """Sliding windows and recurrent states: every rank builds every group's metadata (Stage.context)."""
     from metalserve.executor.models.adapter import PagedModel
     from metalserve.serving.tensor import check_tensor_parallel_layout
+    from tests.models.hybrid_tiny import tiny_hybrid
+    from tests.models.mla_golden import tiny_mla
 
     windowed = _shards(
         lambda: tiny_model("llama", layer_types=["sliding_attention", "full_attention"], sliding_window=16)
     )
-    with pytest.raises(TensorParallelError, match="keeps 2 KV layer groups"):
-        check_tensor_parallel_layout(PagedModel(windowed[0], "llama"), "llama")
-    check_tensor_parallel_layout(PagedModel(_shards(lambda: tiny_model("llama"))[0], "llama"), "llama")
+    check_tensor_parallel_layout(PagedModel(windowed[0], "llama"), "llama")
+    check_tensor_parallel_layout(PagedModel(_shards(lambda: tiny_hybrid("qwen3_5", seed=11))[1], "qwen3_5"), "qwen3_5")
+    mla = PagedModel(tiny_mla("deepseek_v3", seed=8), "deepseek_v3")
+    with pytest.raises(TensorParallelError, match="MLA latent pages"):
+        check_tensor_parallel_layout(mla, "deepseek_v3")
+
+
+def _delta_partial(la: nn.Module, x: mx.array, cache: object) -> mx.array:
+    """One rank's gated delta net before its all-reduce (out_proj's inner layer)."""
+    reduce = la.out_proj
+    la.out_proj = reduce.inner
+    try:
+        return la(x, None, cache)
+    finally:
+        la.out_proj = reduce
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
+def test_a_hybrids_recurrent_heads_split_with_their_states(model_type: str) -> None:
+    """qwen3_5: each rank's gated delta net keeps its key/value heads (conv channels, A_log, dt_bias) and
+    its own recurrent state; the ranks' partials sum to the whole layer over a prefill and a decode step
+    that reads the state back. Attention and MLP split as llama's; the untied head stays whole."""
+    from mlx_lm.models.cache import ArraysCache
+
+    from metalserve.executor.models.adapter import PagedModel
+    from tests.models.hybrid_tiny import tiny_hybrid
+
+    whole = tiny_hybrid(model_type, seed=11)
+    ranks = _shards(lambda: tiny_hybrid(model_type, seed=11))
+    layers = [r.language_model.model.layers for r in ranks]
+    la = layers[0][0].linear_attn
+    assert (la.num_k_heads, la.num_v_heads) == (1, 2) and isinstance(la.out_proj, AllSum)
+    assert la.sharding_group is None and isinstance(layers[0][1].self_attn.o_proj, AllSum)
+    head = whole.language_model.lm_head.weight
+    assert ranks[1].language_model.lm_head.weight.shape == head.shape
+    x = mx.random.normal((1, 5, 64), key=mx.random.key(2))
+    step = mx.random.normal((1, 1, 64), key=mx.random.key(3))
+    ref_cache = ArraysCache(2)
+    ref = whole.language_model.model.layers[0].linear_attn
+    want = [ref(x, None, ref_cache), ref(step, None, ref_cache)]
+    caches = [ArraysCache(2) for _ in ranks]
+    for i, inp in enumerate((x, step)):
+        got = sum(_delta_partial(ls[0].linear_attn, inp, c) for ls, c in zip(layers, caches, strict=True))
+        assert mx.allclose(got, want[i], atol=1e-4).item()  # type: ignore[union-attr]
+    mlp = whole.language_model.model.layers[1].mlp
+    if model_type == "qwen3_5":
+        got_mlp = sum(_partial(ls[1].mlp, x, False) for ls in layers)
+    else:
+        got_mlp = sum(ls[1].mlp.inner(x) for ls in layers)
+    assert mx.allclose(got_mlp, mlp(x), atol=1e-4).item()  # type: ignore[union-attr]
+    # Last (PagedModel wraps the mixers in place): each rank's state slots hold its heads, half the bytes.
+    whole_state = PagedModel(whole, model_type).state_layout
+    rank_state = PagedModel(ranks[1], model_type).state_layout
+    assert whole_state is not None and rank_state is not None
+    assert 2 * rank_state.slot_bytes == whole_state.slot_bytes
 
 
 def test_watchdog_names_tensor_parallel_ranks() -> None:

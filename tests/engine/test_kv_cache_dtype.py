@@ -18,6 +18,7 @@ from metalserve.executor.attention import kv_quant
 from metalserve.executor.attention.base import AttentionBackend, AttentionCall
 from metalserve.executor.attention.kv_quant import QuantPool, SplitPool
 from metalserve.executor.attention.rotation import RotatedPages
+from metalserve.kernels.cpu.decoder_weights import PAGE_STORAGES
 from metalserve.kvcache.specs import PageDtype
 from metalserve.outputs import TokenLogprob
 from metalserve.request import Request
@@ -137,8 +138,8 @@ def test_q4_pages_serve_the_model_over_dequantized_kv() -> None:
 
 
 def test_k8v4_pages_serve_the_model_over_int8_keys_and_q4_values(tmp_path: Path) -> None:
-    """k8v4: keys int8, values q4 (what bench/kv_quant_variants.py measured best per byte). `auto` reads it
-    on MLX ops (neither kernel does); the engine is the float engine over each plane's own round trip."""
+    """k8v4: keys int8, values q4 (what bench/kv_quant_variants.py measured best per byte). On MLX ops the
+    engine is the float engine over each plane's own round trip (the numba path: the test below)."""
     batch = golden.prompts([golden.SHORT, 60], VOCAB, seed=5)
 
     def core(storage: str, backend: str = "auto") -> EngineCore:
@@ -147,8 +148,7 @@ def test_k8v4_pages_serve_the_model_over_int8_keys_and_q4_values(tmp_path: Path)
         )  # type: ignore[arg-type]
         return build_engine_core(config, golden.loaded_of(build("qwen3", head_dim=32), "qwen3"))
 
-    mixed = core("k8v4")
-    assert mixed.runner.backend.name == "mlx"  # the numba kernel `auto` takes for int8 and q4 does not read it
+    mixed = core("k8v4", "mlx")
     pool = mixed.runner.kv[0].pool
     assert isinstance(pool, SplitPool) and pool.k.page.storage == "int8" and pool.v.page.storage == "q4"
     # per token and KV head: an int8 key of 32 + its scale (34), a q4 value of 16 + scale and bias (20)
@@ -156,9 +156,8 @@ def test_k8v4_pages_serve_the_model_over_int8_keys_and_q4_values(tmp_path: Path)
     assert 2 * mixed.runner.spec.bytes_per_block == sizes["int8"] + sizes["q4"]
     got = golden.serve(mixed, batch)
     assert_same_serving(got, core("auto", "mlx"), PageDtype(storage="k8v4", group_size=32), batch)
-    for backend in ("cpu", "metal"):
-        with pytest.raises(ConfigError, match=f"--attention-backend {backend} cannot read k8v4 KV pages"):
-            core("k8v4", backend)
+    with pytest.raises(ConfigError, match="--attention-backend metal cannot read k8v4 KV pages"):
+        core("k8v4", "metal")
     config = EngineConfig(kv_cache_memory=1 << 22, block_size=16, kv_cache_dtype="k8v4", kv_disk_dir=str(tmp_path))  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="--kv-disk-dir: k8v4 pages .* are not stored on disk yet"):
         build_engine_core(config, golden.loaded_of(build("qwen3", head_dim=32), "qwen3"))
@@ -185,11 +184,12 @@ def test_the_memory_plan_counts_quantized_pages_and_says_which_dtype(caplog: pyt
     assert fits["int8"] / fits["auto"] == pytest.approx(64 / 18, rel=0.02)
 
 
-@pytest.mark.parametrize("storage", ["int8", "q4"])
+@pytest.mark.parametrize("storage", ["int8", "q4", "k8v4"])
 def test_the_numba_kernel_serves_quantized_pages_like_mlx_ops(storage: str) -> None:
-    """`auto` takes the numba kernel for a float32 model here, on quantized pages too; it gives MLX ops'
-    tokens (the same formats; only float rounding differs). The Metal kernels read
-    both (tests/kernels/test_int8_pages.py)."""
+    """`auto` takes the numba kernel for a float32 model here, on quantized pages too (k8v4: int8 K beside
+    q4 V, each plane its own storage; the host decoder's attention called per layer); it gives MLX ops'
+    tokens (the same formats; only float rounding differs). The Metal kernels read int8 and q4
+    (tests/kernels/test_int8_pages.py), not k8v4. The one-call host decoder: tests/executor/test_host_k8v4.py."""
     arch, kw = ("llama", {}) if storage == "int8" else ("qwen3", {"head_dim": 32})
     batch = golden.prompts([golden.SHORT, 40, 100], VOCAB, seed=4)
 
@@ -206,6 +206,9 @@ def test_the_numba_kernel_serves_quantized_pages_like_mlx_ops(storage: str) -> N
 
     numba_core = core("auto")
     assert numba_core.runner.backend.name == "cpu"
+    if storage == "k8v4":
+        pages = numba_core.runner.kv[0].pages
+        assert (pages.k.storage, pages.v.storage) == (PAGE_STORAGES["int8"], PAGE_STORAGES["q4"])
     got, want = golden.serve(numba_core, batch), golden.serve(core("mlx"), batch)
     for g, w in zip(got, want, strict=True):
         assert g.tokens == w.tokens

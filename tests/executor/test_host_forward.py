@@ -158,10 +158,11 @@ def _quantized_runner(model_type: str, storage: str, host: bool) -> ModelRunner:
     return ModelRunner(paged, spec, sampler=greedy_sampler, backend=RotatedPages(CpuAttention()))
 
 
-@pytest.mark.parametrize("storage", ["int8", "q4"])
+@pytest.mark.parametrize("storage", ["int8", "q4", "k8v4"])
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])
 def test_host_forward_reads_quantized_pages(model_type: str, storage: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """int8 / q4 pages through the one-call decoder: the tokens of the per-layer route over the same pages."""
+    """int8 / q4 / k8v4 (int8 K, q4 V) pages through the one-call decoder: the tokens of the per-layer route
+    over the same pages."""
     calls: list[int] = []
     real = HostForward.__call__
 

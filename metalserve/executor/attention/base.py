@@ -169,3 +169,8 @@ class AttentionBackend(ABC, Generic[CacheT, MetaT]):
     @abstractmethod
     def forward(self, call: AttentionCall[CacheT, MetaT]) -> mx.array:
         """Write this step's K/V into `call.cache` and attend every query row: `[T, Hq, D]`."""
+
+    def warm_up(self) -> None:
+        """Load what the first `forward` would (compiled kernels), so that a step does not pay for it.
+        Pipeline and tensor-parallel ranks call this at set-up, all at once: they run no warm-up step,
+        and otherwise each rank paid on the first request in turn (stage after stage)."""

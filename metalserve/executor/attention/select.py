@@ -98,7 +98,7 @@ def _pick(
 # The page storages each backend reads besides the model's dtype (kvcache/specs.PageDtype).
 QUANTIZED_PAGE_BACKENDS: dict[str, tuple[str, ...]] = {
     "mlx": ("auto", "int8", "q4", "k8v4"),
-    "cpu": ("auto", "int8", "q4"),
+    "cpu": ("auto", "int8", "q4", "k8v4"),
     "metal": ("auto", "int8", "q4"),
 }
 

@@ -88,12 +88,14 @@ class HostForward:
 
     def applies_to(self, ctx: ForwardContext) -> bool:
         """Whether this step's attention runs on the CPU backend, whose host views this forward writes:
-        float pools, or quantized pages of one storage throughout (one numba type for every layer)."""
+        float pools, or quantized pages of one format throughout (int8, q4, or k8v4's int8 K beside q4 V):
+        one numba type for every layer, and the planes' storages alike across layers."""
         if not ctx.kv or not all(isinstance(g.metadata, CpuStepPlan) for g in ctx.groups):
             return False
         if isinstance(ctx.kv[0], HostQuantKV):
             quantized = [kv for kv in ctx.kv if isinstance(kv, HostQuantKV)]
-            return len(quantized) == len(ctx.kv) and len({kv.host[0].dtype for kv in quantized}) == 1
+            storages = {(kv.pages.k.storage, kv.pages.v.storage) for kv in quantized}
+            return len(quantized) == len(ctx.kv) and len(storages) == 1
         return all(isinstance(kv, HostKV) for kv in ctx.kv)
 
     def embed(self, token_ids: np.ndarray) -> np.ndarray:

@@ -11,6 +11,9 @@ element at a time here). Against the one-key-at-a-time loop before, at a 500-tok
 default model's heads: 57 -> 38 us a layer for one decode row, about 250 -> 150 us for a window of five
 (bench/cpu_attention.py prints the current kernel's times).
 
+`attend` (what the host decoder and `attend_rows` call) hands long runs of one request's rows, a prefill
+chunk, to the blocked GEMM kernel in attention_prefill.py and keeps this kernel for the rest.
+
 Contract: that of metalserve/executor/attention/base.py with the portable pool `[2, Hkv, num_slots, D]`,
 float32 only; or MLA's latent pool `[1, Hkv, num_slots, D]`, whose V is K's first `Dv` channels (`out`
 is `[T, Hq, Dv]`): V is always the pool's last plane, cut to `out`'s width.
@@ -21,7 +24,11 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from metalserve.kernels.cpu.attention_prefill import chunk_attention
+from metalserve.kernels.cpu.gemm import host_gemm
 from metalserve.kernels.cpu.numba_lock import launch_lock
+
+RUN_MIN_ROWS = 64  # consecutive rows of one request at and above which they take chunk_attention
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True)
@@ -156,6 +163,43 @@ def _attention_kernel(  # numba infers the types
         _weighted_values(scores, pool[value_plane, h], slots, out[row, h * group : (h + 1) * group])
 
 
+@numba.njit(fastmath=True, cache=True, nogil=True, boundscheck=False)
+def attend(q, pool, block_tables, row_req, row_pos, block_size, scale, window, softcap, sinks, use_sinks, gemm, out):  # noqa: ANN001, ANN202
+    """`_attention_kernel`'s contract (attention.py), with runs of at least RUN_MIN_ROWS consecutive rows
+    of one request taken by `chunk_attention` where `gemm` is usable and the layer has no sinks."""
+    total = q.shape[0]
+    if use_sinks or not gemm.usable or total < RUN_MIN_ROWS:
+        _attention_kernel(
+            q, pool, block_tables, row_req, row_pos, block_size, scale, window, softcap, sinks, use_sinks, out
+        )
+        return
+    short = np.empty(total, np.int64)
+    shorts = 0
+    i = 0
+    while i < total:
+        j = i + 1
+        while j < total and row_req[j] == row_req[i] and row_pos[j] == row_pos[j - 1] + 1:
+            j += 1
+        if j - i >= RUN_MIN_ROWS:
+            table = block_tables[row_req[i]]
+            chunk_attention(q, pool, table, block_size, i, row_pos[i], j - i, scale, window, softcap, gemm, out)
+        else:
+            for k in range(i, j):
+                short[shorts] = k
+                shorts += 1
+        i = j
+    if shorts == 0:
+        return
+    rows = short[:shorts]
+    part = np.empty((shorts, q.shape[1], out.shape[2]), np.float32)
+    rows_req, rows_pos = row_req[rows], row_pos[rows]
+    _attention_kernel(
+        q[rows], pool, block_tables, rows_req, rows_pos, block_size, scale, window, softcap, sinks, use_sinks, part
+    )
+    for k in range(shorts):
+        out[rows[k]] = part[k]
+
+
 def query_rows(cu_seqlens_q: np.ndarray, seq_lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each query row's request and position: request i's rows sit at `seq_len - q_len ... seq_len - 1`."""
     cu = np.asarray(cu_seqlens_q, np.int64)
@@ -221,7 +265,7 @@ def attend_rows(
     out = np.empty((*q.shape[:2], value_dim or q.shape[2]), np.float32)
     sink_logits = np.zeros(num_q_heads, np.float32) if sinks is None else np.ascontiguousarray(sinks, np.float32)
     with launch_lock:
-        _attention_kernel(
+        attend(  # a prefill chunk's rows by GEMMs (attention_prefill.py), the rest row by row
             np.ascontiguousarray(q),
             pool,
             np.ascontiguousarray(block_tables, np.int32),
@@ -233,9 +277,18 @@ def attend_rows(
             np.float32(softcap or 0.0),
             sink_logits,
             sinks is not None,
+            host_gemm(),
             out,
         )
     return out
+
+
+def warm_up() -> None:
+    """One tiny call: numba loads the dense kernel for the argument types every real call passes
+    (float32 C arrays, int32 tables and rows, Python ints), so the first step does not."""
+    q = np.zeros((1, 1, 8), np.float32)
+    pool = np.zeros((2, 1, 16, 8), np.float32)
+    paged_attention(q, pool, np.zeros((1, 1), np.int32), np.array([0, 1]), np.array([1]), block_size=16, scale=1.0)
 
 
 def write_kv(pool: np.ndarray, k: np.ndarray, v: np.ndarray | None, slot_mapping: np.ndarray) -> None:

@@ -18,16 +18,22 @@ from numba import types
 from numba.extending import overload
 
 from metalserve.kernels.cpu import attention as cpu_attention
+from metalserve.kernels.cpu import attention_prefill as cpu_attention_prefill
+from metalserve.kernels.cpu import gemm as cpu_gemm
 from metalserve.kernels.cpu import layer_ops as cpu_layer_ops
 from metalserve.kernels.cpu import lora as cpu_lora
+from metalserve.kernels.cpu import packed_gemm as cpu_packed_gemm
 from metalserve.kernels.cpu import packed_linear as cpu_packed_linear
+from metalserve.kernels.cpu import packed_unpack as cpu_packed_unpack
 from metalserve.kernels.cpu import page_codes as cpu_page_codes
 from metalserve.kernels.cpu import quantized_attention as cpu_quantized_attention
 from metalserve.kernels.cpu import swiglu as cpu_swiglu
-from metalserve.kernels.cpu.attention import _attention_kernel
+from metalserve.kernels.cpu.attention import attend
+from metalserve.kernels.cpu.gemm import host_gemm
 from metalserve.kernels.cpu.layer_ops import _rms_norm_kernel, _rope_kernel
 from metalserve.kernels.cpu.lora import lora_add
 from metalserve.kernels.cpu.numba_lock import launch_lock
+from metalserve.kernels.cpu.packed_gemm import GEMM_MIN_ROWS, segments_gemm_kernel
 from metalserve.kernels.cpu.packed_linear import segments_linear_kernel
 from metalserve.kernels.cpu.page_codes import attend_pages, hadamard_rows, store_vector
 from metalserve.kernels.cpu.swiglu import _gelu_tanh_glu_kernel, _swiglu_kernel
@@ -51,8 +57,8 @@ def kernel_sources_digest() -> str:
     below closes over this digest, so such an edit is a cache miss instead.
     """
     digest = hashlib.sha256()
-    modules = (cpu_attention, cpu_layer_ops, cpu_lora, cpu_packed_linear, cpu_swiglu, cpu_page_codes)
-    for module in (*modules, cpu_quantized_attention):
+    modules = (cpu_attention, cpu_attention_prefill, cpu_gemm, cpu_layer_ops, cpu_lora, cpu_packed_gemm)
+    for module in (*modules, cpu_packed_linear, cpu_packed_unpack, cpu_swiglu, cpu_page_codes, cpu_quantized_attention):
         digest.update(Path(str(module.__file__)).read_bytes())
     return digest.hexdigest()
 
@@ -66,10 +72,13 @@ def _compile_ops(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatchers
     jit = _jit()
 
     @jit
-    def linear(x, weight, layer, chunks):  # noqa: ANN001, ANN202  (numba infers the types)
+    def linear(x, weight, layer, chunks, gemm):  # noqa: ANN001, ANN202  (numba infers the types)
         kernels_digest  # noqa: B018  (a closure cell: part of numba's cache key)
         out = np.empty((x.shape[0], weight.bias.shape[1]), np.float32)
-        segments_linear_kernel(x, weight, layer, chunks, out)  # adds the bias
+        if x.shape[0] >= GEMM_MIN_ROWS and gemm.usable:  # a prefill chunk: fp32 tiles and MKL's GEMM
+            segments_gemm_kernel(x, weight, layer, gemm, out)
+        else:
+            segments_linear_kernel(x, weight, layer, chunks, out)  # both add the bias
         return out
 
     @jit
@@ -83,7 +92,7 @@ def _compile_ops(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatchers
     return linear, head_norm
 
 
-def attend_step(pool, q, k, v, plan, scale, window, softcap):  # noqa: ANN001, ANN201
+def attend_step(pool, q, k, v, plan, scale, window, softcap, gemm):  # noqa: ANN001, ANN201
     """Write this step's K `[T, Hkv, D]` and V `[T, Hkv * D]` into a layer's pages and attend every row
     of q `[T, Hq, D]` over them: `[T, Hq, D]`. Float pages are the pool `[2, Hkv, slots, D]`; quantized ones
     a `QuantPages` (decoder_weights.py), each numba type its own implementation below."""
@@ -91,10 +100,10 @@ def attend_step(pool, q, k, v, plan, scale, window, softcap):  # noqa: ANN001, A
 
 
 @overload(attend_step, jit_options={"fastmath": True, "nogil": True})
-def _attend_step_typed(pool, q, k, v, plan, scale, window, softcap):  # noqa: ANN001, ANN202
+def _attend_step_typed(pool, q, k, v, plan, scale, window, softcap, gemm):  # noqa: ANN001, ANN202
     if isinstance(pool, types.Array):
 
-        def float_pages(pool, q, k, v, plan, scale, window, softcap):  # noqa: ANN001, ANN202
+        def float_pages(pool, q, k, v, plan, scale, window, softcap, gemm):  # noqa: ANN001, ANN202
             tokens, hkv, d = k.shape
             for t in range(tokens):  # this step's K and V into their slots
                 slot = plan.slot_mapping[t]
@@ -105,13 +114,14 @@ def _attend_step_typed(pool, q, k, v, plan, scale, window, softcap):  # noqa: AN
             out = np.empty(q.shape, np.float32)
             no_sinks = np.zeros(q.shape[1], np.float32)
             block_tables, row_req, row_pos = plan.block_tables, plan.row_req, plan.row_pos
-            args = (block_tables, row_req, row_pos, plan.block_size, scale, window, softcap, no_sinks, False, out)
-            _attention_kernel(q, pool, *args)
+            # long runs of one request's rows (a prefill chunk) by GEMMs, the rest row by row
+            args = (block_tables, row_req, row_pos, plan.block_size, scale, window, softcap, no_sinks, False, gemm, out)
+            attend(q, pool, *args)
             return out
 
         return float_pages
 
-    def quantized_pages(pool, q, k, v, plan, scale, window, softcap):  # noqa: ANN001, ANN202
+    def quantized_pages(pool, q, k, v, plan, scale, window, softcap, gemm):  # noqa: ANN001, ANN202
         # Quantized pages hold K and V Hadamard-rotated (executor/attention/rotation.py): q, K and V in,
         # the output back out (H is its own inverse).
         tokens, hq, d = q.shape
@@ -141,11 +151,11 @@ def _compile_layers(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatcher
     jit = _jit()
 
     @jit
-    def attention(x, w, shape, layer, pools, plans, chunks, lora, step):  # noqa: ANN001, ANN202
+    def attention(x, w, shape, layer, pools, plans, chunks, lora, step, gemm):  # noqa: ANN001, ANN202
         kernels_digest  # noqa: B018  (a closure cell: part of numba's cache key)
         tokens = x.shape[0]
         hq, hkv, d = shape.n_heads, shape.n_kv_heads, shape.head_dim
-        qkv = _linear(x, w.qkv, layer, chunks)
+        qkv = _linear(x, w.qkv, layer, chunks, gemm)
         lora_add(x, qkv, lora.qkv, layer, step)
         q = np.ascontiguousarray(qkv[:, : hq * d]).reshape(tokens, hq, d)
         k = np.ascontiguousarray(qkv[:, hq * d : (hq + hkv) * d]).reshape(tokens, hkv, d)
@@ -158,32 +168,32 @@ def _compile_layers(kernels_digest: str) -> tuple[Any, ...]:  # numba dispatcher
         _rope_kernel(q, plan.row_pos, inv_freq, rope_scale, mscale)
         _rope_kernel(k, plan.row_pos, inv_freq, rope_scale, mscale)
         scale, softcap = np.float32(shape.attention_scale), np.float32(shape.softcap)
-        out = attend_step(pools[layer], q, k, v, plan, scale, w.sliding_windows[layer], softcap)
+        out = attend_step(pools[layer], q, k, v, plan, scale, w.sliding_windows[layer], softcap, gemm)
         flat = out.reshape(tokens, hq * d)
-        o = _linear(flat, w.o, layer, chunks)
+        o = _linear(flat, w.o, layer, chunks, gemm)
         lora_add(flat, o, lora.o, layer, step)
         return o
 
     @jit
-    def decoder(h, w, shape, pools, plans, chunks, lora, step):  # noqa: ANN001, ANN202
+    def decoder(h, w, shape, pools, plans, chunks, lora, step, gemm):  # noqa: ANN001, ANN202
         kernels_digest  # noqa: B018  (a closure cell: part of numba's cache key)
         eps = np.float32(shape.norm_eps)
         x = np.empty_like(h)
         for layer in range(w.input_norm.shape[0]):
             _rms_norm_kernel(h, w.input_norm[layer], eps, x)
-            out = _attention(x, w, shape, layer, pools, plans, chunks, lora, step)
+            out = _attention(x, w, shape, layer, pools, plans, chunks, lora, step, gemm)
             if shape.sandwich_norms:  # in place: each row's sum is taken before its first write
                 _rms_norm_kernel(out, w.attn_out_norm[layer], eps, out)
             h += out
             _rms_norm_kernel(h, w.post_attention_norm[layer], eps, x)
-            gate_up = _linear(x, w.gate_up, layer, chunks)
+            gate_up = _linear(x, w.gate_up, layer, chunks, gemm)
             lora_add(x, gate_up, lora.gate_up, layer, step)
             hidden = np.empty((h.shape[0], gate_up.shape[1] // 2), np.float32)
             if shape.gelu:
                 _gelu_tanh_glu_kernel(gate_up, hidden)
             else:
                 _swiglu_kernel(gate_up, hidden)
-            out = _linear(hidden, w.down, layer, chunks)
+            out = _linear(hidden, w.down, layer, chunks, gemm)
             lora_add(hidden, out, lora.down, layer, step)
             if shape.sandwich_norms:
                 _rms_norm_kernel(out, w.mlp_out_norm[layer], eps, out)
@@ -219,4 +229,4 @@ def decoder_layers(
         raise ValueError(f"decoder_layers takes contiguous [T, hidden] float32 and one pool per layer, got {h.shape}")
     with launch_lock:
         chunks = numba.get_num_threads() * 8  # several per thread even out a core that is busy elsewhere
-        return _decoder_layers(h, weights, shape, pools, plans, chunks, lora, step)
+        return _decoder_layers(h, weights, shape, pools, plans, chunks, lora, step, host_gemm())

@@ -70,17 +70,20 @@ class QuantPages(NamedTuple):
 PAGE_STORAGES = {"int8": 1, "q4": 2}  # PagePlane.storage by --kv-cache-dtype (page_codes.INT8, Q4)
 
 
-def quant_pages(views: list[np.ndarray]) -> QuantPages:
+def quant_pages(views: list[np.ndarray], v_views: list[np.ndarray] | None = None) -> QuantPages:
     """A layer's pages from the host views of its `[2, Hkv, slots, ...]` codes, scales (and q4's biases),
-    sharing their memory."""
+    sharing their memory. `v_views`: V's own `[1, Hkv, slots, ...]` arrays where K and V are stored apart
+    (k8v4, kv_quant.SplitPool); `views` are then K's alone, and each plane names its own storage."""
+    if v_views is None:
+        return QuantPages(_page_plane(views, 0), _page_plane(views, 1))
+    return QuantPages(_page_plane(views, 0), _page_plane(v_views, 0))
+
+
+def _page_plane(views: list[np.ndarray], i: int) -> PagePlane:
     codes, scales = views[0], views[1]
     biases = views[2] if len(views) > 2 else scales
     storage = PAGE_STORAGES["int8" if codes.dtype == np.int8 else "q4"]
-
-    def plane(i: int) -> PagePlane:
-        return PagePlane(codes[i].view(np.uint8), scales[i].view(np.uint16), biases[i].view(np.uint16), storage)
-
-    return QuantPages(plane(0), plane(1))
+    return PagePlane(codes[i].view(np.uint8), scales[i].view(np.uint16), biases[i].view(np.uint16), storage)
 
 
 class LoraProjection(NamedTuple):

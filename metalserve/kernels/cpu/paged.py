@@ -7,14 +7,18 @@ prefill, with `attention.attend_rows`. MLX itself never reads the pool on this p
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import mlx.core as mx
 import numpy as np
 
 from metalserve.kernels.cpu import attention as cpu_attention
 from metalserve.kernels.cpu import kv_quant
+from metalserve.kernels.cpu.numba_lock import launch_lock
 from metalserve.kernels.cpu.quantized_attention import attend_quantized_rows
+
+if TYPE_CHECKING:
+    from metalserve.kernels.cpu.decoder_weights import QuantPages
 
 
 class KernelOptions(Protocol):
@@ -75,16 +79,52 @@ def host_views(arrays: list[mx.array]) -> list[np.ndarray]:
     return views
 
 
-def write_quantized(views: list[np.ndarray], k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray) -> None:
-    """Quantize new K/V `[T, Hkv, D]` (kv_quant.py's formats) into the pages' host views at `slot_mapping`."""
-    storage = "int8" if views[0].dtype == np.int8 else "q4"
-    group = 2 * views[0].shape[-1] // views[1].shape[-1]
-    for plane, x in enumerate((k, v)):
+def write_quantized(
+    views: list[np.ndarray],
+    k: np.ndarray,
+    v: np.ndarray,
+    slot_mapping: np.ndarray,
+    v_views: list[np.ndarray] | None = None,
+) -> None:
+    """Quantize new K/V `[T, Hkv, D]` (kv_quant.py's formats) into the pages' host views at `slot_mapping`;
+    `v_views`: V's own single-plane arrays where K and V are stored apart (k8v4), `views` then K's."""
+    planes = ((views, 0, k), (views, 1, v)) if v_views is None else ((views, 0, k), (v_views, 0, v))
+    for plane_views, plane, x in planes:
+        storage = "int8" if plane_views[0].dtype == np.int8 else "q4"
+        group = 2 * plane_views[0].shape[-1] // plane_views[1].shape[-1]
         codes, scales, biases = kv_quant.quantize(x, storage, group)
-        views[0][plane][:, slot_mapping] = codes.transpose(1, 0, 2)
-        views[1][plane][:, slot_mapping] = scales.reshape(*scales.shape[:2], -1).transpose(1, 0, 2)
+        plane_views[0][plane][:, slot_mapping] = codes.transpose(1, 0, 2)
+        plane_views[1][plane][:, slot_mapping] = scales.reshape(*scales.shape[:2], -1).transpose(1, 0, 2)
         if biases is not None:
-            views[2][plane][:, slot_mapping] = biases.transpose(1, 0, 2)
+            plane_views[2][plane][:, slot_mapping] = biases.transpose(1, 0, 2)
+
+
+def cpu_split_attention(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    planes: tuple[list[np.ndarray], list[np.ndarray]],
+    pages: QuantPages,
+    step: CpuStepPlan,
+    opts: KernelOptions,
+) -> mx.array:
+    """`cpu_quantized_attention` over K and V pages of formats of their own (k8v4): the host decoder's
+    attention (page_codes.attend_pages), called for one layer."""
+    from metalserve.kernels.cpu.page_codes import attend_pages  # compiles on first use, as the decoder does
+
+    if opts.sinks is not None:
+        raise ValueError("attention sinks over K and V pages of different formats (k8v4) are not supported")
+    mx.eval(q, k, v)
+    write_quantized(planes[0], np.asarray(k), np.asarray(v), step.slot_mapping, planes[1])
+    qs = np.ascontiguousarray(np.asarray(q), np.float32)
+    out = np.empty(qs.shape, np.float32)
+    window, softcap = opts.sliding_window or 0, np.float32(opts.softcap or 0.0)
+    with launch_lock:
+        attend_pages(
+            qs, pages, step.block_tables, step.row_req, step.row_pos, step.block_size, np.float32(opts.scale),
+            window, softcap, out,
+        )  # fmt: skip
+    return mx.array(out)
 
 
 def cpu_quantized_attention(

@@ -1,0 +1,118 @@
+"""Causal attention for a prefill chunk on the CPU: blocks of query rows against the context with GEMMs.
+
+The paged kernel (attention.py) takes one query row at a time: right for decode, but a chunk of 512 rows
+at a 16k-token context reads every key 512 times per head and does its dot products one key at a time
+(at 16k tokens attention was about a quarter of a chunk's time). Here a run of consecutive rows of one
+request (a prefill chunk) is attended in blocks: the request's keys and values are gathered from their
+pages once per chunk, then for each KV head and block of query rows the scores are one sgemm
+(`[rows x group, D] @ K.T`), masked causally (and to a sliding window), soft-capped and softmaxed in place,
+and the output a second sgemm (`P @ V`). Mathematically the paged kernel's result; the sums run in
+another order (within float32 rounding).
+
+Rows that are not part of a long run (decode rows, short chunks) and layers with attention sinks still
+take the paged kernel; `attention.attend` splits a step between the two.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from metalserve.kernels.cpu.gemm import F32, sgemm
+
+QUERY_BLOCK = 32  # query rows per work item (times the group's heads: the rows of one score GEMM)
+_GATHER_BLOCK = 256  # keys per gather work item
+
+
+@numba.njit(fastmath=True, cache=True, nogil=True, boundscheck=False)
+def _softmax_masked(s, lo, hi, softcap, pow2):  # noqa: ANN001, ANN202  (numba infers the types)
+    """Row `s` (scores already scaled) to exp(s - max) over `[lo, hi)`, zero outside it; returns the sum
+    (the caller divides the output row by it: one pass fewer over the scores). The exp is attention.py's
+    polynomial and power of two, in three contiguous loops LLVM vectorises (`pow2`: int32 scratch)."""
+    if softcap > 0:
+        for j in range(lo, hi):
+            s[j] = softcap * np.tanh(s[j] / softcap)
+    top = s[lo]
+    for j in range(lo + 1, hi):
+        top = max(top, s[j])
+    for j in range(lo, hi):
+        v = max(s[j] - top, np.float32(-87.0))
+        k = np.floor(v * np.float32(1.4426950408889634) + np.float32(0.5))
+        r = (v - k * np.float32(0.693359375)) + k * np.float32(2.12194440e-4)  # Cody-Waite: r = v - k ln 2
+        p = np.float32(1.0 / 5040.0)
+        p = p * r + np.float32(1.0 / 720.0)
+        p = p * r + np.float32(1.0 / 120.0)
+        p = p * r + np.float32(1.0 / 24.0)
+        p = p * r + np.float32(1.0 / 6.0)
+        p = p * r + np.float32(0.5)
+        p = p * r + np.float32(1.0)
+        s[j] = p * r + np.float32(1.0)
+        pow2[j] = (np.int32(k) + np.int32(127)) << np.int32(23)
+    scale = pow2.view(np.float32)
+    total = np.float32(0.0)
+    for j in range(lo, hi):
+        s[j] *= scale[j]
+        total += s[j]
+    s[:lo] = 0.0
+    s[hi:] = 0.0
+    return total
+
+
+@numba.njit(parallel=True, fastmath=True, cache=True, nogil=True, boundscheck=False)
+def _gather(pool, plane, table, block_size, first, count, dest):  # noqa: ANN001, ANN202
+    """dest[h, j] = pool[plane, h, slot of position first + j, :dest width]."""
+    heads, width = dest.shape[0], dest.shape[2]
+    for b in numba.prange((count + _GATHER_BLOCK - 1) // _GATHER_BLOCK):
+        for j in range(b * _GATHER_BLOCK, min(count, (b + 1) * _GATHER_BLOCK)):
+            p = first + j
+            slot = table[p // block_size] * block_size + p % block_size
+            for h in range(heads):
+                for c in range(width):
+                    dest[h, j, c] = pool[plane, h, slot, c]
+
+
+@numba.njit(parallel=True, fastmath=True, cache=True, nogil=True, boundscheck=False)
+def chunk_attention(q, pool, table, block_size, q_first, pos0, rows, scale, window, softcap, gemm, out):  # noqa: ANN001, ANN202
+    """Rows `q_first .. q_first + rows - 1` of `q` `[T, Hq, D]`, one request's consecutive positions from
+    `pos0`, attended over its pages (`table`: its block ids) into the same rows of `out` `[T, Hq, Dv]`."""
+    hq, d, dv = q.shape[1], q.shape[2], out.shape[2]
+    hkv = pool.shape[1]
+    group = hq // hkv
+    first = max(0, pos0 - window + 1) if window > 0 else 0  # the first key any row sees
+    count = pos0 + rows - first
+    keys = np.empty((hkv, count, d), np.float32)
+    values = np.empty((hkv, count, dv), np.float32)
+    _gather(pool, 0, table, block_size, first, count, keys)
+    _gather(pool, pool.shape[0] - 1, table, block_size, first, count, values)
+    blocks = (rows + QUERY_BLOCK - 1) // QUERY_BLOCK
+    for item in numba.prange(hkv * blocks):
+        h, b = item % hkv, blocks - 1 - item // hkv  # the longest blocks first: even shares at the end
+        r0 = b * QUERY_BLOCK
+        m = min(QUERY_BLOCK, rows - r0)
+        p_first = pos0 + r0
+        k_lo = (max(0, p_first - window + 1) if window > 0 else 0) - first
+        k_hi = p_first + m - first  # keys this block's last row sees
+        n = k_hi - k_lo
+        queries = np.empty((m * group, d), np.float32)  # row r's heads, one after another
+        for r in range(m):
+            for g in range(group):
+                for c in range(d):
+                    queries[r * group + g, c] = q[q_first + r0 + r, h * group + g, c] * scale
+        scores = np.empty((m * group, n), np.float32)
+        pow2 = np.empty(n, np.int32)
+        key_at = keys.ctypes.data + (h * count + k_lo) * d * F32
+        sgemm(gemm, True, m * group, n, d, queries.ctypes.data, d, key_at, d, scores.ctypes.data, n)
+        totals = np.empty(m * group, np.float32)
+        for r in range(m):
+            p = p_first + r
+            lo = (max(0, p - window + 1) if window > 0 else 0) - first - k_lo
+            for g in range(group):
+                totals[r * group + g] = _softmax_masked(scores[r * group + g], lo, p + 1 - first - k_lo, softcap, pow2)
+        mixed = np.empty((m * group, dv), np.float32)
+        value_at = values.ctypes.data + (h * count + k_lo) * dv * F32
+        sgemm(gemm, False, m * group, dv, n, scores.ctypes.data, n, value_at, dv, mixed.ctypes.data, dv)
+        for r in range(m):
+            for g in range(group):
+                inv = np.float32(1.0) / totals[r * group + g]
+                for c in range(dv):
+                    out[q_first + r0 + r, h * group + g, c] = mixed[r * group + g, c] * inv
