@@ -2,7 +2,7 @@
 forgiving parser with constrained calls (the lazy tool-call grammar).
 
     PYTHONPATH=$PWD .venv/bin/python bench/tool_calls_ab.py /work/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
-        [--samples 1] [--max-tokens 160] [--concurrency 10] [--json out.json] [--verbose] [-- serve flags]
+        [--samples 1] [--cases 20] [--max-tokens 160] [--concurrency 10] [--json out.json] [--verbose] [-- serve flags]
 
 It starts `metalserve serve MODEL --enable-auto-tool-choice --tool-call-parser hermes` twice, one after the
 other: with `--no-tool-call-grammar` (arms A and B read the same answers) and with the grammar (arm C).
@@ -320,7 +320,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--json", help="write every answer here")
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--cases", type=int, default=len(CASES), help="only the first N requests (a busy CPU)")
     args, extra = parser.parse_known_args()
+    CASES[:] = CASES[: args.cases]
     settings = [("greedy", 0.0, 1)] + ([("T=1", 1.0, args.samples)] if args.samples else [])
     answers: dict[str, dict[str, list[Answer]]] = {}
     timing: dict[str, float] = {}

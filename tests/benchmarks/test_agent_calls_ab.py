@@ -1,0 +1,46 @@
+"""bench/agent_calls_ab.py: the agents' recorded first requests in the chat form the server makes of them,
+and the tally of declared, schema-valid and right calls on them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `bench.` imports
+
+from bench.agent_calls_ab import DEFAULT, Tally, load_case  # noqa: E402
+from bench.agent_replay import SESSIONS  # noqa: E402
+from bench.tool_calls_ab import Answer, hermes_as_on_main  # noqa: E402
+
+
+def test_first_requests_keep_the_agents_prompt_and_tools() -> None:
+    cases = {c.name: c for c in (load_case(SESSIONS / n) for n in DEFAULT)}
+    claude = cases["claude_code_qwen2.5-coder-1.5b_read"]
+    assert list(claude.schemas) == ["Read"] and claude.target == "hello.txt"
+    assert claude.schemas["Read"]["required"] == ["file_path"]
+    assert claude.body["messages"][0]["role"] == "system"  # Claude Code's system prompt, as the server renders it
+    assert not {"model", "stream", "max_tokens", "temperature"} & set(claude.body)  # the bench sets those
+    assert set(cases["claude_code_qwen2.5-coder-0.5b_fix"].schemas) == {"Bash", "Edit", "Read"}
+    codex = cases["codex_qwen2.5-coder-0.5b_fix"]
+    assert "exec_command" in codex.schemas and codex.target == "calc"
+    assert "spawn_agent" in codex.schemas  # a namespace's tools are flattened as the server does
+
+
+def test_tally_counts_declared_valid_and_right_calls() -> None:
+    case = load_case(SESSIONS / DEFAULT[0])
+    tally = Tally()
+    tally.add(case, Answer("", [("Read", json.dumps({"file_path": "/tmp/w/hello.txt"}))]))  # right
+    tally.add(case, Answer("", [("Read", json.dumps({"file_path": "notes.md"}))]))  # valid, wrong file
+    tally.add(case, Answer("", [("Read", json.dumps({"path": "hello.txt"}))]))  # no file_path: invalid
+    tally.add(case, Answer("", [("read_file", json.dumps({"file_path": "hello.txt"}))]))  # undeclared
+    tally.add(case, Answer("The secret word is unknown.", []))
+    assert (tally.answers, tally.called, tally.valid, tally.right, tally.invalid_objects) == (5, 3, 2, 1, 1)
+
+
+def test_arm_a_reads_only_tool_call_blocks_of_declared_tools() -> None:
+    raw = '```json\n{"name": "Read", "arguments": {"file_path": "a"}}\n```<tool_call>{"name": "Read", "arguments": {}}'
+    assert hermes_as_on_main(raw, {"Read"}) == []
+    block = '<tool_call>\n{"name": "Read", "arguments": {"file_path": "a"}}\n</tool_call>'
+    assert hermes_as_on_main(block, {"Read"}) == [("Read", '{"file_path": "a"}')]
+    assert hermes_as_on_main(block, {"Bash"}) == []
