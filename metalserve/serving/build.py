@@ -27,6 +27,7 @@ from metalserve.loader.weights_mode import parameter_bytes
 from metalserve.lora.layers import LoraSlots
 from metalserve.platform import Platform, current_platform
 from metalserve.pooling_params import PoolingModel
+from metalserve.scheduler.scheduler import Scheduler
 from metalserve.serving.context_len import resolve_max_model_len
 from metalserve.serving.kv_disk import attach_disk_tier
 from metalserve.serving.kv_groups import build_scheduler
@@ -47,6 +48,15 @@ logger = logging.getLogger("metalserve.engine")
 
 # MLX keeps freed buffers for reuse; cap that cache so memory does not creep while serving.
 BUFFER_CACHE_FRACTION = 0.1
+
+
+def rank0_scheduler(
+    config: EngineConfig, spec: KVCacheSpec, num_blocks: int, max_model_len: int, initial_blocks: int
+) -> Scheduler:
+    """Rank 0's one scheduler over a distributed pool (pipeline or tensor parallel), with MLX's buffer cache
+    capped as the one-process engine caps it."""
+    mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * num_blocks * spec.bytes_per_block))
+    return build_scheduler(config, spec, num_blocks, max_model_len, initial_blocks)
 
 
 def load_engine_core(config: EngineConfig) -> tuple[EngineCore, LoadedModel]:

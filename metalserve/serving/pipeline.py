@@ -21,8 +21,7 @@ from metalserve.distributed.watchdog import Watchdog
 from metalserve.distributed.worker import run_worker
 from metalserve.executor.sampler import Sampler
 from metalserve.loader import LoadedModel, ModelLoadError
-from metalserve.serving.build import BUFFER_CACHE_FRACTION
-from metalserve.serving.kv_groups import build_scheduler
+from metalserve.serving.build import rank0_scheduler
 
 logger = logging.getLogger("metalserve.distributed")
 
@@ -77,8 +76,7 @@ def build_core(config: EngineConfig, setup: RankSetup, group: mx.distributed.Gro
         backend=setup.backend,
         tensor_parallel=config.tensor_parallel_size,
     )
-    mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * setup.num_blocks * spec.bytes_per_block))
-    scheduler = build_scheduler(config, spec, setup.num_blocks, setup.max_model_len, setup.initial_blocks)
+    scheduler = rank0_scheduler(config, spec, setup.num_blocks, setup.max_model_len, setup.initial_blocks)
     logger.info(
         "pipeline: %d ranks, %d steps in flight; every rank runs the generic MLX path, attention %s",
         setup.size,

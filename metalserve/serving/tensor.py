@@ -32,9 +32,8 @@ from metalserve.kvcache.plan import plan_stage_pool, stage_blocks_fit, stage_ste
 from metalserve.loader import LoadedModel, ModelLoadError
 from metalserve.loader.weights_mode import parameter_bytes
 from metalserve.platform import current_platform
-from metalserve.serving.build import BUFFER_CACHE_FRACTION
+from metalserve.serving.build import rank0_scheduler
 from metalserve.serving.context_len import resolve_max_model_len
-from metalserve.serving.kv_groups import build_scheduler
 from metalserve.serving.memory import machine_memory
 from metalserve.units import format_bytes
 
@@ -199,8 +198,7 @@ def build_core(config: EngineConfig, setup: TensorRankSetup, group: mx.distribut
         sampler=Sampler(config.seed),
         backend=setup.backend,
     )
-    mx.set_cache_limit(int(BUFFER_CACHE_FRACTION * setup.num_blocks * spec.bytes_per_block))
-    scheduler = build_scheduler(config, spec, setup.num_blocks, setup.max_model_len, setup.initial_blocks)
+    scheduler = rank0_scheduler(config, spec, setup.num_blocks, setup.max_model_len, setup.initial_blocks)
     logger.info(
         "tensor parallel: %d ranks, one step at a time; every rank runs the generic MLX path, attention %s",
         setup.size,
