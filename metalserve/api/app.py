@@ -188,7 +188,12 @@ def _add_token_routes(app: FastAPI, registry: ModelRegistry[ModelServing]) -> No
         async def run(m: ModelServing) -> Response:
             ctx, tokenizer = m.ctx, m.ctx.engine.tokenizer
             if body.messages is not None:
-                req = ChatCompletionRequest(messages=body.messages, add_generation_prompt=body.add_generation_prompt)
+                req = ChatCompletionRequest(
+                    messages=body.messages,
+                    tools=body.tools,
+                    chat_template_kwargs=body.chat_template_kwargs,
+                    add_generation_prompt=body.add_generation_prompt,
+                )
                 tokens = (await m.chat.render_off_loop(req)).token_ids
             else:
                 text = body.prompt or ""

@@ -185,9 +185,16 @@ class CompletionRequest(_SamplingRequest):
 
 
 class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize: a prompt, or messages rendered as a chat request with the same tools and template
+    arguments would be (so the count is the prompt that request would get)."""
+
+    model_config = ConfigDict(extra="forbid")
+
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    tools: list[ToolDefinition] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 

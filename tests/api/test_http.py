@@ -142,6 +142,20 @@ def test_tokenize_detokenize_roundtrip(server: Served) -> None:
     assert httpx.post(f"{server.url}/detokenize", json={"tokens": tokens}).json()["prompt"] == "caf\u00e9 \U0001f600"
 
 
+def test_tokenize_messages_counts_the_chat_prompt_with_its_tools(server: Served) -> None:
+    """/tokenize renders messages as the chat request would, tools included (they were once dropped)."""
+    messages = [{"role": "user", "content": "Hi"}]
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
+    bare = httpx.post(f"{server.url}/tokenize", json={"messages": messages}).json()["count"]
+    counted = httpx.post(f"{server.url}/tokenize", json={"messages": messages, "tools": tools}).json()["count"]
+    chat = httpx.post(
+        f"{server.url}/v1/chat/completions", json={"model": MODEL, "messages": messages, "tools": tools, "max_tokens": 1}
+    ).json()
+    assert counted == chat["usage"]["prompt_tokens"] and counted > bare
+    refused = httpx.post(f"{server.url}/tokenize", json={"messages": messages, "documents": []})
+    assert refused.status_code == 400 and "documents" in refused.text
+
+
 def test_metrics_have_vllm_names(server: Served) -> None:
     _chat(server, max_tokens=2)
     text = httpx.get(f"{server.url}/metrics").text
