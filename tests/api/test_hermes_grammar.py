@@ -88,6 +88,16 @@ def test_the_tool_call_token_admits_only_declared_tools() -> None:
     assert not feed(m, '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>')
 
 
+def test_a_call_tag_then_a_name_holds_the_name_to_the_declared_tools() -> None:
+    """`<tools>{"name": "` is a call whatever name the model had in mind (the 1.5B coder wrote
+    `<tools>{"name": "read_stdin"` for Codex's exec_command): the name must be a declared one."""
+    for tag in ("tools", "function_call", "response"):
+        m = matcher()
+        assert feed(m, f'Let me check.\n<{tag}>\n{{"name": "')
+        assert not feed(m.deep_copy(), 'read_stdin", "arguments": {}}')
+        assert feed(m, f'get_weather", "arguments": {ARGS}}}\n</{tag}>') and m.is_accepting()
+
+
 def test_calls_of_other_tools_and_json_about_other_things_stay_free_text() -> None:
     m = matcher()
     text = 'Example: ```json\n{"name": "rm_rf", "arguments": {}}\n``` and {"city": 5} <tools>[]</tools>'

@@ -1,8 +1,9 @@
 """Calls that are always valid under `tool_choice: auto`: llama.cpp's lazy grammar, in llguidance's Lark.
 
 Text is free until the model writes the opening of a call of a declared tool in a form the Hermes
-parser reads (hermes.py): an optional fence, an optional tag, then `{"name": "NAME`; or
-`<function=NAME>` / `<function name="NAME">`. Each opening is a lazy lexeme (`rule[lazy]: TEXT /.../`):
+parser reads (hermes.py): an optional fence, then `{"name": "NAME`; or `<function=NAME>` /
+`<function name="NAME">`; or a call tag (`<tool_call>`, `<tools>`, ...) then `{"name": "`, after which
+the name too is held to the declared tools. Each opening is a lazy lexeme (`rule[lazy]: TEXT /.../`):
 it ends at the first place the text matches it, so prose before it stays free. From there on the
 output is that tool's call: the name's closing quote, `, "arguments": `, an object valid for the tool's
 JSON schema, `}`, and a closing. After the call the output ends or (parallel calls) goes on with
@@ -49,6 +50,10 @@ def hermes_call_grammar(
     text_tags = [t for t in CALL_TAGS if f"<{t}>" not in special_tokens]
     token_tags = [t for t in CALL_TAGS if f"<{t}>" in special_tokens and f"</{t}>" in special_tokens]
     opening = f"{_FENCE}?(<({'|'.join(text_tags)})>{_SPACE})?"
+    # A call tag then `{"name": "` is a call whatever name follows: from there the name is held to the
+    # declared ones (as the `<tool_call>` token is), so a small model that writes `<tools>` and a tool it
+    # made up is steered to a real one. A fence or a bare object opens a call only with a declared name.
+    tagged = rf'{_FENCE}?<({"|".join(text_tags)})>{_SPACE}\{{{_GAP}"name"{_GAP}:{_GAP}"'
     lines = [
         "%llguidance {}",
         r"TEXT: /(.|\n)*/",
@@ -60,7 +65,7 @@ def hermes_call_grammar(
     ]
     if token_tags:
         lines.append("close_token: " + " | ".join(f"GAP </{t}>" for t in token_tags))
-    first, more = [], []
+    first, more, named = [], [], []
     for i, (name, schema) in enumerate(tools.items()):
         # The opening ends with the name, not its closing quote, so a name the model would go on past
         # ("run_shell.py") is held to the tool's; unless it is the start of another tool's name.
@@ -74,17 +79,22 @@ def hermes_call_grammar(
             rf'json_call_{i}: {quote} ARGS_KEY args_{i} GAP "}}"',
             f"json_rest_{i}: json_call_{i} closing",
             rf"function_rest_{i}: args_{i} /\n?<\/function>/",
-            f"json_lazy_{i}[lazy]: TEXT /{opening}{head}/",
+            f"json_lazy_{i}[lazy]: TEXT /{_FENCE}?{head}/",  # a tag first: tagged_lazy
             f"function_lazy_{i}[lazy]: TEXT /{function}/",
             f"JSON_NOW_{i}: /{_GAP}{opening}{head}/",
             f"HEAD_{i}: /{head}/",
+            f"NAME_{i}: /{_regex_literal(spelled[1:])}/",
         ]
+        named.append(f"NAME_{i} json_rest_{i}")
         first += [f"json_lazy_{i} json_rest_{i}", f"function_lazy_{i} function_rest_{i}"]
         more.append(f"JSON_NOW_{i} json_rest_{i}")
         for tag in token_tags:  # written as its one token: free text, the token, the call, its closing
             close = f"GAP </{tag}> CLOSE_FENCE?"
             first.append(f"TEXT <{tag}> GAP HEAD_{i} json_call_{i} {close}")
             more.append(f"GAP <{tag}> GAP HEAD_{i} json_call_{i} {close}")
+    lines.append(f"tagged_lazy[lazy]: TEXT /{tagged}/")
+    first.append("tagged_lazy tagged_call")
+    lines.append("tagged_call: " + " | ".join(named))
     lines.append("first_call: " + " | ".join(first))
     lines.append("next_call: " + " | ".join(more))
     lines.append("start: TEXT | first_call" + (" next_call*" if parallel else ""))
