@@ -43,6 +43,7 @@ IDLE_MS = str(int(AGENT_TIMEOUT * 1000))  # generous: the server's keep-alive ev
 # Claude Code's tools per task (all ~24 make an ~19k-token prompt; these keep the CPU prefill short).
 CLAUDE_TOOLS = {"read": "Read", "fix": "Read,Edit,Bash"}
 GREEDY = '{"temperature": 0}'
+CODEX_INSTRUCTIONS = Path(__file__).resolve().parents[2] / "docs" / "agents" / "codex-small-model-instructions.md"
 
 
 def _flags(model: str) -> tuple[str, ...]:
@@ -125,9 +126,13 @@ def test_codex_completes(server: RunningServer, tmp_path: Path, task: str) -> No
     home = tmp_path / "codex"
     home.mkdir()
     with recording_proxy(server.base_url) as (url, recorder):
+        # docs/agents.md's set-up for a small model: its short instructions instead of Codex's 17k-character
+        # ones, and the tools a 1.5B cannot use (subagents, goals, images) off: a ~1.9k-token first prompt.
         (home / "config.toml").write_text(
             f'model = "{server.model}"\nmodel_provider = "metalserve"\n'
-            'web_search = "disabled"  # a hosted tool: refused by the server (docs/agents.md)\n\n'
+            'web_search = "disabled"  # a hosted tool: refused by the server (docs/agents.md)\n'
+            f'model_instructions_file = "{CODEX_INSTRUCTIONS}"\n\n'
+            "[features]\nmulti_agent = false\ngoals = false\nview_image = false\nimage_generation = false\n\n"
             "[model_providers.metalserve]\n"
             f'name = "metalserve"\nbase_url = "{url}/v1"\nwire_api = "responses"\n'
             f"stream_idle_timeout_ms = {IDLE_MS}\nrequest_max_retries = 0\nstream_max_retries = 0\n"
