@@ -148,9 +148,8 @@ def test_tokenize_messages_counts_the_chat_prompt_with_its_tools(server: Served)
     tools = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
     bare = httpx.post(f"{server.url}/tokenize", json={"messages": messages}).json()["count"]
     counted = httpx.post(f"{server.url}/tokenize", json={"messages": messages, "tools": tools}).json()["count"]
-    chat = httpx.post(
-        f"{server.url}/v1/chat/completions", json={"model": MODEL, "messages": messages, "tools": tools, "max_tokens": 1}
-    ).json()
+    body = {"model": MODEL, "messages": messages, "tools": tools, "max_tokens": 1}
+    chat = httpx.post(f"{server.url}/v1/chat/completions", json=body).json()
     assert counted == chat["usage"]["prompt_tokens"] and counted > bare
     refused = httpx.post(f"{server.url}/tokenize", json={"messages": messages, "documents": []})
     assert refused.status_code == 400 and "documents" in refused.text
