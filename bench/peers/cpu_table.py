@@ -183,6 +183,19 @@ def models_of(names: str) -> list[Path]:
     return [known.get(n.strip(), Path(n.strip())) for n in names.split(",") if n.strip()]
 
 
+def trained_context(gguf: Path) -> int | None:
+    """The model's trained context from the GGUF's `<arch>.context_length`, or None if it names none."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(gguf).fields
+    arch_field = fields.get("general.architecture")
+    if arch_field is None:
+        return None
+    arch = bytes(arch_field.parts[arch_field.data[0]]).decode()
+    field = fields.get(f"{arch}.context_length")
+    return None if field is None else int(field.parts[field.data[0]][0])
+
+
 def run_table(a: Any, out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every (model, workload), the two servers in turn; rows printed as they finish."""
     import json
@@ -193,7 +206,11 @@ def run_table(a: Any, out: Path) -> tuple[list[dict[str, Any]], list[dict[str, A
     rows: list[dict[str, Any]] = []
     turn = 0
     for gguf in models_of(a.models):
+        trained = trained_context(gguf)
         for name in a.workloads.split(","):
+            if trained is not None and WORKLOADS[name].context > trained:  # e.g. 16k on an 8k model
+                print(f"{gguf.name}: {name} skipped: it needs {WORKLOADS[name].context} tokens, trained on {trained}")
+                continue
             for server in servers if turn % 2 == 0 else servers[::-1]:
                 t = time.monotonic()
                 row = run_one(server, gguf, WORKLOADS[name], a, out) | {"wall_s": time.monotonic() - t}

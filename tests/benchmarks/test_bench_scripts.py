@@ -109,3 +109,30 @@ def test_startup_bench_reads_resident_memory() -> None:
 
     assert 1 < startup.rss_mib(os.getpid()) < 64 * 1024
     assert startup.free_port() > 0
+
+
+def test_cpu_table_skips_a_prefill_longer_than_the_trained_context(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The default model is trained on 8k tokens: its 16k row is skipped, saying so, not run to fail."""
+    import gguf
+    from peers import cpu_table
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(8192)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert cpu_table.trained_context(path) == 8192
+    ran: list[str] = []
+    monkeypatch.setattr(cpu_table, "run_one", lambda server, g, w, a, out: ran.append(w.name) or {"workload": w.name})
+    monkeypatch.setattr(cpu_table, "targets", lambda rows: [])
+
+    class Args:
+        models = str(path)
+        workloads = "prefill4k,prefill16k"
+
+    rows, _ = cpu_table.run_table(Args(), tmp_path)
+    assert set(ran) == {"prefill4k"} and "prefill16k skipped" in capsys.readouterr().out
