@@ -136,3 +136,20 @@ def test_cpu_table_skips_a_prefill_longer_than_the_trained_context(
 
     rows, _ = cpu_table.run_table(Args(), tmp_path)
     assert set(ran) == {"prefill4k"} and "prefill16k skipped" in capsys.readouterr().out
+
+
+def test_cpu_decode_profile_splits_a_step_of_the_default_model(capsys: pytest.CaptureFixture[str]) -> None:
+    """bench/cpu_decode_profile.py on the embedded default model: every projection, the head and the rest."""
+    import cpu_decode_profile
+
+    argv = sys.argv
+    sys.argv = ["cpu_decode_profile.py", "--context", "32", "--steps", "2"]
+    try:
+        cpu_decode_profile.main()
+    finally:
+        sys.argv = argv
+    out = capsys.readouterr().out
+    assert "kept in its codes" in out and "decode step" in out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[2:]}
+    assert set(rows) == {"qkv", "o", "gate_up", "down", "head", "rest"}
+    assert all(float(cells[0]) > 0 for name, cells in rows.items() if name != "rest")
