@@ -24,6 +24,7 @@ from metalserve.structured.limits import GrammarLimits
 # `serve`'s option strings as released: renaming or dropping one breaks users' command lines.
 SERVE_OPTIONS = {
     "--served-model-name",
+    "--cpu-int8-activations",
     "--enable-lora",
     "--lora-modules",
     "--max-loras",
@@ -212,6 +213,8 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         "77",
         "--no-generic-tool-prompt",
         "--no-tool-call-grammar",
+        "--cpu-int8-activations",
+        "auto",
         "--override-generation-config",
         '{"temperature": 0.7, "top_k": 20}',
         "--no-async-scheduling",
@@ -279,6 +282,7 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         default_max_tokens=77,
         generic_tool_prompt=False,
         tool_call_grammar=False,
+        cpu_int8_activations="auto",
         override_generation_config=(("temperature", 0.7), ("top_k", 20.0)),
     )
     config, _ = config_from_args(_parser().parse_args(["--kv-disk-dir", "/tmp/kv", "--kv-disk-size", "4096"]))

@@ -55,7 +55,11 @@ def run_server(config: EngineConfig, settings: ServerSettings) -> None:
     """Load the model, start the engine and serve until SIGINT/SIGTERM. Several models: each loads on
     first use, on its own engine thread (docs/multi-model.md)."""
     from metalserve.api.served_models import build_registry  # heavy (MLX); only the real server needs it
+    from metalserve.kernels.cpu import int8_dot
 
+    # Before any model loads: the CPU path's projections read it when they are built.
+    if int8_dot.set_mode(settings.cpu_int8_activations):
+        logger.info("CPU decode rows dotted in int8 (--cpu-int8-activations %s)", settings.cpu_int8_activations)
     frontend = Frontend.of(settings)
     if settings.multi_model or config.world_size > 1:
         # Several models load on first use: the port serves at once. Pipeline stages load first: only rank 0

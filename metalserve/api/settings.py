@@ -134,6 +134,12 @@ class ServerSettings:
         "vLLM's flag: serve tool_choice 'auto' (given, or implied by tools) through --tool-call-parser, "
         "which it needs; without it such requests get a 400. Forced calls (required, named) need neither",
     )
+    cpu_int8_activations: str = flag(
+        "off",
+        "CPU fast path, every model: decode rows dotted in int8 (llama.cpp's Q8 activations; VNNI where the CPU "
+        "has it): faster, not exact; auto = on where the CPU has AVX-512 VNNI (docs/cpu-path.md)",
+        choices=("auto", "on", "off"),
+    )
     tool_call_grammar: bool = flag(
         True,
         "under tool_choice 'auto', constrain a call from its opening on to a declared tool with arguments "

@@ -24,6 +24,7 @@ import numba
 import numpy as np
 from numba.typed import List
 
+from metalserve.kernels.cpu import int8_dot
 from metalserve.kernels.cpu.gemm import host_gemm
 from metalserve.kernels.cpu.numba_lock import launch_lock
 from metalserve.kernels.cpu.packed_codes import PackedCodes
@@ -45,10 +46,12 @@ class Segments(NamedTuple):
     layer_first: np.ndarray
     bias: np.ndarray
     columns: int
+    int8: bool  # decode rows dotted in integers where the codes allow (int8_dot.py, --cpu-int8-activations)
 
 
-def segments_of(layers: list[list[PackedCodes]], bias: np.ndarray | None = None) -> Segments:
-    """The segments of a projection whose layer `l` stacks `layers[l]`'s parts row-wise."""
+def segments_of(layers: list[list[PackedCodes]], bias: np.ndarray | None = None, int8: bool | None = None) -> Segments:
+    """The segments of a projection whose layer `l` stacks `layers[l]`'s parts row-wise. `int8`: None
+    takes the process's --cpu-int8-activations (int8_dot.enabled())."""
     data, scales, biases = List(), List(), List()
     rows, bits, out_at, layer_first = [], [], [], [0]
     for parts in layers:
@@ -67,9 +70,9 @@ def segments_of(layers: list[list[PackedCodes]], bias: np.ndarray | None = None)
         bias = np.zeros((len(layers), outputs), np.float32)
     columns = layers[0][0].columns
     rows_a, bits_a, out_at_a, first_a = (np.array(v, np.int64) for v in (rows, bits, out_at, layer_first))
-    return Segments(
-        data, scales, biases, rows_a, bits_a, out_at_a, first_a, np.ascontiguousarray(bias, np.float32), columns
-    )
+    int8 = int8_dot.enabled() if int8 is None else int8
+    bias_a = np.ascontiguousarray(bias, np.float32)
+    return Segments(data, scales, biases, rows_a, bits_a, out_at_a, first_a, bias_a, columns, bool(int8))
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True, boundscheck=False)
@@ -158,6 +161,15 @@ def segments_linear_kernel(x, seg, layer, chunks, out):  # noqa: ANN001, ANN202
     rows = x.shape[0]
     columns = seg.columns
     first, last = seg.layer_first[layer], seg.layer_first[layer + 1]
+    # Decode rows in integers (int8_dot.py): the input quantized once here, each eligible segment's rows
+    # then dotted against it; the four-row tile below stays for everything else.
+    int8 = seg.int8 and rows < 4 and columns % 64 == 0
+    blocks = columns // 32 if int8 else 1
+    xq = np.empty((rows, blocks * 32), np.int8)
+    xscale, xtotal = np.empty((rows, blocks), np.float32), np.empty((rows, blocks), np.float32)
+    if int8:
+        for r in range(rows):
+            int8_dot.quantize_row(x, r, xq[r], xscale[r], xtotal[r])
     quads = 0
     for s in range(first, last):
         quads += (seg.rows[s] + 3) // 4
@@ -181,6 +193,14 @@ def segments_linear_kernel(x, seg, layer, chunks, out):  # noqa: ANN001, ANN202
             whole = bits == 8 or (bits == 4 and (columns // 2) % (columns // groups) == 0)
             codes2 = data.reshape(outputs, data.shape[0] // outputs)
             scales2, biases2 = scales.reshape(outputs, groups), biases.reshape(outputs, groups)
+            if int8 and groups == blocks and (bits == 8 or bits == 4):  # 4 bits: half-rows of whole groups
+                first_quad = skipped - (outputs + 3) // 4
+                o_lo, o_hi = 4 * (lo - first_quad), min(outputs, 4 * (hi - first_quad))
+                for r in range(rows):
+                    int8_dot.int8_rows(
+                        xq[r], xscale[r], xtotal[r], codes2, scales2, biases2, bits, o_lo, o_hi, out, r, at
+                    )
+                continue
             for quad in range(lo - (skipped - (outputs + 3) // 4), hi - (skipped - (outputs + 3) // 4)):
                 local = 4 * quad
                 # The unpacking loops written out here, beside `w`'s allocation, not called: in a callee

@@ -1,0 +1,92 @@
+"""Decode rows dotted in integers (kernels/cpu/int8_dot.py): within int8 error of float64 where it applies,
+the float kernel's exact result where it does not, and VNNI's instruction where the CPU has it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numba
+import numpy as np
+import pytest
+
+from metalserve.kernels.cpu import int8_dot
+from metalserve.kernels.cpu.packed_linear import packed_linear, segments_of
+from tests.kernels.test_packed_codes import random_codes
+
+
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_int8_rows_are_within_int8_error_and_other_layouts_stay_exact(tokens: int) -> None:
+    """Layer 0 takes the int8 dot (4 bits, groups of 32, a 32-byte tail at 576 columns; 8 bits); layer 1 has a
+    6-bit part and groups of 16, which keep the float kernel and its exactness."""
+    layer0 = [random_codes(37, 576, 4, 32, 1), random_codes(9, 576, 8, 32, 2)]
+    layer1 = [random_codes(37, 576, 6, 16, 3), random_codes(9, 576, 4, 16, 4)]
+    rng = np.random.default_rng(tokens)
+    bias = rng.standard_normal((2, 46)).astype(np.float32)
+    x = rng.standard_normal((tokens, 576)).astype(np.float32)
+    exact = segments_of([[p for p, _ in layer0], [p for p, _ in layer1]], bias, int8=False)
+    fast = exact._replace(int8=True)
+    for layer, parts in enumerate((layer0, layer1)):
+        dense = np.concatenate([d for _, d in parts]).astype(np.float64)
+        want = x.astype(np.float64) @ dense.T + bias[layer]
+        np.testing.assert_allclose(packed_linear(x, exact, layer), want, rtol=1e-4, atol=1e-4)
+        got = packed_linear(x, fast, layer)
+        if layer == 0:
+            error = np.abs(got - want).max() / np.abs(want).max()
+            assert 0 < error < 2e-2  # int8's error: not the float kernel's answer, and close to it
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_mode_is_auto_on_off_and_read_when_segments_are_built() -> None:
+    before = int8_dot.enabled()
+    try:
+        assert int8_dot.set_mode("on") and segments_of([[random_codes(4, 64, 4, 32)[0]]]).int8
+        assert not int8_dot.set_mode("off") and not segments_of([[random_codes(4, 64, 4, 32)[0]]]).int8
+        assert int8_dot.set_mode("auto") == int8_dot.has_vnni()
+        with pytest.raises(ValueError, match="one of auto, on, off"):
+            int8_dot.set_mode("fast")
+    finally:
+        int8_dot.set_mode("on" if before else "off")
+
+
+def test_vnni_is_emitted_where_the_cpu_has_it() -> None:
+    if not int8_dot.has_vnni():
+        pytest.skip("this CPU has no AVX-512 VNNI: the portable vector form is used (tested below)")
+
+    @numba.njit(cache=False)
+    def chunk(codes, xq):  # type: ignore[no-untyped-def]
+        return int8_dot._dot64(np.int64(codes.ctypes.data), np.int64(xq.ctypes.data), int8_dot.BYTE)
+
+    rng = np.random.default_rng(0)
+    codes, xq = rng.integers(0, 256, 64).astype(np.uint8), rng.integers(-127, 128, 64).astype(np.int8)
+    want = (codes.astype(np.int64) * xq).reshape(2, 32).sum(1)
+    assert list(chunk(codes, xq)) == list(want)
+    assert "vpdpbusd" in "".join(chunk.inspect_asm().values())
+
+
+PORTABLE = """
+import numpy as np
+from metalserve.kernels.cpu import int8_dot
+int8_dot.has_vnni = lambda: False  # before anything compiles: the portable vector IR
+from metalserve.kernels.cpu.packed_linear import packed_linear, segments_of
+from tests.kernels.test_packed_codes import random_codes
+parts = [random_codes(37, 576, 4, 32, 1), random_codes(9, 576, 8, 32, 2)]
+x = np.random.default_rng(0).standard_normal((1, 576)).astype(np.float32)
+want = x.astype(np.float64) @ np.concatenate([d for _, d in parts]).astype(np.float64).T
+got = packed_linear(x, segments_of([[p for p, _ in parts]], int8=True))
+error = np.abs(got - want).max() / np.abs(want).max()
+assert 0 < error < 2e-2, error
+print("portable ok", error)
+"""
+
+
+def test_the_portable_form_where_the_cpu_has_no_vnni(tmp_path: Path) -> None:
+    """The IR without VNNI's intrinsic, compiled in a process of its own (its own numba cache, so the VNNI
+    build cached here is not loaded): the same answers. (On this CPU LLVM may still pick VNNI instructions
+    for the portable form's multiply-and-sum; it ran 1.4-1.9x slower than the intrinsic here.)"""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(Path(__file__).parents[2])}
+    done = subprocess.run([sys.executable, "-c", PORTABLE], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "portable ok" in done.stdout, done.stderr[-3000:]
