@@ -1,7 +1,7 @@
 """Where a one-stream decode step goes on the CPU fast path: each projection, the head, and the rest.
 
     PYTHONPATH=$PWD NUMBA_NUM_THREADS=1 .venv/bin/python bench/cpu_decode_profile.py [--model GGUF] \
-        [--context 256] [--steps 30]
+        [--context 256] [--steps 30] [--cpu-int8-activations on]
 
 Loads the model as the server does (weights in their codes), runs a decode step at `--context` through
 the paged runner (median of `--steps`), then times each projection of every layer alone on one row
@@ -73,8 +73,12 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="a GGUF path (default: the embedded default model)")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--cpu-int8-activations", default="off", choices=("auto", "on", "off"))
     args = ap.parse_args()
+    from metalserve.kernels.cpu import int8_dot
     from metalserve.loader import load_model
+
+    int8_dot.set_mode(args.cpu_int8_activations)
 
     loaded = load_model(args.model)
     step, paged = _step_ms(loaded, args.context, args.steps)
