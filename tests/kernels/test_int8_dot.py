@@ -44,6 +44,7 @@ def test_the_mode_is_auto_on_off_and_read_when_segments_are_built() -> None:
     before = int8_dot.enabled()
     try:
         assert int8_dot.set_mode("on") and segments_of([[random_codes(4, 64, 4, 32)[0]]]).int8
+        assert os.environ[int8_dot.RANKS_ENV] == "on"  # what the local ranks rank 0 starts will read
         assert not int8_dot.set_mode("off") and not segments_of([[random_codes(4, 64, 4, 32)[0]]]).int8
         assert int8_dot.set_mode("auto") == int8_dot.has_vnni()
         with pytest.raises(ValueError, match="one of auto, on, off"):

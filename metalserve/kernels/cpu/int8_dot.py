@@ -16,6 +16,7 @@ groups of 32, and 8 bits with groups of 32; every other layout keeps the float k
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numba
@@ -26,6 +27,9 @@ from numba.extending import intrinsic
 
 LOW, HIGH, BYTE = 0, 1, 2  # which part of each code byte a chunk's dot reads
 MODES = ("auto", "on", "off")
+# How rank 0 hands the resolved mode to the local ranks it starts (distributed/launch.py copies its
+# environment into theirs; serving/pipeline.main reads it back).
+RANKS_ENV = "METALSERVE_RANKS_CPU_INT8_ACTIVATIONS"
 _state = {"on": False}
 
 
@@ -41,6 +45,7 @@ def set_mode(mode: str) -> bool:
     if mode not in MODES:
         raise ValueError(f"--cpu-int8-activations takes one of {', '.join(MODES)}, not {mode!r}")
     _state["on"] = mode == "on" or (mode == "auto" and has_vnni())
+    os.environ[RANKS_ENV] = "on" if _state["on"] else "off"
     return _state["on"]
 
 
