@@ -59,6 +59,28 @@ def test_lone_surrogates_are_a_400_naming_the_field(server: Served, path: str, r
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 
+NON_FINITE_CASES = [  # Python's JSON reader takes these; JSON has no such numbers
+    ("/v1/completions", '{"prompt": "Hi", "temperature": NaN}', "temperature"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "Hi"}], "top_p": -Infinity}', "top_p"),
+    (
+        "/v1/responses",  # found by the fuzz test: the answer echoes the tools, and could not be written (a 500)
+        '{"input": [{"role": "user", "content": "Hi"}], "max_output_tokens": 3, '
+        '"tools": [{"type": "function", "name": "f", "parameters": {"type": Infinity}}]}',
+        "tools.0.parameters.type",
+    ),
+    ("/v1/messages", '{"max_tokens": 3, "messages": [{"role": "user", "content": "Hi"}], "top_k": NaN}', "top_k"),
+]
+
+
+@pytest.mark.parametrize(("path", "raw", "param"), NON_FINITE_CASES)
+def test_nan_and_infinity_are_a_400_naming_the_field(server: Served, path: str, raw: str, param: str) -> None:
+    response = _post(server, path, raw)
+    assert response.status_code == 400, response.text
+    assert param in response.text and "NaN and Infinity are not JSON numbers" in response.text
+    spelled = _post(server, "/v1/completions", '{"prompt": "say:NaN Infinity", "max_tokens": 30}')  # as text: fine
+    assert spelled.status_code == 200 and spelled.json()["choices"][0]["text"] == "NaN Infinity"
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
