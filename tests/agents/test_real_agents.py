@@ -49,7 +49,8 @@ CODEX_INSTRUCTIONS = Path(__file__).resolve().parents[2] / "docs" / "agents" / "
 def _flags(model: str) -> tuple[str, ...]:
     # The server's defaults, as docs/agents.md recommends: weights kept in their codes (the 1.5B's process
     # holds about 2 GB), the prefix cache on, the tool-call grammar with the default compile timeout.
-    # 16k tokens hold every prompt here (Codex's first is ~8.8k) and fit a 1 GiB KV budget for the 1.5B.
+    # 16k tokens hold every prompt here (Codex's first: ~2k with the small-model set-up below, ~8.8k
+    # without) and fit a 1 GiB KV budget for the 1.5B.
     # Neither agent sends a temperature (Claude Code's API default is 1, Codex's none): greedy instead, as
     # docs/agents.md recommends for a small model (at 1 the 1.5B said hello.txt could not be read; at
     # Qwen's own 0.7/top-p 0.8/top-k 20 it refused the "secret" as sensitive, both with the file's text
