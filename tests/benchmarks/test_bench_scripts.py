@@ -162,3 +162,12 @@ def test_cpu_int8_dot_bench_times_both_arms() -> None:
     r = cpu_int8_dot.measure(64, 576, 4, repeat=2, rounds=1)
     assert r["float"] > 0 and r["int8"] > 0
     assert r["float_error"] < 1e-5 and 0 < r["int8_error"] < 2e-2
+
+
+def test_cpu_int8_accuracy_bench_compares_both_modes_with_fp32() -> None:
+    """bench/cpu_int8_accuracy.py, one prompt and 4 tokens: the exact path matches fp32, int8 moves a little."""
+    import cpu_int8_accuracy
+
+    results = cpu_int8_accuracy.main(["--prompts", "1", "--tokens", "4"])
+    assert results["off"]["steps"] == 3 and results["off"]["max"] < 1e-3
+    assert 0 < results["on"]["max"] < 1.0
