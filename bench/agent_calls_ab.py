@@ -30,7 +30,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.agent_replay import SESSIONS, load_session  # noqa: E402
-from bench.tool_calls_ab import Answer, _pct, _valid, hermes_as_on_main, start_server  # noqa: E402
+from bench.tool_calls_ab import Answer, _valid, report_arms, start_server  # noqa: E402
 from metalserve.api.anthropic.protocol import MessagesRequest  # noqa: E402
 from metalserve.api.anthropic.translate import to_chat as messages_to_chat  # noqa: E402
 from metalserve.api.responses.protocol import ResponsesRequest  # noqa: E402
@@ -159,27 +159,16 @@ def report(
     dump: dict[str, Any] = {}
     for label, _, samples in settings:
         jobs = [c for c in cases for _ in range(samples)]
-        arms = {
-            "A hermes as on main": [
-                Answer(a.content, hermes_as_on_main(a.raw, set(c.schemas)), a.raw)
-                for c, a in zip(jobs, answers["off"][label], strict=True)
-            ],
-            "B forgiving parser": answers["off"][label],
-            "C forgiving + constrained calls": answers["on"][label],
-        }
-        for arm, got in arms.items():
-            tally = Tally()
-            for case, answer in zip(jobs, got, strict=True):
-                tally.add(case, answer)
-            n = tally.answers
-            print(
-                f"{label:<8} {arm:<34} {tally.called:>6}/{n:<3} {_pct(tally.called, n):>4} "
-                f"{tally.valid:>3}/{tally.called:<3} {tally.right:>4}/{n:<3} {tally.invalid_objects:>5}"
-            )
-            dump[f"{label} {arm}"] = [{"case": c.name, **a.__dict__} for c, a in zip(jobs, got, strict=True)]
-            if args.verbose:
-                for case, answer in zip(jobs, got, strict=True):
-                    print(f"      {case.name:<40} {answer.calls[:1]!s:.80} {answer.raw[:80]!r}")
+        dump |= report_arms(
+            label,
+            jobs,
+            answers,
+            tools_of=lambda c: set(c.schemas),
+            new_tally=Tally,
+            dump_row=lambda c, a: {"case": c.name, **a.__dict__},
+            describe=lambda c: f"{c.name:<40}",
+            verbose=args.verbose,
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(dump, indent=1))
 

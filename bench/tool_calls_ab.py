@@ -351,30 +351,59 @@ def report(
     dump: dict[str, Any] = {}
     for label, _, samples in settings:
         jobs = [c for _ in range(samples) for c in CASES]
-        arms = {
-            "A hermes as on main": [
-                Answer(a.content, hermes_as_on_main(a.raw, set(c.tools)), a.raw)
-                for c, a in zip(jobs, answers["off"][label], strict=True)
-            ],
-            "B forgiving parser": answers["off"][label],
-            "C forgiving + constrained calls": answers["on"][label],
-        }
-        for arm, got in arms.items():
-            tally = Tally()
-            for case, answer in zip(jobs, got, strict=True):
-                tally.add(case, answer)
-            n = tally.answers
-            print(
-                f"{label:<8} {arm:<34} {tally.called:>6}/{n:<3} {_pct(tally.called, n):>4} "
-                f"{tally.valid:>3}/{tally.called:<3} {tally.right:>4}/{n:<3} {tally.invalid_objects:>5}"
-            )
-            dump[f"{label} {arm}"] = [a.__dict__ for a in got]
-            if args.verbose:
-                for case, answer in zip(jobs, got, strict=True):
-                    print(f"      {case.ask[:38]!r:<42} {answer.calls[:1]!s:.80} {answer.raw[:80]!r}")
+        dump |= report_arms(
+            label,
+            jobs,
+            answers,
+            tools_of=lambda c: set(c.tools),
+            new_tally=Tally,
+            dump_row=lambda c, a: a.__dict__,
+            describe=lambda c: f"{c.ask[:38]!r:<42}",
+            verbose=args.verbose,
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dump, f, indent=1)
+
+
+def report_arms(
+    label: str,
+    jobs: list[Any],
+    answers: dict[str, dict[str, list[Answer]]],
+    *,
+    tools_of: Any,
+    new_tally: Any,
+    dump_row: Any,
+    describe: Any,
+    verbose: bool,
+) -> dict[str, Any]:
+    """Print the three arms' tallies of one sampling setting (`jobs`: the case of each answer, in order);
+    return the answers for the JSON dump. Arm A reads the grammar-off answers' raw text as the Hermes
+    parser on main did (only the declared `tools_of(case)`); B is those answers as served; C the
+    grammar-on ones. Shared with bench/agent_calls_ab.py, whose cases and tallies differ."""
+    arms = {
+        "A hermes as on main": [
+            Answer(a.content, hermes_as_on_main(a.raw, tools_of(c)), a.raw)
+            for c, a in zip(jobs, answers["off"][label], strict=True)
+        ],
+        "B forgiving parser": answers["off"][label],
+        "C forgiving + constrained calls": answers["on"][label],
+    }
+    dump: dict[str, Any] = {}
+    for arm, got in arms.items():
+        tally = new_tally()
+        for case, answer in zip(jobs, got, strict=True):
+            tally.add(case, answer)
+        n = tally.answers
+        print(
+            f"{label:<8} {arm:<34} {tally.called:>6}/{n:<3} {_pct(tally.called, n):>4} "
+            f"{tally.valid:>3}/{tally.called:<3} {tally.right:>4}/{n:<3} {tally.invalid_objects:>5}"
+        )
+        dump[f"{label} {arm}"] = [dump_row(c, a) for c, a in zip(jobs, got, strict=True)]
+        if verbose:
+            for case, answer in zip(jobs, got, strict=True):
+                print(f"      {describe(case)} {answer.calls[:1]!s:.80} {answer.raw[:80]!r}")
+    return dump
 
 
 def _pct(a: int, b: int) -> str:

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `bench.` imports
 
 from bench.agent_calls_ab import DEFAULT, Tally, load_case  # noqa: E402
 from bench.agent_replay import SESSIONS  # noqa: E402
-from bench.tool_calls_ab import Answer, hermes_as_on_main  # noqa: E402
+from bench.tool_calls_ab import Answer, hermes_as_on_main, report_arms  # noqa: E402
 
 
 def test_first_requests_keep_the_agents_prompt_and_tools() -> None:
@@ -44,3 +45,25 @@ def test_arm_a_reads_only_tool_call_blocks_of_declared_tools() -> None:
     block = '<tool_call>\n{"name": "Read", "arguments": {"file_path": "a"}}\n</tool_call>'
     assert hermes_as_on_main(block, {"Read"}) == [("Read", '{"file_path": "a"}')]
     assert hermes_as_on_main(block, {"Bash"}) == []
+
+
+def test_the_arms_report_tallies_each_arm_and_dumps_every_answer(capsys: Any) -> None:
+    """report_arms (shared with bench/tool_calls_ab.py): arm A re-reads the grammar-off raw text as main's
+    Hermes parser did, B takes those answers as served, C the grammar-on ones."""
+    case = load_case(SESSIONS / DEFAULT[0])
+    fenced = '```json\n{"name": "Read", "arguments": {"file_path": "/w/hello.txt"}}\n```'
+    right = Answer("", [("Read", json.dumps({"file_path": "/w/hello.txt"}))], fenced)
+    answers = {"off": {"greedy": [right, Answer("no call", [], "no call")]}, "on": {"greedy": [right, right]}}
+    dump = report_arms(
+        "greedy",
+        [case, case],
+        answers,
+        tools_of=lambda c: set(c.schemas),
+        new_tally=Tally,
+        dump_row=lambda c, a: {"case": c.name, **a.__dict__},
+        describe=lambda c: c.name,
+        verbose=False,
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[-5:-3] for line in lines] == [["0/2", "0%"], ["1/2", "50%"], ["2/2", "100%"]]
+    assert len(dump["greedy B forgiving parser"]) == 2 and dump["greedy C forgiving + constrained calls"][0]["case"]
