@@ -25,6 +25,7 @@ import numba
 import numpy as np
 
 from metalserve.kernels.cpu.attention_prefill import chunk_attention
+from metalserve.kernels.cpu.fast_exp import exp_parts
 from metalserve.kernels.cpu.gemm import host_gemm
 from metalserve.kernels.cpu.numba_lock import launch_lock
 
@@ -36,18 +37,7 @@ def _exp_rows(x, count, pow2):  # noqa: ANN001, ANN202  (numba infers the types)
     """x[g, :count] = exp(x[g, :count]) for x <= 0, in two loops the compiler vectorises."""
     for g in range(x.shape[0]):
         for j in range(count):
-            v = max(x[g, j], np.float32(-87.0))
-            k = np.floor(v * np.float32(1.4426950408889634) + np.float32(0.5))
-            r = (v - k * np.float32(0.693359375)) + k * np.float32(2.12194440e-4)  # Cody-Waite: r = v - k ln 2
-            p = np.float32(1.0 / 5040.0)
-            p = p * r + np.float32(1.0 / 720.0)
-            p = p * r + np.float32(1.0 / 120.0)
-            p = p * r + np.float32(1.0 / 24.0)
-            p = p * r + np.float32(1.0 / 6.0)
-            p = p * r + np.float32(0.5)
-            p = p * r + np.float32(1.0)
-            x[g, j] = p * r + np.float32(1.0)
-            pow2[j] = (np.int32(k) + np.int32(127)) << np.int32(23)
+            x[g, j], pow2[j] = exp_parts(x[g, j])
         scale = pow2[:count].view(np.float32)
         for j in range(count):
             x[g, j] *= scale[j]

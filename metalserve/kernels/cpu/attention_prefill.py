@@ -18,6 +18,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from metalserve.kernels.cpu.fast_exp import exp_parts
 from metalserve.kernels.cpu.gemm import F32, sgemm
 
 QUERY_BLOCK = 32  # query rows per work item (times the group's heads: the rows of one score GEMM)
@@ -36,18 +37,7 @@ def _softmax_masked(s, lo, hi, softcap, pow2):  # noqa: ANN001, ANN202  (numba i
     for j in range(lo + 1, hi):
         top = max(top, s[j])
     for j in range(lo, hi):
-        v = max(s[j] - top, np.float32(-87.0))
-        k = np.floor(v * np.float32(1.4426950408889634) + np.float32(0.5))
-        r = (v - k * np.float32(0.693359375)) + k * np.float32(2.12194440e-4)  # Cody-Waite: r = v - k ln 2
-        p = np.float32(1.0 / 5040.0)
-        p = p * r + np.float32(1.0 / 720.0)
-        p = p * r + np.float32(1.0 / 120.0)
-        p = p * r + np.float32(1.0 / 24.0)
-        p = p * r + np.float32(1.0 / 6.0)
-        p = p * r + np.float32(0.5)
-        p = p * r + np.float32(1.0)
-        s[j] = p * r + np.float32(1.0)
-        pow2[j] = (np.int32(k) + np.int32(127)) << np.int32(23)
+        s[j], pow2[j] = exp_parts(s[j] - top)
     scale = pow2.view(np.float32)
     total = np.float32(0.0)
     for j in range(lo, hi):

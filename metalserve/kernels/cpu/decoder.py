@@ -19,6 +19,7 @@ from numba.extending import overload
 
 from metalserve.kernels.cpu import attention as cpu_attention
 from metalserve.kernels.cpu import attention_prefill as cpu_attention_prefill
+from metalserve.kernels.cpu import fast_exp as cpu_fast_exp
 from metalserve.kernels.cpu import gemm as cpu_gemm
 from metalserve.kernels.cpu import int8_dot as cpu_int8_dot
 from metalserve.kernels.cpu import layer_ops as cpu_layer_ops
@@ -58,7 +59,8 @@ def kernel_sources_digest() -> str:
     below closes over this digest, so such an edit is a cache miss instead.
     """
     digest = hashlib.sha256()
-    modules = (cpu_attention, cpu_attention_prefill, cpu_gemm, cpu_int8_dot, cpu_layer_ops, cpu_lora, cpu_packed_gemm)
+    modules = (cpu_attention, cpu_attention_prefill, cpu_fast_exp, cpu_gemm, cpu_int8_dot, cpu_layer_ops, cpu_lora)
+    modules += (cpu_packed_gemm,)
     for module in (*modules, cpu_packed_linear, cpu_packed_unpack, cpu_swiglu, cpu_page_codes, cpu_quantized_attention):
         digest.update(Path(str(module.__file__)).read_bytes())
     return digest.hexdigest()

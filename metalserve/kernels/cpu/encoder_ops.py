@@ -12,6 +12,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from metalserve.kernels.cpu.fast_exp import exp_parts
+
 # Eigen's `generic_fast_erf_float` coefficients: erf(x) = x * P(x^2) / Q(x^2) on [-4, 4], +-1 outside.
 _A1, _A3, _A5, _A7 = -2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05
 _A9, _A11, _A13 = -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02
@@ -90,18 +92,7 @@ def _exp_row(row, pow2, n):  # noqa: ANN001, ANN202
     for j in range(1, n):
         top = max(top, row[j])
     for j in range(n):
-        v = max(row[j] - top, np.float32(-87.0))
-        k = np.floor(v * np.float32(1.4426950408889634) + np.float32(0.5))
-        r = (v - k * np.float32(0.693359375)) + k * np.float32(2.12194440e-4)
-        p = np.float32(1.0 / 5040.0)
-        p = p * r + np.float32(1.0 / 720.0)
-        p = p * r + np.float32(1.0 / 120.0)
-        p = p * r + np.float32(1.0 / 24.0)
-        p = p * r + np.float32(1.0 / 6.0)
-        p = p * r + np.float32(0.5)
-        p = p * r + np.float32(1.0)
-        row[j] = p * r + np.float32(1.0)
-        pow2[j] = (np.int32(k) + np.int32(127)) << np.int32(23)
+        row[j], pow2[j] = exp_parts(row[j] - top)
     powers = pow2[:n].view(np.float32)
     total = np.float32(0.0)
     for j in range(n):

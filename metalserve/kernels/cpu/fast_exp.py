@@ -1,0 +1,28 @@
+"""exp(v) for v <= 0 as a polynomial and a power of two, in a form LLVM vectorises inside a caller's loop.
+
+libm's exp is one call per value, which keeps a softmax loop scalar. Here v = k ln 2 + r (Cody-Waite), e^r
+a degree-7 polynomial and 2^k the int32 bits `(k + 127) << 23`: the caller stores the two in its own
+arrays and multiplies them in a second loop (viewing the bits as float32), so both loops stay vector loops.
+Inlined into the caller at numba's level (`inline="always"`), so the loop body is as written out.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+
+@numba.njit(fastmath=True, cache=True, nogil=True, inline="always")
+def exp_parts(v):  # noqa: ANN001, ANN202  (numba infers the types)
+    """(e^r, the float32 bits of 2^k) with exp(v) = e^r * 2^k, for v clamped to [-87, 0]."""
+    v = max(v, np.float32(-87.0))
+    k = np.floor(v * np.float32(1.4426950408889634) + np.float32(0.5))
+    r = (v - k * np.float32(0.693359375)) + k * np.float32(2.12194440e-4)  # Cody-Waite: r = v - k ln 2
+    p = np.float32(1.0 / 5040.0)
+    p = p * r + np.float32(1.0 / 720.0)
+    p = p * r + np.float32(1.0 / 120.0)
+    p = p * r + np.float32(1.0 / 24.0)
+    p = p * r + np.float32(1.0 / 6.0)
+    p = p * r + np.float32(0.5)
+    p = p * r + np.float32(1.0)
+    return p * r + np.float32(1.0), (np.int32(k) + np.int32(127)) << np.int32(23)
