@@ -59,9 +59,9 @@ def kernel_sources_digest() -> str:
     below closes over this digest, so such an edit is a cache miss instead.
     """
     digest = hashlib.sha256()
-    modules = (cpu_attention, cpu_attention_prefill, cpu_fast_exp, cpu_gemm, cpu_int8_dot, cpu_layer_ops, cpu_lora)
-    modules += (cpu_packed_gemm,)
-    for module in (*modules, cpu_packed_linear, cpu_packed_unpack, cpu_swiglu, cpu_page_codes, cpu_quantized_attention):
+    modules = [cpu_attention, cpu_attention_prefill, cpu_fast_exp, cpu_gemm, cpu_int8_dot, cpu_layer_ops, cpu_lora]
+    modules += [cpu_packed_gemm, cpu_packed_linear, cpu_packed_unpack, cpu_swiglu, cpu_page_codes]
+    for module in (*modules, cpu_quantized_attention):
         digest.update(Path(str(module.__file__)).read_bytes())
     return digest.hexdigest()
 
