@@ -16,6 +16,10 @@ from __future__ import annotations
 import argparse
 import time
 
+# isort: off
+import metalserve  # noqa: F401  (before numba: it points numba's cache at this version's folder)
+
+# isort: on
 import numba
 import numpy as np
 
@@ -23,22 +27,25 @@ from metalserve.kernels.cpu import int8_dot
 from metalserve.kernels.cpu.packed_codes import PackedCodes
 from metalserve.kernels.cpu.packed_linear import packed_linear, segments_of
 
-SHAPES = [  # (rows, columns, bits)
-    (1536, 576, 4),
-    (576, 1536, 4),
-    (49152 // 4, 576, 8),
-    (9728, 896, 4),
-    (896, 4864, 4),
-    (1152, 896, 8),
+SHAPES = [  # (rows, columns, bits, group size)
+    (1536, 576, 4, 32),
+    (576, 1536, 4, 32),
+    (49152 // 4, 576, 8, 32),
+    (9728, 896, 4, 32),
+    (896, 4864, 4, 32),
+    (1152, 896, 8, 32),
+    (9728, 896, 5, 32),  # the coder 0.5B's Q5_0 gate/up and qkv
+    (1152, 896, 5, 32),
+    (896, 4864, 6, 16),  # its Q6_K down
 ]
 
 
-def measure(rows: int, columns: int, bits: int, repeat: int, rounds: int) -> dict[str, float]:
+def measure(rows: int, columns: int, bits: int, repeat: int, rounds: int, group: int = 32) -> dict[str, float]:
     """Fastest seconds of each arm ("float", "int8") and each one's relative error ("float_error", ...)."""
     rng = np.random.default_rng(rows + columns + bits)
     x = rng.standard_normal((1, columns)).astype(np.float32)
-    scales = rng.uniform(0.01, 0.1, (rows, columns // 32)).astype(np.float32)
-    biases = rng.uniform(-1, 1, (rows, columns // 32)).astype(np.float32)
+    scales = rng.uniform(0.01, 0.1, (rows, columns // group)).astype(np.float32)
+    biases = rng.uniform(-1, 1, (rows, columns // group)).astype(np.float32)
     packed = PackedCodes.pack(rng.integers(0, 1 << bits, (rows, columns)), scales, biases, bits)
     want = x.astype(np.float64) @ packed.dense().astype(np.float64).T
     arms = {"float": segments_of([[packed]], int8=False), "int8": segments_of([[packed]], int8=True)}
@@ -62,10 +69,11 @@ def main() -> None:
     args = ap.parse_args()
     vnni = "AVX-512 VNNI" if int8_dot.has_vnni() else "no VNNI: the portable vector form"
     print(f"threads {numba.get_num_threads()}; {vnni}; fastest call of each arm, interleaved")
-    for rows, columns, bits in SHAPES:
-        r = measure(rows, columns, bits, args.repeat, args.rounds)
+    for rows, columns, bits, group in SHAPES:
+        r = measure(rows, columns, bits, args.repeat, args.rounds, group)
         print(
-            f"{rows:6} x {columns:5} {bits} bits: float {r['float'] * 1e6:7.0f} us (error {r['float_error']:.1e}), "
+            f"{rows:6} x {columns:5} {bits} bits/{group:2}: "
+            f"float {r['float'] * 1e6:7.0f} us (error {r['float_error']:.1e}), "
             f"int8 {r['int8'] * 1e6:7.0f} us (error {r['int8_error']:.1e}): {r['int8'] / r['float']:.2f}x",
             flush=True,
         )

@@ -6,6 +6,10 @@ kernel against (same formats, same answer).
 
 from __future__ import annotations
 
+# isort: off
+import metalserve  # noqa: F401  (before numba: it points numba's cache at this version's folder)
+
+# isort: on
 import numba
 import numpy as np
 

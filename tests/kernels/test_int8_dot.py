@@ -40,6 +40,56 @@ def test_int8_rows_are_within_int8_error_and_other_layouts_stay_exact(tokens: in
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+def _int8_reference(x: np.ndarray, codes: np.ndarray, scales: np.ndarray, biases: np.ndarray) -> np.ndarray:
+    """What the int8 path computes, in float64: `x` quantized as quantize_row does (per block of 32, scale
+    amax / 127, round half to even), dotted with the integer codes and scaled per group."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    amax = np.abs(blocks).max(axis=2, keepdims=True)
+    d = np.where(amax > 0, amax / np.float32(127.0), np.float32(1.0)).astype(np.float32)
+    xq = (np.round(blocks / d) * d).reshape(x.shape).astype(np.float64)  # the dequantized int8 input
+    group = x.shape[1] // scales.shape[1]
+    w = np.repeat(scales.astype(np.float64), group, 1) * codes + np.repeat(biases.astype(np.float64), group, 1)
+    return xq @ w.T
+
+
+@pytest.mark.parametrize(
+    ("columns", "bits", "group"),
+    [
+        (896, 5, 32),  # the coder 0.5B's Q5_0: bit planes of 112 columns, windows that straddle two
+        (896, 6, 16),  # Q6_K: groups of 16, planes of 224
+        (4864, 6, 16),
+        (512, 5, 32),  # planes of 64: every window inside one
+        (1536, 5, 64),  # a group spans two input blocks
+        (896, 4, 64),  # 4 bits whose groups straddle the half-row (MLX's group size)
+        (896, 4, 16),
+    ],
+)
+def test_bit_plane_rows_match_the_same_quantization_in_float64(columns: int, bits: int, group: int) -> None:
+    """int8_plane_rows: every code read from the right nibble and bit plane, each 16 or 32 columns' integer
+    dot scaled by the right block and group (against NumPy doing the same quantization: only float32's
+    rounding apart), and the step itself within int8 error of the exact weights."""
+    packed, dense = random_codes(37, columns, bits, group, seed=columns + bits)
+    assert int8_dot.plane_rows_apply(bits, columns, group)
+    x = np.random.default_rng(bits).standard_normal((2, columns)).astype(np.float32)
+    got = packed_linear(x, segments_of([[packed]], int8=True))
+    same_quantization = _int8_reference(x, packed.unpacked(), packed.scales, packed.biases)
+    np.testing.assert_allclose(got, same_quantization, rtol=1e-4, atol=1e-4 * np.abs(same_quantization).max())
+    exact = x.astype(np.float64) @ dense.astype(np.float64).T
+    assert 0 < np.abs(got - exact).max() / np.abs(exact).max() < 2e-2
+
+
+def test_layouts_the_windows_cannot_read_keep_the_float_kernel() -> None:
+    """Bit planes narrower than a window (5 bits over 256 columns: planes of 32), half-rows that are not
+    whole windows (576 columns), groups of 48: the exact float kernel, not a wrong integer one."""
+    assert not int8_dot.plane_rows_apply(5, 256, 32)
+    assert not int8_dot.plane_rows_apply(5, 576, 32) and not int8_dot.plane_rows_apply(6, 576, 16)
+    assert not int8_dot.plane_rows_apply(4, 1536, 48) and not int8_dot.plane_rows_apply(8, 896, 32)
+    packed, dense = random_codes(9, 256, 5, 32, seed=5)
+    x = np.random.default_rng(0).standard_normal((1, 256)).astype(np.float32)
+    want = x.astype(np.float64) @ dense.astype(np.float64).T
+    np.testing.assert_allclose(packed_linear(x, segments_of([[packed]], int8=True)), want, rtol=1e-4, atol=1e-4)
+
+
 def test_the_mode_is_auto_on_off_and_read_when_segments_are_built() -> None:
     before = int8_dot.enabled()
     try:
@@ -80,7 +130,13 @@ want = x.astype(np.float64) @ np.concatenate([d for _, d in parts]).astype(np.fl
 got = packed_linear(x, segments_of([[p for p, _ in parts]], int8=True))
 error = np.abs(got - want).max() / np.abs(want).max()
 assert 0 < error < 2e-2, error
-print("portable ok", error)
+planes, dense = random_codes(11, 896, 5, 32, 3)  # the bit-plane windows too
+x = np.random.default_rng(1).standard_normal((1, 896)).astype(np.float32)
+want = x.astype(np.float64) @ dense.astype(np.float64).T
+got = packed_linear(x, segments_of([[planes]], int8=True))
+plane_error = np.abs(got - want).max() / np.abs(want).max()
+assert 0 < plane_error < 2e-2, plane_error
+print("portable ok", error, plane_error)
 """
 
 

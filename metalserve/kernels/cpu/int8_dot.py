@@ -11,7 +11,10 @@ result is exactly the integer dot of what was quantized.
 
 The error is the int8 input's (relative ~5e-3 on a random matvec, as llama.cpp's Q8 activations), so it is
 a choice: `--cpu-int8-activations` (docs/cpu-path.md). Codes read here: 4 bits whose half-rows hold whole
-groups of 32, and 8 bits with groups of 32; every other layout keeps the float kernel.
+groups of 32 and 8 bits with groups of 32 (int8_rows: a block's dot is a group's), and 4, 5 and 6 bits in
+groups of 16 or more, read a bit plane at a time (int8_plane_rows: packed_codes.py's layout puts a plane's
+columns, not a group's, side by side, so the dots are taken per 16 columns and summed into groups); every
+other layout keeps the float kernel.
 """
 
 from __future__ import annotations
@@ -53,8 +56,8 @@ def enabled() -> bool:
     return _state["on"]
 
 
-def _block_sums(builder: ir.IRBuilder, chosen: ir.Value, x: ir.Value, width: int) -> list[ir.Value]:
-    """The int32 dot of each 32-byte block of the `width` chosen code bytes (unsigned) with `x` (signed)."""
+def _block_sums(builder: ir.IRBuilder, chosen: ir.Value, x: ir.Value, width: int, block: int = 32) -> list[ir.Value]:
+    """The int32 dot of each `block`-byte piece of the `width` chosen code bytes (unsigned) with `x` (signed)."""
     i32 = ir.IntType(32)
     module = builder.module
     if has_vnni():
@@ -63,16 +66,16 @@ def _block_sums(builder: ir.IRBuilder, chosen: ir.Value, x: ir.Value, width: int
         dot = module.globals.get(name) or ir.Function(module, ir.FunctionType(lanes_t, [lanes_t] * 3), name=name)
         zero = ir.Constant(lanes_t, [0] * (width // 4))
         sums = builder.call(dot, [zero, builder.bitcast(chosen, lanes_t), builder.bitcast(x, lanes_t)])
-        per_block = 8
+        per_block = block // 4
     else:
         wide_t = ir.VectorType(i32, width)
         sums = builder.mul(builder.zext(chosen, wide_t), builder.sext(x, wide_t))
-        per_block = 32
+        per_block = block
     block_t = ir.VectorType(i32, per_block)
     name = f"llvm.vector.reduce.add.v{per_block}i32"
     reduce = module.globals.get(name) or ir.Function(module, ir.FunctionType(i32, [block_t]), name=name)
     out = []
-    for b in range(width // 32):
+    for b in range(width // block):
         pick = ir.Constant(ir.VectorType(i32, per_block), list(range(per_block * b, per_block * (b + 1))))
         out.append(builder.call(reduce, [builder.shuffle_vector(sums, sums, pick)]))
     return out
@@ -107,21 +110,103 @@ _dot64 = _chunk_dot(64)
 _dot32 = _chunk_dot(32)
 
 
+def _splat(builder: ir.IRBuilder, value: ir.Value, width: int, bits: int = 8) -> ir.Value:
+    """A vector of `width` copies of the integer `value`, as `bits`-bit integers."""
+    lane = ir.IntType(bits)
+    vector_t = ir.VectorType(lane, width)
+    value = builder.trunc(value, lane) if value.type.width > bits else value
+    one = builder.insert_element(ir.Constant(vector_t, None), value, ir.IntType(32)(0))
+    return builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width))
+
+
+def _masked_bytes(builder: ir.IRBuilder, address: ir.Value, mask: ir.Value) -> ir.Value:
+    """64 bytes from `address` where `mask` is set, 0 elsewhere; the bytes outside it are never read."""
+    bytes_t = ir.VectorType(ir.IntType(8), 64)
+    mask_t = ir.VectorType(ir.IntType(1), 64)
+    name = "llvm.masked.load.v64i8.p0v64i8"
+    module = builder.module
+    fn_t = ir.FunctionType(bytes_t, [bytes_t.as_pointer(), ir.IntType(32), mask_t, bytes_t])
+    load = module.globals.get(name) or ir.Function(module, fn_t, name=name)
+    pointer = builder.inttoptr(address, bytes_t.as_pointer())
+    return builder.call(load, [pointer, ir.IntType(32)(1), mask, ir.Constant(bytes_t, [0] * 64)])
+
+
+def _window_dot(block: int) -> Any:
+    """An intrinsic: the int32 dots of each `block` columns of a 64-column window of 4-, 5- or 6-bit codes
+    (packed_codes.py's layout) with the int8 input (a tuple of 64 // block).
+
+    Arguments: the window's nibble bytes' address and shift; its high bits' tail bytes, which may come from
+    two bit planes (a plane's columns need not start at a window): the first `split` columns' at address
+    a >> shift a, the rest's at address b >> shift b; the high bits' mask (0 for 4-bit codes); the input's
+    address. Each code is `(nibble >> shift) & 15 | ((high >> plane shift) & mask) << 4`."""
+
+    @intrinsic
+    def window_dot(
+        typingctx: Any,
+        nibbles: Any,
+        nibble_shift: Any,
+        high_a: Any,
+        shift_a: Any,
+        high_b: Any,
+        shift_b: Any,
+        split: Any,
+        high_mask: Any,
+        xq: Any,
+    ) -> Any:
+        arguments = (nibbles, nibble_shift, high_a, shift_a, high_b, shift_b, split, high_mask, xq)
+        sig = types.UniTuple(types.int32, 64 // block)(*arguments)
+
+        def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
+            bytes_t = ir.VectorType(ir.IntType(8), 64)
+            nibble_at, nibble_shift, a_at, shift_a, b_at, shift_b, split, high_mask, x_at = args
+            load = lambda at: builder.load(builder.inttoptr(at, bytes_t.as_pointer()), align=1)  # noqa: E731
+            # Shifts of 16-bit lanes: x86 has no byte shift, and the bits one brings in from the next byte
+            # are masked off below (shifts of at most 7, masks of at most 2 bits).
+            words_t = ir.VectorType(ir.IntType(16), 32)
+
+            def shift_right(value: ir.Value, amount: ir.Value) -> ir.Value:
+                words = builder.lshr(builder.bitcast(value, words_t), _splat(builder, amount, 32, 16))
+                return builder.bitcast(words, bytes_t)
+
+            nibble = builder.and_(shift_right(load(nibble_at), nibble_shift), ir.Constant(bytes_t, [15] * 64))
+            lanes = ir.Constant(bytes_t, list(range(64)))  # bytes, as 64 lanes of i32 took 4 compares
+            first = builder.icmp_unsigned("<", lanes, _splat(builder, split, 64))
+            high_a = shift_right(_masked_bytes(builder, a_at, first), shift_a)
+            high_b = shift_right(_masked_bytes(builder, b_at, builder.not_(first)), shift_b)
+            high = builder.and_(builder.or_(high_a, high_b), _splat(builder, high_mask, 64))
+            high = builder.bitcast(builder.shl(builder.bitcast(high, words_t), ir.Constant(words_t, [4] * 32)), bytes_t)
+            chosen = builder.or_(nibble, high)
+            sums = _block_sums(builder, chosen, load(x_at), 64, block)
+            return context.make_tuple(builder, signature.return_type, sums)
+
+        return sig, codegen
+
+    return window_dot
+
+
+_window32 = _window_dot(32)
+_window16 = _window_dot(16)
+
+
 @numba.njit(fastmath=True, cache=True, nogil=True, boundscheck=False)
-def quantize_row(x, r, xq, scale, total):  # noqa: ANN001, ANN202  (numba infers the types)
+def quantize_row(x, r, xq, scale, total, total16):  # noqa: ANN001, ANN202  (numba infers the types)
     """Row `r` of `x` to int8 per block of 32 (llama.cpp's Q8_0): the codes, each block's scale, and the
-    sum of its dequantized codes (for the offset term)."""
+    sum of its dequantized codes (for the offset term), per block and per half-block (groups of 16)."""
     for b in range(x.shape[1] // 32):
         amax = np.float32(0.0)
         for k in range(32):
             amax = max(amax, abs(x[r, 32 * b + k]))
         d = amax / np.float32(127.0) if amax > 0 else np.float32(1.0)
-        codes = np.int64(0)
+        low, high = np.int64(0), np.int64(0)
         for k in range(32):
             q = np.int32(np.round(x[r, 32 * b + k] / d))
             xq[32 * b + k] = np.int8(q)
-            codes += q
-        scale[b], total[b] = d, np.float32(codes) * d
+            if k < 16:
+                low += q
+            else:
+                high += q
+        scale[b], total[b] = d, np.float32(low + high) * d
+        total16[2 * b], total16[2 * b + 1] = np.float32(low) * d, np.float32(high) * d
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True, boundscheck=False)
@@ -158,4 +243,80 @@ def int8_rows(xq, scale, total, codes2, scales2, biases2, bits, o_lo, o_hi, out,
         acc = np.float32(0.0)
         for g in range(groups):
             acc += scales2[o, g] * scale[g] * np.float32(sums[g]) + biases2[o, g] * total[g]
+        out[r, at + o] = acc
+
+
+@numba.njit(fastmath=True, cache=True, nogil=True, boundscheck=False)
+def _window_pieces(codes2, o, xq, bits, per16, pieces):  # noqa: ANN001, ANN202
+    """The dots of row `o`'s 4-, 5- or 6-bit codes with `xq` into `pieces`, per 32 columns (per 16 where
+    `per16`), a 64-column window at a time."""
+    columns = xq.shape[0]
+    half = columns // 2
+    width = bits - 4
+    span = columns // (8 // width) if width else half  # columns per bit plane
+    mask = (1 << width) - 1
+    row_at = np.int64(codes2.ctypes.data) + np.int64(o) * codes2.shape[1]
+    x_at = np.int64(xq.ctypes.data)
+    plane, plane_end = 0, span  # the plane column c is in (kept by hand: a division costs 30 cycles)
+    for c in range(0, columns, 64):
+        nibbles = row_at + (c - half if c >= half else c)
+        shift = 4 if c >= half else 0
+        if c >= plane_end:
+            plane, plane_end = plane + 1, plane_end + span
+        split = min(plane_end - c, 64)  # the window's columns in this plane; the rest are in the next one
+        high_a = row_at + half + c - plane * span if width else nibbles
+        if per16:
+            s0, s1, s2, s3 = _window16(
+                nibbles, shift, high_a, width * plane, high_a - span, width * (plane + 1), split, mask, x_at + c
+            )
+            pieces[c >> 4], pieces[(c >> 4) + 1], pieces[(c >> 4) + 2], pieces[(c >> 4) + 3] = s0, s1, s2, s3
+        else:
+            s0, s1 = _window32(
+                nibbles, shift, high_a, width * plane, high_a - span, width * (plane + 1), split, mask, x_at + c
+            )
+            pieces[c >> 5], pieces[(c >> 5) + 1] = s0, s1
+
+
+@numba.njit(cache=True, nogil=True)
+def plane_rows_apply(bits: int, columns: int, group_size: int) -> bool:
+    """Whether int8_plane_rows reads codes of `bits` over `columns` in groups of `group_size`: 64-column
+    windows that each lie in one half-row and reach into at most two bit planes."""
+    if bits < 4 or bits > 6 or columns % 128 or (group_size != 16 and group_size % 32):
+        return False
+    return bits == 4 or columns // (8 // (bits - 4)) >= 64
+
+
+@numba.njit(fastmath=True, cache=True, nogil=True, boundscheck=False)
+def int8_plane_rows(xq, scale, total, total16, codes2, scales2, biases2, bits, o_lo, o_hi, out, r, at):  # noqa: ANN001, ANN202
+    """int8_rows for 4-, 5- and 6-bit codes in groups of 16 or multiples of 32 (plane_rows_apply): each 32
+    (or 16) columns' integer dot scaled by its input block's scale, summed into its group, then the group's
+    scale and offset applied."""
+    columns = xq.shape[0]
+    groups = scales2.shape[1]
+    blocks = columns // 32
+    per_group = blocks // groups  # input blocks a group spans (0: two groups of 16 share one)
+    pieces = np.empty(columns // 16, np.int32)
+    dots = np.empty(blocks, np.float32)
+    scale16 = np.empty(2 * blocks, np.float32)  # each 16 columns' input scale
+    for p in range(2 * blocks):
+        scale16[p] = scale[p >> 1]
+    for o in range(o_lo, o_hi):
+        _window_pieces(codes2, o, xq, bits, per_group == 0, pieces)
+        acc = np.float32(0.0)
+        # The common group sizes in loops LLVM vectorizes (contiguous, no inner loop): 16 and 32.
+        if per_group == 0:
+            for g in range(groups):
+                acc += scales2[o, g] * scale16[g] * np.float32(pieces[g]) + biases2[o, g] * total16[g]
+        elif per_group == 1:
+            for g in range(groups):
+                acc += scales2[o, g] * scale[g] * np.float32(pieces[g]) + biases2[o, g] * total[g]
+        else:
+            for b in range(blocks):
+                dots[b] = scale[b] * np.float32(pieces[b])
+            for g in range(groups):
+                dot, offset = np.float32(0.0), np.float32(0.0)
+                for b in range(g * per_group, (g + 1) * per_group):
+                    dot += dots[b]
+                    offset += total[b]
+                acc += scales2[o, g] * dot + biases2[o, g] * offset
         out[r, at + o] = acc

@@ -167,9 +167,10 @@ def segments_linear_kernel(x, seg, layer, chunks, out):  # noqa: ANN001, ANN202
     blocks = columns // 32 if int8 else 1
     xq = np.empty((rows, blocks * 32), np.int8)
     xscale, xtotal = np.empty((rows, blocks), np.float32), np.empty((rows, blocks), np.float32)
+    xtotal16 = np.empty((rows, 2 * blocks), np.float32)
     if int8:
         for r in range(rows):
-            int8_dot.quantize_row(x, r, xq[r], xscale[r], xtotal[r])
+            int8_dot.quantize_row(x, r, xq[r], xscale[r], xtotal[r], xtotal16[r])
     quads = 0
     for s in range(first, last):
         quads += (seg.rows[s] + 3) // 4
@@ -193,15 +194,21 @@ def segments_linear_kernel(x, seg, layer, chunks, out):  # noqa: ANN001, ANN202
             whole = bits == 8 or (bits == 4 and (columns // 2) % (columns // groups) == 0)
             codes2 = data.reshape(outputs, data.shape[0] // outputs)
             scales2, biases2 = scales.reshape(outputs, groups), biases.reshape(outputs, groups)
+            first_quad = skipped - (outputs + 3) // 4
+            o_lo, o_hi = 4 * (lo - first_quad), min(outputs, 4 * (hi - first_quad))
             if int8 and groups == blocks and (bits == 8 or bits == 4):  # 4 bits: half-rows of whole groups
-                first_quad = skipped - (outputs + 3) // 4
-                o_lo, o_hi = 4 * (lo - first_quad), min(outputs, 4 * (hi - first_quad))
                 for r in range(rows):
                     int8_dot.int8_rows(
                         xq[r], xscale[r], xtotal[r], codes2, scales2, biases2, bits, o_lo, o_hi, out, r, at
                     )
                 continue
-            for quad in range(lo - (skipped - (outputs + 3) // 4), hi - (skipped - (outputs + 3) // 4)):
+            if int8 and int8_dot.plane_rows_apply(bits, columns, size):  # 5 and 6 bits, groups of 16 and more
+                for r in range(rows):
+                    int8_dot.int8_plane_rows(
+                        xq[r], xscale[r], xtotal[r], xtotal16[r], codes2, scales2, biases2, bits, o_lo, o_hi, out, r, at
+                    )
+                continue
+            for quad in range(lo - first_quad, hi - first_quad):
                 local = 4 * quad
                 # The unpacking loops written out here, beside `w`'s allocation, not called: in a callee
                 # LLVM left them 20% slower (the default model's Q8_0 head, 49152 rows).
