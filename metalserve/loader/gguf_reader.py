@@ -7,6 +7,7 @@ numpy view per vocabulary string (seconds for a 150k vocabulary); this parser re
 
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,3 +134,19 @@ def read_gguf(path: Path) -> GGUFFile:
         kind = GGML_TYPE_NAMES.get(kind_id, f"type {kind_id}")
         tensors[name] = TensorInfo(name, shape, kind, base + offset, nbytes)
     return GGUFFile(metadata, tensors, data)
+
+
+def release_pages(file: GGUFFile, info: TensorInfo) -> None:
+    """Drop the pages of `info`'s bytes from this process's mapping of the file (`MADV_DONTNEED`; they stay
+    in the page cache, and a later read maps them again). A loaded model holds its own converted copy, so
+    the file's pages it read would otherwise count in the server's resident memory until the map closes:
+    the whole GGUF at the load's peak. A no-op where the platform has no madvise."""
+    mapping = getattr(file.data, "_mmap", None)
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if mapping is None or advice is None:
+        return
+    page = mmap.PAGESIZE
+    start = info.start // page * page
+    end = min(-(-(info.start + info.nbytes) // page) * page, len(mapping))
+    if end > start:
+        mapping.madvise(advice, start, end - start)

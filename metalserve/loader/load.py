@@ -157,4 +157,21 @@ def load(
         image_processor=raw.image_processor,
     )
     logger.info("%s", loaded.describe())
+    _return_freed_heap()
     return loaded
+
+
+def _return_freed_heap() -> None:
+    """Hand the heap the load freed back to the system (glibc's `malloc_trim`): converting a GGUF's tensors
+    frees many chunk-sized temporaries that glibc otherwise keeps (108 MB of the coder 0.5B's resident
+    memory after its load). Nothing elsewhere (macOS returns freed pages itself)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):  # not glibc
+        trim = None
+    if trim is not None:
+        trim(0)

@@ -3,6 +3,9 @@ fp32 copy, and the same tokens and log-probabilities as the dequantized fp32 mod
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import re
 from pathlib import Path
 
 import mlx.core as mx
@@ -11,9 +14,11 @@ import numpy as np
 import pytest
 
 from metalserve.executor.host.compute import HostCompute
-from metalserve.loader import load_model
+from metalserve.loader import gguf_codes, load_model
+from metalserve.loader import load as load_module
 from metalserve.loader.codes_linear import CodesEmbedding, CodesLinear
 from metalserve.loader.gguf_codes import CODES_TYPES, packed_codes
+from metalserve.loader.gguf_reader import GGUFFile, TensorInfo, release_pages
 from metalserve.platform import current_platform
 from metalserve.sampling_params import SamplingParams
 from metalserve.scheduler.output import NewRequestData, SchedulerOutput
@@ -36,6 +41,64 @@ def test_codes_decode_to_the_gguf_packages_values(kind: T) -> None:
     assert got.group_size == (16 if kind == T.Q6_K else 32)
     # scale * q + offset against gguf's d * (q - zero): equal up to one rounding of the fp32 sum.
     np.testing.assert_allclose(got.dense(), want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("kind", [T.Q5_0, T.Q6_K])
+def test_a_tensor_of_many_chunks_packs_as_one_chunk_would(kind: T, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows converted a chunk at a time into arrays allocated once (no join at the end): the same codes,
+    scales and offsets as one chunk, the last chunk shorter than the others included."""
+    rng = np.random.default_rng(5)
+    data, want = encode(rng.standard_normal((11, 512)).astype(np.float32) * 0.1, kind, rng)
+    raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+    whole = packed_codes(raw, kind.name, (11, 512))
+    monkeypatch.setattr(gguf_codes, "_CHUNK_VALUES", 4 * 512)  # chunks of 4 rows: 4, 4 and 3
+    chunked = packed_codes(raw, kind.name, (11, 512))
+    for field in ("codes", "scales", "biases"):
+        np.testing.assert_array_equal(getattr(chunked, field), getattr(whole, field))
+    np.testing.assert_allclose(chunked.dense(), want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+
+
+def _mapped_rss_kb(path: Path) -> int:
+    """This process's resident kB of its mappings of `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line):  # a mapping's header line
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
+def test_converting_a_tensor_releases_the_file_pages_it_read(tmp_path: Path) -> None:
+    """After a tensor is converted, the GGUF's pages it read leave this process's resident memory (before,
+    the whole file counted at the load's peak beside the converted copy); the bytes still read back."""
+    path = tmp_path / "blob.bin"
+    path.write_bytes(np.random.default_rng(0).integers(0, 255, 4 << 20).astype(np.uint8).tobytes())
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    info = TensorInfo("blk.0.ffn_up.weight", (1024, 4096), "Q8_0", 4096, (3 << 20) + 5)
+    file = GGUFFile({}, {info.name: info}, data)
+    checksum = int(data[info.start : info.start + info.nbytes].sum(dtype=np.int64))  # reads every page
+    before = _mapped_rss_kb(path)
+    release_pages(file, info)
+    after = _mapped_rss_kb(path)
+    assert before >= 3 << 10 and before - after >= (3 << 10) - 8, (before, after)
+    assert int(data[info.start : info.start + info.nbytes].sum(dtype=np.int64)) == checksum
+
+
+def test_the_load_hands_freed_heap_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """glibc's malloc_trim runs once a model is loaded (where the C library has one)."""
+    calls: list[int] = []
+
+    class FakeLibc:
+        def malloc_trim(self, pad: int) -> int:
+            calls.append(pad)
+            return 1
+
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: "libc.so.6")
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: FakeLibc())
+    load_module._return_freed_heap()
+    assert calls == [0]
 
 
 def test_zero_rows_in_give_zero_rows_out() -> None:
