@@ -17,6 +17,7 @@ import mlx.nn as nn
 import numpy as np
 
 from metalserve.kernels.cpu.packed_codes import PackedCodes
+from metalserve.loader.gguf_codes import FileRows
 
 if TYPE_CHECKING:
     from metalserve.kernels.cpu.packed_linear import Segments
@@ -92,28 +93,40 @@ class CodesLinear(nn.Module):
 
 
 class CodesEmbedding(nn.Module):
-    """An embedding table kept in its codes: lookups unpack rows; `as_linear` (a tied head) reads them."""
+    """An embedding table kept in its codes: lookups unpack rows; `as_linear` (a tied head) reads them. Or
+    an untied table left in its GGUF's bytes (FileRows), whose lookups convert the rows they read."""
 
-    def __init__(self, codes: PackedCodes) -> None:
+    def __init__(self, codes: PackedCodes | FileRows) -> None:
         super().__init__()
-        self.code_parts = CodeParts((codes,))
+        self.table = TableRef(codes)
+        self.code_parts = CodeParts((codes,) if isinstance(codes, PackedCodes) else ())
         self._head: CodesLinear | None = None
 
     @property
     def codes(self) -> PackedCodes:
+        """The table's codes (a table left in its file has none held: its head is another matrix)."""
+        if not self.code_parts.parts:
+            raise TypeError("this embedding is read from its file; it has no codes to share with a head")
         return self.code_parts.parts[0]
 
     @property
     def weight(self) -> mx.array:
         """A lazy stand-in with the table's shape and dtype, for code that reads only those; never evaluated."""
-        return mx.zeros(self.codes.shape, mx.float32)
+        return mx.zeros(self.table.codes.shape, mx.float32)
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        """The fp32 rows `ids` (flat int64) `[len(ids), hidden]`."""
+        table = self.table.codes
+        if isinstance(table, PackedCodes):
+            from metalserve.kernels.cpu.packed_linear import gather_rows
+
+            return gather_rows(table, ids)
+        return table.rows(ids)
 
     def __call__(self, ids: mx.array) -> mx.array:
-        from metalserve.kernels.cpu.packed_linear import gather_rows
-
         mx.eval(ids)
-        rows = gather_rows(self.codes, np.asarray(ids).reshape(-1))
-        return mx.array(rows).reshape(*ids.shape, self.codes.shape[1])
+        rows = self.lookup(np.asarray(ids).reshape(-1))
+        return mx.array(rows).reshape(*ids.shape, self.table.codes.shape[1])
 
     def as_linear(self, x: mx.array) -> mx.array:
         if self._head is None:
@@ -121,7 +134,14 @@ class CodesEmbedding(nn.Module):
         return self._head(x)
 
 
-def swap_in_codes(model: nn.Module, codes: dict[str, PackedCodes]) -> dict[str, PackedCodes]:
+@dataclass
+class TableRef:
+    """An embedding's table, held where MLX does not look for parameters."""
+
+    codes: PackedCodes | FileRows
+
+
+def swap_in_codes(model: nn.Module, codes: dict[str, PackedCodes | FileRows]) -> dict[str, PackedCodes | FileRows]:
     """Put a CodesLinear / CodesEmbedding where each path in `codes` names an `nn.Linear` / `nn.Embedding`
     (whose weight, not yet evaluated, is dropped); any other module gets its dense weight from the codes.
     Returns the codes the model holds (paths the model dropped, e.g. a tied head or a pipeline stage's
@@ -134,10 +154,12 @@ def swap_in_codes(model: nn.Module, codes: dict[str, PackedCodes]) -> dict[str, 
         if module is None:
             continue
         held[path] = packed
-        if type(module) is nn.Linear:
-            swapped.append((path, CodesLinear([packed], module.get("bias"))))
-        elif type(module) is nn.Embedding:
+        if type(module) is nn.Embedding:
             swapped.append((path, CodesEmbedding(packed)))
+        elif not isinstance(packed, PackedCodes):  # a table left in its file is only ever an embedding
+            raise TypeError(f"{path} is a {type(module).__name__}, not the embedding its file rows stand for")
+        elif type(module) is nn.Linear:
+            swapped.append((path, CodesLinear([packed], module.get("bias"))))
         else:
             module.weight = mx.array(packed.dense())
             del held[path]

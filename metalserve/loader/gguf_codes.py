@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
@@ -22,6 +23,7 @@ from metalserve.loader.gguf_kquants import q6_k_codes
 from metalserve.loader.gguf_reader import GGUFFile, TensorInfo, release_pages
 
 _CHUNK_VALUES = 1 << 18
+_EMBEDDING, _HEAD = "token_embd.weight", "output.weight"
 
 
 def _half(blocks: np.ndarray, start: int) -> np.ndarray:
@@ -122,18 +124,58 @@ def packed_bytes(tensor_types: dict[str, str], tensor_elements: dict[str, int]) 
     return int(sum(n * _PACKED_BYTES_PER_WEIGHT.get(tensor_types[t], 4.0) for t, n in tensor_elements.items()))
 
 
+@dataclass(frozen=True)
+class FileRows:
+    """An embedding table left in the GGUF's bytes (the file's memory map), its rows converted when looked
+    up. An untied table is read a few rows a step; converted whole it held its size in resident memory
+    (the coder 0.5B's Q5_0 embedding: 114 MB) for bytes the page cache keeps anyway."""
+
+    raw: np.ndarray  # uint8 [rows, the file's bytes a row]
+    kind: str
+    columns: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.raw.shape[0]), self.columns)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held beyond the file's mapped pages: none."""
+        return 0
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """The fp32 rows `ids` `[len(ids), columns]`."""
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.raw.shape[0]):
+            raise ValueError(f"row ids must lie in [0, {self.raw.shape[0]})")
+        if ids.size == 0:
+            return np.zeros((0, self.columns), np.float32)
+        picked = np.ascontiguousarray(self.raw[ids]).reshape(-1)
+        return packed_codes(picked, self.kind, (int(ids.size), self.columns)).dense()
+
+
 def keeps_codes(info: TensorInfo) -> bool:
     return info.kind in _TYPES and len(info.shape) == 2 and info.name.endswith(".weight")
 
 
-def read_with_codes(file: GGUFFile) -> tuple[dict[str, mx.array], dict[str, PackedCodes]]:
+def read_with_codes(file: GGUFFile) -> tuple[dict[str, mx.array], dict[str, PackedCodes | FileRows]]:
     """Every tensor of the file: quantized matrices as packed codes (with a lazy zero stand-in of their
     shape among the MLX tensors, which the model builder needs and `swap_in_codes` drops unevaluated),
-    the rest as gguf_dequant.py reads them."""
+    an embedding the head does not share left in the file (FileRows), the rest as gguf_dequant.py reads
+    them."""
     from metalserve.loader.gguf_dequant import read_tensors
 
     coded = {name: info for name, info in file.tensors.items() if keeps_codes(info)}
-    rest = GGUFFile(file.metadata, {n: i for n, i in file.tensors.items() if n not in coded}, file.data)
+    left: dict[str, PackedCodes | FileRows] = {}
+    embedding = coded.get(_EMBEDDING)
+    if embedding is not None and _HEAD in file.tensors:  # untied: only looked up, a few rows a step
+        rows, columns = embedding.shape
+        raw = file.data[embedding.start : embedding.start + embedding.nbytes].reshape(rows, -1)
+        left[_EMBEDDING] = FileRows(raw, embedding.kind, columns)
+        del coded[_EMBEDDING]
+    rest = GGUFFile(
+        file.metadata, {n: i for n, i in file.tensors.items() if n not in coded and n not in left}, file.data
+    )
     tensors = read_tensors(rest, mx.float32)
 
     def convert(info: TensorInfo) -> PackedCodes:
@@ -142,7 +184,8 @@ def read_with_codes(file: GGUFFile) -> tuple[dict[str, mx.array], dict[str, Pack
         return packed
 
     with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
-        codes = dict(zip(coded, pool.map(convert, coded.values()), strict=True))
-    for name, info in coded.items():
-        tensors[name] = mx.zeros(info.shape, mx.float32)
+        codes: dict[str, PackedCodes | FileRows] = dict(zip(coded, pool.map(convert, coded.values()), strict=True))
+    codes |= left
+    for name, table in codes.items():
+        tensors[name] = mx.zeros(table.shape, mx.float32)
     return tensors, codes

@@ -17,6 +17,7 @@ import numpy as np
 
 from metalserve.kernels.cpu.packed_codes import PackedCodes
 from metalserve.loader.errors import ModelLoadError
+from metalserve.loader.gguf_codes import FileRows
 from metalserve.loader.gguf_config import check_architecture, config_from_gguf
 from metalserve.loader.gguf_header import AFFINE_TYPES, DEQUANTIZED_TYPES, GGUFFormatError, GGUFHeader, read_header
 from metalserve.loader.gguf_reader import read_gguf
@@ -77,13 +78,15 @@ def native_reader_suffices(header: GGUFHeader) -> bool:
     return all(kind in MLX_NATIVE_TYPES for kind in header.tensor_types.values())
 
 
-def _codes_by_module(codes: dict[str, PackedCodes], arch: str, n_heads: int, n_kv_heads: int) -> dict[str, PackedCodes]:
+def _codes_by_module(
+    codes: dict[str, PackedCodes | FileRows], arch: str, n_heads: int, n_kv_heads: int
+) -> dict[str, PackedCodes | FileRows]:
     """Codes by mlx-lm module path, with llama's Q/K row interleaving undone as for the weights."""
     out = {}
     for name, packed in codes.items():
         new = map_name(name, arch)
         heads = n_heads if ".self_attn.q_proj." in new else n_kv_heads if ".self_attn.k_proj." in new else 0
-        if arch == "llama" and heads:
+        if arch == "llama" and heads and isinstance(packed, PackedCodes):
             rows = packed.shape[0]
             order = np.arange(rows).reshape(heads, rows // heads // 2, 2).swapaxes(1, 2).reshape(-1)
             packed = packed.take_rows(order)
@@ -101,7 +104,7 @@ def load_gguf(
     (the CPU fast path): every quantized matrix is kept in its packed codes instead (RawModel.codes)."""
     header = _check_header(path)
     stored_as = _stored_as(header)
-    codes: dict[str, PackedCodes] = {}
+    codes: dict[str, PackedCodes | FileRows] = {}
     if keep_codes:
         from metalserve.loader.gguf_codes import read_with_codes
 

@@ -134,7 +134,8 @@ def load(
         size = sum(c.nbytes for c in codes.values())
         weights_desc = f"{raw.stored_as} kept in its codes ({size / 1e6:.0f} MB, no fp32 copy)"
     else:
-        weights_desc, codes = _choose_weights(built, raw.stored_as, weights, dequantize_max_bytes, platform)
+        weights_desc, kept = _choose_weights(built, raw.stored_as, weights, dequantize_max_bytes, platform)
+        codes = dict(kept)
     mx.eval(built.parameters())
     template = chat_template if chat_template is not None else raw.chat_template
     if chat_template is not None:

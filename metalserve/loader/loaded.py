@@ -11,6 +11,7 @@ if TYPE_CHECKING:  # keep `import metalserve.loader` free of MLX (the BLAS must 
     from transformers import PreTrainedTokenizerBase
 
     from metalserve.kernels.cpu.packed_codes import PackedCodes
+    from metalserve.loader.gguf_codes import FileRows
 
 
 @dataclass
@@ -33,7 +34,7 @@ class LoadedModel:
     # The packed codes of quantized layers by module path, kept on MLX's CPU backend for the host path:
     # beside their fp32 copies (dequantized), or alone (a GGUF for the fast path: the modules read them).
     # The executor drops those beside fp32 copies for a family that does not take the host path.
-    codes: dict[str, PackedCodes] = field(default_factory=dict)
+    codes: dict[str, PackedCodes | FileRows] = field(default_factory=dict)
     # A vision-language model: the whole mlx-vlm model (`model` is its language model) and the processor
     # that turns images into pixels and placeholder tokens (metalserve/multimodal/processor.py); else None.
     vision: nn.Module | None = None
@@ -60,4 +61,4 @@ class RawModel:
     image_processor: Any = None
     # Quantized matrices kept in their codes (the CPU fast path) by module path; their tensors in
     # `weights` are lazy stand-ins that metalserve.loader.codes_linear.swap_in_codes replaces.
-    codes: dict[str, PackedCodes] = field(default_factory=dict)
+    codes: dict[str, PackedCodes | FileRows] = field(default_factory=dict)

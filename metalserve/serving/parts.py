@@ -66,7 +66,7 @@ def draft_for(
 
 def host_code_bytes(loaded: LoadedModel) -> int:
     """Bytes of the stored codes the loader kept for the CPU path (outside MLX's memory counters)."""
-    return sum(c.codes.nbytes + c.scales.nbytes + c.biases.nbytes for c in loaded.codes.values())
+    return sum(c.nbytes for c in loaded.codes.values())
 
 
 def build_proposer(

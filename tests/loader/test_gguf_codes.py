@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from metalserve.executor.host.compute import HostCompute
+from metalserve.kernels.cpu.packed_codes import PackedCodes
 from metalserve.loader import gguf_codes, load_model
 from metalserve.loader import load as load_module
 from metalserve.loader.codes_linear import CodesEmbedding, CodesLinear
-from metalserve.loader.gguf_codes import CODES_TYPES, packed_codes
+from metalserve.loader.gguf_codes import CODES_TYPES, FileRows, packed_codes
 from metalserve.loader.gguf_reader import GGUFFile, TensorInfo, release_pages
 from metalserve.platform import current_platform
 from metalserve.sampling_params import SamplingParams
@@ -133,6 +134,7 @@ def test_the_codes_model_matches_the_dequantized_one(tmp_path: Path, arch: str, 
     layer = loaded.model.model.layers[0]
     assert isinstance(layer.self_attn.q_proj, CodesLinear) and isinstance(layer.mlp.down_proj, CodesLinear)
     assert isinstance(loaded.model.model.embed_tokens, CodesEmbedding)
+    assert isinstance(loaded.codes["model.embed_tokens"], PackedCodes)  # tied: the head reads the same codes
     dense = [m for _, m in loaded.model.named_modules() if type(m) in (nn.Linear, nn.Embedding)]
     assert dense == [] or all(m.weight.size < 1000 for m in dense)  # nothing of a matrix's size in fp32
     # The MLX modules (through the codes kernels) give the dequantized model's log-probabilities.
@@ -149,6 +151,32 @@ def test_the_codes_model_matches_the_dequantized_one(tmp_path: Path, arch: str, 
     assert got_tokens == expected
     # Held once: the codes the loader read are what the host path holds.
     assert paged.host_bytes() == sum(c.nbytes for c in loaded.codes.values())
+
+
+def test_an_untied_embedding_stays_in_its_file(tmp_path: Path) -> None:
+    """A table the head does not share is left in the GGUF's mapped bytes (nothing held beyond the file's
+    pages): its lookups convert the rows asked for, and the model gives the reference's greedy tokens."""
+    path = tmp_path / "phi3.gguf"
+    weights = write_arch_gguf(path, "phi3", T.Q5_0)
+    reference = reference_model("phi3", weights)
+    loaded = load_model(str(path))
+    table = loaded.codes["model.embed_tokens"]
+    assert isinstance(table, FileRows) and table.nbytes == 0
+    assert isinstance(loaded.codes["lm_head"], PackedCodes)
+    want = np.array(weights["model.embed_tokens.weight"])
+    ids = np.array([0, 7, 3, 7, want.shape[0] - 1])
+    embed = loaded.model.model.embed_tokens
+    np.testing.assert_allclose(embed.lookup(ids), want[ids], rtol=1e-6, atol=1e-6)
+    assert embed.lookup(np.zeros(0, np.int64)).shape == (0, want.shape[1])
+    with pytest.raises(ValueError, match="row ids"):
+        table.rows(np.array([want.shape[0]]))
+    with pytest.raises(TypeError, match="read from its file"):
+        embed.as_linear(mx.zeros((1, want.shape[1])))
+    prompts = prompts_of([5, 40], reference.args.vocab_size, seed=8)
+    runner = make_runner(loaded.model, "phi3", attention="cpu", codes=loaded.codes)
+    assert runner.model.compute.forward_on_host is not None
+    got = run_to_completion(runner, prompts, [SamplingParams(temperature=0, max_tokens=8) for _ in prompts])
+    assert got == [mlx_lm_greedy(reference, p, 8) for p in prompts]
 
 
 def test_steps_the_host_decoder_does_not_take_read_the_codes_through_the_modules(tmp_path: Path) -> None:

@@ -39,7 +39,9 @@ def choose_compute(platform: Platform, codes: Mapping[str, PackedCodes], model_t
 
 def paged_model(loaded: LoadedModel, platform: Platform) -> PagedModel:
     """The loaded model with the compute strategy the Platform calls for."""
-    compute = choose_compute(platform, loaded.codes, loaded.model_type)
+    # An embedding left in its file (FileRows) is only looked up: the host compute reads the matrices.
+    matrices = {path: c for path, c in loaded.codes.items() if isinstance(c, PackedCodes)}
+    compute = choose_compute(platform, matrices, loaded.model_type)
     if isinstance(compute, MlxCompute):
         loaded.codes.clear()  # the loader keeps them on MLX's CPU backend; only the host path reads them
     return PagedModel(loaded.model, loaded.model_type, compute)

@@ -99,12 +99,8 @@ class HostForward:
         return all(isinstance(kv, HostKV) for kv in ctx.kv)
 
     def embed(self, token_ids: np.ndarray) -> np.ndarray:
-        if isinstance(self.embedding, np.ndarray):
-            rows = self.embedding[token_ids]
-        else:
-            from metalserve.kernels.cpu.packed_linear import gather_rows
-
-            rows = gather_rows(self.embedding.codes, token_ids)
+        table = self.embedding
+        rows = table[token_ids] if isinstance(table, np.ndarray) else table.lookup(token_ids)
         if self.embed_scale != 1:
             rows *= self.embed_scale
         return rows
