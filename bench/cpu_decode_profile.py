@@ -1,11 +1,12 @@
-"""Where a one-stream decode step goes on the CPU fast path: each projection, the head, and the rest.
+"""Where a decode step goes on the CPU fast path: each projection, the head, and the rest.
 
     PYTHONPATH=$PWD NUMBA_NUM_THREADS=1 .venv/bin/python bench/cpu_decode_profile.py [--model GGUF] \
-        [--context 256] [--steps 30] [--cpu-int8-activations on]
+        [--context 256] [--steps 30] [--requests 1] [--cpu-int8-activations on]
 
-Loads the model as the server does (weights in their codes), runs a decode step at `--context` through
-the paged runner (median of `--steps`), then times each projection of every layer alone on one row
-(`packed_linear`, the kernel the host decoder calls) and the head. Printed: ms a step per part, its share
+Loads the model as the server does (weights in their codes), runs a decode step of `--requests` requests
+(8: the c=8 workload's steps) at `--context` through the paged runner (median of `--steps`), then times
+each projection of every layer alone on that many rows (`packed_linear`, the kernel the host decoder
+calls) and the head. Printed: ms a step per part, its share
 of the step, and the bytes each part reads a step with the rate that implies. "rest" is the step less
 the projections and the head: attention, norms, RoPE, sampling and the runner's Python.
 """
@@ -41,7 +42,7 @@ def _segment_bytes(seg: Segments, layer: int) -> int:
     return sum(seg.data[s].nbytes + seg.scales[s].nbytes + seg.biases[s].nbytes for s in range(first, last))
 
 
-def _step_ms(loaded: object, context: int, steps: int) -> tuple[float, object]:
+def _step_ms(loaded: object, context: int, steps: int, requests: int = 1) -> tuple[float, object]:
     from metalserve.executor.attention.cpu import CpuAttention
     from metalserve.executor.host import paged_model
     from metalserve.executor.runner import ModelRunner
@@ -51,17 +52,21 @@ def _step_ms(loaded: object, context: int, steps: int) -> tuple[float, object]:
     from metalserve.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
 
     paged = paged_model(loaded, current_platform())  # type: ignore[arg-type]
-    blocks = -(-(context + steps + 16) // 16) + 4
-    spec = paged.get_kv_cache_spec(paged.family.page(loaded.model), 16, blocks)  # type: ignore[attr-defined]
+    per_request = -(-(context + steps + 16) // 16) + 4
+    spec = paged.get_kv_cache_spec(paged.family.page(loaded.model), 16, per_request * requests)  # type: ignore[attr-defined]
     runner = ModelRunner(paged, spec, eos_token_ids=frozenset(), sampler=Sampler(0), backend=CpuAttention())
     params = SamplingParams(temperature=0, max_tokens=1 << 20, ignore_eos=True)
-    prompt = np.random.default_rng(0).integers(0, 20000, context).tolist()
-    new = NewRequestData("d", prompt, context, params, (list(range(blocks)),), 0)
-    runner.execute_model(SchedulerOutput([new], [], {"d": context}, context))
+    ids = [f"d{k}" for k in range(requests)]
+    for k, rid in enumerate(ids):  # each request's prompt prefilled on its own
+        prompt = np.random.default_rng(k).integers(0, 20000, context).tolist()
+        table = list(range(k * per_request, (k + 1) * per_request))
+        new = NewRequestData(rid, prompt, context, params, (table,), 0)
+        runner.execute_model(SchedulerOutput([new], [], {rid: context}, context))
     computed, times = context, []
     for i in range(steps + 2):
+        cached = [CachedRequestData(rid, ([],), computed) for rid in ids]
         start = time.perf_counter()
-        runner.execute_model(SchedulerOutput([], [CachedRequestData("d", ([],), computed)], {"d": 1}, 1))
+        runner.execute_model(SchedulerOutput([], cached, dict.fromkeys(ids, 1), requests))
         if i >= 2:
             times.append(time.perf_counter() - start)
         computed += 1
@@ -73,6 +78,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="a GGUF path (default: the embedded default model)")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--requests", type=int, default=1, help="decode rows a step (8: the c=8 workload's steps)")
     ap.add_argument("--cpu-int8-activations", default="off", choices=("auto", "on", "off"))
     args = ap.parse_args()
     from metalserve.kernels.cpu import int8_dot
@@ -81,7 +87,8 @@ def main() -> None:
     int8_dot.set_mode(args.cpu_int8_activations)
 
     loaded = load_model(args.model)
-    step, paged = _step_ms(loaded, args.context, args.steps)
+    step, paged = _step_ms(loaded, args.context, args.steps, args.requests)
+    rows = args.requests
     compute = paged.compute  # type: ignore[attr-defined]
     host = compute.forward_on_host
     if host is None:
@@ -93,16 +100,19 @@ def main() -> None:
         seg: Segments = getattr(weights, name)
         ms, nbytes = 0.0, 0
         for layer in range(layers):
-            x = np.random.default_rng(layer).standard_normal((1, seg.columns)).astype(np.float32)
+            x = np.random.default_rng(layer).standard_normal((rows, seg.columns)).astype(np.float32)
             ms += _median_ms(lambda: packed_linear(x, seg, layer), 5)  # noqa: B023  (called at once)
             nbytes += _segment_bytes(seg, layer)
         parts[name] = (ms, nbytes)
     if compute.head_codes is not None:
         head = compute.head_codes.segments()
-        x = np.random.default_rng(0).standard_normal((1, head.columns)).astype(np.float32)
+        x = np.random.default_rng(0).standard_normal((rows, head.columns)).astype(np.float32)
         parts["head"] = (_median_ms(lambda: packed_linear(x, head), 7), _segment_bytes(head, 0))
     known = sum(ms for ms, _ in parts.values())
-    print(f"{loaded.weights_desc}; {layers} layers; context {args.context}; decode step {step:.1f} ms (median)")
+    print(
+        f"{loaded.weights_desc}; {layers} layers; {rows} request(s) at context {args.context}; "
+        f"decode step {step:.1f} ms (median)"
+    )
     print(f"{'part':10}{'ms':>9}{'share':>8}{'MB read':>10}{'GB/s':>8}")
     for name, (ms, nbytes) in parts.items():
         print(f"{name:10}{ms:9.2f}{ms / step:8.0%}{nbytes / 1e6:10.1f}{nbytes / 1e6 / ms:8.2f}")

@@ -26,7 +26,7 @@ from metalserve.loader.overrides import apply_hf_overrides, scaled_context
 from metalserve.loader.packaged import PACKAGED_MODELS, packaged_model_path
 from metalserve.loader.vision import is_vision_directory, language_model_of, load_vision_directory
 from metalserve.loader.weights_mode import cast_floats, dequantize_model, fp32_bytes, should_dequantize
-from metalserve.platform import Platform, current_platform
+from metalserve.platform import Platform, current_platform, return_freed_memory
 
 logger = logging.getLogger(__name__)
 
@@ -158,21 +158,7 @@ def load(
         image_processor=raw.image_processor,
     )
     logger.info("%s", loaded.describe())
-    _return_freed_heap()
+    # Converting a GGUF's tensors frees many chunk-sized temporaries glibc would keep: 108 MB of the coder
+    # 0.5B's resident memory after its load.
+    return_freed_memory()
     return loaded
-
-
-def _return_freed_heap() -> None:
-    """Hand the heap the load freed back to the system (glibc's `malloc_trim`): converting a GGUF's tensors
-    frees many chunk-sized temporaries that glibc otherwise keeps (108 MB of the coder 0.5B's resident
-    memory after its load). Nothing elsewhere (macOS returns freed pages itself)."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):  # not glibc
-        trim = None
-    if trim is not None:
-        trim(0)

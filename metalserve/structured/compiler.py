@@ -25,6 +25,7 @@ import llguidance.numpy as llnp
 import numpy as np
 from llguidance.hf import from_tokenizer
 
+from metalserve.platform import return_freed_memory
 from metalserve.structured.limits import GrammarLimits
 from metalserve.structured.params import StructuredOutputsParams
 from metalserve.structured.schema import drop_annotation_formats
@@ -183,6 +184,9 @@ class GrammarCompiler:
         """Built on first use (about a second for a large vocabulary), on the compile thread."""
         if self._ll_tokenizer is None:
             self._ll_tokenizer = from_tokenizer(self._hf_tokenizer)
+            # Building it goes through a copy of the vocabulary's every token: 70 MB of freed heap glibc
+            # kept for Qwen2.5's 151k tokens.
+            return_freed_memory()
         return self._ll_tokenizer
 
     def tokenizer_ready(self) -> Future[llguidance.LLTokenizer]:

@@ -139,17 +139,18 @@ def test_cpu_table_skips_a_prefill_longer_than_the_trained_context(
 
 
 def test_cpu_decode_profile_splits_a_step_of_the_default_model(capsys: pytest.CaptureFixture[str]) -> None:
-    """bench/cpu_decode_profile.py on the embedded default model: every projection, the head and the rest."""
+    """bench/cpu_decode_profile.py on the embedded default model: every projection, the head and the rest,
+    for a step of two requests' decode rows."""
     import cpu_decode_profile
 
     argv = sys.argv
-    sys.argv = ["cpu_decode_profile.py", "--context", "32", "--steps", "2"]
+    sys.argv = ["cpu_decode_profile.py", "--context", "32", "--steps", "2", "--requests", "2"]
     try:
         cpu_decode_profile.main()
     finally:
         sys.argv = argv
     out = capsys.readouterr().out
-    assert "kept in its codes" in out and "decode step" in out
+    assert "kept in its codes" in out and "2 request(s) at context 32; decode step" in out
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[2:]}
     assert set(rows) == {"qkv", "o", "gate_up", "down", "head", "rest"}
     assert all(float(cells[0]) > 0 for name, cells in rows.items() if name != "rest")

@@ -147,3 +147,15 @@ def test_grammars_that_cannot_produce_text_are_refused(spec: S, words: str) -> N
     with pytest.raises(GrammarError, match=words) as info:
         compiler.compile(spec)
     assert "\n" not in str(info.value) and len(compiler) == 0 and compiler.cache_bytes == 0
+
+
+def test_building_the_vocabulary_view_hands_its_freed_heap_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The grammar engine's tokenizer is built once; the copy of the vocabulary it went through goes back
+    to the system then (platform.return_freed_memory), not on later uses."""
+    from metalserve.structured import compiler as compiler_module
+
+    calls: list[int] = []
+    monkeypatch.setattr(compiler_module, "return_freed_memory", lambda: calls.append(1))
+    compiler = GrammarCompiler(tiny_tokenizer())
+    first = compiler.tokenizer_ready().result(timeout=60)
+    assert compiler.ll_tokenizer is first and calls == [1]
