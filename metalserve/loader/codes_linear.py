@@ -98,7 +98,7 @@ class CodesEmbedding(nn.Module):
 
     def __init__(self, codes: PackedCodes | FileRows) -> None:
         super().__init__()
-        self.table = TableRef(codes)
+        self.table = codes  # a plain object: MLX takes only arrays, lists and dicts for parameters
         self.code_parts = CodeParts((codes,) if isinstance(codes, PackedCodes) else ())
         self._head: CodesLinear | None = None
 
@@ -112,11 +112,11 @@ class CodesEmbedding(nn.Module):
     @property
     def weight(self) -> mx.array:
         """A lazy stand-in with the table's shape and dtype, for code that reads only those; never evaluated."""
-        return mx.zeros(self.table.codes.shape, mx.float32)
+        return mx.zeros(self.table.shape, mx.float32)
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
         """The fp32 rows `ids` (flat int64) `[len(ids), hidden]`."""
-        table = self.table.codes
+        table = self.table
         if isinstance(table, PackedCodes):
             from metalserve.kernels.cpu.packed_linear import gather_rows
 
@@ -126,19 +126,12 @@ class CodesEmbedding(nn.Module):
     def __call__(self, ids: mx.array) -> mx.array:
         mx.eval(ids)
         rows = self.lookup(np.asarray(ids).reshape(-1))
-        return mx.array(rows).reshape(*ids.shape, self.table.codes.shape[1])
+        return mx.array(rows).reshape(*ids.shape, self.table.shape[1])
 
     def as_linear(self, x: mx.array) -> mx.array:
         if self._head is None:
             self._head = CodesLinear([self.codes])
         return self._head(x)
-
-
-@dataclass
-class TableRef:
-    """An embedding's table, held where MLX does not look for parameters."""
-
-    codes: PackedCodes | FileRows
 
 
 def swap_in_codes(model: nn.Module, codes: dict[str, PackedCodes | FileRows]) -> dict[str, PackedCodes | FileRows]:

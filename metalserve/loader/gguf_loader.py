@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import numpy as np
 
 from metalserve.kernels.cpu.packed_codes import PackedCodes
 from metalserve.loader.errors import ModelLoadError
-from metalserve.loader.gguf_codes import FileRows
 from metalserve.loader.gguf_config import check_architecture, config_from_gguf
 from metalserve.loader.gguf_header import AFFINE_TYPES, DEQUANTIZED_TYPES, GGUFFormatError, GGUFHeader, read_header
 from metalserve.loader.gguf_reader import read_gguf
@@ -30,6 +29,9 @@ from metalserve.loader.gguf_weights import (
     map_name,
 )
 from metalserve.loader.loaded import RawModel
+
+if TYPE_CHECKING:
+    from metalserve.loader.gguf_codes import FileRows
 
 _LAYER_SUFFIXES = ("attn_q.weight", "attn_qkv.weight")
 

@@ -12,9 +12,10 @@ result is exactly the integer dot of what was quantized.
 The error is the int8 input's (relative ~5e-3 on a random matvec, as llama.cpp's Q8 activations), so it is
 a choice: `--cpu-int8-activations` (docs/cpu-path.md). Codes read here: 4 bits whose half-rows hold whole
 groups of 32 and 8 bits with groups of 32 (int8_rows: a block's dot is a group's), and 4, 5 and 6 bits in
-groups of 16 or more, read a bit plane at a time (int8_plane_rows: packed_codes.py's layout puts a plane's
-columns, not a group's, side by side, so the dots are taken per 16 columns and summed into groups); every
-other layout keeps the float kernel.
+groups of 16 or multiples of 32 over rows of a multiple of 128 columns (int8_plane_rows: a 64-column window
+at a time, its nibbles from one half-row and its high bits from packed_codes.py's bit planes, which need
+not start at a window: masked loads read the two planes a window may reach into); every other layout keeps
+the float kernel.
 """
 
 from __future__ import annotations
