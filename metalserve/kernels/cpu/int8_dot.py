@@ -111,7 +111,7 @@ _dot64 = _chunk_dot(64)
 _dot32 = _chunk_dot(32)
 
 
-def _splat(builder: ir.IRBuilder, value: ir.Value, width: int, bits: int = 8) -> ir.Value:
+def splat(builder: ir.IRBuilder, value: ir.Value, width: int, bits: int = 8) -> ir.Value:
     """A vector of `width` copies of the integer `value`, as `bits`-bit integers."""
     lane = ir.IntType(bits)
     vector_t = ir.VectorType(lane, width)
@@ -120,7 +120,7 @@ def _splat(builder: ir.IRBuilder, value: ir.Value, width: int, bits: int = 8) ->
     return builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width))
 
 
-def _masked_bytes(builder: ir.IRBuilder, address: ir.Value, mask: ir.Value) -> ir.Value:
+def masked_bytes(builder: ir.IRBuilder, address: ir.Value, mask: ir.Value) -> ir.Value:
     """64 bytes from `address` where `mask` is set, 0 elsewhere; the bytes outside it are never read."""
     bytes_t = ir.VectorType(ir.IntType(8), 64)
     mask_t = ir.VectorType(ir.IntType(1), 64)
@@ -166,15 +166,15 @@ def _window_dot(block: int) -> Any:
             words_t = ir.VectorType(ir.IntType(16), 32)
 
             def shift_right(value: ir.Value, amount: ir.Value) -> ir.Value:
-                words = builder.lshr(builder.bitcast(value, words_t), _splat(builder, amount, 32, 16))
+                words = builder.lshr(builder.bitcast(value, words_t), splat(builder, amount, 32, 16))
                 return builder.bitcast(words, bytes_t)
 
             nibble = builder.and_(shift_right(load(nibble_at), nibble_shift), ir.Constant(bytes_t, [15] * 64))
             lanes = ir.Constant(bytes_t, list(range(64)))  # bytes, as 64 lanes of i32 took 4 compares
-            first = builder.icmp_unsigned("<", lanes, _splat(builder, split, 64))
-            high_a = shift_right(_masked_bytes(builder, a_at, first), shift_a)
-            high_b = shift_right(_masked_bytes(builder, b_at, builder.not_(first)), shift_b)
-            high = builder.and_(builder.or_(high_a, high_b), _splat(builder, high_mask, 64))
+            first = builder.icmp_unsigned("<", lanes, splat(builder, split, 64))
+            high_a = shift_right(masked_bytes(builder, a_at, first), shift_a)
+            high_b = shift_right(masked_bytes(builder, b_at, builder.not_(first)), shift_b)
+            high = builder.and_(builder.or_(high_a, high_b), splat(builder, high_mask, 64))
             high = builder.bitcast(builder.shl(builder.bitcast(high, words_t), ir.Constant(words_t, [4] * 32)), bytes_t)
             chosen = builder.or_(nibble, high)
             sums = _block_sums(builder, chosen, load(x_at), 64, block)
