@@ -1,10 +1,12 @@
 """The decode matvec with int8 activations (`--cpu-int8-activations`, kernels/cpu/int8_dot.py: VNNI's
 `vpdpbusd` where the CPU has it) against the float kernel, one projection at a time.
 
-    PYTHONPATH=$PWD NUMBA_NUM_THREADS=1 .venv/bin/python bench/cpu_int8_dot.py [--repeat 50] [--rounds 5]
+    PYTHONPATH=$PWD NUMBA_NUM_THREADS=1 .venv/bin/python bench/cpu_int8_dot.py [--repeat 50] [--rounds 5] \
+        [--tokens 1]
 
 Random codes packed as the loader packs them, at the decode projections of the default model (576 wide,
-Q4_1 and its Q8_0 head) and the coder 0.5B (896 / 4864 wide). One input row; the two arms interleaved for
+Q4_1 and its Q8_0 head) and the coder 0.5B (896 / 4864 wide). `--tokens` input rows (one: a decode step of
+one request; 8: of eight, kernels/cpu/int8_windows.py for 5- and 6-bit codes); the two arms interleaved for
 `--rounds`. Printed per shape: each arm's fastest call, the ratio, and each arm's largest error against
 float64 relative to the largest output. Each call from Python also pays a fixed cost both arms share
 (~50 us here: the dispatch, unboxing the segments' typed lists, the parallel launch) that the host decoder,
@@ -40,10 +42,12 @@ SHAPES = [  # (rows, columns, bits, group size)
 ]
 
 
-def measure(rows: int, columns: int, bits: int, repeat: int, rounds: int, group: int = 32) -> dict[str, float]:
+def measure(
+    rows: int, columns: int, bits: int, repeat: int, rounds: int, group: int = 32, tokens: int = 1
+) -> dict[str, float]:
     """Fastest seconds of each arm ("float", "int8") and each one's relative error ("float_error", ...)."""
     rng = np.random.default_rng(rows + columns + bits)
-    x = rng.standard_normal((1, columns)).astype(np.float32)
+    x = rng.standard_normal((tokens, columns)).astype(np.float32)
     scales = rng.uniform(0.01, 0.1, (rows, columns // group)).astype(np.float32)
     biases = rng.uniform(-1, 1, (rows, columns // group)).astype(np.float32)
     packed = PackedCodes.pack(rng.integers(0, 1 << bits, (rows, columns)), scales, biases, bits)
@@ -66,11 +70,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=1, help="input rows (8: a step of eight decoding requests)")
     args = ap.parse_args()
     vnni = "AVX-512 VNNI" if int8_dot.has_vnni() else "no VNNI: the portable vector form"
-    print(f"threads {numba.get_num_threads()}; {vnni}; fastest call of each arm, interleaved")
+    print(
+        f"threads {numba.get_num_threads()}; {vnni}; {args.tokens} input row(s); fastest call of each arm, interleaved"
+    )
     for rows, columns, bits, group in SHAPES:
-        r = measure(rows, columns, bits, args.repeat, args.rounds, group)
+        r = measure(rows, columns, bits, args.repeat, args.rounds, group, args.tokens)
         print(
             f"{rows:6} x {columns:5} {bits} bits/{group:2}: "
             f"float {r['float'] * 1e6:7.0f} us (error {r['float_error']:.1e}), "

@@ -163,6 +163,8 @@ def test_cpu_int8_dot_bench_times_both_arms() -> None:
     r = cpu_int8_dot.measure(64, 576, 4, repeat=2, rounds=1)
     assert r["float"] > 0 and r["int8"] > 0
     assert r["float_error"] < 1e-5 and 0 < r["int8_error"] < 2e-2
+    eight = cpu_int8_dot.measure(64, 896, 5, repeat=2, rounds=1, tokens=8)  # int8_windows.py's rows
+    assert eight["float_error"] < 1e-5 and 0 < eight["int8_error"] < 2e-2
 
 
 def test_cpu_int8_accuracy_bench_compares_both_modes_with_fp32() -> None:
