@@ -7,9 +7,9 @@ row, and the float kernel's four-row tile wins. Here a window's codes (4, 5, 6 o
 packed_codes.py's layout) are built once and every row's `vpdpbusd` lanes are converted to float, scaled by
 the lane's weight group scale times its input block scale and added into that row's 16-lane accumulator; one
 horizontal sum per output and row at the end. llama.cpp's int8 kernels keep their partial sums the same way.
-Eight rows against the float tile through packed_linear (one thread; two): the coder 0.5B's Q5_0 gate/up
-0.67x its time (0.55x), its Q6_K down 0.71x (0.74x); 4-bit codes 1.1x and 8-bit ones 1.2x, so packed_linear
-keeps the tile for those (the kernel reads them all, and the tests hold it to that).
+Eight rows against the float tile (bench/cpu_int8_dot.py --tokens 8, one thread; two): the coder 0.5B's
+Q5_0 gate/up 0.72x its time (0.70x), its Q6_K down 0.77x (0.85x); 4-bit codes took 1.1x and 8-bit ones 1.2x,
+so packed_linear keeps the tile for those (the kernel reads them all, and the tests hold it to that).
 
 Where a window's bytes come from is the same for every row of a segment: `window_params` lists it per
 window (the nibbles may straddle the half-row, the high bits two bit planes; masked loads read each part).
