@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -174,3 +175,40 @@ def test_cpu_int8_accuracy_bench_compares_both_modes_with_fp32() -> None:
     results = cpu_int8_accuracy.main(["--prompts", "1", "--tokens", "4"])
     assert results["off"]["steps"] == 3 and results["off"]["max"] < 1e-3
     assert 0 < results["on"]["max"] < 1.0
+
+
+class _CharTokenizer:
+    """A chat template that is the message itself, a token a character: what own_cases needs of one."""
+
+    def apply_chat_template(self, messages: list[dict[str, str]], **_: object) -> str:
+        return messages[0]["content"]
+
+    def encode(self, text: str, **_: object) -> list[int]:
+        return [ord(c) % 100 + 1 for c in text]
+
+
+def test_cpu_int8_accuracy_bench_takes_another_gguf(tmp_path: Path) -> None:
+    """--model: the prompts continued greedily by the GGUF's fp32 self, then both modes against it (a Q6_K
+    model, whose 256-wide rows take the int8 bit-plane kernel)."""
+    import cpu_int8_accuracy
+
+    from metalserve.kernels.cpu import int8_dot
+    from metalserve.loader import load_model
+    from tests.executor.test_runner_golden import mlx_lm_greedy
+    from tests.loader.gguf_arch_models import write_arch_gguf
+    from tests.loader.gguf_blocks import T
+
+    path = tmp_path / "qwen2.gguf"
+    write_arch_gguf(path, "qwen2", T.Q6_K)
+    fp32 = load_model(str(path), weights="dequantize")
+    cases = cpu_int8_accuracy.own_cases(SimpleNamespace(model=fp32.model, tokenizer=_CharTokenizer()), ["ab", "cde"], 4)
+    assert [c["prompt_ids"] for c in cases] == [[98, 99], [100, 1, 2]]
+    assert all(c["greedy_tokens"] == mlx_lm_greedy(fp32.model, c["prompt_ids"], 4) for c in cases)
+    before = int8_dot.enabled()
+    try:
+        off = cpu_int8_accuracy.compare("off", cases, fp32.model, str(path))
+        on = cpu_int8_accuracy.compare("on", cases, fp32.model, str(path))
+    finally:
+        int8_dot.set_mode("on" if before else "off")
+    assert off["steps"] == on["steps"] == 6 and off["max"] < 1e-3
+    assert 0 < on["max"] < 1.0
