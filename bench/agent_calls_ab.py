@@ -18,7 +18,6 @@ test_calc.py (fix).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +29,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.agent_replay import SESSIONS, load_session  # noqa: E402
-from bench.tool_calls_ab import Answer, _valid, report_arms, start_server  # noqa: E402
+from bench.tool_calls_ab import Answer, _valid, report_settings, start_server  # noqa: E402
 from metalserve.api.anthropic.protocol import MessagesRequest  # noqa: E402
 from metalserve.api.anthropic.translate import to_chat as messages_to_chat  # noqa: E402
 from metalserve.api.responses.protocol import ResponsesRequest  # noqa: E402
@@ -154,23 +153,17 @@ def report(
     timing: dict[str, float],
 ) -> None:
     print(f"model {args.model}; first requests of {[c.name for c in cases]}; max_tokens {args.max_tokens}")
-    print(f"wall: grammar off {timing['off']:.0f} s, grammar on {timing['on']:.0f} s (same requests)")
-    print(f"{'sampling':<8} {'arm':<34} {'declared call':>14} {'valid args':>11} {'right call':>11} {'invalid':>8}")
-    dump: dict[str, Any] = {}
-    for label, _, samples in settings:
-        jobs = [c for c in cases for _ in range(samples)]
-        dump |= report_arms(
-            label,
-            jobs,
-            answers,
-            tools_of=lambda c: set(c.schemas),
-            new_tally=Tally,
-            dump_row=lambda c, a: {"case": c.name, **a.__dict__},
-            describe=lambda c: f"{c.name:<40}",
-            verbose=args.verbose,
-        )
-    if args.json:
-        Path(args.json).write_text(json.dumps(dump, indent=1))
+    report_settings(
+        settings,
+        lambda samples: [c for c in cases for _ in range(samples)],
+        answers,
+        timing,
+        args,
+        tools_of=lambda c: set(c.schemas),
+        new_tally=Tally,
+        dump_row=lambda c, a: {"case": c.name, **a.__dict__},
+        describe=lambda c: f"{c.name:<40}",
+    )
 
 
 if __name__ == "__main__":

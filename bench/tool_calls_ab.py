@@ -32,6 +32,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -345,25 +346,36 @@ def report(
     timing: dict[str, float],
 ) -> None:
     print(f"model {args.model}; {len(CASES)} requests x 3 tools; max_tokens {args.max_tokens}")
+    report_settings(
+        settings,
+        lambda samples: [c for _ in range(samples) for c in CASES],
+        answers,
+        timing,
+        args,
+        tools_of=lambda c: set(c.tools),
+        new_tally=Tally,
+        dump_row=lambda c, a: a.__dict__,
+        describe=lambda c: f"{c.ask[:38]!r:<42}",
+    )
+
+
+def report_settings(
+    settings: list[tuple[str, float, int]],
+    jobs_of: Any,
+    answers: dict[str, dict[str, list[Answer]]],
+    timing: dict[str, float],
+    args: argparse.Namespace,
+    **arms: Any,
+) -> None:
+    """The wall times, then report_arms for each sampling setting (`jobs_of(samples)`: the case of each
+    answer, in the order asked), and the answers to `args.json`. Shared with bench/agent_calls_ab.py."""
     print(f"wall: grammar off {timing['off']:.0f} s, grammar on {timing['on']:.0f} s (same requests)")
-    header = f"{'sampling':<8} {'arm':<34} {'declared call':>14} {'valid args':>11} {'right call':>11} {'invalid':>8}"
-    print(header)
+    print(f"{'sampling':<8} {'arm':<34} {'declared call':>14} {'valid args':>11} {'right call':>11} {'invalid':>8}")
     dump: dict[str, Any] = {}
     for label, _, samples in settings:
-        jobs = [c for _ in range(samples) for c in CASES]
-        dump |= report_arms(
-            label,
-            jobs,
-            answers,
-            tools_of=lambda c: set(c.tools),
-            new_tally=Tally,
-            dump_row=lambda c, a: a.__dict__,
-            describe=lambda c: f"{c.ask[:38]!r:<42}",
-            verbose=args.verbose,
-        )
+        dump |= report_arms(label, jobs_of(samples), answers, verbose=args.verbose, **arms)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dump, f, indent=1)
+        Path(args.json).write_text(json.dumps(dump, indent=1))
 
 
 def report_arms(
