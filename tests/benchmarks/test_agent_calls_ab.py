@@ -3,6 +3,7 @@ and the tally of declared, schema-valid and right calls on them."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `bench.` imports
 
+from bench import agent_calls_ab  # noqa: E402
 from bench.agent_calls_ab import DEFAULT, Tally, load_case  # noqa: E402
 from bench.agent_replay import SESSIONS  # noqa: E402
 from bench.tool_calls_ab import Answer, hermes_as_on_main, report_arms  # noqa: E402
@@ -67,3 +69,20 @@ def test_the_arms_report_tallies_each_arm_and_dumps_every_answer(capsys: Any) ->
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[-5:-3] for line in lines] == [["0/2", "0%"], ["1/2", "50%"], ["2/2", "100%"]]
     assert len(dump["greedy B forgiving parser"]) == 2 and dump["greedy C forgiving + constrained calls"][0]["case"]
+
+
+def test_the_report_covers_every_setting_and_writes_the_answers(capsys: Any, tmp_path: Path) -> None:
+    """agent_calls_ab.report (through tool_calls_ab.report_settings): the wall times, a header, three arm rows
+    per sampling setting, each case repeated `samples` times, and every answer in the JSON file."""
+    case = load_case(SESSIONS / DEFAULT[0])
+    right = Answer("", [("Read", json.dumps({"file_path": "/w/hello.txt"}))], "raw")
+    answers = {arm: {"greedy": [right], "T=1": [right, right]} for arm in ("off", "on")}
+    out = tmp_path / "answers.json"
+    args = argparse.Namespace(model="m", max_tokens=8, verbose=False, json=str(out))
+    settings = [("greedy", 0.0, 1), ("T=1", 1.0, 2)]
+    agent_calls_ab.report(args, [case], settings, answers, {"off": 1.0, "on": 2.0})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("wall: grammar off 1 s") and lines[2].split()[:2] == ["sampling", "arm"]
+    assert [line.split()[0] for line in lines[3:]] == ["greedy"] * 3 + ["T=1"] * 3
+    dump = json.loads(out.read_text())
+    assert len(dump) == 6 and len(dump["T=1 C forgiving + constrained calls"]) == 2
