@@ -22,6 +22,7 @@ from metalserve.kernels.cpu import attention_prefill as cpu_attention_prefill
 from metalserve.kernels.cpu import fast_exp as cpu_fast_exp
 from metalserve.kernels.cpu import gemm as cpu_gemm
 from metalserve.kernels.cpu import int8_dot as cpu_int8_dot
+from metalserve.kernels.cpu import int8_segments as cpu_int8_segments
 from metalserve.kernels.cpu import int8_windows as cpu_int8_windows
 from metalserve.kernels.cpu import layer_ops as cpu_layer_ops
 from metalserve.kernels.cpu import lora as cpu_lora
@@ -61,7 +62,7 @@ def kernel_sources_digest() -> str:
     """
     digest = hashlib.sha256()
     modules = [cpu_attention, cpu_attention_prefill, cpu_fast_exp, cpu_gemm, cpu_int8_dot, cpu_int8_windows]
-    modules += [cpu_layer_ops, cpu_lora]
+    modules += [cpu_int8_segments, cpu_layer_ops, cpu_lora]
     modules += [cpu_packed_gemm, cpu_packed_linear, cpu_packed_unpack, cpu_swiglu, cpu_page_codes]
     for module in (*modules, cpu_quantized_attention):
         digest.update(Path(str(module.__file__)).read_bytes())

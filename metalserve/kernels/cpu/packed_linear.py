@@ -24,7 +24,7 @@ import numba
 import numpy as np
 from numba.typed import List
 
-from metalserve.kernels.cpu import int8_dot, int8_windows
+from metalserve.kernels.cpu import int8_dot, int8_segments
 from metalserve.kernels.cpu.gemm import host_gemm
 from metalserve.kernels.cpu.numba_lock import launch_lock
 from metalserve.kernels.cpu.packed_codes import PackedCodes
@@ -161,26 +161,9 @@ def segments_linear_kernel(x, seg, layer, chunks, out):  # noqa: ANN001, ANN202
     rows = x.shape[0]
     columns = seg.columns
     first, last = seg.layer_first[layer], seg.layer_first[layer + 1]
-    # Decode rows in integers (int8_dot.py): the input quantized once here, each eligible segment's rows
+    # Decode rows in integers (int8_segments.py): the input quantized once here, each eligible segment's rows
     # then dotted against it; the four-row tile below stays for everything else.
-    int8 = seg.int8 and columns % 64 == 0 and rows < int8_windows.MIN_ROWS
-    if seg.int8 and columns % 64 == 0 and int8_windows.MIN_ROWS <= rows <= int8_windows.MAX_ROWS:
-        for s in range(first, last):  # quantized only where a segment will read it (5 or 6 bits)
-            int8 = int8 or seg.bits[s] == 5 or seg.bits[s] == 6
-    blocks = columns // 32 if int8 else 1
-    xq = np.empty((rows, blocks * 32), np.int8)
-    xscale, xtotal = np.empty((rows, blocks), np.float32), np.empty((rows, blocks), np.float32)
-    xtotal16 = np.empty((rows, 2 * blocks), np.float32)
-    if int8:
-        for r in range(rows):
-            int8_dot.quantize_row(x, r, xq[r], xscale[r], xtotal[r], xtotal16[r])
-    # Four to eight rows (int8_windows.py): 5- and 6-bit codes; 4- and 8-bit ones keep the float tile (at
-    # eight rows through this call, 1.1x its time on the default model's 576-wide Q4_1).
-    windows = int8 and rows >= int8_windows.MIN_ROWS
-    lane_scales = int8_windows.lane_scales(xscale) if windows else xscale
-    no_params = np.zeros((0, 9), np.int64)
-    params5 = int8_windows.window_params(5, columns) if windows else no_params
-    params6 = int8_windows.window_params(6, columns) if windows else no_params
+    quantized = int8_segments.quantized_input(x, seg, first, last)
     quads = 0
     for s in range(first, last):
         quads += (seg.rows[s] + 3) // 4
@@ -206,41 +189,7 @@ def segments_linear_kernel(x, seg, layer, chunks, out):  # noqa: ANN001, ANN202
             scales2, biases2 = scales.reshape(outputs, groups), biases.reshape(outputs, groups)
             first_quad = skipped - (outputs + 3) // 4
             o_lo, o_hi = 4 * (lo - first_quad), min(outputs, 4 * (hi - first_quad))
-            if windows and (bits == 5 or bits == 6) and int8_windows.windows_apply(bits, columns, size):
-                params = params5 if bits == 5 else params6
-                # One pass of 8 or 4 rows; 5 to 7 rows as two overlapping passes of 4 (the rows both hold
-                # get the same sums twice).
-                count = 8 if rows == 8 else 4
-                for r0 in range(0, rows - count + 1, max(1, rows - count)):
-                    int8_windows.int8_window_rows(
-                        xq,
-                        lane_scales,
-                        xtotal16,
-                        codes2,
-                        scales2,
-                        biases2,
-                        bits,
-                        params,
-                        r0,
-                        count,
-                        o_lo,
-                        o_hi,
-                        out,
-                        at,
-                    )
-                continue
-            # 4 bits: half-rows of whole groups
-            if int8 and rows < int8_windows.MIN_ROWS and groups == blocks and (bits == 8 or bits == 4):
-                for r in range(rows):
-                    int8_dot.int8_rows(
-                        xq[r], xscale[r], xtotal[r], codes2, scales2, biases2, bits, o_lo, o_hi, out, r, at
-                    )
-                continue
-            if int8 and rows < int8_windows.MIN_ROWS and int8_dot.plane_rows_apply(bits, columns, size):
-                for r in range(rows):
-                    int8_dot.int8_plane_rows(
-                        xq[r], xscale[r], xtotal[r], xtotal16[r], codes2, scales2, biases2, bits, o_lo, o_hi, out, r, at
-                    )
+            if int8_segments.int8_segment(quantized, codes2, scales2, biases2, bits, o_lo, o_hi, out, at):
                 continue
             for quad in range(lo - first_quad, hi - first_quad):
                 local = 4 * quad
