@@ -32,7 +32,9 @@ from metalserve.kernels.cpu import packed_unpack as cpu_packed_unpack
 from metalserve.kernels.cpu import page_codes as cpu_page_codes
 from metalserve.kernels.cpu import quantized_attention as cpu_quantized_attention
 from metalserve.kernels.cpu import swiglu as cpu_swiglu
+from metalserve.kernels.cpu.arg_types import register_memoized_type
 from metalserve.kernels.cpu.attention import attend
+from metalserve.kernels.cpu.decoder_weights import DecoderWeights
 from metalserve.kernels.cpu.gemm import host_gemm
 from metalserve.kernels.cpu.layer_ops import _rms_norm_kernel, _rope_kernel
 from metalserve.kernels.cpu.lora import lora_add
@@ -46,11 +48,12 @@ if TYPE_CHECKING:
     from metalserve.kernels.cpu.decoder_weights import (
         DecoderLora,
         DecoderShape,
-        DecoderWeights,
         HostLoraStep,
         QuantPages,
     )
     from metalserve.kernels.cpu.paged import CpuStepPlan
+
+register_memoized_type(DecoderWeights)  # numba's typeof would rebuild its nested type every step
 
 
 def kernel_sources_digest() -> str:

@@ -25,6 +25,7 @@ import numpy as np
 from numba.typed import List
 
 from metalserve.kernels.cpu import int8_dot, int8_segments
+from metalserve.kernels.cpu.arg_types import register_memoized_type
 from metalserve.kernels.cpu.gemm import host_gemm
 from metalserve.kernels.cpu.numba_lock import launch_lock
 from metalserve.kernels.cpu.packed_codes import PackedCodes
@@ -32,6 +33,7 @@ from metalserve.kernels.cpu.packed_gemm import GEMM_MIN_ROWS, segments_gemm_kern
 from metalserve.kernels.cpu.packed_unpack import unpack_planes, unpack_row
 
 
+@register_memoized_type
 class Segments(NamedTuple):
     """Row blocks of one projection in several layers: segment `s` is `data[s]` (its codes, flat),
     `scales[s]`/`biases[s]` (flat), `rows[s]` outputs at `out_at[s]`, `bits[s]`; the segments of layer
