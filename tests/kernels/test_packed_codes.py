@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from metalserve.kernels.cpu.packed_codes import PackedCodes, row_bytes, stored_bits
-from metalserve.kernels.cpu.packed_linear import gather_rows, packed_linear, segments_of
+from metalserve.kernels.cpu.packed_linear import FEW_ROWS, gather_rows, packed_linear, segments_of
 
 
 def random_codes(rows: int, columns: int, bits: int, group: int, seed: int = 0) -> tuple[PackedCodes, np.ndarray]:
@@ -70,9 +70,10 @@ def test_a_projection_of_mixed_blocks_and_layers_matches_a_dense_matmul(tokens: 
         packed_linear(x[:, :64], segments)
 
 
-def test_embedding_rows_unpack_from_the_codes() -> None:
+@pytest.mark.parametrize("count", [4, FEW_ROWS + 1])  # a decode step's few rows (serial), a prefill's (parallel)
+def test_embedding_rows_unpack_from_the_codes(count: int) -> None:
     packed, dense = random_codes(50, 64, 8, 32)
-    ids = np.array([3, 0, 49, 3])
+    ids = np.resize(np.array([3, 0, 49, 3]), count)
     np.testing.assert_allclose(gather_rows(packed, ids), dense[ids], rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="row ids"):
         gather_rows(packed, np.array([50]))

@@ -241,6 +241,18 @@ def gather_rows_kernel(data, scales, biases, bits, columns, groups, ids, out):  
         unpack_row(data, scales, biases, ids[t], bits, columns, groups, out, t)
 
 
+@numba.njit(fastmath=True, cache=True, boundscheck=False)
+def gather_few_rows_kernel(data, scales, biases, bits, columns, groups, ids, out):  # noqa: ANN001, ANN202
+    """`gather_rows_kernel` on the calling thread, the GIL held: a decode step's few rows take microseconds,
+    less than waking the pool's workers (which may be off their cores) or taking the GIL back."""
+    for t in range(ids.shape[0]):
+        unpack_row(data, scales, biases, ids[t], bits, columns, groups, out, t)
+
+
+# Above this many rows a lookup (a prefill chunk's) is worth the parallel region.
+FEW_ROWS = 16
+
+
 def packed_linear(x: np.ndarray, segments: Segments, layer: int = 0) -> np.ndarray:
     """`x` `[T, in]` float32 -> `x @ w.T + bias` `[T, out]` for layer `layer` of `segments`."""
     if x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != segments.columns:
@@ -264,6 +276,7 @@ def gather_rows(codes: PackedCodes, ids: np.ndarray) -> np.ndarray:
         raise ValueError(f"row ids must lie in [0, {codes.shape[0]})")
     out = np.empty((ids.size, codes.columns), np.float32)
     data, scales, biases = (np.ascontiguousarray(a).reshape(-1) for a in (codes.codes, codes.scales, codes.biases))
+    kernel = gather_few_rows_kernel if ids.size <= FEW_ROWS else gather_rows_kernel
     with launch_lock:
-        gather_rows_kernel(data, scales, biases, codes.bits, codes.columns, codes.scales.shape[1], ids, out)
+        kernel(data, scales, biases, codes.bits, codes.columns, codes.scales.shape[1], ids, out)
     return out
