@@ -86,6 +86,12 @@ def test_greedy_is_argmax_for_every_row(dtype: mx.Dtype) -> None:
     assert out.logprobs == [None] * 5
 
 
+@pytest.mark.parametrize("backend", ["numpy", "mlx"])
+def test_greedy_takes_the_first_of_tied_logits_on_either_backend(backend: str) -> None:
+    logits = mx.array([[0.0, 2.0, 1.0, 2.0], [5.0, 5.0, 5.0, 5.0]])
+    assert Sampler(backend=backend)(logits, [req(temperature=0.0)] * 2).token_ids == [1, 0]
+
+
 def test_temperature_one_follows_softmax() -> None:
     assert np.abs(draw(PROBS, temperature=1.0) - PROBS).max() < 0.03
 
