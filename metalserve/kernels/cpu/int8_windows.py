@@ -3,13 +3,17 @@ with every input row's int8 codes (`vpdpbusd`), the lanes kept in float accumula
 
 int8_dot.py sums each block's integer dot to a scalar as it goes: cheap for one input row, but with four to
 eight rows (a step of that many decode requests) the codes would be rebuilt and the sums reduced once per
-row, and the float kernel's four-row tile wins. Here a window's codes (4, 5, 6 or 8 bits, in
-packed_codes.py's layout) are built once and every row's `vpdpbusd` lanes are converted to float, scaled by
-the lane's weight group scale times its input block scale and added into that row's 16-lane accumulator; one
-horizontal sum per output and row at the end. llama.cpp's int8 kernels keep their partial sums the same way.
-Eight rows against the float tile (bench/cpu_int8_dot.py --tokens 8, one thread; two): the coder 0.5B's
-Q5_0 gate/up 0.72x its time (0.70x), its Q6_K down 0.77x (0.85x); 4-bit codes took 1.1x and 8-bit ones 1.2x,
-so packed_linear keeps the tile for those (the kernel reads them all, and the tests hold it to that).
+row. Here a window's codes (4, 5, 6 or 8 bits, in packed_codes.py's layout) are built once and every row's
+`vpdpbusd` lanes are converted to float, scaled by the lane's weight group scale times its input block
+scale, and added, with the lane's weight offset times its input sum, into that row's 16-lane accumulator,
+held in a register across the output's windows; one horizontal sum per output and row at the end.
+llama.cpp's int8 kernels keep their partial sums the same way. Each window also prefetches a cache line of
+the output four on (`prefetch`): in a decode step the weights come from memory, not the caches.
+
+A decode step of eight requests, the same tree with the flag off and on (bench/cpu_decode_profile.py
+--requests 8, two threads): the default model (Q4_1, its Q8_0 head) 33.6 -> 28.7 ms; the coder 0.5B (Q5_0,
+Q6_K, Q8_0 head) 93 ms with the previous form of this kernel (accumulators in memory, the offsets summed
+per group afterwards, no prefetch, 4 and 8 bits on the float tile) -> 60 ms.
 
 Where a window's bytes come from is the same for every row of a segment: `window_params` lists it per
 window (the nibbles may straddle the half-row, the high bits two bit planes; masked loads read each part).
@@ -23,6 +27,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from metalserve.kernels.cpu.int8_dot import has_vnni, masked_bytes, splat
@@ -119,61 +124,128 @@ def _window_codes(
     return builder.or_(nibbles, high)
 
 
-def _window_accumulate(rows: int, groups_per_window: int) -> Any:
-    """An intrinsic: one window of one output row against `rows` input rows, into their accumulators.
+def prefetch(builder: ir.IRBuilder, address: ir.Value) -> None:
+    """Ask for the cache line at `address` (an int64) to be read into every cache level. A model's weights
+    outgrow the caches, and the lines of a later output row are asked for while this one's are dotted: the
+    hardware's prefetchers left the default model's 8-row head at 4.2 ms in a decode step (3.4 ms when it
+    was all that ran, its 35 MB cached), and a prefetch a window four outputs on brought it to 2.7-3.1 ms."""
+    name = "llvm.prefetch.p0i8"
+    i32 = ir.IntType(32)
+    fn_t = ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32])
+    fn = builder.module.globals.get(name) or ir.Function(builder.module, fn_t, name=name)
+    # read (0), keep in all levels (3), data (1)
+    builder.call(fn, [builder.inttoptr(address, ir.IntType(8).as_pointer()), i32(0), i32(3), i32(1)])
 
-    (params_at, row_at, x_at, x_stride, weight_scales_at, x_scales_at, x_scales_stride, acc_at, nibble
-    mask, high mask): the window's window_params row, the output row's codes, the first input row's int8
-    codes at the window (the next rows `x_stride` bytes on), the weight scales of the window's first group,
-    the first row's 16 lane input scales (the next rows `x_scales_stride` bytes on), and `rows` x 16 float32
-    accumulators."""
-    f32 = ir.FloatType()
+
+def _output_accumulate(rows: int, groups_per_window: int) -> Any:
+    """An intrinsic: one output of `rows` input rows over every window. Each row's 16-lane accumulator is an
+    alloca LLVM keeps in a register across the windows' loop; it takes the lanes' dots times (weight group
+    scale x input block scale) and the weight group offsets times the lanes' input sums, and is summed to
+    the output once, at the end.
+
+    (params_at, windows, row_at, x_at, x_stride, weight_scales_at, weight_offsets_at, first_group_at,
+    lane_scales_at, lane_totals_at, lanes_stride, out_at, out_stride, nibble mask, high mask, ahead):
+    window_params, the number of windows, the output row's codes, the first input row's int8 codes (the
+    next rows `x_stride` bytes on), the output row's weight scales and offsets, each window's first group
+    (int64), the first row's lane input scales and lane input sums (16 float32 a window; the next rows
+    `lanes_stride` bytes on), the first row's output (the next rows `out_stride` bytes on), how far on
+    (bytes) the codes to prefetch lie, and a window's share of a row's bytes: window w asks for the line
+    `ahead + w * window_bytes` on, so the windows of one output ask for a later output's whole row."""
+    f32, i64 = ir.FloatType(), ir.IntType(64)
     floats_t = ir.VectorType(f32, 16)
     bytes_t = ir.VectorType(ir.IntType(8), 64)
+    group_t = ir.VectorType(f32, groups_per_window)
+    pattern = ir.Constant(ir.VectorType(ir.IntType(32), 16), [lane * groups_per_window // 16 for lane in range(16)])
+
+    def at(builder: ir.IRBuilder, address: ir.Value, pointee: ir.Type) -> ir.Value:
+        return builder.inttoptr(address, pointee.as_pointer())
+
+    def per_lane(builder: ir.IRBuilder, groups_at: ir.Value, first_group: ir.Value) -> ir.Value:
+        """The window's group values (scales or offsets) spread over the 16 lanes."""
+        values = builder.load(at(builder, builder.add(groups_at, builder.mul(first_group, i64(4))), group_t), align=4)
+        return builder.shuffle_vector(values, values, pattern)
+
+    def window(builder: ir.IRBuilder, w: ir.Value, args: Any, accs: list[ir.Value]) -> None:
+        params_at, _, row_at, x_at, x_stride, ws_at, wb_at, fg_at, xs_at, xt_at, lanes_stride = args[:11]
+        nibble_mask, high_mask, ahead, window_bytes = args[13:]
+        offset = builder.mul(w, i64(64))  # a window's 64 int8 codes, or its 16 float32 lane values
+        prefetch(builder, builder.add(builder.add(row_at, ahead), builder.mul(w, window_bytes)))
+        codes = _window_codes(
+            builder, builder.add(params_at, builder.mul(w, i64(72))), row_at, (nibble_mask, high_mask)
+        )
+        first_group = builder.load(builder.gep(at(builder, fg_at, i64), [w]))
+        weight_scales, weight_offsets = per_lane(builder, ws_at, first_group), per_lane(builder, wb_at, first_group)
+        name = "llvm.fmuladd.v16f32"
+        fmuladd = builder.module.globals.get(name) or ir.Function(
+            builder.module, ir.FunctionType(floats_t, [floats_t] * 3), name=name
+        )
+        for r, acc in enumerate(accs):
+            x_address = builder.add(builder.add(x_at, offset), builder.mul(x_stride, i64(r)))
+            dots = builder.sitofp(
+                _lane_dots(builder, codes, builder.load(at(builder, x_address, bytes_t), align=1)), floats_t
+            )
+            lanes = builder.add(offset, builder.mul(lanes_stride, i64(r)))
+            scales = builder.fmul(
+                weight_scales, builder.load(at(builder, builder.add(xs_at, lanes), floats_t), align=4)
+            )
+            totals = builder.load(at(builder, builder.add(xt_at, lanes), floats_t), align=4)
+            summed = builder.call(fmuladd, [dots, scales, builder.load(acc)])
+            builder.store(builder.call(fmuladd, [weight_offsets, totals, summed]), acc)
+
+    def lane_sum(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
+        """The sum of the 16 lanes, halving the vector four times."""
+        for width in (8, 4, 2, 1):
+            low = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), width), list(range(width))))
+            high = builder.shuffle_vector(
+                v, v, ir.Constant(ir.VectorType(ir.IntType(32), width), list(range(width, 2 * width)))
+            )
+            v = builder.fadd(low, high)
+        return builder.extract_element(v, ir.IntType(32)(0))
 
     @intrinsic
     def accumulate(
         typingctx: Any,
         params_at: Any,
+        windows: Any,
         row_at: Any,
         x_at: Any,
         x_stride: Any,
         weight_scales_at: Any,
-        x_scales_at: Any,
-        x_scales_stride: Any,
-        acc_at: Any,
+        weight_offsets_at: Any,
+        first_group_at: Any,
+        lane_scales_at: Any,
+        lane_totals_at: Any,
+        lanes_stride: Any,
+        out_at: Any,
+        out_stride: Any,
         nibble_mask: Any,
         high_mask: Any,
+        ahead: Any,
+        window_bytes: Any,
     ) -> Any:
-        arguments = (params_at, row_at, x_at, x_stride, weight_scales_at, x_scales_at, x_scales_stride, acc_at)
-        sig = types.void(*arguments, nibble_mask, high_mask)
+        addresses = (params_at, windows, row_at, x_at, x_stride, weight_scales_at, weight_offsets_at, first_group_at)
+        sig = types.void(
+            *addresses,
+            lane_scales_at,
+            lane_totals_at,
+            lanes_stride,
+            out_at,
+            out_stride,
+            nibble_mask,
+            high_mask,
+            ahead,
+            window_bytes,
+        )
 
         def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
-            params_at, row_at, x_at, x_stride, ws_at, xs_at, xs_stride, acc_at, nibble_mask, high_mask = args
-            codes = _window_codes(builder, params_at, row_at, (nibble_mask, high_mask))
-            group_t = ir.VectorType(f32, groups_per_window)
-            group_scales = builder.load(builder.inttoptr(ws_at, group_t.as_pointer()), align=4)
-            pattern = [lane * groups_per_window // 16 for lane in range(16)]
-            lane_scales = builder.shuffle_vector(
-                group_scales, group_scales, ir.Constant(ir.VectorType(ir.IntType(32), 16), pattern)
-            )
-            fmuladd_t = ir.FunctionType(floats_t, [floats_t] * 3)
-            name = "llvm.fmuladd.v16f32"
-            fmuladd = builder.module.globals.get(name) or ir.Function(builder.module, fmuladd_t, name=name)
-            for r in range(rows):
-                step = ir.Constant(ir.IntType(64), r)
-                x = builder.load(
-                    builder.inttoptr(builder.add(x_at, builder.mul(x_stride, step)), bytes_t.as_pointer()), align=1
-                )
-                dots = builder.sitofp(_lane_dots(builder, codes, x), floats_t)
-                xs_pointer = builder.inttoptr(builder.add(xs_at, builder.mul(xs_stride, step)), floats_t.as_pointer())
-                scales = builder.fmul(lane_scales, builder.load(xs_pointer, align=4))
-                acc_pointer = builder.inttoptr(
-                    builder.add(acc_at, ir.Constant(ir.IntType(64), 64 * r)), floats_t.as_pointer()
-                )
-                builder.store(
-                    builder.call(fmuladd, [dots, scales, builder.load(acc_pointer, align=4)]), acc_pointer, align=4
-                )
+            zero = ir.Constant(floats_t, [0.0] * 16)
+            accs = [cgutils.alloca_once_value(builder, zero) for _ in range(rows)]
+            with cgutils.for_range(builder, args[1]) as loop:
+                window(builder, loop.index, args, accs)
+            out_at, out_stride = args[11], args[12]
+            for r, acc in enumerate(accs):
+                address = builder.add(out_at, builder.mul(out_stride, i64(r)))
+                builder.store(lane_sum(builder, builder.load(acc)), at(builder, address, f32), align=4)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -181,87 +253,96 @@ def _window_accumulate(rows: int, groups_per_window: int) -> Any:
     return accumulate
 
 
-_FOUR = {g: _window_accumulate(4, g) for g in (1, 2, 4)}
-_EIGHT = {g: _window_accumulate(8, g) for g in (1, 2, 4)}
+_FOUR = {g: _output_accumulate(4, g) for g in (1, 2, 4)}
+_EIGHT = {g: _output_accumulate(8, g) for g in (1, 2, 4)}
 _four_1, _four_2, _four_4 = _FOUR[1], _FOUR[2], _FOUR[4]
 _eight_1, _eight_2, _eight_4 = _EIGHT[1], _EIGHT[2], _EIGHT[4]
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True, boundscheck=False, inline="always")
-def _window(count, per_window, params_at, row_at, x_at, x_stride, ws_at, xs_at, xs_stride, acc_at, nmask, hmask):  # noqa: ANN001, ANN202
-    """The intrinsic for `count` rows (8, else 4) and `per_window` groups a window (1, 2 or 4)."""
+def _output(count, per_window, args):  # noqa: ANN001, ANN202
+    """The intrinsic for `count` rows (8, else 4) and `per_window` groups a window (1, 2 or 4); `args`
+    its 17 arguments."""
     if count == 8:
         if per_window == 4:
-            _eight_4(params_at, row_at, x_at, x_stride, ws_at, xs_at, xs_stride, acc_at, nmask, hmask)
+            _eight_4(*args)
         elif per_window == 2:
-            _eight_2(params_at, row_at, x_at, x_stride, ws_at, xs_at, xs_stride, acc_at, nmask, hmask)
+            _eight_2(*args)
         else:
-            _eight_1(params_at, row_at, x_at, x_stride, ws_at, xs_at, xs_stride, acc_at, nmask, hmask)
+            _eight_1(*args)
     elif per_window == 4:
-        _four_4(params_at, row_at, x_at, x_stride, ws_at, xs_at, xs_stride, acc_at, nmask, hmask)
+        _four_4(*args)
     elif per_window == 2:
-        _four_2(params_at, row_at, x_at, x_stride, ws_at, xs_at, xs_stride, acc_at, nmask, hmask)
+        _four_2(*args)
     else:
-        _four_1(params_at, row_at, x_at, x_stride, ws_at, xs_at, xs_stride, acc_at, nmask, hmask)
+        _four_1(*args)
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True, boundscheck=False)
-def lane_scales(xscale):  # noqa: ANN001, ANN202
-    """`[rows, columns / 4]`: each vpdpbusd lane's input block scale (lane l of window w: block 2w + l // 8)."""
+def lane_inputs(xq, xscale):  # noqa: ANN001, ANN202
+    """`[rows, columns / 4]` twice: each vpdpbusd lane's input block scale (lane l of window w: block
+    2w + l // 8), and the sum of its four dequantized input codes (what the lane's weight offset multiplies)."""
     rows, blocks = xscale.shape
-    out = np.empty((rows, blocks * 8), np.float32)
+    scales = np.empty((rows, blocks * 8), np.float32)
+    totals = np.empty((rows, blocks * 8), np.float32)
     for r in range(rows):
         for k in range(blocks * 8):
-            out[r, k] = xscale[r, k >> 3]
-    return out
+            codes = np.int32(xq[r, 4 * k]) + np.int32(xq[r, 4 * k + 1]) + np.int32(xq[r, 4 * k + 2])
+            scales[r, k] = xscale[r, k >> 3]
+            totals[r, k] = np.float32(codes + np.int32(xq[r, 4 * k + 3])) * scales[r, k]
+    return scales, totals
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True, boundscheck=False)
-def int8_window_rows(xq, xs16, total16, codes2, scales2, biases2, bits, params, r0, count, o_lo, o_hi, out, at):  # noqa: ANN001, ANN202
+def int8_window_rows(xq, xs16, xt16, codes2, scales2, biases2, bits, params, r0, count, o_lo, o_hi, out, at):  # noqa: ANN001, ANN202
     """`out[r, at + o] = x_r . w[o]` for input rows r0 <= r < r0 + count (4 or 8) and outputs
-    o_lo <= o < o_hi of one segment; `xq`, `xs16`, `total16`: the rows quantized (int8_dot.quantize_row),
-    their lane scales (lane_scales), their sums per 16 columns; `params`: window_params(bits, columns)."""
+    o_lo <= o < o_hi of one segment; `xq`: the rows quantized (int8_dot.quantize_row); `xs16`, `xt16`:
+    their lane scales and lane sums (lane_inputs); `params`: window_params(bits, columns). `out` must be
+    float32 and C-ordered (the intrinsic writes it through an address)."""
     columns = xq.shape[1]
     groups = scales2.shape[1]
     size = columns // groups
     per_window = 64 // size if size < 64 else 1
     nibble_mask, high_mask = (255, 0) if bits == 8 else (15, (1 << (bits - 4)) - 1)
-    totals = np.zeros((count, groups), np.float32)  # each row's input sum per group (the offsets' factor)
-    for r in range(count):
-        for p in range(columns // 16):
-            totals[r, p * 16 // size] += total16[r0 + r, p]
-    acc = np.zeros(16 * count, np.float32)
-    acc_at = np.int64(acc.ctypes.data)
-    x_at = np.int64(xq.ctypes.data) + np.int64(r0) * columns
-    xs_at = np.int64(xs16.ctypes.data) + np.int64(r0) * xs16.shape[1] * 4
-    params_at = np.int64(params.ctypes.data)
-    ws_base = np.int64(scales2.ctypes.data)
     first_group = np.empty(columns // 64, np.int64)  # each window's first group (no division in the loop)
     for w in range(columns // 64):
         first_group[w] = (64 * w) // size
+    x_at = np.int64(xq.ctypes.data) + np.int64(r0) * columns
+    lanes_stride = np.int64(xs16.shape[1] * 4)
+    xs_at = np.int64(xs16.ctypes.data) + np.int64(r0) * lanes_stride
+    xt_at = np.int64(xt16.ctypes.data) + np.int64(r0) * lanes_stride
+    out_stride = np.int64(out.shape[1] * 4)
+    out_at = np.int64(out.ctypes.data) + np.int64(r0) * out_stride + np.int64(at) * 4
+    params_at, windows, first_group_at = (
+        np.int64(params.ctypes.data),
+        np.int64(columns // 64),
+        np.int64(first_group.ctypes.data),
+    )
+    ahead = np.int64(codes2.shape[1]) * 4  # the codes of the output four on, prefetched window by window
     for o in range(o_lo, o_hi):
         row_at = np.int64(codes2.ctypes.data) + np.int64(o) * codes2.shape[1]
-        acc[:] = 0
-        for w in range(columns // 64):
-            ws_at = ws_base + (np.int64(o) * groups + first_group[w]) * 4
-            _window(
-                count,
-                per_window,
-                params_at + 72 * w,
-                row_at,
-                x_at + 64 * w,
-                columns,
-                ws_at,
-                xs_at + 64 * w,
-                xs16.shape[1] * 4,
-                acc_at,
-                nibble_mask,
-                high_mask,
-            )
-        for r in range(count):
-            total = np.float32(0.0)
-            for lane in range(16):
-                total += acc[16 * r + lane]
-            for g in range(groups):
-                total += biases2[o, g] * totals[r, g]
-            out[r0 + r, at + o] = total
+        ws_at = np.int64(scales2.ctypes.data) + np.int64(o) * groups * 4
+        wb_at = np.int64(biases2.ctypes.data) + np.int64(o) * groups * 4
+        out_o = out_at + np.int64(o) * 4
+        args = (
+            params_at,
+            windows,
+            row_at,
+            x_at,
+            np.int64(columns),
+            ws_at,
+            wb_at,
+            first_group_at,
+            xs_at,
+            xt_at,
+            lanes_stride,
+            out_o,
+            out_stride,
+            nibble_mask,
+            high_mask,
+            ahead,
+            np.int64(codes2.shape[1]) // windows,
+        )
+        _output(count, per_window, args)
+    # The arrays read through addresses stay alive to here (numba frees an array after its last use).
+    return first_group.shape[0] + xs16.shape[0] + xt16.shape[0] + xq.shape[0]
