@@ -30,7 +30,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from metalserve.kernels.cpu.int8_dot import has_vnni, masked_bytes, splat
+from metalserve.kernels.cpu.int8_dot import has_vnni, masked_bytes, prefetch, splat
 
 MIN_ROWS, MAX_ROWS = 4, 8  # the steps this kernel serves: fewer take int8_dot's, more the float tile
 # window_params columns: nibble bytes (offset in the row, the first `split` lanes, their shift; the rest
@@ -122,19 +122,6 @@ def _window_codes(
     high = builder.and_(high, splat(builder, high_mask, 64))
     high = builder.bitcast(builder.shl(builder.bitcast(high, words_t), ir.Constant(words_t, [4] * 32)), bytes_t)
     return builder.or_(nibbles, high)
-
-
-def prefetch(builder: ir.IRBuilder, address: ir.Value) -> None:
-    """Ask for the cache line at `address` (an int64) to be read into every cache level. A model's weights
-    outgrow the caches, and the lines of a later output row are asked for while this one's are dotted: the
-    hardware's prefetchers left the default model's 8-row head at 4.2 ms in a decode step (3.4 ms when it
-    was all that ran, its 35 MB cached), and a prefetch a window four outputs on brought it to 2.7-3.1 ms."""
-    name = "llvm.prefetch.p0i8"
-    i32 = ir.IntType(32)
-    fn_t = ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32])
-    fn = builder.module.globals.get(name) or ir.Function(builder.module, fn_t, name=name)
-    # read (0), keep in all levels (3), data (1)
-    builder.call(fn, [builder.inttoptr(address, ir.IntType(8).as_pointer()), i32(0), i32(3), i32(1)])
 
 
 def _output_accumulate(rows: int, groups_per_window: int) -> Any:
