@@ -195,6 +195,11 @@ def segments_linear_kernel(x, seg, layer, chunks, out):  # noqa: ANN001, ANN202
                 continue
             for quad in range(lo - first_quad, hi - first_quad):
                 local = 4 * quad
+                # The next quad's rows asked for while this one's are unpacked, where unpacking is cheap
+                # enough for the reads to lag (4 and 8 bits; 5 and 6 took longer with it).
+                if bits == 4 or bits == 8:
+                    for j in range(4):
+                        int8_dot.prefetch_rows(codes2, scales2, biases2, local + j)
                 # The unpacking loops written out here, beside `w`'s allocation, not called: in a callee
                 # LLVM left them 20% slower (the default model's Q8_0 head, 49152 rows).
                 if bits == 8:
