@@ -148,13 +148,21 @@ def prefetch(builder: ir.IRBuilder, address: ir.Value) -> None:
     builder.call(fn, [builder.inttoptr(address, ir.IntType(8).as_pointer()), i32(0), i32(3), i32(1)])
 
 
-@intrinsic
-def _prefetch_line(typingctx: Any, address: Any) -> Any:
-    def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
-        prefetch(builder, args[0])
-        return context.get_dummy_value()
+def _line_prefetch() -> Any:
+    """An intrinsic: `prefetch` of the line at an int64 address, for numba code."""
 
-    return types.void(address), codegen
+    @intrinsic
+    def prefetch_line(typingctx: Any, address: Any) -> Any:
+        def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
+            prefetch(builder, args[0])
+            return context.get_dummy_value()
+
+        return types.void(address), codegen
+
+    return prefetch_line
+
+
+_prefetch_line = _line_prefetch()
 
 
 # Outputs ahead of the one being dotted whose codes, scales and offsets are asked for.
