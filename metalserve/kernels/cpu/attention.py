@@ -27,6 +27,7 @@ import numpy as np
 from metalserve.kernels.cpu.attention_prefill import chunk_attention
 from metalserve.kernels.cpu.fast_exp import exp_parts
 from metalserve.kernels.cpu.gemm import host_gemm
+from metalserve.kernels.cpu.int8_dot import prefetch_line
 from metalserve.kernels.cpu.numba_lock import launch_lock
 
 RUN_MIN_ROWS = 64  # consecutive rows of one request at and above which they take chunk_attention
@@ -43,6 +44,21 @@ def _exp_rows(x, count, pow2):  # noqa: ANN001, ANN202  (numba infers the types)
             x[g, j] *= scale[j]
 
 
+# Keys (and values) this many ahead of the four being read are asked for: a decode step reads each request's
+# pages once, from the last-level cache or memory.
+PREFETCH_KEYS = 16
+
+
+@numba.njit(fastmath=True, cache=True, nogil=True, inline="always")
+def _prefetch_keys(rows, slots, j):  # noqa: ANN001, ANN202
+    """Ask for the rows `slots[j : j + 4]` of `rows` (`[slots, D]`, rows contiguous)."""
+    stride = rows.strides[0]
+    for k in range(4):
+        start = np.int64(rows.ctypes.data) + np.int64(slots[j + k]) * stride
+        for line in range(0, rows.shape[1] * 4, 64):
+            prefetch_line(start + line)
+
+
 @numba.njit(fastmath=True, cache=True, nogil=True)
 def _scores(q, keys, slots, head0, out):  # noqa: ANN001, ANN202
     """out[g, j] = q[head0 + g] . keys[slots[j]], four keys at a time (four independent sums)."""
@@ -50,6 +66,8 @@ def _scores(q, keys, slots, head0, out):  # noqa: ANN001, ANN202
     j = 0
     while j + 4 <= n:
         s0, s1, s2, s3 = slots[j], slots[j + 1], slots[j + 2], slots[j + 3]
+        if j + PREFETCH_KEYS + 4 <= n:
+            _prefetch_keys(keys, slots, j + PREFETCH_KEYS)
         for g in range(group):
             a0 = a1 = a2 = a3 = np.float32(0.0)
             for c in range(dim):
@@ -79,6 +97,8 @@ def _weighted_values(p, values, slots, out):  # noqa: ANN001, ANN202
     j = 0
     while j + 4 <= n:
         s0, s1, s2, s3 = slots[j], slots[j + 1], slots[j + 2], slots[j + 3]
+        if j + PREFETCH_KEYS + 4 <= n:
+            _prefetch_keys(values, slots, j + PREFETCH_KEYS)
         for g in range(group):
             p0, p1, p2, p3 = p[g, j], p[g, j + 1], p[g, j + 2], p[g, j + 3]
             for c in range(dim):

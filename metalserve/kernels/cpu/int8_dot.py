@@ -162,7 +162,7 @@ def _line_prefetch() -> Any:
     return prefetch_line
 
 
-_prefetch_line = _line_prefetch()
+prefetch_line = _line_prefetch()
 
 
 # Outputs ahead of the one being dotted whose codes, scales and offsets are asked for.
@@ -184,7 +184,7 @@ def _prefetch_row(array, row):  # noqa: ANN001, ANN202
     row_bytes = array.shape[1] * array.itemsize
     start = np.int64(array.ctypes.data) + np.int64(row) * row_bytes
     for line in range(0, row_bytes, 64):
-        _prefetch_line(start + line)
+        prefetch_line(start + line)
 
 
 def _window_dot(block: int) -> Any:
