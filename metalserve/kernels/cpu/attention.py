@@ -27,7 +27,7 @@ import numpy as np
 from metalserve.kernels.cpu.attention_prefill import chunk_attention
 from metalserve.kernels.cpu.fast_exp import exp_parts
 from metalserve.kernels.cpu.gemm import host_gemm
-from metalserve.kernels.cpu.int8_dot import prefetch_line
+from metalserve.kernels.cpu.int8_dot import prefetch_row
 from metalserve.kernels.cpu.numba_lock import launch_lock
 
 RUN_MIN_ROWS = 64  # consecutive rows of one request at and above which they take chunk_attention
@@ -52,11 +52,8 @@ PREFETCH_KEYS = 16
 @numba.njit(fastmath=True, cache=True, nogil=True, inline="always")
 def _prefetch_keys(rows, slots, j):  # noqa: ANN001, ANN202
     """Ask for the rows `slots[j : j + 4]` of `rows` (`[slots, D]`, rows contiguous)."""
-    stride = rows.strides[0]
     for k in range(4):
-        start = np.int64(rows.ctypes.data) + np.int64(slots[j + k]) * stride
-        for line in range(0, rows.shape[1] * 4, 64):
-            prefetch_line(start + line)
+        prefetch_row(rows, slots[j + k])
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True)

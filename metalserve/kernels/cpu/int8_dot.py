@@ -66,7 +66,7 @@ def _block_sums(builder: ir.IRBuilder, chosen: ir.Value, x: ir.Value, width: int
     if has_vnni():
         lanes_t = ir.VectorType(i32, width // 4)
         name = f"llvm.x86.avx512.vpdpbusd.{width * 8}"
-        dot = module.globals.get(name) or ir.Function(module, ir.FunctionType(lanes_t, [lanes_t] * 3), name=name)
+        dot = llvm_function(module, name, ir.FunctionType(lanes_t, [lanes_t] * 3))
         zero = ir.Constant(lanes_t, [0] * (width // 4))
         sums = builder.call(dot, [zero, builder.bitcast(chosen, lanes_t), builder.bitcast(x, lanes_t)])
         per_block = block // 4
@@ -76,7 +76,7 @@ def _block_sums(builder: ir.IRBuilder, chosen: ir.Value, x: ir.Value, width: int
         per_block = block
     block_t = ir.VectorType(i32, per_block)
     name = f"llvm.vector.reduce.add.v{per_block}i32"
-    reduce = module.globals.get(name) or ir.Function(module, ir.FunctionType(i32, [block_t]), name=name)
+    reduce = llvm_function(module, name, ir.FunctionType(i32, [block_t]))
     out = []
     for b in range(width // block):
         pick = ir.Constant(ir.VectorType(i32, per_block), list(range(per_block * b, per_block * (b + 1))))
@@ -113,6 +113,12 @@ _dot64 = _chunk_dot(64)
 _dot32 = _chunk_dot(32)
 
 
+def llvm_function(module: ir.Module, name: str, fn_t: ir.FunctionType) -> ir.Function:
+    """The LLVM intrinsic `name` in `module`, declared on first use."""
+    found = module.globals.get(name)
+    return found if found is not None else ir.Function(module, fn_t, name=name)
+
+
 def splat(builder: ir.IRBuilder, value: ir.Value, width: int, bits: int = 8) -> ir.Value:
     """A vector of `width` copies of the integer `value`, as `bits`-bit integers."""
     lane = ir.IntType(bits)
@@ -129,7 +135,7 @@ def masked_bytes(builder: ir.IRBuilder, address: ir.Value, mask: ir.Value) -> ir
     name = "llvm.masked.load.v64i8.p0v64i8"
     module = builder.module
     fn_t = ir.FunctionType(bytes_t, [bytes_t.as_pointer(), ir.IntType(32), mask_t, bytes_t])
-    load = module.globals.get(name) or ir.Function(module, fn_t, name=name)
+    load = llvm_function(module, name, fn_t)
     pointer = builder.inttoptr(address, bytes_t.as_pointer())
     return builder.call(load, [pointer, ir.IntType(32)(1), mask, ir.Constant(bytes_t, [0] * 64)])
 
@@ -143,7 +149,7 @@ def prefetch(builder: ir.IRBuilder, address: ir.Value) -> None:
     name = "llvm.prefetch.p0i8"
     i32 = ir.IntType(32)
     fn_t = ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32])
-    fn = builder.module.globals.get(name) or ir.Function(builder.module, fn_t, name=name)
+    fn = llvm_function(builder.module, name, fn_t)
     # read (0), keep in all levels (3), data (1)
     builder.call(fn, [builder.inttoptr(address, ir.IntType(8).as_pointer()), i32(0), i32(3), i32(1)])
 
@@ -174,16 +180,16 @@ def prefetch_rows(codes2, scales2, biases2, o):  # noqa: ANN001, ANN202
     """Ask for row `o + PREFETCH_AHEAD`'s codes, scales and offsets (past the last row: nothing)."""
     ahead = o + PREFETCH_AHEAD
     if ahead < codes2.shape[0]:
-        _prefetch_row(codes2, ahead)
-        _prefetch_row(scales2, ahead)
-        _prefetch_row(biases2, ahead)
+        prefetch_row(codes2, ahead)
+        prefetch_row(scales2, ahead)
+        prefetch_row(biases2, ahead)
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True, boundscheck=False, inline="always")
-def _prefetch_row(array, row):  # noqa: ANN001, ANN202
-    row_bytes = array.shape[1] * array.itemsize
-    start = np.int64(array.ctypes.data) + np.int64(row) * row_bytes
-    for line in range(0, row_bytes, 64):
+def prefetch_row(array, row):  # noqa: ANN001, ANN202
+    """Ask for every line of row `row` of a 2-D `array` whose rows are contiguous."""
+    start = np.int64(array.ctypes.data) + np.int64(row) * array.strides[0]
+    for line in range(0, array.shape[1] * array.itemsize, 64):
         prefetch_line(start + line)
 
 

@@ -30,7 +30,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from metalserve.kernels.cpu.int8_dot import has_vnni, masked_bytes, prefetch, splat
+from metalserve.kernels.cpu.int8_dot import has_vnni, llvm_function, masked_bytes, prefetch, splat
 
 MIN_ROWS, MAX_ROWS = 4, 8  # the steps this kernel serves: fewer take int8_dot's, more the float tile
 # window_params columns: nibble bytes (offset in the row, the first `split` lanes, their shift; the rest
@@ -82,7 +82,7 @@ def _lane_dots(builder: ir.IRBuilder, codes: ir.Value, x: ir.Value) -> ir.Value:
     if has_vnni():
         name = "llvm.x86.avx512.vpdpbusd.512"
         module = builder.module
-        dot = module.globals.get(name) or ir.Function(module, ir.FunctionType(lanes_t, [lanes_t] * 3), name=name)
+        dot = llvm_function(module, name, ir.FunctionType(lanes_t, [lanes_t] * 3))
         zero = ir.Constant(lanes_t, [0] * 16)
         return builder.call(dot, [zero, builder.bitcast(codes, lanes_t), builder.bitcast(x, lanes_t)])
     wide_t = ir.VectorType(i32, 64)
@@ -124,6 +124,54 @@ def _window_codes(
     return builder.or_(nibbles, high)
 
 
+_F32, _I64 = ir.FloatType(), ir.IntType(64)
+_FLOATS = ir.VectorType(_F32, 16)
+_BYTES = ir.VectorType(ir.IntType(8), 64)
+
+
+def _at(builder: ir.IRBuilder, address: ir.Value, pointee: ir.Type) -> ir.Value:
+    return builder.inttoptr(address, pointee.as_pointer())
+
+
+def _per_lane(builder: ir.IRBuilder, groups_at: ir.Value, first_group: ir.Value, groups_per_window: int) -> ir.Value:
+    """The window's group values (scales or offsets) from `groups_at`, spread over the 16 lanes."""
+    group_t = ir.VectorType(_F32, groups_per_window)
+    address = builder.add(groups_at, builder.mul(first_group, _I64(4)))
+    values = builder.load(_at(builder, address, group_t), align=4)
+    pattern = [lane * groups_per_window // 16 for lane in range(16)]
+    return builder.shuffle_vector(values, values, ir.Constant(ir.VectorType(ir.IntType(32), 16), pattern))
+
+
+def _window_step(builder: ir.IRBuilder, w: ir.Value, args: Any, accs: list[ir.Value], groups_per_window: int) -> None:
+    """Window `w` of the output into each row's accumulator (`args`: the intrinsic's, see _output_accumulate)."""
+    params_at, _, row_at, x_at, x_stride, ws_at, wb_at, fg_at, xs_at, xt_at, lanes_stride = args[:11]
+    nibble_mask, high_mask, ahead, window_bytes = args[13:]
+    offset = builder.mul(w, _I64(64))  # a window's 64 int8 codes, or its 16 float32 lane values
+    prefetch(builder, builder.add(builder.add(row_at, ahead), builder.mul(w, window_bytes)))
+    codes = _window_codes(builder, builder.add(params_at, builder.mul(w, _I64(72))), row_at, (nibble_mask, high_mask))
+    first_group = builder.load(builder.gep(_at(builder, fg_at, _I64), [w]))
+    weight_scales = _per_lane(builder, ws_at, first_group, groups_per_window)
+    weight_offsets = _per_lane(builder, wb_at, first_group, groups_per_window)
+    fmuladd = llvm_function(builder.module, "llvm.fmuladd.v16f32", ir.FunctionType(_FLOATS, [_FLOATS] * 3))
+    for r, acc in enumerate(accs):
+        x_address = builder.add(builder.add(x_at, offset), builder.mul(x_stride, _I64(r)))
+        x = builder.load(_at(builder, x_address, _BYTES), align=1)
+        dots = builder.sitofp(_lane_dots(builder, codes, x), _FLOATS)
+        lanes = builder.add(offset, builder.mul(lanes_stride, _I64(r)))
+        input_scales = builder.load(_at(builder, builder.add(xs_at, lanes), _FLOATS), align=4)
+        totals = builder.load(_at(builder, builder.add(xt_at, lanes), _FLOATS), align=4)
+        summed = builder.call(fmuladd, [dots, builder.fmul(weight_scales, input_scales), builder.load(acc)])
+        builder.store(builder.call(fmuladd, [weight_offsets, totals, summed]), acc)
+
+
+def _lane_sum(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """The sum of the 16 lanes, halving the vector four times."""
+    for width in (8, 4, 2, 1):
+        halves = [ir.Constant(ir.VectorType(ir.IntType(32), width), list(range(k, k + width))) for k in (0, width)]
+        v = builder.fadd(builder.shuffle_vector(v, v, halves[0]), builder.shuffle_vector(v, v, halves[1]))
+    return builder.extract_element(v, ir.IntType(32)(0))
+
+
 def _output_accumulate(rows: int, groups_per_window: int) -> Any:
     """An intrinsic: one output of `rows` input rows over every window. Each row's 16-lane accumulator is an
     alloca LLVM keeps in a register across the windows' loop; it takes the lanes' dots times (weight group
@@ -131,63 +179,13 @@ def _output_accumulate(rows: int, groups_per_window: int) -> Any:
     the output once, at the end.
 
     (params_at, windows, row_at, x_at, x_stride, weight_scales_at, weight_offsets_at, first_group_at,
-    lane_scales_at, lane_totals_at, lanes_stride, out_at, out_stride, nibble mask, high mask, ahead):
-    window_params, the number of windows, the output row's codes, the first input row's int8 codes (the
-    next rows `x_stride` bytes on), the output row's weight scales and offsets, each window's first group
-    (int64), the first row's lane input scales and lane input sums (16 float32 a window; the next rows
-    `lanes_stride` bytes on), the first row's output (the next rows `out_stride` bytes on), how far on
+    lane_scales_at, lane_totals_at, lanes_stride, out_at, out_stride, nibble mask, high mask, ahead,
+    window_bytes): window_params, the number of windows, the output row's codes, the first input row's int8
+    codes (the next rows `x_stride` bytes on), the output row's weight scales and offsets, each window's
+    first group (int64), the first row's lane input scales and lane input sums (16 float32 a window; the next
+    rows `lanes_stride` bytes on), the first row's output (the next rows `out_stride` bytes on), how far on
     (bytes) the codes to prefetch lie, and a window's share of a row's bytes: window w asks for the line
     `ahead + w * window_bytes` on, so the windows of one output ask for a later output's whole row."""
-    f32, i64 = ir.FloatType(), ir.IntType(64)
-    floats_t = ir.VectorType(f32, 16)
-    bytes_t = ir.VectorType(ir.IntType(8), 64)
-    group_t = ir.VectorType(f32, groups_per_window)
-    pattern = ir.Constant(ir.VectorType(ir.IntType(32), 16), [lane * groups_per_window // 16 for lane in range(16)])
-
-    def at(builder: ir.IRBuilder, address: ir.Value, pointee: ir.Type) -> ir.Value:
-        return builder.inttoptr(address, pointee.as_pointer())
-
-    def per_lane(builder: ir.IRBuilder, groups_at: ir.Value, first_group: ir.Value) -> ir.Value:
-        """The window's group values (scales or offsets) spread over the 16 lanes."""
-        values = builder.load(at(builder, builder.add(groups_at, builder.mul(first_group, i64(4))), group_t), align=4)
-        return builder.shuffle_vector(values, values, pattern)
-
-    def window(builder: ir.IRBuilder, w: ir.Value, args: Any, accs: list[ir.Value]) -> None:
-        params_at, _, row_at, x_at, x_stride, ws_at, wb_at, fg_at, xs_at, xt_at, lanes_stride = args[:11]
-        nibble_mask, high_mask, ahead, window_bytes = args[13:]
-        offset = builder.mul(w, i64(64))  # a window's 64 int8 codes, or its 16 float32 lane values
-        prefetch(builder, builder.add(builder.add(row_at, ahead), builder.mul(w, window_bytes)))
-        codes = _window_codes(
-            builder, builder.add(params_at, builder.mul(w, i64(72))), row_at, (nibble_mask, high_mask)
-        )
-        first_group = builder.load(builder.gep(at(builder, fg_at, i64), [w]))
-        weight_scales, weight_offsets = per_lane(builder, ws_at, first_group), per_lane(builder, wb_at, first_group)
-        name = "llvm.fmuladd.v16f32"
-        fmuladd = builder.module.globals.get(name) or ir.Function(
-            builder.module, ir.FunctionType(floats_t, [floats_t] * 3), name=name
-        )
-        for r, acc in enumerate(accs):
-            x_address = builder.add(builder.add(x_at, offset), builder.mul(x_stride, i64(r)))
-            dots = builder.sitofp(
-                _lane_dots(builder, codes, builder.load(at(builder, x_address, bytes_t), align=1)), floats_t
-            )
-            lanes = builder.add(offset, builder.mul(lanes_stride, i64(r)))
-            scales = builder.fmul(
-                weight_scales, builder.load(at(builder, builder.add(xs_at, lanes), floats_t), align=4)
-            )
-            totals = builder.load(at(builder, builder.add(xt_at, lanes), floats_t), align=4)
-            summed = builder.call(fmuladd, [dots, scales, builder.load(acc)])
-            builder.store(builder.call(fmuladd, [weight_offsets, totals, summed]), acc)
-
-    def lane_sum(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
-        """The sum of the 16 lanes, halving the vector four times."""
-        for width in (8, 4, 2, 1):
-            low = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), width), list(range(width))))
-            high = builder.shuffle_vector(
-                v, v, ir.Constant(ir.VectorType(ir.IntType(32), width), list(range(width, 2 * width)))
-            )
-            v = builder.fadd(low, high)
-        return builder.extract_element(v, ir.IntType(32)(0))
 
     @intrinsic
     def accumulate(
@@ -211,28 +209,18 @@ def _output_accumulate(rows: int, groups_per_window: int) -> Any:
         window_bytes: Any,
     ) -> Any:
         addresses = (params_at, windows, row_at, x_at, x_stride, weight_scales_at, weight_offsets_at, first_group_at)
-        sig = types.void(
-            *addresses,
-            lane_scales_at,
-            lane_totals_at,
-            lanes_stride,
-            out_at,
-            out_stride,
-            nibble_mask,
-            high_mask,
-            ahead,
-            window_bytes,
-        )
+        lanes = (lane_scales_at, lane_totals_at, lanes_stride, out_at, out_stride)
+        sig = types.void(*addresses, *lanes, nibble_mask, high_mask, ahead, window_bytes)
 
         def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
-            zero = ir.Constant(floats_t, [0.0] * 16)
+            zero = ir.Constant(_FLOATS, [0.0] * 16)
             accs = [cgutils.alloca_once_value(builder, zero) for _ in range(rows)]
             with cgutils.for_range(builder, args[1]) as loop:
-                window(builder, loop.index, args, accs)
+                _window_step(builder, loop.index, args, accs, groups_per_window)
             out_at, out_stride = args[11], args[12]
             for r, acc in enumerate(accs):
-                address = builder.add(out_at, builder.mul(out_stride, i64(r)))
-                builder.store(lane_sum(builder, builder.load(acc)), at(builder, address, f32), align=4)
+                address = builder.add(out_at, builder.mul(out_stride, _I64(r)))
+                builder.store(_lane_sum(builder, builder.load(acc)), _at(builder, address, _F32), align=4)
             return context.get_dummy_value()
 
         return sig, codegen
