@@ -34,12 +34,13 @@ from metalserve.serving.kv_groups import build_scheduler
 from metalserve.serving.lora import prepare_fast_path_lora, prepare_lora
 from metalserve.serving.memory import machine_memory
 from metalserve.serving.parts import (
+    COMPILE_WARMUP_TOKENS,
     async_scheduling_for,
     build_proposer,
     draft_for,
     host_code_bytes,
-    measure_step_peak,
     vision_parts,
+    warm_up_step,
 )
 from metalserve.serving.pooling import pooling_model_of, reranker_of
 from metalserve.units import format_bytes
@@ -97,8 +98,10 @@ def build_engine_core(config: EngineConfig, loaded: LoadedModel, draft: LoadedMo
         # The CPU path's stored codes (the draft's too) live outside MLX's counters.
         host = model.host_bytes() + (host_code_bytes(draft) if draft is not None else 0)
         held = int(mx.get_active_memory()) + host
-        peak = measure_step_peak(model, spec, config, attention) + host
+        peak = warm_up_step(model, spec, config, attention) + host
         memory = machine_memory(held)
+    else:  # the pool's size is given: a short step, for the kernels' sake only
+        warm_up_step(model, spec, config, attention, COMPILE_WARMUP_TOKENS)
     _log_states(spec.groups)
     draft_bytes = kv_cache_spec(draft, config.block_size, storage).bytes_per_block if draft is not None else 0
     plan = plan_kv_pool(config, spec, max_model_len, pool_budget(config, memory, peak), draft_bytes)

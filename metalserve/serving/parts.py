@@ -1,5 +1,5 @@
 """The pieces of one model's engine core beside its pool: speculation (and a draft model), the vision
-tower, async scheduling, and the warm-up step that measures a step's peak memory."""
+tower, async scheduling, and the warm-up step (a step's peak memory; the kernels compiled at start-up)."""
 
 from __future__ import annotations
 
@@ -120,14 +120,22 @@ def vision_parts(loaded: LoadedModel, model: PagedModel, dtype: mx.Dtype) -> dic
     return {"encoder": vision_tower_for(loaded.vision, dtype), "mrope_merge_size": merge}
 
 
-def measure_step_peak(
+# A warm-up step's length when --kv-cache-memory sizes the pool: long enough to take the prefill route,
+# whose kernels (numba's on the CPU path) then compile or load at start-up, not in the first request.
+COMPILE_WARMUP_TOKENS = 64
+
+
+def warm_up_step(
     model: PagedModel,
     spec: KVCacheSpec,
     config: EngineConfig,
     attention: AttentionBackend[Any, Any],
+    tokens: int | None = None,
 ) -> int:
-    """Run one prefill of max_num_batched_tokens tokens on a throw-away pool and return MLX's peak memory."""
-    n = config.max_num_batched_tokens
+    """Run one prefill of `tokens` (default max_num_batched_tokens) on a throw-away pool and return MLX's
+    peak memory. The first step also compiles the kernels it runs: on a fresh numba cache (a new install or
+    upgrade) that took 46 s of the coder 0.5B's first request."""
+    n = config.max_num_batched_tokens if tokens is None else min(tokens, config.max_num_batched_tokens)
     blocks = -(-n // config.block_size)
     mx.reset_peak_memory()
     runner = ModelRunner(model, spec.with_blocks(blocks), sampler=Sampler(0), backend=attention)

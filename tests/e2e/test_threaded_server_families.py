@@ -3,12 +3,11 @@ request, greedy tokens equal to mlx-lm's own generation.
 
 The server loads the model and steps it on its engine thread (`build_registry`, as `metalserve serve`);
 before that was so, gemma4_text (whose RoPE table stays lazy after loading) failed its first request
-there. A small
-`--kv-cache-memory` skips the warm-up step, as a user's flag would, so nothing is evaluated before the
-first request. The matrix runs the server in this process (the same start-up, app and uvicorn, without
-the interpreter's start each time); one test runs `metalserve serve` itself. The default run serves one
-architecture per family; the rest of the project's matrix is `slow`.
-"""
+there (the core now refuses a step on any other thread than the one that built it). A small
+`--kv-cache-memory` keeps the warm-up step short, as a user's flag would. The matrix runs the server in
+this process (the same start-up, app and uvicorn, without the interpreter's start each time); one test
+runs `metalserve serve` itself. The default run serves one architecture per family; the rest of the
+project's matrix is `slow`."""
 
 from __future__ import annotations
 

@@ -6,11 +6,14 @@ import pytest
 
 from metalserve.config import EngineConfig
 from metalserve.engine.core import EngineCore
+from metalserve.executor.runner import ModelRunner
 from metalserve.kvcache import plan as kv_plan
 from metalserve.loader import LoadedModel
 from metalserve.request import Request
 from metalserve.sampling_params import SamplingParams
+from metalserve.scheduler.output import SchedulerOutput
 from metalserve.serving.build import build_engine_core
+from metalserve.serving.parts import COMPILE_WARMUP_TOKENS
 from tests.executor.test_runner_golden import mlx_lm_greedy, prompts_of
 from tests.executor.tiny_models import tiny_model
 
@@ -54,6 +57,29 @@ def test_core_matches_mlx_lm_greedy() -> None:
     assert [got[f"r{i}"] for i in range(len(prompts))] == expected
     stats = core.make_stats()
     assert stats.num_free_blocks == stats.num_total_blocks
+
+
+def test_the_warm_up_step_measures_a_full_step_or_with_a_kv_budget_compiles_on_a_short_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without a budget the warm-up is a full-size step (its peak sizes the pool); with one, a short step
+    still runs so the kernels compile at start-up instead of in the first request."""
+    steps: list[int] = []
+    execute = ModelRunner.execute_model
+
+    def recording(runner: ModelRunner, out: SchedulerOutput) -> object:
+        steps.append(out.total_num_scheduled_tokens)
+        return execute(runner, out)
+
+    monkeypatch.setattr(ModelRunner, "execute_model", recording)
+    build_engine_core(EngineConfig(max_num_batched_tokens=128, block_size=8), tiny_loaded())
+    assert steps == [128]
+    steps.clear()
+    build_engine_core(EngineConfig(kv_cache_memory=1 << 22, max_num_batched_tokens=128, block_size=8), tiny_loaded())
+    assert steps == [COMPILE_WARMUP_TOKENS] and COMPILE_WARMUP_TOKENS < 128
+    steps.clear()
+    build_engine_core(EngineConfig(kv_cache_memory=1 << 22, max_num_batched_tokens=32, block_size=8), tiny_loaded())
+    assert steps == [32]  # never longer than a step may be
 
 
 def test_a_pool_too_small_for_all_requests_preempts_or_queues_and_stays_correct() -> None:
