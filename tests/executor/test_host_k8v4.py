@@ -42,6 +42,7 @@ def test_k8v4_pages_decode_on_the_host_decoder_like_mlx_ops(storage: str, monkey
         return engine(model, "qwen3", backend=backend, loaded=loaded, kv_cache_dtype=storage)
 
     host = core("auto")
+    calls.clear()  # the start-up's warm-up step
     assert host.runner.backend.name == "cpu"
     cache = host.runner.kv[0]
     assert isinstance(cache.pool, SplitPool)
