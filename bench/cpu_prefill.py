@@ -1,18 +1,20 @@
 """Where a long prefill's time goes on the CPU path, kernel by kernel, for one chunk at a given context.
 
     .venv/bin/python bench/cpu_prefill.py [--model PATH] [--chunk 512] [--contexts 512,4096,16384]
-        [--old-tree /work/main] [--rounds 1] [--threads N]
+        [--old-tree /work/main] [--rounds 1] [--threads N] [--cpu-bf16-prefill off|on|both]
 
 Loads the model's host decoder (weights in their codes), then times, for one `--chunk`-token prefill chunk
 whose last row sits at each context: every projection of one layer (the packed-codes matmul), attention
 over the chunk's causal context (one layer) and the rest of a layer (norms, RoPE, SwiGLU, the K/V write: the
 whole decoder call minus the two), scaled to all layers. With `--old-tree` the same worker runs from that
 checkout too, the arms alternating, each in its own process; the new / old ratios are printed per row.
+`--cpu-bf16-prefill both` sets this tree's bfloat16 GEMMs (gemm.py) against its fp32 ones the same way.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import statistics
@@ -37,10 +39,14 @@ def _best(fn: Any, repeats: int, warm: bool = True) -> float:
     return min(times)
 
 
-def worker(model: str, chunk: int, contexts: list[int], repeats: int) -> dict[str, Any]:
+def worker(model: str, chunk: int, contexts: list[int], repeats: int, bf16: str) -> dict[str, Any]:
     import numpy as np
 
     import metalserve  # noqa: F401  (before MLX: the BLAS)
+    from metalserve.kernels.cpu import gemm
+
+    if bf16 != "off":  # a tree from before the flag has only fp32 GEMMs
+        gemm.set_bf16_mode(bf16)
     from metalserve.executor.host import paged_model
     from metalserve.kernels.cpu.attention import attend_rows
     from metalserve.kernels.cpu.decoder import decoder_layers
@@ -82,7 +88,9 @@ def worker(model: str, chunk: int, contexts: list[int], repeats: int) -> dict[st
             warm=i == 0,  # compiled once; a second call at 16k costs minutes on the old kernel
         )
         pools = tuple(pool.copy() for _ in range(layers))
-        plan = CpuStepPlan(pos.astype(np.int64), tables, req, pos, bs)
+        plan: Any = CpuStepPlan(pos.astype(np.int64), tables, req, pos, bs)
+        if "plans" in inspect.signature(decoder_layers).parameters:  # a plan per layer (gemma3's two groups)
+            plan = tuple(plan for _ in range(layers))
         h0 = rng.standard_normal((chunk, hidden), dtype=np.float32) * 0.1
         t_all = _best(lambda: decoder_layers(h0.copy(), w, shape, pools, plan, *lora), repeats, warm=i == 0)  # noqa: B023
         out[f"ctx{ctx}"] = {"attention_ms": 1000 * layers * t_att, "decoder_ms": 1000 * t_all}
@@ -111,18 +119,29 @@ def main() -> None:
     ap.add_argument("--old-tree", default=None)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--threads", type=int, default=0, help="NUMBA_NUM_THREADS (0: numba's own)")
+    ap.add_argument(
+        "--cpu-bf16-prefill",
+        default="off",
+        choices=("off", "on", "both"),
+        help="the GEMMs in bfloat16 (MKL, AMX where present); both: an fp32 and a bf16 arm of this tree",
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     contexts = [int(c) for c in a.contexts.split(",")]
     if a.worker:
-        print(json.dumps(worker(a.model, a.chunk, contexts, a.repeats)))
+        print(json.dumps(worker(a.model, a.chunk, contexts, a.repeats, a.cpu_bf16_prefill)))
         return
-    arms = [("new", HERE)] + ([("old", Path(a.old_tree))] if a.old_tree else [])
-    results: dict[str, list[dict[str, float]]] = {arm: [] for arm, _ in arms}
+    # (label, tree, --cpu-bf16-prefill): ratios are the first arm's over the second's
+    if a.cpu_bf16_prefill == "both":
+        arms = [("bf16", HERE, "on"), ("fp32", HERE, "off")]
+    else:
+        arms = [("new", HERE, a.cpu_bf16_prefill)] + ([("old", Path(a.old_tree), "off")] if a.old_tree else [])
+    results: dict[str, list[dict[str, float]]] = {arm: [] for arm, _, _ in arms}
     print(f"model {a.model}; chunk {a.chunk}; load {os.getloadavg()[0]:.1f}", flush=True)
     for r in range(a.rounds):
-        for arm, tree in arms if r % 2 == 0 else arms[::-1]:
+        for arm, tree, bf16 in arms if r % 2 == 0 else arms[::-1]:
             cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--model", a.model]
+            cmd += ["--cpu-bf16-prefill", bf16]
             cmd += ["--chunk", str(a.chunk), "--contexts", a.contexts, "--repeats", str(a.repeats)]
             env = {**os.environ, "PYTHONPATH": str(tree)}
             if a.threads:
@@ -133,13 +152,15 @@ def main() -> None:
             res = json.loads(done.stdout.strip().splitlines()[-1])
             results[arm].append(_rows(res, contexts, a.chunk))
             print(f"round {r + 1} {arm} (load {os.getloadavg()[0]:.1f}): {json.dumps(results[arm][-1])}", flush=True)
-    keys = list(results["new"][0])
+    first, second = arms[0][0], arms[-1][0]
+    keys = list(results[first][0])
     med = {arm: {k: statistics.median(x[k] for x in rs) for k in keys} for arm, rs in results.items()}
-    print(f"{'(all layers, ms)':28}" + "".join(f"{arm:>12}" for arm in med) + ("   new/old" if a.old_tree else ""))
+    ratio = len(arms) > 1
+    print(f"{'(all layers, ms)':28}" + "".join(f"{arm:>12}" for arm in med) + (f"  {first}/{second}" if ratio else ""))
     for k in keys:
         line = f"{k:28}" + "".join(f"{med[arm][k]:12.1f}" for arm in med)
-        if a.old_tree and med["old"][k]:
-            line += f"{med['new'][k] / med['old'][k]:10.2f}"
+        if ratio and med[second][k]:
+            line += f"{med[first][k] / med[second][k]:10.2f}"
         print(line)
 
 
