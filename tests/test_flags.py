@@ -215,6 +215,8 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         "--no-tool-call-grammar",
         "--cpu-int8-activations",
         "auto",
+        "--cpu-bf16-prefill",
+        "on",
         "--override-generation-config",
         '{"temperature": 0.7, "top_k": 20}',
         "--no-async-scheduling",
@@ -283,6 +285,7 @@ def test_every_flag_lands_on_its_field(tmp_path: Path) -> None:
         generic_tool_prompt=False,
         tool_call_grammar=False,
         cpu_int8_activations="auto",
+        cpu_bf16_prefill="on",
         override_generation_config=(("temperature", 0.7), ("top_k", 20.0)),
     )
     config, _ = config_from_args(_parser().parse_args(["--kv-disk-dir", "/tmp/kv", "--kv-disk-size", "4096"]))

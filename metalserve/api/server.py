@@ -55,11 +55,13 @@ def run_server(config: EngineConfig, settings: ServerSettings) -> None:
     """Load the model, start the engine and serve until SIGINT/SIGTERM. Several models: each loads on
     first use, on its own engine thread (docs/multi-model.md)."""
     from metalserve.api.served_models import build_registry  # heavy (MLX); only the real server needs it
-    from metalserve.kernels.cpu import int8_dot
+    from metalserve.kernels.cpu import gemm, int8_dot
 
     # Before any model loads: the CPU path's projections read it when they are built.
     if int8_dot.set_mode(settings.cpu_int8_activations):
         logger.info("CPU decode rows dotted in int8 (--cpu-int8-activations %s)", settings.cpu_int8_activations)
+    if gemm.set_bf16_mode(settings.cpu_bf16_prefill):
+        logger.info("CPU prefill GEMMs in bfloat16 (--cpu-bf16-prefill %s)", settings.cpu_bf16_prefill)
     frontend = Frontend.of(settings)
     if settings.multi_model or config.world_size > 1:
         # Several models load on first use: the port serves at once. Pipeline stages load first: only rank 0

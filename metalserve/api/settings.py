@@ -140,6 +140,12 @@ class ServerSettings:
         "has it): faster, not exact; auto = on where the CPU has AVX-512 VNNI (docs/cpu-path.md)",
         choices=("auto", "on", "off"),
     )
+    cpu_bf16_prefill: str = flag(
+        "off",
+        "CPU fast path: prefill projections multiplied in bfloat16 by MKL's GEMM (AMX or AVX-512 BF16 where the "
+        "CPU has them), accumulated in fp32: faster, not exact; auto = on where the CPU has either (docs/cpu-path.md)",
+        choices=("auto", "on", "off"),
+    )
     tool_call_grammar: bool = flag(
         True,
         "under tool_choice 'auto', constrain a call from its opening on to a declared tool with arguments "

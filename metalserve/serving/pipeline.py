@@ -109,10 +109,11 @@ def main() -> int:
     pipeline or of a tensor-parallel group."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     from metalserve.distributed.launch import config_from_env
-    from metalserve.kernels.cpu import int8_dot
+    from metalserve.kernels.cpu import gemm, int8_dot
 
     config = config_from_env()
     int8_dot.set_mode(os.environ.get(int8_dot.RANKS_ENV, "off"))  # rank 0's --cpu-int8-activations
+    gemm.set_bf16_mode(os.environ.get(gemm.BF16_RANKS_ENV, "off"))  # and --cpu-bf16-prefill
     if config.tensor_parallel_size > 1 and config.pipeline_parallel_size == 1:
         from metalserve.serving.tensor import run_tensor_rank
 

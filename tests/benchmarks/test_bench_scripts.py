@@ -169,12 +169,17 @@ def test_cpu_int8_dot_bench_times_both_arms() -> None:
 
 
 def test_cpu_int8_accuracy_bench_compares_both_modes_with_fp32() -> None:
-    """bench/cpu_int8_accuracy.py, one prompt and 4 tokens: the exact path matches fp32, int8 moves a little."""
+    """bench/cpu_int8_accuracy.py, one prompt and 4 tokens: the exact path matches fp32, int8 moves a little;
+    with --bf16-prefill (a prompt long enough for the GEMM route) bf16 moves the prompt's own step a little."""
     import cpu_int8_accuracy
 
     results = cpu_int8_accuracy.main(["--prompts", "1", "--tokens", "4"])
     assert results["off"]["steps"] == 3 and results["off"]["max"] < 1e-3
     assert 0 < results["on"]["max"] < 1.0
+    assert results["on"]["prompt_max"] < 1e-3  # int8 never touches a prefill
+    results = cpu_int8_accuracy.main(["--prompts", "1", "--tokens", "2", "--bf16-prefill"])
+    assert results["off"]["prompt_max"] < 1e-3 and results["off"]["prompt_top"] == 1
+    assert 0 < results["bf16"]["prompt_max"] < 1.0
 
 
 class _CharTokenizer:

@@ -3,12 +3,15 @@ a float64 matmul and the row-by-row paged kernel."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
+from metalserve.kernels.cpu import gemm as cpu_gemm
 from metalserve.kernels.cpu.attention import RUN_MIN_ROWS, _attention_kernel, attend
 from metalserve.kernels.cpu.attention_prefill import chunk_attention
-from metalserve.kernels.cpu.gemm import host_gemm
+from metalserve.kernels.cpu.gemm import host_gemm, to_bf16
 from metalserve.kernels.cpu.packed_gemm import GEMM_MIN_ROWS, segments_gemm_kernel
 from metalserve.kernels.cpu.packed_linear import packed_linear, segments_of
 from metalserve.platform import current_platform
@@ -44,6 +47,52 @@ def test_the_gemm_kernel_matches_a_dense_matmul_over_mixed_blocks_and_layers(tok
         segments_gemm_kernel(x, segments, layer, gemm, out)
         np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(packed_linear(x, segments, layer), want, rtol=1e-4, atol=1e-4)
+
+
+def _bf16_rounded(x: np.ndarray) -> np.ndarray:
+    """x rounded to bfloat16 (ties to even), as float64: what MKL's bfloat16 GEMM multiplies."""
+    halves = np.empty(x.shape, np.uint16)
+    to_bf16(np.ascontiguousarray(x, np.float32), halves)
+    return (halves.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def test_rounding_to_bf16_is_to_the_nearest_with_ties_to_even() -> None:
+    # 1 + 2^-8 sits halfway between 1 and 1 + 2^-7: ties go to the even mantissa (1); one bit more rounds up.
+    # 1 + 3 * 2^-8 sits halfway between 1 + 2^-7 (odd) and 1 + 2^-6 (even): up to the even one.
+    x = np.array([1.0, 1 + 2**-8, 1 + 2**-8 + 2**-20, 1 + 3 * 2**-8, -2.5, -(1 + 2**-8 + 2**-20)], np.float32)
+    want = [1.0, 1.0, 1 + 2**-7, 1 + 2**-6, -2.5, -(1 + 2**-7)]
+    assert _bf16_rounded(x).tolist() == want
+
+
+def test_the_bf16_gemm_multiplies_the_rounded_inputs_with_fp32_sums() -> None:
+    """--cpu-bf16-prefill: the same projections, each input rounded to bfloat16: against a float64 product of
+    the rounded inputs it agrees to fp32 accumulation; against the exact product, to bfloat16's 8 bits."""
+    if not host_gemm().usable:
+        pytest.skip("no MKL: projections keep the register-tile kernel")
+    before = host_gemm().bf16
+    try:
+        assert cpu_gemm.set_bf16_mode("on") and host_gemm().bf16
+        assert os.environ[cpu_gemm.BF16_RANKS_ENV] == "on"  # what the local ranks rank 0 starts will read
+        parts = [random_codes(300, 96, 4, 32, 1), random_codes(20, 96, 6, 16, 3)]
+        rng = np.random.default_rng(7)
+        bias = rng.standard_normal((1, 320)).astype(np.float32)
+        segments = segments_of([[p for p, _ in parts]], bias)
+        x = rng.standard_normal((GEMM_MIN_ROWS + 3, 96)).astype(np.float32)
+        dense = np.concatenate([d for _, d in parts])
+        out = np.zeros((x.shape[0], 320), np.float32)
+        segments_gemm_kernel(x, segments, 0, host_gemm(), out)
+        rounded = _bf16_rounded(x) @ _bf16_rounded(dense).T + bias[0]
+        np.testing.assert_allclose(out, rounded, rtol=1e-5, atol=1e-4)
+        exact = x.astype(np.float64) @ dense.astype(np.float64).T + bias[0]
+        assert np.abs(out - exact).max() > 1e-4  # the rounding shows: this is not the fp32 path
+        np.testing.assert_allclose(out, exact, rtol=0, atol=0.03 * np.abs(exact).max())
+        np.testing.assert_allclose(packed_linear(x, segments, 0), out, rtol=0, atol=0)
+        assert not cpu_gemm.set_bf16_mode("off") and not host_gemm().bf16
+        assert cpu_gemm.set_bf16_mode("auto") == cpu_gemm.has_bf16()
+        with pytest.raises(ValueError, match="one of auto, on, off"):
+            cpu_gemm.set_bf16_mode("fast")
+    finally:
+        cpu_gemm.set_bf16_mode("on" if before else "off")
 
 
 def _step(context: int, chunk: int, heads: tuple[int, int], dims: tuple[int, int], seed: int) -> tuple[np.ndarray, ...]:

@@ -9,6 +9,11 @@ work over numba's threads, and MKL's own team on top would oversubscribe the cor
 
 Where MKL is absent (Linux on ARM, `METALSERVE_BLAS=none`), `Gemm.usable` is False and the kernels keep
 their own loops; the stand-in functions are never called.
+
+`--cpu-bf16-prefill` (`set_bf16_mode`): the prefill projections round their inputs (activations and the
+tile's dequantized weights) to bfloat16 and take MKL's `cblas_gemm_bf16bf16f32`, which accumulates in
+fp32. Where the CPU has AMX, MKL runs it on the tiles: a 512 x 896 x 4864 product on one thread took
+5.0 ms against sgemm's 24.5 (AVX-512 BF16 alone: 12.6 ms). Not exact: each input keeps 8 bits of mantissa.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any, NamedTuple
 
 import numba
 import numpy as np
+from llvmlite import binding
 
 _SGEMM = ctypes.CFUNCTYPE(
     None,
@@ -38,12 +44,38 @@ ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 F32 = 4  # bytes
 
 
+BF16_MODES = ("auto", "on", "off")
+# How rank 0 hands the resolved mode to the local ranks it starts (as int8_dot.RANKS_ENV).
+BF16_RANKS_ENV = "METALSERVE_RANKS_CPU_BF16_PREFILL"
+_bf16_state = {"on": False}
+
+
 class Gemm(NamedTuple):
-    """`sgemm`: cblas_sgemm; `set_threads`: MKL_Set_Num_Threads_Local (returns the previous setting)."""
+    """`sgemm`: cblas_sgemm; `set_threads`: MKL_Set_Num_Threads_Local (returns the previous setting);
+    `gemm_bf16`: cblas_gemm_bf16bf16f32, which the kernels call instead of `sgemm` where `bf16`."""
 
     sgemm: Any
     set_threads: Any
     usable: bool
+    gemm_bf16: Any
+    bf16: bool
+
+
+def has_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX-512 BF16 or AMX); MKL emulates it elsewhere."""
+    features = binding.get_host_cpu_features()
+    return bool(features.get("avx512bf16")) or bool(features.get("amx-bf16"))
+
+
+def set_bf16_mode(mode: str) -> bool:
+    """`--cpu-bf16-prefill`: `on`, `off`, or `auto` (on where the CPU has BF16 or AMX). Returns the result.
+    Read by `host_gemm`, so set it before loading models."""
+    if mode not in BF16_MODES:
+        raise ValueError(f"--cpu-bf16-prefill takes one of {', '.join(BF16_MODES)}, not {mode!r}")
+    _bf16_state["on"] = mode == "on" or (mode == "auto" and has_bf16())
+    os.environ[BF16_RANKS_ENV] = "on" if _bf16_state["on"] else "off"
+    host_gemm.cache_clear()
+    return _bf16_state["on"]
 
 
 def _never_sgemm(*args: object) -> None:
@@ -63,10 +95,11 @@ def host_gemm() -> Gemm:
     if path is not None:
         try:
             lib = ctypes.CDLL(str(path))
-            return Gemm(_SGEMM(("cblas_sgemm", lib)), _SET_THREADS(("MKL_Set_Num_Threads_Local", lib)), True)
+            sgemm, threads = _SGEMM(("cblas_sgemm", lib)), _SET_THREADS(("MKL_Set_Num_Threads_Local", lib))
+            return Gemm(sgemm, threads, True, _SGEMM(("cblas_gemm_bf16bf16f32", lib)), _bf16_state["on"])
         except (OSError, AttributeError):
             pass
-    return Gemm(_SGEMM(_never_sgemm), _SET_THREADS(_never_threads), False)
+    return Gemm(_SGEMM(_never_sgemm), _SET_THREADS(_never_threads), False, _SGEMM(_never_sgemm), False)
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True)
@@ -93,3 +126,26 @@ def sgemm(gemm, trans_b, m, n, k, a, lda, b, ldb, c, ldc):  # noqa: ANN001, ANN2
         ldc,
     )
     gemm.set_threads(previous)
+
+
+@numba.njit(fastmath=True, cache=True, nogil=True)
+def gemm_bf16(gemm, m, n, k, a, lda, b, ldb, c, ldc):  # noqa: ANN001, ANN202
+    """`c = a @ b.T` for bfloat16 `a` `[m, k]` and `b` `[n, k]` (raw addresses of uint16 rows, leading
+    dimensions in elements), fp32 `c`. On this thread alone."""
+    if m == 0 or n == 0:
+        return
+    previous = gemm.set_threads(1)
+    one, zero = np.float32(1.0), np.float32(0.0)
+    gemm.gemm_bf16(ROW_MAJOR, NO_TRANS, TRANS, m, n, k, one, a, lda, b, ldb, zero, c, ldc)
+    gemm.set_threads(previous)
+
+
+@numba.njit(fastmath=True, cache=True, nogil=True)
+def to_bf16(x, out):  # noqa: ANN001, ANN202
+    """out[...] = x rounded to the nearest bfloat16 (ties to even), as the top halves of float32 bits;
+    `x` float32 and `out` uint16 of one shape, both C-contiguous. Finite inputs only."""
+    bits = x.reshape(-1).view(np.uint32)
+    flat = out.reshape(-1)
+    for i in range(bits.shape[0]):
+        b = bits[i]
+        flat[i] = np.uint16((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))

@@ -5,7 +5,9 @@ them: right for decode steps, where reading the weights is the cost, but at hund
 is the cost and its register tile reached a fraction of MKL's GEMM. Here each work item unpacks a tile of
 output rows (sized to stay in L2) into fp32 once and multiplies the whole chunk against it with MKL's
 sgemm (gemm.py) on its own thread, straight into its columns of the output. The unpacking is paid once
-per tile per chunk, as the fp32 copy this path does without would have been read once.
+per tile per chunk, as the fp32 copy this path does without would have been read once. With
+`--cpu-bf16-prefill` (gemm.py) the chunk and each tile are rounded to bfloat16 and multiplied by MKL's
+bfloat16 GEMM (AMX tiles where the CPU has them).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from metalserve.kernels.cpu.gemm import F32, sgemm
+from metalserve.kernels.cpu.gemm import F32, gemm_bf16, sgemm, to_bf16
 from metalserve.kernels.cpu.packed_unpack import unpack_row
 
 # Rows at and above which a step's projections take this kernel (where a GEMM beats the register tile).
@@ -45,6 +47,9 @@ def segments_gemm_kernel(x, seg, layer, gemm, out):  # noqa: ANN001, ANN202
     C-contiguous; `gemm` usable (gemm.host_gemm)."""
     rows, columns, width = x.shape[0], seg.columns, out.shape[1]
     tile_seg, tile_row, per_tile = _tiles(seg, layer)
+    x16 = np.empty((rows if gemm.bf16 else 0, columns), np.uint16)
+    if gemm.bf16:
+        to_bf16(x, x16)
     for i in numba.prange(tile_seg.shape[0]):
         s, start = tile_seg[i], tile_row[i]
         outputs = seg.rows[s]
@@ -55,7 +60,12 @@ def segments_gemm_kernel(x, seg, layer, gemm, out):  # noqa: ANN001, ANN202
             unpack_row(seg.data[s], seg.scales[s], seg.biases[s], start + j, seg.bits[s], columns, groups, w, j)
         at = seg.out_at[s] + start
         target = out.ctypes.data + at * F32  # this tile's columns of every output row
-        sgemm(gemm, True, rows, n, columns, x.ctypes.data, columns, w.ctypes.data, columns, target, width)
+        if gemm.bf16:
+            w16 = np.empty((n, columns), np.uint16)
+            to_bf16(w, w16)
+            gemm_bf16(gemm, rows, n, columns, x16.ctypes.data, columns, w16.ctypes.data, columns, target, width)
+        else:
+            sgemm(gemm, True, rows, n, columns, x.ctypes.data, columns, w.ctypes.data, columns, target, width)
     bias = seg.bias[layer]
     for t in range(rows):
         for o in range(width):
