@@ -60,8 +60,12 @@ def run_server(config: EngineConfig, settings: ServerSettings) -> None:
     # Before any model loads: the CPU path's projections read it when they are built.
     if int8_dot.set_mode(settings.cpu_int8_activations):
         logger.info("CPU decode rows dotted in int8 (--cpu-int8-activations %s)", settings.cpu_int8_activations)
-    if gemm.set_bf16_mode(settings.cpu_bf16_prefill):
-        logger.info("CPU prefill GEMMs in bfloat16 (--cpu-bf16-prefill %s)", settings.cpu_bf16_prefill)
+    bf16 = settings.cpu_bf16_prefill
+    if gemm.set_bf16_mode(bf16):
+        if gemm.host_gemm().usable:
+            logger.info("CPU prefill GEMMs in bfloat16 (--cpu-bf16-prefill %s)", bf16)
+        else:  # the prefill projections take MKL's GEMMs only; without MKL they keep their fp32 loops
+            logger.warning("--cpu-bf16-prefill %s: MKL is not loaded here, so prefill stays fp32", bf16)
     frontend = Frontend.of(settings)
     if settings.multi_model or config.world_size > 1:
         # Several models load on first use: the port serves at once. Pipeline stages load first: only rank 0
