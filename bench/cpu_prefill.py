@@ -135,7 +135,8 @@ def main() -> None:
     if a.cpu_bf16_prefill == "both":
         arms = [("bf16", HERE, "on"), ("fp32", HERE, "off")]
     else:
-        arms = [("new", HERE, a.cpu_bf16_prefill)] + ([("old", Path(a.old_tree), "off")] if a.old_tree else [])
+        old = [("old", Path(a.old_tree), a.cpu_bf16_prefill)] if a.old_tree else []  # the same mode in both
+        arms = [("new", HERE, a.cpu_bf16_prefill), *old]
     results: dict[str, list[dict[str, float]]] = {arm: [] for arm, _, _ in arms}
     print(f"model {a.model}; chunk {a.chunk}; load {os.getloadavg()[0]:.1f}", flush=True)
     for r in range(a.rounds):

@@ -41,6 +41,13 @@ def _tiles(seg, layer):  # noqa: ANN001, ANN202  (numba infers the types)
     return tile_seg, tile_row, per_tile
 
 
+@numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def _rows_to_bf16(x, out):  # noqa: ANN001, ANN202
+    """gemm.to_bf16 of a chunk's rows, the threads sharing them."""
+    for r in numba.prange(x.shape[0]):
+        to_bf16(x[r], out[r])
+
+
 @numba.njit(parallel=True, fastmath=True, cache=True, nogil=True, boundscheck=False)
 def segments_gemm_kernel(x, seg, layer, gemm, out):  # noqa: ANN001, ANN202
     """`out[:, :] = x @ w.T + bias` for layer `layer` of `seg` (packed_linear.Segments); `x` and `out`
@@ -49,22 +56,25 @@ def segments_gemm_kernel(x, seg, layer, gemm, out):  # noqa: ANN001, ANN202
     tile_seg, tile_row, per_tile = _tiles(seg, layer)
     x16 = np.empty((rows if gemm.bf16 else 0, columns), np.uint16)
     if gemm.bf16:
-        to_bf16(x, x16)
+        _rows_to_bf16(x, x16)
     for i in numba.prange(tile_seg.shape[0]):
         s, start = tile_seg[i], tile_row[i]
         outputs = seg.rows[s]
         n = min(per_tile, outputs - start)
         groups = seg.scales[s].shape[0] // outputs
-        w = np.empty((n, columns), np.float32)
-        for j in range(n):
-            unpack_row(seg.data[s], seg.scales[s], seg.biases[s], start + j, seg.bits[s], columns, groups, w, j)
         at = seg.out_at[s] + start
         target = out.ctypes.data + at * F32  # this tile's columns of every output row
-        if gemm.bf16:
+        if gemm.bf16:  # each row unpacked into a one-row scratch and rounded while it is in L1
+            row = np.empty((1, columns), np.float32)
             w16 = np.empty((n, columns), np.uint16)
-            to_bf16(w, w16)
+            for j in range(n):
+                unpack_row(seg.data[s], seg.scales[s], seg.biases[s], start + j, seg.bits[s], columns, groups, row, 0)
+                to_bf16(row[0], w16[j])
             gemm_bf16(gemm, rows, n, columns, x16.ctypes.data, columns, w16.ctypes.data, columns, target, width)
         else:
+            w = np.empty((n, columns), np.float32)
+            for j in range(n):
+                unpack_row(seg.data[s], seg.scales[s], seg.biases[s], start + j, seg.bits[s], columns, groups, w, j)
             sgemm(gemm, True, rows, n, columns, x.ctypes.data, columns, w.ctypes.data, columns, target, width)
     bias = seg.bias[layer]
     for t in range(rows):
