@@ -75,8 +75,12 @@ def chunk_attention(q, pool, table, block_size, q_first, pos0, rows, scale, wind
     _gather(pool, 0, table, block_size, first, count, keys)
     _gather(pool, pool.shape[0] - 1, table, block_size, first, count, values)
     blocks = (rows + QUERY_BLOCK - 1) // QUERY_BLOCK
-    for item in numba.prange(hkv * blocks):
-        h, b = item % hkv, blocks - 1 - item // hkv  # the longest blocks first: even shares at the end
+    items = hkv * blocks
+    for k in numba.prange(items):
+        # numba hands each thread one contiguous run of items: alternate short and long blocks (a causal
+        # block's keys grow with its index) so both runs weigh the same
+        item = k // 2 if k % 2 == 0 else items - 1 - k // 2
+        h, b = item % hkv, item // hkv
         r0 = b * QUERY_BLOCK
         m = min(QUERY_BLOCK, rows - r0)
         p_first = pos0 + r0
