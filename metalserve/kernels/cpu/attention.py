@@ -25,7 +25,7 @@ import numba
 import numpy as np
 
 from metalserve.kernels.cpu.attention_prefill import chunk_attention
-from metalserve.kernels.cpu.fast_exp import exp_parts
+from metalserve.kernels.cpu.fast_exp import LANES, exp_parts, lane_max
 from metalserve.kernels.cpu.gemm import host_gemm
 from metalserve.kernels.cpu.int8_dot import prefetch_row
 from metalserve.kernels.cpu.numba_lock import launch_lock
@@ -118,10 +118,9 @@ def _softmax_rows(scores, n, scale, softcap, sinks, use_sinks, head0, pow2, tops
             if softcap > 0:
                 s = softcap * np.tanh(s / softcap)
             scores[g, j] = s
+    lanes = np.empty(LANES, np.float32)
     for g in range(group):
-        top = scores[g, 0]
-        for j in range(1, n):
-            top = max(top, scores[g, j])
+        top = lane_max(scores[g], 0, n, lanes)
         if use_sinks:
             top = max(top, sinks[head0 + g])
         tops[g] = top

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from metalserve.kernels.cpu.fast_exp import exp_parts
+from metalserve.kernels.cpu.fast_exp import LANES, exp_parts, lane_max
 from metalserve.kernels.cpu.gemm import F32, sgemm
 
 QUERY_BLOCK = 32  # query rows per work item (times the group's heads: the rows of one score GEMM)
@@ -33,9 +33,7 @@ def _softmax_masked(s, lo, hi, softcap, pow2):  # noqa: ANN001, ANN202  (numba i
     if softcap > 0:
         for j in range(lo, hi):
             s[j] = softcap * np.tanh(s[j] / softcap)
-    top = s[lo]
-    for j in range(lo + 1, hi):
-        top = max(top, s[j])
+    top = lane_max(s, lo, hi, np.empty(LANES, np.float32))
     for j in range(lo, hi):
         s[j], pow2[j] = exp_parts(s[j] - top)
     scale = pow2.view(np.float32)
