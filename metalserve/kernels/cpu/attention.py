@@ -29,6 +29,7 @@ from metalserve.kernels.cpu.fast_exp import LANES, exp_parts, lane_max
 from metalserve.kernels.cpu.gemm import host_gemm
 from metalserve.kernels.cpu.int8_dot import prefetch_row
 from metalserve.kernels.cpu.numba_lock import launch_lock
+from metalserve.kernels.cpu.work_split import short_long
 
 RUN_MIN_ROWS = 64  # consecutive rows of one request at and above which they take chunk_attention
 
@@ -148,7 +149,7 @@ def _attention_kernel(  # numba infers the types
     group = num_q_heads // num_kv_heads
     items = total_q * num_kv_heads
     for k in numba.prange(items):
-        idx = k // 2 if k % 2 == 0 else items - 1 - k // 2  # rows sorted short to long: mix them
+        idx = short_long(k, items)  # rows sorted short to long
         row, h = idx // num_kv_heads, idx % num_kv_heads
         r, last = row_req[row], row_pos[row]
         first = max(0, last + 1 - window) if window > 0 else 0

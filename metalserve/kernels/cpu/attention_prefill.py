@@ -20,20 +20,22 @@ import numpy as np
 
 from metalserve.kernels.cpu.fast_exp import LANES, exp_parts, lane_max
 from metalserve.kernels.cpu.gemm import F32, sgemm
+from metalserve.kernels.cpu.work_split import short_long
 
 QUERY_BLOCK = 32  # query rows per work item (times the group's heads: the rows of one score GEMM)
 _GATHER_BLOCK = 256  # keys per gather work item
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True, boundscheck=False)
-def _softmax_masked(s, lo, hi, softcap, pow2):  # noqa: ANN001, ANN202  (numba infers the types)
+def _softmax_masked(s, lo, hi, softcap, pow2, lanes):  # noqa: ANN001, ANN202  (numba infers the types)
     """Row `s` (scores already scaled) to exp(s - max) over `[lo, hi)`, zero outside it; returns the sum
     (the caller divides the output row by it: one pass fewer over the scores). The exp is attention.py's
-    polynomial and power of two, in three contiguous loops LLVM vectorises (`pow2`: int32 scratch)."""
+    polynomial and power of two, in three contiguous loops LLVM vectorises (`pow2`: int32 scratch; `lanes`:
+    fast_exp.lane_max's)."""
     if softcap > 0:
         for j in range(lo, hi):
             s[j] = softcap * np.tanh(s[j] / softcap)
-    top = lane_max(s, lo, hi, np.empty(LANES, np.float32))
+    top = lane_max(s, lo, hi, lanes)
     for j in range(lo, hi):
         s[j], pow2[j] = exp_parts(s[j] - top)
     scale = pow2.view(np.float32)
@@ -75,9 +77,7 @@ def chunk_attention(q, pool, table, block_size, q_first, pos0, rows, scale, wind
     blocks = (rows + QUERY_BLOCK - 1) // QUERY_BLOCK
     items = hkv * blocks
     for k in numba.prange(items):
-        # numba hands each thread one contiguous run of items: alternate short and long blocks (a causal
-        # block's keys grow with its index) so both runs weigh the same
-        item = k // 2 if k % 2 == 0 else items - 1 - k // 2
+        item = short_long(k, items)  # a causal block's keys grow with its index
         h, b = item % hkv, item // hkv
         r0 = b * QUERY_BLOCK
         m = min(QUERY_BLOCK, rows - r0)
@@ -92,14 +92,16 @@ def chunk_attention(q, pool, table, block_size, q_first, pos0, rows, scale, wind
                     queries[r * group + g, c] = q[q_first + r0 + r, h * group + g, c] * scale
         scores = np.empty((m * group, n), np.float32)
         pow2 = np.empty(n, np.int32)
+        lanes = np.empty(LANES, np.float32)
         key_at = keys.ctypes.data + (h * count + k_lo) * d * F32
         sgemm(gemm, True, m * group, n, d, queries.ctypes.data, d, key_at, d, scores.ctypes.data, n)
         totals = np.empty(m * group, np.float32)
         for r in range(m):
             p = p_first + r
             lo = (max(0, p - window + 1) if window > 0 else 0) - first - k_lo
+            hi = p + 1 - first - k_lo
             for g in range(group):
-                totals[r * group + g] = _softmax_masked(scores[r * group + g], lo, p + 1 - first - k_lo, softcap, pow2)
+                totals[r * group + g] = _softmax_masked(scores[r * group + g], lo, hi, softcap, pow2, lanes)
         mixed = np.empty((m * group, dv), np.float32)
         value_at = values.ctypes.data + (h * count + k_lo) * dv * F32
         sgemm(gemm, False, m * group, dv, n, scores.ctypes.data, n, value_at, dv, mixed.ctypes.data, dv)

@@ -22,6 +22,7 @@ import numpy as np
 
 from metalserve.kernels.cpu.attention import _scores, _softmax_rows, _weighted_values
 from metalserve.kernels.cpu.quantized_attention import TILE_ROWS, _dequantize_slots, _half, _page_slots
+from metalserve.kernels.cpu.work_split import short_long
 
 INT8, Q4 = 1, 2  # PagePlane.storage
 CHUNK = 64  # keys a decode row decodes at a time: 16 KB of float32 at head dim 64, within L1
@@ -246,7 +247,7 @@ def _attend_planes(  # numba infers the types
     items = num_tiles * num_kv_heads
     no_sinks = np.zeros(num_q_heads, np.float32)
     for k in numba.prange(items):
-        idx = k // 2 if k % 2 == 0 else items - 1 - k // 2  # rows sorted short to long: mix them
+        idx = short_long(k, items)  # rows sorted short to long
         tile, h = idx // num_kv_heads, idx % num_kv_heads
         begin, end = tile_starts[tile], tile_starts[tile + 1]
         r = row_req[begin]

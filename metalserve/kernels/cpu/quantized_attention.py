@@ -20,6 +20,7 @@ import numpy as np
 
 from metalserve.kernels.cpu.attention import _scores, _softmax_rows, _weighted_values
 from metalserve.kernels.cpu.numba_lock import launch_lock
+from metalserve.kernels.cpu.work_split import short_long
 
 # Rows per tile: decoding a tile's span costs about 1 / (2 x TILE_ROWS x group) of its attention, while
 # a 512-row chunk still makes 32 tiles per KV head to share out.
@@ -108,7 +109,7 @@ def _tiled_quantized_kernel(  # numba infers the types
     num_tiles = tile_starts.shape[0] - 1
     items = num_tiles * num_kv_heads
     for k in numba.prange(items):
-        idx = k // 2 if k % 2 == 0 else items - 1 - k // 2  # rows sorted short to long: mix them
+        idx = short_long(k, items)  # rows sorted short to long
         tile, h = idx // num_kv_heads, idx % num_kv_heads
         begin, end = tile_starts[tile], tile_starts[tile + 1]
         r = row_req[order[begin]]
