@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metalserve.api.tool_parsers import get_tool_parser
+from metalserve.api.tool_parsers.argument_grammar import MAX_ANY_ORDER
 from metalserve.api.tool_parsers.hermes_grammar import hermes_call_grammar
 from metalserve.structured.compiler import GrammarCompiler
 from metalserve.structured.params import StructuredOutputsParams
@@ -145,3 +146,40 @@ def test_arguments_may_be_pretty_printed_but_whitespace_is_bounded() -> None:
     assert m.is_accepting()
     m = matcher()
     assert not feed(m, '{"name": "get_weather", "arguments": {"city":' + "\n" * 40)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "valid"),
+    [
+        ('{"days": 2, "city": "Paris"}', True),  # the model's order, not the schema's
+        ('{"city": "Paris", "days": 2}', True),
+        ('{"days": 2}', False),  # the required city never written
+        ('{"city": "Paris", "city": "Rome"}', False),  # a property twice
+        ('{"days": 0, "city": "Paris"}', False),  # each value still held to its property's schema
+    ],
+)
+def test_the_arguments_properties_come_in_any_order_each_once_with_the_required_ones(
+    arguments: str, valid: bool
+) -> None:
+    """llguidance's JSON grammar fixes properties to the schema's order; a model writing its own (the
+    1.5B coder put Bash's `timeout` after `description`) was steered to another property instead."""
+    m = matcher()
+    took = feed(m, f'<tool_call>{{"name": "get_weather", "arguments": {arguments}}}</tool_call>')
+    assert (took and m.is_accepting()) == valid
+
+
+def test_a_schema_the_any_order_rules_cannot_express_keeps_the_schemas_order() -> None:
+    many = {f"p{k}": {"type": "integer"} for k in range(MAX_ANY_ORDER + 1)}
+    shapes = [
+        {"type": "object", "properties": many},  # too many properties for a rule per subset
+        {"type": "object", "properties": {"a": {"$ref": "#/$defs/n"}, "b": {}}, "$defs": {"n": {"type": "integer"}}},
+    ]
+    for schema in shapes:
+        text = hermes_call_grammar({"g": schema})
+        assert "args_0_after_" not in text
+        m = COMPILER.compile(StructuredOutputsParams(grammar=text)).matcher.deep_copy()
+        names = list(schema["properties"])  # type: ignore[call-overload]
+        forward = ", ".join(f'"{n}": 1' for n in names)
+        backward = ", ".join(f'"{n}": 1' for n in reversed(names))
+        assert feed(m.deep_copy(), f'{{"name": "g", "arguments": {{{forward}}}}}')
+        assert not feed(m, f'{{"name": "g", "arguments": {{{backward}}}}}')

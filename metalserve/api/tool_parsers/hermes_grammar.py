@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from metalserve.api.tool_parsers.argument_grammar import argument_rules
+
 # The tags llama.cpp's Hermes 2 Pro parser accepts before a call object, and the fences' languages
 # (the parser, hermes.py, reads the same forms).
 CALL_TAGS = ("tool_call", "function_call", "tool", "tools", "response", "json", "xml", "JSON")
@@ -75,7 +77,7 @@ def hermes_call_grammar(
         head = rf'\{{{_GAP}"name"{_GAP}:{_GAP}{_regex_literal(spelled)}'
         function = rf'<function(={_regex_literal(name)}>| name="{_regex_literal(name)}">){_SPACE}'
         lines += [
-            f"args_{i}: %json {json.dumps(_with_options(schema), ensure_ascii=False)}",
+            *argument_rules(i, schema, ARGUMENT_OPTIONS, ARGUMENT_OPTIONS["whitespace_pattern"]),
             rf'json_call_{i}: {quote} ARGS_KEY args_{i} GAP "}}"',
             f"json_rest_{i}: json_call_{i} closing",
             rf"function_rest_{i}: args_{i} /\n?<\/function>/",
@@ -99,13 +101,6 @@ def hermes_call_grammar(
     lines.append("next_call: " + " | ".join(more))
     lines.append("start: TEXT | first_call" + (" next_call*" if parallel else ""))
     return "\n".join(lines) + "\n"
-
-
-def _with_options(schema: dict[str, Any]) -> dict[str, Any]:
-    """The arguments' schema: an object (a call's arguments always are), with our JSON options."""
-    given = schema.get("x-guidance")
-    given = given if isinstance(given, dict) else {}
-    return {"type": "object", **schema, "x-guidance": {**ARGUMENT_OPTIONS, **given}}
 
 
 def _regex_literal(text: str) -> str:
