@@ -178,7 +178,7 @@ def test_a_schema_the_any_order_rules_cannot_express_keeps_the_schemas_order() -
         text = hermes_call_grammar({"g": schema})
         assert "args_0_after_" not in text
         m = COMPILER.compile(StructuredOutputsParams(grammar=text)).matcher.deep_copy()
-        names = list(schema["properties"])  # type: ignore[call-overload]
+        names = list(schema["properties"])
         forward = ", ".join(f'"{n}": 1' for n in names)
         backward = ", ".join(f'"{n}": 1' for n in reversed(names))
         assert feed(m.deep_copy(), f'{{"name": "g", "arguments": {{{forward}}}}}')
