@@ -10,9 +10,16 @@ from pathlib import Path
 from tests.agents.agent_runs import SECRET
 
 READ_TASK = "Read the file hello.txt and tell me the secret word in it."
+# The fix task names the steps, and for Claude Code the tool of each, but not the bug: asked only to fix the
+# bug (the first wording), the 1.5B called Edit on a file it had not read, with made-up text, and stopped
+# (docs/agents.md#real-agents-in-the-tests).
 FIX_TASK = (
-    "The test in test_calc.py fails. Fix the bug in calc.py (do not change test_calc.py), "
-    "then run `python3 test_calc.py` to check that it passes."
+    "calc.py has a bug that makes test_calc.py fail. First read calc.py. Then fix the bug in calc.py "
+    "(do not change test_calc.py). Then run `python3 test_calc.py` and tell me what it printed."
+)
+CLAUDE_FIX_TASK = (
+    "calc.py has a bug that makes test_calc.py fail. First read calc.py with the Read tool. Then fix the bug "
+    "in calc.py with the Edit tool. Then run `python3 test_calc.py` with the Bash tool and tell me what it printed."
 )
 BUGGY = "def add(a, b):\n    return a - b\n"
 TEST = "from calc import add\n\nassert add(2, 3) == 5, add(2, 3)\nprint('ok')\n"

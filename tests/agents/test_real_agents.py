@@ -32,7 +32,7 @@ from tests.agents.agent_runs import (
     write_json,
 )
 from tests.agents.proxy import recording_proxy
-from tests.agents.scratch import FIX_TASK, READ_TASK, check_fixed, scratch_repo
+from tests.agents.scratch import CLAUDE_FIX_TASK, FIX_TASK, READ_TASK, check_fixed, scratch_repo
 from tests.e2e.server import RunningServer, running_server
 
 AGENT_TIMEOUT = 3600.0  # seconds: minutes of CPU prefill per first turn on a busy machine
@@ -43,7 +43,9 @@ IDLE_MS = str(int(AGENT_TIMEOUT * 1000))  # generous: the server's keep-alive ev
 # Claude Code's tools per task (all ~24 make an ~19k-token prompt; these keep the CPU prefill short).
 CLAUDE_TOOLS = {"read": "Read", "fix": "Read,Edit,Bash"}
 GREEDY = '{"temperature": 0}'
-CODEX_INSTRUCTIONS = Path(__file__).resolve().parents[2] / "docs" / "agents" / "codex-small-model-instructions.md"
+AGENT_DOCS = Path(__file__).resolve().parents[2] / "docs" / "agents"
+CODEX_INSTRUCTIONS = AGENT_DOCS / "codex-small-model-instructions.md"
+CLAUDE_SYSTEM_PROMPT = AGENT_DOCS / "claude-small-model-system-prompt.md"
 
 
 def _flags(model: str) -> tuple[str, ...]:
@@ -111,8 +113,10 @@ def test_claude_code_completes(server: RunningServer, tmp_path: Path, task: str)
             "API_TIMEOUT_MS": IDLE_MS,
             "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "1024",  # prompt + this fits the 32k context: no retry dance
         }
-        prompt = READ_TASK if task == "read" else FIX_TASK
+        prompt = READ_TASK if task == "read" else CLAUDE_FIX_TASK
         cmd = [str(AGENTS_BIN / "claude"), "-p", prompt, "--tools", tools, "--allowedTools", tools]
+        if task == "fix":  # docs/agents.md: a short system prompt for the fix, Claude Code's own for the read
+            cmd += ["--system-prompt-file", str(CLAUDE_SYSTEM_PROMPT)]
         cmd += ["--output-format", "json", "--max-turns", "8"]
         code, out, err, wall = run_agent(cmd, work, env, AGENT_TIMEOUT)
     exchanges = [e for e in recorder.exchanges if e.path.startswith("/v1/messages") and "count_tokens" not in e.path]
