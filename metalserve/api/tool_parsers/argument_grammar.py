@@ -7,9 +7,10 @@ Claude Code's schema lists `timeout` before `description`; held to the schema's 
 the later properties to choose from and it chose `"run_in_background": true`, a different call. Here a
 plain object schema of up to MAX_ANY_ORDER properties becomes one rule per set of properties written so
 far: any property not yet written may come next, each at most once, and the object may close once every
-required one is there. Each value is its property's own schema (`%json`). Other schemas (more
-properties, `$ref`, combinators, pattern or schema-valued additional properties) keep llguidance's
-whole-object grammar and its order.
+required one is there. Each value is its property's own schema (`%json`). An open object's extra keys are
+not offered (what the rules allow is still valid for the schema). Other schemas (more properties, `$ref`,
+combinators, pattern or schema-valued additional properties) keep llguidance's whole-object grammar and
+its order.
 """
 
 from __future__ import annotations
