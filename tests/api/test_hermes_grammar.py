@@ -8,7 +8,7 @@ from typing import Any
 
 import llguidance
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from metalserve.api.tool_parsers import get_tool_parser
@@ -108,6 +108,8 @@ def test_calls_of_other_tools_and_json_about_other_things_stay_free_text() -> No
 @settings(max_examples=60, deadline=None)
 @given(st.text(alphabet=st.sampled_from(list('ab {}"<>`:,\n_/namefunctiolsjx=')), max_size=60))
 def test_any_text_without_a_call_is_free(text: str) -> None:
+    # The alphabet spells `<tool_call>`, an added token here as in Qwen's vocabulary: a call's opening.
+    assume("<tool_call>" not in text and "</tool_call>" not in text)
     m = matcher()
     assert feed(m, text) and m.is_accepting()
 
