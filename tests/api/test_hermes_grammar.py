@@ -185,3 +185,10 @@ def test_a_schema_the_any_order_rules_cannot_express_keeps_the_schemas_order() -
         backward = ", ".join(f'"{n}": 1' for n in reversed(names))
         assert feed(m.deep_copy(), f'{{"name": "g", "arguments": {{{forward}}}}}')
         assert not feed(m, f'{{"name": "g", "arguments": {{{backward}}}}}')
+
+
+def test_a_property_name_is_matched_as_the_model_writes_it_unescaped() -> None:
+    text = hermes_call_grammar({"g": {"type": "object", "properties": {"größe": {"type": "integer"}, "x": {}}}})
+    assert "args_0_after_" in text  # the any-order rules, not llguidance's grammar
+    m = COMPILER.compile(StructuredOutputsParams(grammar=text)).matcher.deep_copy()
+    assert feed(m, '{"name": "g", "arguments": {"x": 2, "größe": 1}}') and m.is_accepting()

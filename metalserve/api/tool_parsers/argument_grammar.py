@@ -43,7 +43,7 @@ def argument_rules(index: int, schema: dict[str, Any], options: dict[str, Any], 
     for k, name in enumerate(names):
         value = {**properties[name], "x-guidance": options}
         lines.append(f"{prefix}_value_{k}: %json {json.dumps(value, ensure_ascii=False)}")
-        key = json.dumps(json.dumps(name))  # the quoted name as a Lark string literal
+        key = json.dumps(json.dumps(name, ensure_ascii=False), ensure_ascii=False)  # "name" as a Lark literal
         lines.append(f'{prefix}_member_{k}: {key} {prefix}_ws ":" {prefix}_ws {prefix}_value_{k}')
     close = f'{prefix}_ws "}}"'
     first = [f"{prefix}_ws {prefix}_member_{k} {prefix}_after_{1 << k}" for k in range(len(names))]
