@@ -26,10 +26,10 @@ _OBJECT_KEYWORDS = frozenset(
 )
 
 
-def argument_rules(index: int, schema: dict[str, Any], options: dict[str, Any], whitespace: str) -> list[str]:
+def argument_rules(index: int, schema: dict[str, Any], options: dict[str, Any]) -> list[str]:
     """Lark lines defining `args_{index}`: the arguments object of `schema`; `options` its x-guidance
-    (whitespace and leniency, with the schema's own x-guidance over them) and `whitespace` the regex
-    between its members."""
+    (whitespace and leniency, with the schema's own x-guidance over them; its `whitespace_pattern` also
+    goes between the members)."""
     given = schema.get("x-guidance")
     options = {**options, **(given if isinstance(given, dict) else {})}
     properties = _any_order_properties(schema)
@@ -39,7 +39,7 @@ def argument_rules(index: int, schema: dict[str, Any], options: dict[str, Any], 
     names = list(properties)
     required = {names.index(name) for name in schema.get("required", [])}
     prefix = f"args_{index}"
-    lines = [f"{prefix}_ws: /{whitespace}/"]
+    lines = [f"{prefix}_ws: /{options['whitespace_pattern']}/"]
     for k, name in enumerate(names):
         value = {**properties[name], "x-guidance": options}
         lines.append(f"{prefix}_value_{k}: %json {json.dumps(value, ensure_ascii=False)}")

@@ -34,8 +34,7 @@ FENCE_LANGS = ("json", "xml")
 # default) made the 0.5B model, denied the newline it wanted after a number, write digits until
 # max_tokens. Keywords the grammar engine cannot enforce are left out (lenient) rather than refusing the
 # tool: a tool's schema is the client's, and often a large one.
-ARGUMENT_WHITESPACE = r"[ \t\n]{0,16}"
-ARGUMENT_OPTIONS = {"whitespace_pattern": ARGUMENT_WHITESPACE, "lenient": True}
+ARGUMENT_OPTIONS: dict[str, Any] = {"whitespace_pattern": r"[ \t\n]{0,16}", "lenient": True}
 _SPACE = r"[ \t\n]*"
 # Whitespace where the grammar already constrains the output is bounded: a small model left free to
 # write whitespace there tends to loop on newlines until max_tokens.
@@ -78,7 +77,7 @@ def hermes_call_grammar(
         head = rf'\{{{_GAP}"name"{_GAP}:{_GAP}{_regex_literal(spelled)}'
         function = rf'<function(={_regex_literal(name)}>| name="{_regex_literal(name)}">){_SPACE}'
         lines += [
-            *argument_rules(i, schema, ARGUMENT_OPTIONS, ARGUMENT_WHITESPACE),
+            *argument_rules(i, schema, ARGUMENT_OPTIONS),
             rf'json_call_{i}: {quote} ARGS_KEY args_{i} GAP "}}"',
             f"json_rest_{i}: json_call_{i} closing",
             rf"function_rest_{i}: args_{i} /\n?<\/function>/",
