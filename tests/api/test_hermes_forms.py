@@ -30,6 +30,9 @@ CASES = [
     # A closing cut off at the very end (EOS or max_tokens) does not undo the call.
     ('```json\n{"name": "read", "arguments": {}}\n``', None, [("read", {})]),
     ('<tool_call>{"name": "read", "arguments": {}}', None, [("read", {})]),
+    # A fence after the last call, nothing after it: the call's (the grammar lets any closing follow a call).
+    ('<tools>\n{"name": "read", "arguments": {}}\n</tools>\n```', None, [("read", {})]),
+    ('<tool_call>{"name": "read", "arguments": {}}</tool_call>\n```\n', None, [("read", {})]),
     # Two calls in a row.
     ('{"name": "read", "arguments": {}}\n{"name": "read", "arguments": {}}', None, [("read", {}), ("read", {})]),
 ]
@@ -89,3 +92,11 @@ def test_a_fence_is_held_back_until_it_is_known_not_to_be_a_call() -> None:
     assert stream.feed("on\n{").content == ""
     assert stream.feed('"name": "re').content == ""
     assert stream.feed('x"').content == '\n```json\n{"name": "rex"'
+
+
+def test_a_fence_that_opens_a_block_after_a_call_stays_text() -> None:
+    text = '<tool_call>{"name": "read", "arguments": {}}</tool_call>\n```\nprint(1)\n```'
+    got = get_tool_parser("hermes").for_request(TOOLS).extract(text)
+    assert [c.name for c in got.calls] == ["read"] and got.content == "```\nprint(1)\n```"
+    for size in (1, 3, 1000):
+        assert _stream(text, size) == ("```\nprint(1)\n```", [("read", {})])

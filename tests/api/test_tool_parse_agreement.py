@@ -40,6 +40,7 @@ CALLS: dict[str, list[str]] = {
         '```json\n{"answer": 42}\n```',
         '<response>{"name": "f", "arguments": [1]}</response>',
         "```",
+        "\n```\n",
         "</tool_call>",
     ],
     "llama3_json": [

@@ -8,6 +8,10 @@ models trained on it also write the call in other wrappers, and llama.cpp's serv
   the tag, when written, are closed after the object (a closing cut off at the very end is let go);
 - `<function=NAME>{...arguments...}</function>` and `<function name="NAME">{...}</function>`.
 
+A fence after the last call, with only whitespace after it, belongs to the call: the call grammar lets any
+closing follow a call, and the 1.5B coder model writes `</tools>` then a fence nothing opened (left as
+text, that fence went back to the model as its answer in the next turn, and it wrote a lone fence again).
+
 These loose forms count only for a tool the request declared (`for_request`): a ```json block about
 anything else, or a call of a tool nobody offered, stays text. A `<tool_call>` block keeps its old
 reading as well: any call object inside the tags, keys in any order, any name when no tools are known.
@@ -82,7 +86,11 @@ class HermesToolParser(ToolParser):
                 scan = start + 1
                 continue
             end, call = found
-            segments += [Segment(text[pos:start]), Segment(text[start:end], [call] if call is not None else [])]
+            calls = [call] if call is not None else []
+            stray = _STRAY_FENCE.match(text, end, partial=not final) if call is not None else None
+            if stray is not None:  # held while it may be a stray fence; one at the very end is the call's
+                return [*segments, Segment(text[pos:start]), Segment(text[start:] if final else text[start:end], calls)]
+            segments += [Segment(text[pos:start]), Segment(text[start:end], calls)]
             pos = scan = end
 
     def _loose_call(self, text: str, start: int, final: bool) -> Found:
@@ -132,6 +140,10 @@ _DECODER = json.JSONDecoder()
 def _next_start(text: str, pos: int) -> int:
     found = [i for i in (text.find(c, pos) for c in _STARTS) if i >= 0]
     return min(found, default=-1)
+
+
+# A fence after a call with only whitespace after it, to the end of the text.
+_STRAY_FENCE = regex.compile(r"\s*```\s*\Z")
 
 
 def _skip_space(text: str, pos: int) -> int:
