@@ -119,15 +119,20 @@ class ModelRunner:
     def grow_kv(self, num_blocks: int) -> None:
         """Extend every pool tensor to `num_blocks` blocks, keeping what the old blocks hold."""
         more = num_blocks - self.spec.num_blocks
-        tensors = self.spec.tensors
-        self.kv = [self.backend.extend(cache, self._layer(t, more)) for cache, t in zip(self.kv, tensors, strict=True)]
+        # One pool tensor at a time, each old buffer freed before the next is copied: built lazily and
+        # evaluated together, every old and every new tensor were alive at once (the resident set's peak
+        # rose by the whole old pool, plus the zeros).
+        for i, tensor in enumerate(self.spec.tensors):
+            self.kv[i] = self.backend.extend(self.kv[i], self._layer(tensor, more))
+            mx.eval(self.kv[i].arrays())
+            mx.clear_cache()  # the old, smaller buffer is not needed again
         self.spec = self.spec.with_blocks(num_blocks)
         if self.states is not None:
             self.states.pool.grow(num_blocks)
         if self.proposer is not None:
             self.proposer.grow(num_blocks)
         mx.eval(self._kv_arrays())
-        mx.clear_cache()  # the old, smaller buffers are not needed again
+        mx.clear_cache()
 
     def shrink_kv(self, num_blocks: int) -> None:
         """Cut every pool tensor back to its first `num_blocks` blocks (the KV manager gave the rest back at

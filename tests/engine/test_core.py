@@ -117,6 +117,28 @@ def test_the_pool_grows_under_load_and_outputs_stay_exact(monkeypatch: pytest.Mo
     assert core.runner.spec.num_blocks == grown > 4 and grown < core.scheduler.kv.pool.num_blocks
 
 
+@pytest.mark.parametrize("backend", ["mlx", "cpu"])
+def test_a_growing_pool_copies_one_tensor_at_a_time(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
+    """Growing the pool keeps at most one old tensor (and its zeros) beside the new pool: evaluated all at
+    once, the whole old pool and as many zeros stood beside the new one."""
+    import mlx.core as mx
+
+    monkeypatch.setattr(kv_plan, "INITIAL_POOL_BLOCKS", 64)
+    config = EngineConfig(kv_cache_memory=1 << 24, block_size=8, attention_backend=backend)  # type: ignore[arg-type]
+    runner = build_engine_core(config, tiny_loaded()).runner
+    assert isinstance(runner, ModelRunner)
+    mx.clear_cache()
+    before = mx.get_active_memory()
+    old_pool = sum(a.nbytes for layer in runner.kv for a in layer.arrays())
+    largest = max(sum(a.nbytes for a in layer.arrays()) for layer in runner.kv)
+    mx.reset_peak_memory()
+    runner.grow_kv(128)
+    assert sum(a.nbytes for layer in runner.kv for a in layer.arrays()) == 2 * old_pool
+    # The grown tensors' rise, and the last one's old buffer and zeros beside its new one (4 KiB: small
+    # arrays). All at once, the rise was three times the old pool.
+    assert mx.get_peak_memory() - before <= old_pool + 2 * largest + 4096
+
+
 def test_the_pool_is_capped_at_what_max_num_seqs_requests_can_use() -> None:
     loaded = tiny_loaded()
     config = EngineConfig(kv_cache_memory=1 << 24, block_size=8, max_num_seqs=2, max_model_len=64)
