@@ -135,7 +135,7 @@ def test_a_growing_pool_copies_one_tensor_at_a_time(monkeypatch: pytest.MonkeyPa
     runner.grow_kv(128)
     assert sum(a.nbytes for layer in runner.kv for a in layer.arrays()) == 2 * old_pool
     # The grown tensors' rise, and the last one's old buffer and zeros beside its new one (4 KiB: small
-    # arrays). All at once, the rise was three times the old pool.
+    # arrays). All at once, the rise was 2.5 to 3 times the old pool.
     assert mx.get_peak_memory() - before <= old_pool + 2 * largest + 4096
 
 
