@@ -133,6 +133,15 @@ def test_function_call_output_reaches_the_template(server: Served) -> None:
     assert "tool\n22 C" in prompt
 
 
+def test_a_messages_text_parts_reach_the_template_a_line_apart(server: Served) -> None:
+    """As the chat API joins them (Codex sends its developer message as several parts)."""
+    parts = [{"type": "input_text", "text": "</skills>"}, {"type": "input_text", "text": "<permissions>"}]
+    items = [{"type": "message", "role": "developer", "content": parts}, {"role": "user", "content": "Hi"}]
+    assert _post(server, input=items, max_output_tokens=3).status_code == 200
+    prompt = server.engine.tokenizer.decode(server.core.added[-1].prompt_token_ids)
+    assert "</skills>\n<permissions>" in prompt
+
+
 def test_incomplete_and_sampling_fields(server: Served) -> None:
     body = _post(server, input="Hi", max_output_tokens=2, temperature=0.5, top_p=0.9, metadata={"k": "v"}).json()
     assert body["status"] == "incomplete" and body["incomplete_details"] == {

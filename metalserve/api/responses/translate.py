@@ -134,7 +134,9 @@ def _messages(items: list[InputItem]) -> list[dict[str, Any]]:
 def _text(content: str | list[TextContent | ImageContent] | list[TextContent]) -> str:
     if isinstance(content, str):
         return content
-    return "".join(part.text for part in content if isinstance(part, TextContent))
+    # Joined as the chat API joins text parts (and vLLM, and llama.cpp's Responses endpoint): Codex sends its
+    # developer message as several parts, which glued together ran one tag into the next.
+    return "\n".join(part.text for part in content if isinstance(part, TextContent))
 
 
 def _content(content: str | list[TextContent | ImageContent], path: str) -> str | list[dict[str, Any]]:
