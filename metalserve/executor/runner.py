@@ -131,8 +131,7 @@ class ModelRunner:
             self.states.pool.grow(num_blocks)
         if self.proposer is not None:
             self.proposer.grow(num_blocks)
-        mx.eval(self._kv_arrays())
-        mx.clear_cache()
+        mx.clear_cache()  # the states' old buffers (they and the draft's pool evaluate as they grow)
 
     def shrink_kv(self, num_blocks: int) -> None:
         """Cut every pool tensor back to its first `num_blocks` blocks (the KV manager gave the rest back at
