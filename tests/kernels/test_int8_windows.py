@@ -66,10 +66,10 @@ def test_the_kernel_reads_4_and_8_bit_codes_too(bits: int, group: int) -> None:
         int8_dot.quantize_row(x, r, xq[r], scale[r], total[r], total16[r])
     out = np.zeros((8, 13), np.float32)
     params = int8_windows.window_params(bits, columns)
-    lanes, lane_totals = int8_windows.lane_inputs(xq, scale)
+    lanes = int8_windows.lane_scales(scale)
     codes = packed.codes
     int8_windows.int8_window_rows(
-        xq, lanes, lane_totals, codes, packed.scales, packed.biases, bits, params, 0, 8, 0, 13, out, 0
+        xq, lanes, total, total16, codes, packed.scales, packed.biases, bits, params, 0, 8, 0, 13, out, 0
     )
     want = _int8_reference(x, packed.unpacked(), packed.scales, packed.biases)
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())

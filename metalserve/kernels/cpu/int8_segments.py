@@ -18,7 +18,7 @@ from metalserve.kernels.cpu import int8_dot, int8_windows
 @numba.njit(fastmath=True, cache=True, nogil=True, boundscheck=False)
 def quantized_input(x, seg, first, last):  # noqa: ANN001, ANN202  (numba infers the types)
     """`x` quantized for segments `first` to `last` of `seg`, where one of them will read it: (whether it
-    was, codes, block scales, block sums, half-block sums, lane scales and sums, window params for 4, 5, 6
+    was, codes, block scales, block sums, half-block sums, lane scales, window params for 4, 5, 6
     and 8 bits)."""
     rows, columns = x.shape
     int8 = seg.int8 and columns % 64 == 0 and rows < int8_windows.MIN_ROWS
@@ -34,20 +34,20 @@ def quantized_input(x, seg, first, last):  # noqa: ANN001, ANN202  (numba infers
         for r in range(rows):
             int8_dot.quantize_row(x, r, xq[r], xscale[r], xtotal[r], xtotal16[r])
     windows = int8 and rows >= int8_windows.MIN_ROWS
-    lane_scales, lane_totals = int8_windows.lane_inputs(xq, xscale) if windows else (xscale, xscale)
+    lane_scales = int8_windows.lane_scales(xscale) if windows else xscale
     no_params = np.zeros((0, 9), np.int64)
     params4, params5, params6, params8 = no_params, no_params, no_params, no_params
     if windows:
         params4, params5 = int8_windows.window_params(4, columns), int8_windows.window_params(5, columns)
         params6, params8 = int8_windows.window_params(6, columns), int8_windows.window_params(8, columns)
-    return int8, xq, xscale, xtotal, xtotal16, lane_scales, lane_totals, params4, params5, params6, params8
+    return int8, xq, xscale, xtotal, xtotal16, lane_scales, params4, params5, params6, params8
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True, boundscheck=False)
 def int8_segment(q, codes2, scales2, biases2, bits, o_lo, o_hi, out, at):  # noqa: ANN001, ANN202
     """`out[:, at + o]` for outputs o_lo <= o < o_hi of one segment through an integer kernel, from
     quantized_input's `q`; False (nothing written) where the segment takes the float tile."""
-    int8, xq, xscale, xtotal, xtotal16, lane_scales, lane_totals, params4, params5, params6, params8 = q
+    int8, xq, xscale, xtotal, xtotal16, lane_scales, params4, params5, params6, params8 = q
     if not int8:
         return False
     rows, columns = xq.shape
@@ -62,7 +62,7 @@ def int8_segment(q, codes2, scales2, biases2, bits, o_lo, o_hi, out, at):  # noq
         count = 8 if rows == 8 else 4
         for r0 in range(0, rows - count + 1, max(1, rows - count)):
             int8_windows.int8_window_rows(
-                xq, lane_scales, lane_totals, codes2, scales2, biases2, bits, kind, r0, count, o_lo, o_hi, out, at
+                xq, lane_scales, xtotal, xtotal16, codes2, scales2, biases2, bits, kind, r0, count, o_lo, o_hi, out, at
             )
         return True
     if groups == columns // 32 and (bits == 8 or bits == 4):  # 4 bits: half-rows of whole groups

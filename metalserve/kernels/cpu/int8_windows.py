@@ -5,9 +5,11 @@ int8_dot.py sums each block's integer dot to a scalar as it goes: cheap for one 
 eight rows (a step of that many decode requests) the codes would be rebuilt and the sums reduced once per
 row. Here a window's codes (4, 5, 6 or 8 bits, in packed_codes.py's layout) are built once and every row's
 `vpdpbusd` lanes are converted to float, scaled by the lane's weight group scale times its input block
-scale, and added, with the lane's weight offset times its input sum, into that row's 16-lane accumulator,
-held in a register across the output's windows; one horizontal sum per output and row at the end.
-llama.cpp's int8 kernels keep their partial sums the same way. Each window also prefetches a cache line of
+scale, and added into that row's 16-lane accumulator, held in a register across the output's windows; one
+horizontal sum per output and row at the end. llama.cpp's int8 kernels keep their partial sums the same
+way. The offsets' term (each group's offset times the row's input sum over the group) is added once per
+output, 16 groups a vector, not once per window and row: that cut a step of eight of the coder 0.5B from
+95-99 to 75-80 ms (bench/cpu_decode_profile.py, the two trees alternated). Each window also prefetches a cache line of
 the output four on (`prefetch`): in a decode step the weights come from memory, not the caches.
 
 A decode step of eight requests, the same tree with the flag off and on (bench/cpu_decode_profile.py
@@ -144,14 +146,13 @@ def _per_lane(builder: ir.IRBuilder, groups_at: ir.Value, first_group: ir.Value,
 
 def _window_step(builder: ir.IRBuilder, w: ir.Value, args: Any, accs: list[ir.Value], groups_per_window: int) -> None:
     """Window `w` of the output into each row's accumulator (`args`: the intrinsic's, see _output_accumulate)."""
-    params_at, _, row_at, x_at, x_stride, ws_at, wb_at, fg_at, xs_at, xt_at, lanes_stride = args[:11]
-    nibble_mask, high_mask, ahead, window_bytes = args[13:]
+    params_at, _, row_at, x_at, x_stride, ws_at, fg_at, xs_at, lanes_stride = args[:9]
+    nibble_mask, high_mask, ahead, window_bytes = args[14:]
     offset = builder.mul(w, _I64(64))  # a window's 64 int8 codes, or its 16 float32 lane values
     prefetch(builder, builder.add(builder.add(row_at, ahead), builder.mul(w, window_bytes)))
     codes = _window_codes(builder, builder.add(params_at, builder.mul(w, _I64(72))), row_at, (nibble_mask, high_mask))
     first_group = builder.load(builder.gep(_at(builder, fg_at, _I64), [w]))
     weight_scales = _per_lane(builder, ws_at, first_group, groups_per_window)
-    weight_offsets = _per_lane(builder, wb_at, first_group, groups_per_window)
     fmuladd = llvm_function(builder.module, "llvm.fmuladd.v16f32", ir.FunctionType(_FLOATS, [_FLOATS] * 3))
     for r, acc in enumerate(accs):
         x_address = builder.add(builder.add(x_at, offset), builder.mul(x_stride, _I64(r)))
@@ -159,9 +160,35 @@ def _window_step(builder: ir.IRBuilder, w: ir.Value, args: Any, accs: list[ir.Va
         dots = builder.sitofp(_lane_dots(builder, codes, x), _FLOATS)
         lanes = builder.add(offset, builder.mul(lanes_stride, _I64(r)))
         input_scales = builder.load(_at(builder, builder.add(xs_at, lanes), _FLOATS), align=4)
-        totals = builder.load(_at(builder, builder.add(xt_at, lanes), _FLOATS), align=4)
-        summed = builder.call(fmuladd, [dots, builder.fmul(weight_scales, input_scales), builder.load(acc)])
-        builder.store(builder.call(fmuladd, [weight_offsets, totals, summed]), acc)
+        builder.store(builder.call(fmuladd, [dots, builder.fmul(weight_scales, input_scales), builder.load(acc)]), acc)
+
+
+def _add_offset_terms(builder: ir.IRBuilder, args: Any, accs: list[ir.Value]) -> None:
+    """Each row's offset term into its accumulator: the output's group offsets dotted with the row's group
+    sums of its dequantized input, 16 groups a vector (in the windows' loop it took an FMA a window and row)."""
+    wb_at, groups, totals_at = args[9], args[10], args[11]
+    fmuladd = llvm_function(builder.module, "llvm.fmuladd.v16f32", ir.FunctionType(_FLOATS, [_FLOATS] * 3))
+    lanes = ir.Constant(ir.VectorType(ir.IntType(32), 16), list(range(16)))
+    chunks = builder.udiv(builder.add(groups, _I64(15)), _I64(16))
+    with cgutils.for_range(builder, chunks) as loop:
+        first = builder.mul(loop.index, _I64(16))
+        mask = builder.icmp_unsigned("<", lanes, splat(builder, builder.sub(groups, first), 16, 32))
+        offsets = _masked_floats(builder, builder.add(wb_at, builder.mul(first, _I64(4))), mask)
+        for r, acc in enumerate(accs):
+            row_at = builder.add(totals_at, builder.mul(builder.add(first, builder.mul(groups, _I64(r))), _I64(4)))
+            builder.store(
+                builder.call(fmuladd, [offsets, _masked_floats(builder, row_at, mask), builder.load(acc)]), acc
+            )
+
+
+def _masked_floats(builder: ir.IRBuilder, address: ir.Value, mask: ir.Value) -> ir.Value:
+    """16 float32 from `address` where `mask` is set, 0 elsewhere (the ones outside it never read)."""
+    name = "llvm.masked.load.v16f32.p0v16f32"
+    fn_t = ir.FunctionType(_FLOATS, [_FLOATS.as_pointer(), ir.IntType(32), mask.type, _FLOATS])
+    load = llvm_function(builder.module, name, fn_t)
+    return builder.call(
+        load, [_at(builder, address, _FLOATS), ir.IntType(32)(4), mask, ir.Constant(_FLOATS, [0.0] * 16)]
+    )
 
 
 def _lane_sum(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
@@ -175,17 +202,17 @@ def _lane_sum(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
 def _output_accumulate(rows: int, groups_per_window: int) -> Any:
     """An intrinsic: one output of `rows` input rows over every window. Each row's 16-lane accumulator is an
     alloca LLVM keeps in a register across the windows' loop; it takes the lanes' dots times (weight group
-    scale x input block scale) and the weight group offsets times the lanes' input sums, and is summed to
-    the output once, at the end.
+    scale x input block scale), is summed to the output once, at the end, and the offset term added then.
 
-    (params_at, windows, row_at, x_at, x_stride, weight_scales_at, weight_offsets_at, first_group_at,
-    lane_scales_at, lane_totals_at, lanes_stride, out_at, out_stride, nibble mask, high mask, ahead,
-    window_bytes): window_params, the number of windows, the output row's codes, the first input row's int8
-    codes (the next rows `x_stride` bytes on), the output row's weight scales and offsets, each window's
-    first group (int64), the first row's lane input scales and lane input sums (16 float32 a window; the next
-    rows `lanes_stride` bytes on), the first row's output (the next rows `out_stride` bytes on), how far on
-    (bytes) the codes to prefetch lie, and a window's share of a row's bytes: window w asks for the line
-    `ahead + w * window_bytes` on, so the windows of one output ask for a later output's whole row."""
+    (params_at, windows, row_at, x_at, x_stride, weight_scales_at, first_group_at, lane_scales_at,
+    lanes_stride, weight_offsets_at, groups, group_totals_at, out_at, out_stride, nibble mask, high mask,
+    ahead, window_bytes): window_params, the number of windows, the output row's codes, the first input row's
+    int8 codes (the next rows `x_stride` bytes on), the output row's weight scales, each window's first group
+    (int64), the first row's lane input scales (16 float32 a window; the next rows `lanes_stride` bytes on),
+    the output row's weight offsets and their number, the rows' sums of their dequantized input per group
+    (`[rows, groups]` float32, see group_totals), the first row's output (the next rows `out_stride` bytes on),
+    how far on (bytes) the codes to prefetch lie, and a window's share of a row's bytes: window w asks for
+    the line `ahead + w * window_bytes` on, so the windows of one output ask for a later output's whole row."""
 
     @intrinsic
     def accumulate(
@@ -196,11 +223,12 @@ def _output_accumulate(rows: int, groups_per_window: int) -> Any:
         x_at: Any,
         x_stride: Any,
         weight_scales_at: Any,
-        weight_offsets_at: Any,
         first_group_at: Any,
         lane_scales_at: Any,
-        lane_totals_at: Any,
         lanes_stride: Any,
+        weight_offsets_at: Any,
+        groups: Any,
+        group_totals_at: Any,
         out_at: Any,
         out_stride: Any,
         nibble_mask: Any,
@@ -208,8 +236,8 @@ def _output_accumulate(rows: int, groups_per_window: int) -> Any:
         ahead: Any,
         window_bytes: Any,
     ) -> Any:
-        addresses = (params_at, windows, row_at, x_at, x_stride, weight_scales_at, weight_offsets_at, first_group_at)
-        lanes = (lane_scales_at, lane_totals_at, lanes_stride, out_at, out_stride)
+        addresses = (params_at, windows, row_at, x_at, x_stride, weight_scales_at, first_group_at)
+        lanes = (lane_scales_at, lanes_stride, weight_offsets_at, groups, group_totals_at, out_at, out_stride)
         sig = types.void(*addresses, *lanes, nibble_mask, high_mask, ahead, window_bytes)
 
         def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
@@ -217,7 +245,8 @@ def _output_accumulate(rows: int, groups_per_window: int) -> Any:
             accs = [cgutils.alloca_once_value(builder, zero) for _ in range(rows)]
             with cgutils.for_range(builder, args[1]) as loop:
                 _window_step(builder, loop.index, args, accs, groups_per_window)
-            out_at, out_stride = args[11], args[12]
+            _add_offset_terms(builder, args, accs)
+            out_at, out_stride = args[12], args[13]
             for r, acc in enumerate(accs):
                 address = builder.add(out_at, builder.mul(out_stride, _I64(r)))
                 builder.store(_lane_sum(builder, builder.load(acc)), _at(builder, address, _F32), align=4)
@@ -237,7 +266,7 @@ _eight_1, _eight_2, _eight_4 = _EIGHT[1], _EIGHT[2], _EIGHT[4]
 @numba.njit(fastmath=True, cache=True, nogil=True, boundscheck=False, inline="always")
 def _output(count, per_window, args):  # noqa: ANN001, ANN202
     """The intrinsic for `count` rows (8, else 4) and `per_window` groups a window (1, 2 or 4); `args`
-    its 17 arguments."""
+    its 18 arguments."""
     if count == 8:
         if per_window == 4:
             _eight_4(*args)
@@ -254,26 +283,44 @@ def _output(count, per_window, args):  # noqa: ANN001, ANN202
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True, boundscheck=False)
-def lane_inputs(xq, xscale):  # noqa: ANN001, ANN202
-    """`[rows, columns / 4]` twice: each vpdpbusd lane's input block scale (lane l of window w: block
-    2w + l // 8), and the sum of its four dequantized input codes (what the lane's weight offset multiplies)."""
+def lane_scales(xscale):  # noqa: ANN001, ANN202
+    """`[rows, columns / 4]`: each vpdpbusd lane's input block scale (lane l of window w: block 2w + l // 8)."""
     rows, blocks = xscale.shape
     scales = np.empty((rows, blocks * 8), np.float32)
-    totals = np.empty((rows, blocks * 8), np.float32)
     for r in range(rows):
         for k in range(blocks * 8):
-            codes = np.int32(xq[r, 4 * k]) + np.int32(xq[r, 4 * k + 1]) + np.int32(xq[r, 4 * k + 2])
             scales[r, k] = xscale[r, k >> 3]
-            totals[r, k] = np.float32(codes + np.int32(xq[r, 4 * k + 3])) * scales[r, k]
-    return scales, totals
+    return scales
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True, boundscheck=False)
-def int8_window_rows(xq, xs16, xt16, codes2, scales2, biases2, bits, params, r0, count, o_lo, o_hi, out, at):  # noqa: ANN001, ANN202
+def group_totals(xtotal, xtotal16, r0, count, size):  # noqa: ANN001, ANN202
+    """`[count, columns / size]`: rows r0 to r0 + count's sums of their dequantized input over each weight
+    group of `size` columns (from quantize_row's block and half-block sums)."""
+    per_group = size // 32
+    groups = xtotal16.shape[1] // 2 // per_group if size >= 32 else xtotal16.shape[1]
+    totals = np.empty((count, groups), np.float32)
+    for r in range(count):
+        for g in range(groups):
+            if size < 32:
+                totals[r, g] = xtotal16[r0 + r, g]
+            else:
+                s = np.float32(0.0)
+                for b in range(g * per_group, (g + 1) * per_group):
+                    s += xtotal[r0 + r, b]
+                totals[r, g] = s
+    return totals
+
+
+@numba.njit(fastmath=True, cache=True, nogil=True, boundscheck=False)
+def int8_window_rows(
+    xq, xs16, xtotal, xtotal16, codes2, scales2, biases2, bits, params, r0, count, o_lo, o_hi, out, at
+):  # noqa: ANN001, ANN202
     """`out[r, at + o] = x_r . w[o]` for input rows r0 <= r < r0 + count (4 or 8) and outputs
-    o_lo <= o < o_hi of one segment; `xq`: the rows quantized (int8_dot.quantize_row); `xs16`, `xt16`:
-    their lane scales and lane sums (lane_inputs); `params`: window_params(bits, columns). `out` must be
-    float32 and C-ordered (the intrinsic writes it through an address)."""
+    o_lo <= o < o_hi of one segment; `xq`: the rows quantized (int8_dot.quantize_row), `xtotal` and
+    `xtotal16` their block and half-block sums; `xs16`: their lane scales (lane_scales); `params`:
+    window_params(bits, columns). `out` must be float32 and C-ordered (the intrinsic writes it through an
+    address)."""
     columns = xq.shape[1]
     groups = scales2.shape[1]
     size = columns // groups
@@ -282,10 +329,10 @@ def int8_window_rows(xq, xs16, xt16, codes2, scales2, biases2, bits, params, r0,
     first_group = np.empty(columns // 64, np.int64)  # each window's first group (no division in the loop)
     for w in range(columns // 64):
         first_group[w] = (64 * w) // size
+    totals = group_totals(xtotal, xtotal16, r0, count, size)
     x_at = np.int64(xq.ctypes.data) + np.int64(r0) * columns
     lanes_stride = np.int64(xs16.shape[1] * 4)
     xs_at = np.int64(xs16.ctypes.data) + np.int64(r0) * lanes_stride
-    xt_at = np.int64(xt16.ctypes.data) + np.int64(r0) * lanes_stride
     out_stride = np.int64(out.shape[1] * 4)
     out_at = np.int64(out.ctypes.data) + np.int64(r0) * out_stride + np.int64(at) * 4
     params_at, windows, first_group_at = (
@@ -298,7 +345,6 @@ def int8_window_rows(xq, xs16, xt16, codes2, scales2, biases2, bits, params, r0,
         row_at = np.int64(codes2.ctypes.data) + np.int64(o) * codes2.shape[1]
         ws_at = np.int64(scales2.ctypes.data) + np.int64(o) * groups * 4
         wb_at = np.int64(biases2.ctypes.data) + np.int64(o) * groups * 4
-        out_o = out_at + np.int64(o) * 4
         args = (
             params_at,
             windows,
@@ -306,12 +352,13 @@ def int8_window_rows(xq, xs16, xt16, codes2, scales2, biases2, bits, params, r0,
             x_at,
             np.int64(columns),
             ws_at,
-            wb_at,
             first_group_at,
             xs_at,
-            xt_at,
             lanes_stride,
-            out_o,
+            wb_at,
+            np.int64(groups),
+            np.int64(totals.ctypes.data),
+            out_at + np.int64(o) * 4,
             out_stride,
             nibble_mask,
             high_mask,
@@ -320,4 +367,4 @@ def int8_window_rows(xq, xs16, xt16, codes2, scales2, biases2, bits, params, r0,
         )
         _output(count, per_window, args)
     # The arrays read through addresses stay alive to here (numba frees an array after its last use).
-    return first_group.shape[0] + xs16.shape[0] + xt16.shape[0] + xq.shape[0]
+    return first_group.shape[0] + xs16.shape[0] + totals.shape[0] + xq.shape[0]
