@@ -64,20 +64,23 @@ def test_rounding_to_bf16_is_to_the_nearest_with_ties_to_even() -> None:
     assert _bf16_rounded(x).tolist() == want
 
 
-def test_the_bf16_gemm_multiplies_the_rounded_inputs_with_fp32_sums() -> None:
+@pytest.mark.parametrize("columns", [96, 576])
+def test_the_bf16_gemm_multiplies_the_rounded_inputs_with_fp32_sums(columns: int) -> None:
     """--cpu-bf16-prefill: the same projections, each input rounded to bfloat16: against a float64 product of
-    the rounded inputs it agrees to fp32 accumulation; against the exact product, to bfloat16's 8 bits."""
+    the rounded inputs it agrees to fp32 accumulation; against the exact product, to bfloat16's 8 bits.
+    96 columns: tiles unpacked through fp32; 576: straight to bfloat16 (bf16_rows.py), the 300 rows two
+    tiles, the second narrower than the one the chunk was packed for."""
     if not host_gemm().usable:
         pytest.skip("no MKL: projections keep the register-tile kernel")
     before = host_gemm().bf16
     try:
         assert cpu_gemm.set_bf16_mode("on") and host_gemm().bf16
         assert os.environ[cpu_gemm.BF16_RANKS_ENV] == "on"  # what the local ranks rank 0 starts will read
-        parts = [random_codes(300, 96, 4, 32, 1), random_codes(20, 96, 6, 16, 3)]
+        parts = [random_codes(300, columns, 4, 32, 1), random_codes(20, columns, 6, 16, 3)]
         rng = np.random.default_rng(7)
         bias = rng.standard_normal((1, 320)).astype(np.float32)
         segments = segments_of([[p for p, _ in parts]], bias)
-        x = rng.standard_normal((GEMM_MIN_ROWS + 3, 96)).astype(np.float32)
+        x = rng.standard_normal((GEMM_MIN_ROWS + 3, columns)).astype(np.float32)
         dense = np.concatenate([d for _, d in parts])
         out = np.zeros((x.shape[0], 320), np.float32)
         segments_gemm_kernel(x, segments, 0, host_gemm(), out)

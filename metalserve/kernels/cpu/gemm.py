@@ -40,7 +40,10 @@ _SGEMM = ctypes.CFUNCTYPE(
     ctypes.c_int,
 )
 _SET_THREADS = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)
-ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
+_PACK_SIZE = ctypes.CFUNCTYPE(ctypes.c_size_t, *(ctypes.c_int,) * 4)  # identifier, m, n, k
+# layout, identifier, trans, m, n, k, source, its leading dimension, destination
+_PACK = ctypes.CFUNCTYPE(None, *(ctypes.c_int,) * 6, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
+ROW_MAJOR, NO_TRANS, TRANS, PACKED, A_MATRIX = 101, 111, 112, 151, 161
 F32 = 4  # bytes
 
 
@@ -52,13 +55,18 @@ _bf16_state = {"on": False}
 
 class Gemm(NamedTuple):
     """`sgemm`: cblas_sgemm; `set_threads`: MKL_Set_Num_Threads_Local (returns the previous setting);
-    `gemm_bf16`: cblas_gemm_bf16bf16f32, which the kernels call instead of `sgemm` where `bf16`."""
+    `gemm_bf16`: cblas_gemm_bf16bf16f32, which the kernels call instead of `sgemm` where `bf16`;
+    `pack_size`, `pack`, `compute_bf16`: its pack-once form (cblas_gemm_bf16bf16f32_pack_get_size, _pack,
+    _compute)."""
 
     sgemm: Any
     set_threads: Any
     usable: bool
     gemm_bf16: Any
     bf16: bool
+    pack_size: Any
+    pack: Any
+    compute_bf16: Any
 
 
 def has_bf16() -> bool:
@@ -86,6 +94,14 @@ def _never_threads(n: int) -> int:
     raise RuntimeError("the stand-in thread setter was called although Gemm.usable is False")
 
 
+def _never_size(*args: object) -> int:
+    raise RuntimeError("the stand-in pack size was called although Gemm.usable is False")
+
+
+def _never_pack(*args: object) -> None:
+    raise RuntimeError("the stand-in pack was called although Gemm.usable is False")
+
+
 @cache
 def host_gemm() -> Gemm:
     """MKL's GEMM if the mkl package's library loads, else unusable stand-ins (kept alive by the cache)."""
@@ -96,10 +112,16 @@ def host_gemm() -> Gemm:
         try:
             lib = ctypes.CDLL(str(path))
             sgemm, threads = _SGEMM(("cblas_sgemm", lib)), _SET_THREADS(("MKL_Set_Num_Threads_Local", lib))
-            return Gemm(sgemm, threads, True, _SGEMM(("cblas_gemm_bf16bf16f32", lib)), _bf16_state["on"])
+            bf16 = _SGEMM(("cblas_gemm_bf16bf16f32", lib))
+            size = _PACK_SIZE(("cblas_gemm_bf16bf16f32_pack_get_size", lib))
+            pack, compute = _PACK(("cblas_gemm_bf16bf16f32_pack", lib)), _SGEMM(("cblas_gemm_bf16bf16f32_compute", lib))
+            return Gemm(sgemm, threads, True, bf16, _bf16_state["on"], size, pack, compute)
         except (OSError, AttributeError):
             pass
-    return Gemm(_SGEMM(_never_sgemm), _SET_THREADS(_never_threads), False, _SGEMM(_never_sgemm), False)
+    never = _SGEMM(_never_sgemm)
+    return Gemm(
+        never, _SET_THREADS(_never_threads), False, never, False, _PACK_SIZE(_never_size), _PACK(_never_pack), never
+    )
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True)
@@ -137,6 +159,28 @@ def gemm_bf16(gemm, m, n, k, a, lda, b, ldb, c, ldc):  # noqa: ANN001, ANN202
     previous = gemm.set_threads(1)
     one, zero = np.float32(1.0), np.float32(0.0)
     gemm.gemm_bf16(ROW_MAJOR, NO_TRANS, TRANS, m, n, k, one, a, lda, b, ldb, zero, c, ldc)
+    gemm.set_threads(previous)
+
+
+@numba.njit(fastmath=True, cache=True, nogil=True)
+def pack_bf16(gemm, m, n, k, a, lda):  # noqa: ANN001, ANN202
+    """bfloat16 `a` `[m, k]` (a raw address, leading dimension in elements) in MKL's packed form, once for
+    every gemm_bf16_packed of it against up to `n` rows: `[bytes]` uint8. On this thread alone."""
+    packed = np.empty(gemm.pack_size(A_MATRIX, m, n, k), np.uint8)
+    previous = gemm.set_threads(1)
+    gemm.pack(ROW_MAJOR, A_MATRIX, NO_TRANS, m, n, k, a, lda, packed.ctypes.data)
+    gemm.set_threads(previous)
+    return packed
+
+
+@numba.njit(fastmath=True, cache=True, nogil=True)
+def gemm_bf16_packed(gemm, m, n, k, packed, b, ldb, c, ldc):  # noqa: ANN001, ANN202
+    """gemm_bf16 with `a` packed by pack_bf16 (`packed` its address; `n` at most the pack's)."""
+    if m == 0 or n == 0:
+        return
+    previous = gemm.set_threads(1)
+    one, zero = np.float32(1.0), np.float32(0.0)
+    gemm.compute_bf16(ROW_MAJOR, PACKED, TRANS, m, n, k, one, packed, k, b, ldb, zero, c, ldc)
     gemm.set_threads(previous)
 
 

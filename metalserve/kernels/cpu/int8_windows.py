@@ -93,7 +93,7 @@ def _lane_dots(builder: ir.IRBuilder, codes: ir.Value, x: ir.Value) -> ir.Value:
     return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
 
 
-def _window_codes(
+def window_codes(
     builder: ir.IRBuilder, params_at: ir.Value, row_at: ir.Value, masks: tuple[ir.Value, ir.Value]
 ) -> ir.Value:
     """The window's 64 codes as bytes, from the row at `row_at` as its window_params row says."""
@@ -150,7 +150,7 @@ def _window_step(builder: ir.IRBuilder, w: ir.Value, args: Any, accs: list[ir.Va
     nibble_mask, high_mask, ahead, window_bytes = args[14:]
     offset = builder.mul(w, _I64(64))  # a window's 64 int8 codes, or its 16 float32 lane values
     prefetch(builder, builder.add(builder.add(row_at, ahead), builder.mul(w, window_bytes)))
-    codes = _window_codes(builder, builder.add(params_at, builder.mul(w, _I64(72))), row_at, (nibble_mask, high_mask))
+    codes = window_codes(builder, builder.add(params_at, builder.mul(w, _I64(72))), row_at, (nibble_mask, high_mask))
     first_group = builder.load(builder.gep(_at(builder, fg_at, _I64), [w]))
     weight_scales = _per_lane(builder, ws_at, first_group, groups_per_window)
     fmuladd = llvm_function(builder.module, "llvm.fmuladd.v16f32", ir.FunctionType(_FLOATS, [_FLOATS] * 3))

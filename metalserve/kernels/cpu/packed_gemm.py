@@ -7,7 +7,8 @@ output rows (sized to stay in L2) into fp32 once and multiplies the whole chunk 
 sgemm (gemm.py) on its own thread, straight into its columns of the output. The unpacking is paid once
 per tile per chunk, as the fp32 copy this path does without would have been read once. With
 `--cpu-bf16-prefill` (gemm.py) the chunk and each tile are rounded to bfloat16 and multiplied by MKL's
-bfloat16 GEMM (AMX tiles where the CPU has them).
+bfloat16 GEMM (AMX tiles where the CPU has them); the codes go to bfloat16 64 columns a step (bf16_rows.py)
+where their layout allows, else through unpack_row's fp32 row.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from metalserve.kernels.cpu.gemm import F32, gemm_bf16, sgemm, to_bf16
+from metalserve.kernels.cpu import bf16_rows
+from metalserve.kernels.cpu.gemm import F32, gemm_bf16_packed, pack_bf16, sgemm, to_bf16
 from metalserve.kernels.cpu.packed_unpack import unpack_row
 
 # Rows at and above which a step's projections take this kernel (where a GEMM beats the register tile).
@@ -55,8 +57,10 @@ def segments_gemm_kernel(x, seg, layer, gemm, out):  # noqa: ANN001, ANN202
     rows, columns, width = x.shape[0], seg.columns, out.shape[1]
     tile_seg, tile_row, per_tile = _tiles(seg, layer)
     x16 = np.empty((rows if gemm.bf16 else 0, columns), np.uint16)
-    if gemm.bf16:
+    packed = np.empty(0, np.uint8)
+    if gemm.bf16:  # the chunk rounded and packed for MKL once, not once per tile
         _rows_to_bf16(x, x16)
+        packed = pack_bf16(gemm, rows, per_tile, columns, x16.ctypes.data, columns)
     for i in numba.prange(tile_seg.shape[0]):
         s, start = tile_seg[i], tile_row[i]
         outputs = seg.rows[s]
@@ -64,13 +68,18 @@ def segments_gemm_kernel(x, seg, layer, gemm, out):  # noqa: ANN001, ANN202
         groups = seg.scales[s].shape[0] // outputs
         at = seg.out_at[s] + start
         target = out.ctypes.data + at * F32  # this tile's columns of every output row
-        if gemm.bf16:  # each row unpacked into a one-row scratch and rounded while it is in L1
-            row = np.empty((1, columns), np.float32)
+        if gemm.bf16:
             w16 = np.empty((n, columns), np.uint16)
-            for j in range(n):
-                unpack_row(seg.data[s], seg.scales[s], seg.biases[s], start + j, seg.bits[s], columns, groups, row, 0)
-                to_bf16(row[0], w16[j])
-            gemm_bf16(gemm, rows, n, columns, x16.ctypes.data, columns, w16.ctypes.data, columns, target, width)
+            bits, data, scales, biases = seg.bits[s], seg.data[s], seg.scales[s], seg.biases[s]
+            if bf16_rows.rows_apply(bits, columns, columns // groups):  # straight to bfloat16, 64 columns a step
+                params = bf16_rows.bf16_params(bits, columns)
+                bf16_rows.rows_to_bf16(data, scales, biases, start, n, bits, columns, groups, params, w16)
+            else:  # each row unpacked into a one-row scratch and rounded while it is in L1
+                row = np.empty((1, columns), np.float32)
+                for j in range(n):
+                    unpack_row(data, scales, biases, start + j, bits, columns, groups, row, 0)
+                    to_bf16(row[0], w16[j])
+            gemm_bf16_packed(gemm, rows, n, columns, packed.ctypes.data, w16.ctypes.data, columns, target, width)
         else:
             w = np.empty((n, columns), np.float32)
             for j in range(n):
@@ -80,3 +89,5 @@ def segments_gemm_kernel(x, seg, layer, gemm, out):  # noqa: ANN001, ANN202
     for t in range(rows):
         for o in range(width):
             out[t, o] += bias[o]
+    # The pack read through its address stays alive to here (numba frees an array after its last use).
+    return packed.shape[0]
