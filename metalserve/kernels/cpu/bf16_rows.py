@@ -46,8 +46,7 @@ def _to_bf16(builder: ir.IRBuilder, values: ir.Value) -> ir.Value:
     return builder.trunc(high, ir.VectorType(ir.IntType(16), _LANES))
 
 
-@intrinsic
-def _row_to_bf16(
+def _row_to_bf16_typing(
     typingctx: Any,
     params_at: Any,
     windows: Any,
@@ -84,6 +83,9 @@ def _row_to_bf16(
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+_row_to_bf16: Any = intrinsic(_row_to_bf16_typing)
 
 
 @numba.njit(cache=True, nogil=True)
