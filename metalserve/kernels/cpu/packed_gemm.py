@@ -61,6 +61,10 @@ def segments_gemm_kernel(x, seg, layer, gemm, out):  # noqa: ANN001, ANN202
     if gemm.bf16:  # the chunk rounded and packed for MKL once, not once per tile
         _rows_to_bf16(x, x16)
         packed = pack_bf16(gemm, rows, per_tile, columns, x16.ctypes.data, columns)
+    bias = seg.bias[layer]
+    has_bias = False  # most projections have none: their zeros are not added to every row
+    for o in range(width):
+        has_bias = has_bias or bias[o] != 0
     for i in numba.prange(tile_seg.shape[0]):
         s, start = tile_seg[i], tile_row[i]
         outputs = seg.rows[s]
@@ -85,9 +89,9 @@ def segments_gemm_kernel(x, seg, layer, gemm, out):  # noqa: ANN001, ANN202
             for j in range(n):
                 unpack_row(seg.data[s], seg.scales[s], seg.biases[s], start + j, seg.bits[s], columns, groups, w, j)
             sgemm(gemm, True, rows, n, columns, x.ctypes.data, columns, w.ctypes.data, columns, target, width)
-    bias = seg.bias[layer]
-    for t in range(rows):
-        for o in range(width):
-            out[t, o] += bias[o]
+        if has_bias:  # by the tile's own thread, while its columns are in the cache
+            for t in range(rows):
+                for o in range(at, at + n):
+                    out[t, o] += bias[o]
     # The pack read through its address stays alive to here (numba frees an array after its last use).
     return packed.shape[0]
