@@ -17,8 +17,9 @@ import numpy as np
 # exp(v) below e^-64 is taken as 0. Clamped to e^-87 instead (about the smallest normal float32), a softmax
 # over a long context gave its far-below-the-maximum keys weights of ~1e-38, and their products with the
 # values were denormal: x86 takes a microcode assist on each (nothing sets flush-to-zero), and a 512-token
-# prefill chunk of the coder 0.5B at 4k of context took 5.7 s instead of 2.9 (bench/cpu_prefill.py, the two
-# trees alternated). A softmax's largest weight is 1, so weights under 1.6e-28 change no float32 sum.
+# prefill chunk of the coder 0.5B at 4k of context took 5.7 s instead of 2.9 on bench/cpu_prefill.py's random
+# hidden states (the two trees alternated). A softmax's largest weight is 1, so weights under 1.6e-28 change
+# no float32 sum.
 FLUSH_BELOW = np.float32(-64.0)
 
 
