@@ -9,8 +9,9 @@ scale, and added into that row's 16-lane accumulator, held in a register across 
 horizontal sum per output and row at the end. llama.cpp's int8 kernels keep their partial sums the same
 way. The offsets' term (each group's offset times the row's input sum over the group) is added once per
 output, 16 groups a vector, not once per window and row: that cut a step of eight of the coder 0.5B from
-95-99 to 75-80 ms (bench/cpu_decode_profile.py, the two trees alternated). Each window also prefetches a cache line of
-the output four on (`prefetch`): in a decode step the weights come from memory, not the caches.
+95-99 to 75-80 ms (bench/cpu_decode_profile.py, the two trees alternated). Each window also prefetches a
+cache line of the output four on (`prefetch`): in a decode step the weights come from memory, not the
+caches.
 
 A decode step of eight requests, the same tree with the flag off and on (bench/cpu_decode_profile.py
 --requests 8, two threads): the default model (Q4_1, its Q8_0 head) 33.6 -> 28.7 ms; the coder 0.5B (Q5_0,
