@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from metalserve.kernels.cpu import bf16_rows
+from metalserve.kernels.cpu import bf16_rows, int8_windows
 from metalserve.kernels.cpu.gemm import to_bf16
 from metalserve.kernels.cpu.packed_unpack import unpack_row
 from metalserve.platform import current_platform
@@ -32,7 +32,7 @@ def test_rows_equal_unpacking_then_rounding(columns: int, bits: int, group: int)
     flat = (packed.codes.reshape(-1), packed.scales.reshape(-1), packed.biases.reshape(-1))
     groups = columns // group
     got = np.zeros((5, columns), np.uint16)
-    params = bf16_rows.bf16_params(bits, columns)
+    params = int8_windows.window_params(bits, columns)
     bf16_rows.rows_to_bf16(*flat, 13, 5, bits, columns, groups, params, got)  # rows 13 to 17
     row = np.empty((1, columns), np.float32)
     want = np.empty((5, columns), np.uint16)

@@ -20,7 +20,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from metalserve.kernels.cpu.int8_windows import window_codes, window_params, windows_apply
+from metalserve.kernels.cpu.int8_dot import broadcast
+from metalserve.kernels.cpu.int8_windows import window_codes, windows_apply
 
 _I64, _I32, _F32 = ir.IntType(64), ir.IntType(32), ir.FloatType()
 _LANES = 16
@@ -28,12 +29,6 @@ _LANES = 16
 
 def _at(builder: ir.IRBuilder, address: ir.Value, pointee: ir.Type) -> ir.Value:
     return builder.inttoptr(address, pointee.as_pointer())
-
-
-def _splat_float(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
-    floats_t = ir.VectorType(_F32, _LANES)
-    one = builder.insert_element(ir.Constant(floats_t, None), value, _I32(0))
-    return builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(_I32, _LANES), [0] * _LANES))
 
 
 def _to_bf16(builder: ir.IRBuilder, values: ir.Value) -> ir.Value:
@@ -77,7 +72,8 @@ def _row_to_bf16_typing(
                 lanes = ir.Constant(ir.VectorType(_I32, _LANES), list(range(_LANES * k, _LANES * (k + 1))))
                 part = builder.shuffle_vector(codes, codes, lanes)
                 values = builder.uitofp(part, floats_t)
-                values = builder.fadd(builder.fmul(values, _splat_float(builder, scale)), _splat_float(builder, offset))
+                scaled = builder.fmul(values, broadcast(builder, scale, _LANES))
+                values = builder.fadd(scaled, broadcast(builder, offset, _LANES))
                 target = builder.add(out, builder.mul(column, _I64(2)))
                 builder.store(_to_bf16(builder, values), _at(builder, target, halves_t), align=2)
         return context.get_dummy_value()
@@ -94,16 +90,10 @@ def rows_apply(bits: int, columns: int, group_size: int) -> bool:
     return windows_apply(bits, columns, group_size) and group_size & (group_size - 1) == 0
 
 
-@numba.njit(cache=True, nogil=True)
-def bf16_params(bits: int, columns: int) -> np.ndarray:
-    """window_params for rows_to_bf16 (computed once per segment, shared by its rows)."""
-    return window_params(bits, columns)
-
-
 @numba.njit(fastmath=True, cache=True, nogil=True, boundscheck=False)
 def rows_to_bf16(data, scales, biases, first, count, bits, columns, groups, params, out):  # noqa: ANN001, ANN202
     """`out[j]` = rows first + j (j < count) of a packed segment (flat `data`, `scales`, `biases`) as
-    bfloat16 bits (uint16); rows_apply must hold. `params`: bf16_params(bits, columns)."""
+    bfloat16 bits (uint16); rows_apply must hold. `params`: int8_windows.window_params(bits, columns)."""
     per_row = data.shape[0] // (scales.shape[0] // groups)
     size = columns // groups
     shift = np.int64(0)

@@ -122,22 +122,34 @@ def llvm_function(module: ir.Module, name: str, fn_t: ir.FunctionType) -> ir.Fun
 def splat(builder: ir.IRBuilder, value: ir.Value, width: int, bits: int = 8) -> ir.Value:
     """A vector of `width` copies of the integer `value`, as `bits`-bit integers."""
     lane = ir.IntType(bits)
-    vector_t = ir.VectorType(lane, width)
     value = builder.trunc(value, lane) if value.type.width > bits else value
+    return broadcast(builder, value, width)
+
+
+def broadcast(builder: ir.IRBuilder, value: ir.Value, width: int) -> ir.Value:
+    """A vector of `width` copies of `value`, of its own type."""
+    vector_t = ir.VectorType(value.type, width)
     one = builder.insert_element(ir.Constant(vector_t, None), value, ir.IntType(32)(0))
     return builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width))
 
 
+def masked_load(builder: ir.IRBuilder, address: ir.Value, mask: ir.Value, vector_t: ir.VectorType) -> ir.Value:
+    """A `vector_t` from `address` (an int64) where `mask` is set, 0 elsewhere; the lanes outside it are
+    never read."""
+    element = vector_t.element
+    kind = "f32" if isinstance(element, ir.FloatType) else f"i{element.width}"
+    name = f"llvm.masked.load.v{vector_t.count}{kind}.p0v{vector_t.count}{kind}"
+    mask_t = ir.VectorType(ir.IntType(1), vector_t.count)
+    fn_t = ir.FunctionType(vector_t, [vector_t.as_pointer(), ir.IntType(32), mask_t, vector_t])
+    load = llvm_function(builder.module, name, fn_t)
+    pointer = builder.inttoptr(address, vector_t.as_pointer())
+    align = 4 if kind == "f32" else 1
+    return builder.call(load, [pointer, ir.IntType(32)(align), mask, ir.Constant(vector_t, [0] * vector_t.count)])
+
+
 def masked_bytes(builder: ir.IRBuilder, address: ir.Value, mask: ir.Value) -> ir.Value:
     """64 bytes from `address` where `mask` is set, 0 elsewhere; the bytes outside it are never read."""
-    bytes_t = ir.VectorType(ir.IntType(8), 64)
-    mask_t = ir.VectorType(ir.IntType(1), 64)
-    name = "llvm.masked.load.v64i8.p0v64i8"
-    module = builder.module
-    fn_t = ir.FunctionType(bytes_t, [bytes_t.as_pointer(), ir.IntType(32), mask_t, bytes_t])
-    load = llvm_function(module, name, fn_t)
-    pointer = builder.inttoptr(address, bytes_t.as_pointer())
-    return builder.call(load, [pointer, ir.IntType(32)(1), mask, ir.Constant(bytes_t, [0] * 64)])
+    return masked_load(builder, address, mask, ir.VectorType(ir.IntType(8), 64))
 
 
 def prefetch(builder: ir.IRBuilder, address: ir.Value) -> None:

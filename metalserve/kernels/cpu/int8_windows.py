@@ -33,7 +33,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from metalserve.kernels.cpu.int8_dot import has_vnni, llvm_function, masked_bytes, prefetch, splat
+from metalserve.kernels.cpu.int8_dot import has_vnni, llvm_function, masked_bytes, masked_load, prefetch, splat
 
 MIN_ROWS, MAX_ROWS = 4, 8  # the steps this kernel serves: fewer take int8_dot's, more the float tile
 # window_params columns: nibble bytes (offset in the row, the first `split` lanes, their shift; the rest
@@ -174,22 +174,12 @@ def _add_offset_terms(builder: ir.IRBuilder, args: Any, accs: list[ir.Value]) ->
     with cgutils.for_range(builder, chunks) as loop:
         first = builder.mul(loop.index, _I64(16))
         mask = builder.icmp_unsigned("<", lanes, splat(builder, builder.sub(groups, first), 16, 32))
-        offsets = _masked_floats(builder, builder.add(wb_at, builder.mul(first, _I64(4))), mask)
+        offsets = masked_load(builder, builder.add(wb_at, builder.mul(first, _I64(4))), mask, _FLOATS)
         for r, acc in enumerate(accs):
             row_at = builder.add(totals_at, builder.mul(builder.add(first, builder.mul(groups, _I64(r))), _I64(4)))
             builder.store(
-                builder.call(fmuladd, [offsets, _masked_floats(builder, row_at, mask), builder.load(acc)]), acc
+                builder.call(fmuladd, [offsets, masked_load(builder, row_at, mask, _FLOATS), builder.load(acc)]), acc
             )
-
-
-def _masked_floats(builder: ir.IRBuilder, address: ir.Value, mask: ir.Value) -> ir.Value:
-    """16 float32 from `address` where `mask` is set, 0 elsewhere (the ones outside it never read)."""
-    name = "llvm.masked.load.v16f32.p0v16f32"
-    fn_t = ir.FunctionType(_FLOATS, [_FLOATS.as_pointer(), ir.IntType(32), mask.type, _FLOATS])
-    load = llvm_function(builder.module, name, fn_t)
-    return builder.call(
-        load, [_at(builder, address, _FLOATS), ir.IntType(32)(4), mask, ir.Constant(_FLOATS, [0.0] * 16)]
-    )
 
 
 def _lane_sum(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
@@ -299,7 +289,7 @@ def group_totals(xtotal, xtotal16, r0, count, size):  # noqa: ANN001, ANN202
     """`[count, columns / size]`: rows r0 to r0 + count's sums of their dequantized input over each weight
     group of `size` columns (from quantize_row's block and half-block sums)."""
     per_group = size // 32
-    groups = xtotal16.shape[1] // 2 // per_group if size >= 32 else xtotal16.shape[1]
+    groups = xtotal.shape[1] * 32 // size
     totals = np.empty((count, groups), np.float32)
     for r in range(count):
         for g in range(groups):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from metalserve.kernels.cpu import bf16_rows
+from metalserve.kernels.cpu import bf16_rows, int8_windows
 from metalserve.kernels.cpu.gemm import F32, gemm_bf16_packed, pack_bf16, sgemm, to_bf16
 from metalserve.kernels.cpu.packed_unpack import unpack_row
 
@@ -76,7 +76,7 @@ def segments_gemm_kernel(x, seg, layer, gemm, out):  # noqa: ANN001, ANN202
             w16 = np.empty((n, columns), np.uint16)
             bits, data, scales, biases = seg.bits[s], seg.data[s], seg.scales[s], seg.biases[s]
             if bf16_rows.rows_apply(bits, columns, columns // groups):  # straight to bfloat16, 64 columns a step
-                params = bf16_rows.bf16_params(bits, columns)
+                params = int8_windows.window_params(bits, columns)
                 bf16_rows.rows_to_bf16(data, scales, biases, start, n, bits, columns, groups, params, w16)
             else:  # each row unpacked into a one-row scratch and rounded while it is in L1
                 row = np.empty((1, columns), np.float32)
