@@ -20,15 +20,11 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from metalserve.kernels.cpu.int8_dot import broadcast
+from metalserve.kernels.cpu.int8_dot import broadcast, pointer
 from metalserve.kernels.cpu.int8_windows import window_codes, windows_apply
 
 _I64, _I32, _F32 = ir.IntType(64), ir.IntType(32), ir.FloatType()
 _LANES = 16
-
-
-def _at(builder: ir.IRBuilder, address: ir.Value, pointee: ir.Type) -> ir.Value:
-    return builder.inttoptr(address, pointee.as_pointer())
 
 
 def _to_bf16(builder: ir.IRBuilder, values: ir.Value) -> ir.Value:
@@ -67,15 +63,15 @@ def _row_to_bf16_typing(
             for k in range(64 // _LANES):
                 column = builder.add(builder.mul(w, _I64(64)), _I64(_LANES * k))
                 group = builder.lshr(column, shift)
-                scale = builder.load(_at(builder, builder.add(scales, builder.mul(group, _I64(4))), _F32))
-                offset = builder.load(_at(builder, builder.add(biases, builder.mul(group, _I64(4))), _F32))
+                scale = builder.load(pointer(builder, builder.add(scales, builder.mul(group, _I64(4))), _F32))
+                offset = builder.load(pointer(builder, builder.add(biases, builder.mul(group, _I64(4))), _F32))
                 lanes = ir.Constant(ir.VectorType(_I32, _LANES), list(range(_LANES * k, _LANES * (k + 1))))
                 part = builder.shuffle_vector(codes, codes, lanes)
                 values = builder.uitofp(part, floats_t)
                 scaled = builder.fmul(values, broadcast(builder, scale, _LANES))
                 values = builder.fadd(scaled, broadcast(builder, offset, _LANES))
                 target = builder.add(out, builder.mul(column, _I64(2)))
-                builder.store(_to_bf16(builder, values), _at(builder, target, halves_t), align=2)
+                builder.store(_to_bf16(builder, values), pointer(builder, target, halves_t), align=2)
         return context.get_dummy_value()
 
     return sig, codegen

@@ -133,6 +133,11 @@ def broadcast(builder: ir.IRBuilder, value: ir.Value, width: int) -> ir.Value:
     return builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width))
 
 
+def pointer(builder: ir.IRBuilder, address: ir.Value, pointee: ir.Type) -> ir.Value:
+    """The int64 `address` as a pointer to `pointee`."""
+    return builder.inttoptr(address, pointee.as_pointer())
+
+
 def masked_load(builder: ir.IRBuilder, address: ir.Value, mask: ir.Value, vector_t: ir.VectorType) -> ir.Value:
     """A `vector_t` from `address` (an int64) where `mask` is set, 0 elsewhere; the lanes outside it are
     never read."""

@@ -33,7 +33,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from metalserve.kernels.cpu.int8_dot import has_vnni, llvm_function, masked_bytes, masked_load, prefetch, splat
+from metalserve.kernels.cpu.int8_dot import has_vnni, llvm_function, masked_bytes, masked_load, pointer, prefetch, splat
 
 MIN_ROWS, MAX_ROWS = 4, 8  # the steps this kernel serves: fewer take int8_dot's, more the float tile
 # window_params columns: nibble bytes (offset in the row, the first `split` lanes, their shift; the rest
@@ -132,15 +132,11 @@ _FLOATS = ir.VectorType(_F32, 16)
 _BYTES = ir.VectorType(ir.IntType(8), 64)
 
 
-def _at(builder: ir.IRBuilder, address: ir.Value, pointee: ir.Type) -> ir.Value:
-    return builder.inttoptr(address, pointee.as_pointer())
-
-
 def _per_lane(builder: ir.IRBuilder, groups_at: ir.Value, first_group: ir.Value, groups_per_window: int) -> ir.Value:
     """The window's group values (scales or offsets) from `groups_at`, spread over the 16 lanes."""
     group_t = ir.VectorType(_F32, groups_per_window)
     address = builder.add(groups_at, builder.mul(first_group, _I64(4)))
-    values = builder.load(_at(builder, address, group_t), align=4)
+    values = builder.load(pointer(builder, address, group_t), align=4)
     pattern = [lane * groups_per_window // 16 for lane in range(16)]
     return builder.shuffle_vector(values, values, ir.Constant(ir.VectorType(ir.IntType(32), 16), pattern))
 
@@ -152,15 +148,15 @@ def _window_step(builder: ir.IRBuilder, w: ir.Value, args: Any, accs: list[ir.Va
     offset = builder.mul(w, _I64(64))  # a window's 64 int8 codes, or its 16 float32 lane values
     prefetch(builder, builder.add(builder.add(row_at, ahead), builder.mul(w, window_bytes)))
     codes = window_codes(builder, builder.add(params_at, builder.mul(w, _I64(72))), row_at, (nibble_mask, high_mask))
-    first_group = builder.load(builder.gep(_at(builder, fg_at, _I64), [w]))
+    first_group = builder.load(builder.gep(pointer(builder, fg_at, _I64), [w]))
     weight_scales = _per_lane(builder, ws_at, first_group, groups_per_window)
     fmuladd = llvm_function(builder.module, "llvm.fmuladd.v16f32", ir.FunctionType(_FLOATS, [_FLOATS] * 3))
     for r, acc in enumerate(accs):
         x_address = builder.add(builder.add(x_at, offset), builder.mul(x_stride, _I64(r)))
-        x = builder.load(_at(builder, x_address, _BYTES), align=1)
+        x = builder.load(pointer(builder, x_address, _BYTES), align=1)
         dots = builder.sitofp(_lane_dots(builder, codes, x), _FLOATS)
         lanes = builder.add(offset, builder.mul(lanes_stride, _I64(r)))
-        input_scales = builder.load(_at(builder, builder.add(xs_at, lanes), _FLOATS), align=4)
+        input_scales = builder.load(pointer(builder, builder.add(xs_at, lanes), _FLOATS), align=4)
         builder.store(builder.call(fmuladd, [dots, builder.fmul(weight_scales, input_scales), builder.load(acc)]), acc)
 
 
@@ -240,7 +236,7 @@ def _output_accumulate(rows: int, groups_per_window: int) -> Any:
             out_at, out_stride = args[12], args[13]
             for r, acc in enumerate(accs):
                 address = builder.add(out_at, builder.mul(out_stride, _I64(r)))
-                builder.store(_lane_sum(builder, builder.load(acc)), _at(builder, address, _F32), align=4)
+                builder.store(_lane_sum(builder, builder.load(acc)), pointer(builder, address, _F32), align=4)
             return context.get_dummy_value()
 
         return sig, codegen
