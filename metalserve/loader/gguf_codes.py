@@ -99,8 +99,8 @@ def packed_codes(raw: np.ndarray, kind: str, shape: tuple[int, ...]) -> PackedCo
             groups = part.scales.shape[1]
             out = PackedCodes(
                 np.empty((rows, part.codes.shape[1]), np.uint8),
-                np.empty((rows, groups), np.float32),
-                np.empty((rows, groups), np.float32),
+                np.empty((rows, groups), np.float16),
+                np.empty((rows, groups), np.float16),
                 part.bits,
                 columns,
             )
@@ -113,10 +113,10 @@ def packed_codes(raw: np.ndarray, kind: str, shape: tuple[int, ...]) -> PackedCo
     return out
 
 
-# Bytes a weight takes once packed (kernels/cpu/packed_codes.py): the code's stored width, plus an fp32 scale
-# and offset per group (16 values for Q6_K, else 32). Tensors of other types stay fp32 (4 bytes).
-_PACKED_BYTES_PER_WEIGHT = {"Q4_0": 0.75, "Q4_1": 0.75, "Q4_K": 0.75, "Q5_0": 0.875, "Q5_1": 0.875}
-_PACKED_BYTES_PER_WEIGHT |= {"Q5_K": 0.875, "Q6_K": 1.25, "Q8_0": 1.25}
+# Bytes a weight takes once packed (kernels/cpu/packed_codes.py): the code's stored width, plus a float16
+# scale and offset per group (16 values for Q6_K, else 32). Tensors of other types stay fp32 (4 bytes).
+_PACKED_BYTES_PER_WEIGHT = {"Q4_0": 0.625, "Q4_1": 0.625, "Q4_K": 0.625, "Q5_0": 0.75, "Q5_1": 0.75}
+_PACKED_BYTES_PER_WEIGHT |= {"Q5_K": 0.75, "Q6_K": 1.0, "Q8_0": 1.125}
 
 
 def packed_bytes(tensor_types: dict[str, str], tensor_elements: dict[str, int]) -> int:

@@ -24,6 +24,7 @@ from metalserve.loader import load_model
 from metalserve.loader.codes_linear import CodesLinear
 from metalserve.loader.weights_mode import dequantize_model
 from tests.loader.gguf_arch_models import reference_model, write_arch_gguf
+from tests.loader.tiny_models import quantize_half_scales
 from tests.models.archs import build
 from tests.models.golden import engine, loaded_of, prompts, reference, serve
 
@@ -46,7 +47,7 @@ def host_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def _dequantized(arch: str) -> tuple[nn.Module, dict]:
     model = build(arch)
-    nn.quantize(model, group_size=32, bits=4)
+    quantize_half_scales(model)
     codes = dequantize_model(model, keep_codes=True)
     mx.eval(model.parameters())
     return model, codes

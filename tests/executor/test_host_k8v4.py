@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 import pytest
 
@@ -15,6 +14,7 @@ from metalserve.executor.attention.kv_quant import SplitPool
 from metalserve.executor.host.forward import HostForward
 from metalserve.kernels.cpu.decoder_weights import PAGE_STORAGES
 from metalserve.loader.weights_mode import dequantize_model
+from tests.loader.tiny_models import quantize_half_scales
 from tests.models.archs import build
 from tests.models.golden import engine, loaded_of, prompts, serve
 
@@ -34,7 +34,7 @@ def test_k8v4_pages_decode_on_the_host_decoder_like_mlx_ops(storage: str, monkey
     def core(backend: str) -> EngineCore:
         """A fresh copy of the same model (build is seeded): an engine installs its paged attention in it."""
         model = build("qwen3", head_dim=32)  # q4 values take groups of 32 channels
-        nn.quantize(model, group_size=32, bits=4)
+        quantize_half_scales(model)
         codes = dequantize_model(model, keep_codes=True)
         mx.eval(model.parameters())
         loaded = loaded_of(model, "qwen3")

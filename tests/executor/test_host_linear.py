@@ -19,6 +19,7 @@ from metalserve.sampling_params import SamplingParams
 from tests.executor.simple_driver import run_to_completion
 from tests.executor.test_runner_golden import make_runner, mlx_lm_greedy, prompts_of
 from tests.executor.tiny_models import tiny_model
+from tests.loader.tiny_models import quantize_half_scales
 
 
 def dequantized_tiny(
@@ -26,7 +27,7 @@ def dequantized_tiny(
 ) -> tuple[nn.Module, dict[str, PackedCodes]]:
     """A tiny model as the loader leaves a Q4 GGUF on the CPU: fp32 weights, and their codes by module path."""
     model = tiny_model(model_type, **overrides)
-    nn.quantize(model, group_size=32, bits=4)
+    quantize_half_scales(model)
     codes = dequantize_model(model, keep_codes=keep_codes)
     mx.eval(model.parameters())
     return model, codes
@@ -86,9 +87,9 @@ def test_paged_model_wraps_every_projection_with_codes_and_the_head() -> None:
     assert compute.head_codes is not None
     assert "8 projections from their stored codes" in paged.host_description()
     # 2 layers x (128x64 qkv + 64x64 o + 256x64 gate+up + 64x128 down) + 97x64 head: half a byte per weight
-    # (4-bit codes, packed), and a float32 scale and bias per 32 of them.
+    # (4-bit codes, packed), and a float16 scale and bias per 32 of them.
     weights = 2 * (128 * 64 + 64 * 64 + 256 * 64 + 64 * 128) + 97 * 64
-    assert paged.host_bytes() == weights // 2 + weights // 32 * 8
+    assert paged.host_bytes() == weights // 2 + weights // 32 * 4
     plain = PagedModel(dequantized_tiny()[0], "llama")
     assert plain.host_bytes() == 0 and plain.host_description() == "nothing (all in MLX)"
     hidden = mx.random.normal((3, 64), key=mx.random.key(6))

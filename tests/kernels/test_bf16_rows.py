@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(not current_platform().numba, reason="the CPU ke
 def test_rows_equal_unpacking_then_rounding(columns: int, bits: int, group: int) -> None:
     packed, _ = random_codes(21, columns, bits, group, seed=columns + bits)
     assert bf16_rows.rows_apply(bits, columns, group)
-    flat = (packed.codes.reshape(-1), packed.scales.reshape(-1), packed.biases.reshape(-1))
+    flat = packed.kernel_arrays()
     groups = columns // group
     got = np.zeros((5, columns), np.uint16)
     params = int8_windows.window_params(bits, columns)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from metalserve.kernels.cpu import int8_dot, int8_windows
+from metalserve.kernels.cpu.packed_codes import half_bits
 from metalserve.kernels.cpu.packed_linear import packed_linear, segments_of
 from tests.kernels.test_int8_dot import _int8_reference
 from tests.kernels.test_packed_codes import random_codes
@@ -69,7 +70,21 @@ def test_the_kernel_reads_4_and_8_bit_codes_too(bits: int, group: int) -> None:
     lanes = int8_windows.lane_scales(scale)
     codes = packed.codes
     int8_windows.int8_window_rows(
-        xq, lanes, total, total16, codes, packed.scales, packed.biases, bits, params, 0, 8, 0, 13, out, 0
+        xq,
+        lanes,
+        total,
+        total16,
+        codes,
+        half_bits(packed.scales),
+        half_bits(packed.biases),
+        bits,
+        params,
+        0,
+        8,
+        0,
+        13,
+        out,
+        0,
     )
     want = _int8_reference(x, packed.unpacked(), packed.scales, packed.biases)
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())

@@ -12,8 +12,9 @@ from metalserve.kernels.cpu.packed_linear import FEW_ROWS, gather_rows, packed_l
 def random_codes(rows: int, columns: int, bits: int, group: int, seed: int = 0) -> tuple[PackedCodes, np.ndarray]:
     rng = np.random.default_rng(seed)
     q = rng.integers(0, 2**bits, (rows, columns)).astype(np.uint8)
-    scales = rng.uniform(0.01, 0.1, (rows, columns // group)).astype(np.float32)
-    biases = rng.uniform(-1, 1, (rows, columns // group)).astype(np.float32)
+    # float16 values, which packing keeps exactly (it stores scales and offsets as float16)
+    scales = rng.uniform(0.01, 0.1, (rows, columns // group)).astype(np.float16).astype(np.float32)
+    biases = rng.uniform(-1, 1, (rows, columns // group)).astype(np.float16).astype(np.float32)
     dense = np.repeat(scales, group, axis=1) * q + np.repeat(biases, group, axis=1)
     return PackedCodes.pack(q, scales, biases, bits), dense
 
@@ -27,6 +28,22 @@ def test_packing_keeps_every_code_in_the_bytes_the_width_takes(bits: int, group:
     # 4 bits: 64 bytes for 128 weights; 5: 80; 6: 96; 8: 128.
     assert packed.codes.shape[1] == {4: 64, 5: 80, 6: 96, 8: 128}[packed.bits]
     np.testing.assert_allclose(packed.dense(), dense, rtol=1e-6, atol=1e-6)
+
+
+def test_scales_and_offsets_are_kept_as_float16_to_within_its_rounding() -> None:
+    rng = np.random.default_rng(3)
+    q = rng.integers(0, 16, (4, 64)).astype(np.uint8)
+    # A K-quant's scales: a float16 times a 6-bit integer, which float16 may not hold exactly.
+    d = rng.uniform(1e-4, 1e-2, (4, 1)).astype(np.float16).astype(np.float32)
+    scales = d * rng.integers(1, 64, (4, 2)).astype(np.float32)
+    biases = -d * rng.integers(0, 64, (4, 2)).astype(np.float32)
+    packed = PackedCodes.pack(q, scales, biases, 4)
+    assert packed.scales.dtype == packed.biases.dtype == np.float16
+    assert packed.nbytes == 4 * 32 + 2 * (4 * 2 * 2)  # half a byte a code, two bytes a scale and an offset
+    np.testing.assert_allclose(packed.scales.astype(np.float32), scales, rtol=2.0**-11)
+    np.testing.assert_allclose(packed.biases.astype(np.float32), biases, rtol=2.0**-11)
+    with pytest.raises(ValueError, match="float16's range"):
+        PackedCodes.pack(q, scales * 1e7, biases, 4)
 
 
 def test_rows_reorder_and_concatenate_with_their_scales() -> None:

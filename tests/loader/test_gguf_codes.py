@@ -38,8 +38,10 @@ def test_codes_decode_to_the_gguf_packages_values(kind: T) -> None:
     got = packed_codes(np.ascontiguousarray(data).view(np.uint8).reshape(-1), kind.name, (6, 512))
     assert got.bits == {"Q8_0": 8, "Q6_K": 6, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5}.get(kind.name, 4)
     assert got.group_size == (16 if kind == T.Q6_K else 32)
-    # scale * q + offset against gguf's d * (q - zero): equal up to one rounding of the fp32 sum.
-    np.testing.assert_allclose(got.dense(), want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+    # scale * q + offset against gguf's d * (q - zero): equal up to the scale's and offset's rounding to
+    # float16 (2^-11 of each; K-quant scales are a float16 times an integer).
+    assert got.scales.dtype == np.float16
+    np.testing.assert_allclose(got.dense(), want, rtol=2.0**-11, atol=2.0**-10 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("kind", [T.Q5_0, T.Q6_K])
@@ -54,7 +56,7 @@ def test_a_tensor_of_many_chunks_packs_as_one_chunk_would(kind: T, monkeypatch: 
     chunked = packed_codes(raw, kind.name, (11, 512))
     for field in ("codes", "scales", "biases"):
         np.testing.assert_array_equal(getattr(chunked, field), getattr(whole, field))
-    np.testing.assert_allclose(chunked.dense(), want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+    np.testing.assert_allclose(chunked.dense(), want, rtol=2.0**-11, atol=2.0**-10 * np.abs(want).max())
 
 
 def _mapped_rss_kb(path: Path) -> int:
@@ -112,6 +114,17 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
+def _as_kept(arch: str, weights: dict[str, mx.array], codes: dict[str, object]) -> nn.Module:
+    """The reference with each packed matrix as the codes keep it: the file's codes, each group's scale and
+    offset rounded to float16 (packed_codes.py). The codes kernels must reproduce this model to fp32
+    rounding; the file's own values differ from it by that float16 rounding alone."""
+    kept = dict(weights)
+    for name, c in codes.items():
+        if isinstance(c, PackedCodes):
+            kept[name + ".weight"] = mx.array(c.dense())
+    return reference_model(arch, kept)
+
+
 # A Q4_K_M file's mix: 4-bit q/k/o/gate/up, 6-bit attn_v and ffn_down (groups of 16), an 8-bit embedding.
 MIXED = {"attn_v.weight": T.Q6_K, "ffn_down.weight": T.Q6_K, "token_embd.weight": T.Q8_0}
 
@@ -122,8 +135,9 @@ MIXED = {"attn_v.weight": T.Q6_K, "ffn_down.weight": T.Q6_K, "token_embd.weight"
 )
 def test_the_codes_model_matches_the_dequantized_one(tmp_path: Path, arch: str, kind: T, kinds: dict) -> None:
     path = tmp_path / f"{arch}.gguf"
-    reference = reference_model(arch, write_arch_gguf(path, arch, kind, kinds=kinds))
+    weights = write_arch_gguf(path, arch, kind, kinds=kinds)
     loaded = load_model(str(path))  # the CPU default for a fast-path family: codes, no fp32 copy
+    reference, exact = _as_kept(arch, weights, loaded.codes), reference_model(arch, weights)
     assert "kept in its codes" in loaded.weights_desc, loaded.weights_desc
     layer = loaded.model.model.layers[0]
     assert isinstance(layer.self_attn.q_proj, CodesLinear) and isinstance(layer.mlp.down_proj, CodesLinear)
@@ -134,6 +148,10 @@ def test_the_codes_model_matches_the_dequantized_one(tmp_path: Path, arch: str, 
     # The MLX modules (through the codes kernels) give the dequantized model's log-probabilities.
     got, want = _log_softmax(logits(loaded.model, TOKENS)), _log_softmax(logits(reference, TOKENS))
     assert np.abs(got - want).max() < 1e-3
+    # The file's exact values: within the float16 rounding of scales (2^-11 of each), which these random
+    # models' logits (tens) carry to a few hundredths at most.
+    file_values = _log_softmax(logits(exact, TOKENS))
+    assert np.abs(got - file_values).max() < 1e-3 * (1 + np.abs(file_values).max())
     # The paged runner with the host decoder: the reference's greedy tokens.
     prompts = prompts_of([5, 40, 17, 1, 33], reference.args.vocab_size, seed=4)
     expected = [mlx_lm_greedy(reference, p, 12) for p in prompts]
@@ -175,8 +193,9 @@ def test_an_untied_embedding_stays_in_its_file(tmp_path: Path) -> None:
 
 def test_steps_the_host_decoder_does_not_take_read_the_codes_through_the_modules(tmp_path: Path) -> None:
     path = tmp_path / "qwen2.gguf"
-    reference = reference_model("qwen2", write_arch_gguf(path, "qwen2", T.Q4_K, kinds=MIXED))
+    weights = write_arch_gguf(path, "qwen2", T.Q4_K, kinds=MIXED)
     loaded = load_model(str(path))
+    reference = _as_kept("qwen2", weights, loaded.codes)
     runner = make_runner(loaded.model, "qwen2", attention="cpu", codes=loaded.codes)
     runner.model.compute.forward_on_host = None  # as on quantized KV pages: every step through the modules
     prompts = prompts_of([9, 30], reference.args.vocab_size, seed=5)
@@ -200,11 +219,12 @@ def test_dequantize_and_other_families_keep_the_fp32_route(tmp_path: Path) -> No
 
 def test_long_prefill_chunks_match_the_dequantized_model(tmp_path: Path) -> None:
     """Chunks of 64 rows and more take the prefill kernels (dequantized tiles through MKL's GEMM, blocked
-    causal attention): prompt log-probabilities within 1e-3 of the dequantized model's, the same greedy
-    tokens, a step that mixes a long chunk with another request's rows included."""
+    causal attention): prompt log-probabilities within 1e-3 of the dequantized model's (as the codes keep
+    it), the same greedy tokens, a step that mixes a long chunk with another request's rows included."""
     path = tmp_path / "qwen2.gguf"
-    reference = reference_model("qwen2", write_arch_gguf(path, "qwen2", T.Q4_K, kinds=MIXED))
+    weights = write_arch_gguf(path, "qwen2", T.Q4_K, kinds=MIXED)
     loaded = load_model(str(path))
+    reference = _as_kept("qwen2", weights, loaded.codes)
     runner = make_runner(loaded.model, "qwen2", attention="cpu", codes=loaded.codes)
     assert runner.model.compute.forward_on_host is not None
     (prompt,) = prompts_of([150], reference.args.vocab_size, seed=6)

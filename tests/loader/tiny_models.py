@@ -168,3 +168,16 @@ def reference_llama(weights: dict[str, mx.array], tie: bool = True) -> nn.Module
 def logits(model: nn.Module, tokens: list[int]) -> np.ndarray:
     out = model(mx.array([tokens]))
     return np.array(out[0].astype(mx.float32))
+
+
+def quantize_half_scales(model: nn.Module, group_size: int = 32, bits: int = 4) -> None:
+    """`nn.quantize`, then each group's scale and offset rounded to float16, as MLX checkpoints of fp16 and
+    bf16 models store them. The CPU path's codes keep such scales exactly (packed_codes.py), so its codes
+    kernels and the dequantized fp32 twin then compute with one weight; this random fp32 model's own
+    scales would round."""
+    nn.quantize(model, group_size=group_size, bits=bits)
+    for _, module in model.named_modules():
+        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            module.scales = module.scales.astype(mx.float16).astype(mx.float32)
+            module.biases = module.biases.astype(mx.float16).astype(mx.float32)
+    mx.eval(model.parameters())

@@ -20,10 +20,10 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from metalserve.kernels.cpu.int8_dot import broadcast, pointer
+from metalserve.kernels.cpu.int8_dot import broadcast, pointer, widen_halves
 from metalserve.kernels.cpu.int8_windows import window_codes, windows_apply
 
-_I64, _I32, _F32 = ir.IntType(64), ir.IntType(32), ir.FloatType()
+_I64, _I32, _I16, _F32 = ir.IntType(64), ir.IntType(32), ir.IntType(16), ir.FloatType()
 _LANES = 16
 
 
@@ -49,7 +49,7 @@ def _row_to_bf16_typing(
     nibble_mask: Any,
     high_mask: Any,
 ) -> Any:
-    """(window_params, windows, the row's codes, its scales and offsets (float32), log2 of the group size,
+    """(window_params, windows, the row's codes, its scales and offsets (float16), log2 of the group size,
     the bfloat16 row to write, the nibble and high-bit masks): every window of the row, dequantized."""
     sig = types.void(params_at, windows, row_at, scales_at, biases_at, group_shift, out_at, nibble_mask, high_mask)
 
@@ -63,8 +63,9 @@ def _row_to_bf16_typing(
             for k in range(64 // _LANES):
                 column = builder.add(builder.mul(w, _I64(64)), _I64(_LANES * k))
                 group = builder.lshr(column, shift)
-                scale = builder.load(pointer(builder, builder.add(scales, builder.mul(group, _I64(4))), _F32))
-                offset = builder.load(pointer(builder, builder.add(biases, builder.mul(group, _I64(4))), _F32))
+                at = builder.mul(group, _I64(2))
+                scale = widen_halves(builder, builder.load(pointer(builder, builder.add(scales, at), _I16)))
+                offset = widen_halves(builder, builder.load(pointer(builder, builder.add(biases, at), _I16)))
                 lanes = ir.Constant(ir.VectorType(_I32, _LANES), list(range(_LANES * k, _LANES * (k + 1))))
                 part = builder.shuffle_vector(codes, codes, lanes)
                 values = builder.uitofp(part, floats_t)
@@ -103,8 +104,8 @@ def rows_to_bf16(data, scales, biases, first, count, bits, columns, groups, para
             np.int64(params.ctypes.data),
             windows,
             np.int64(data.ctypes.data) + np.int64(row) * per_row,
-            np.int64(scales.ctypes.data) + np.int64(row) * groups * 4,
-            np.int64(biases.ctypes.data) + np.int64(row) * groups * 4,
+            np.int64(scales.ctypes.data) + np.int64(row) * groups * 2,  # float16 bits
+            np.int64(biases.ctypes.data) + np.int64(row) * groups * 2,
             shift,
             np.int64(out.ctypes.data) + np.int64(j) * out.shape[1] * 2,
             nibble_mask,

@@ -133,6 +133,31 @@ def broadcast(builder: ir.IRBuilder, value: ir.Value, width: int) -> ir.Value:
     return builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width))
 
 
+_HALF = ir.HalfType()
+
+
+def widen_halves(builder: ir.IRBuilder, bits: ir.Value) -> ir.Value:
+    """float16 values given as their i16 bits (a scalar or a vector) as float32: one `vcvtph2ps` where the
+    CPU has F16C (every x86-64 since 2012) or the target converts natively (arm64)."""
+    vector = isinstance(bits.type, ir.VectorType)
+    half_t = ir.VectorType(_HALF, bits.type.count) if vector else _HALF
+    float_t = ir.VectorType(ir.FloatType(), bits.type.count) if vector else ir.FloatType()
+    return builder.fpext(builder.bitcast(bits, half_t), float_t)
+
+
+def _half_to_float_typing(typingctx: Any, bits: Any) -> Any:
+    """A float16 given as its uint16 bits (numba has no float16 type) as float32: packed codes' scales."""
+    sig = types.float32(types.uint16)
+
+    def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
+        return widen_halves(builder, args[0])
+
+    return sig, codegen
+
+
+half_to_float: Any = intrinsic(_half_to_float_typing)
+
+
 def pointer(builder: ir.IRBuilder, address: ir.Value, pointee: ir.Type) -> ir.Value:
     """The int64 `address` as a pointer to `pointee`."""
     return builder.inttoptr(address, pointee.as_pointer())
@@ -322,7 +347,8 @@ def int8_rows(xq, scale, total, codes2, scales2, biases2, bits, o_lo, o_hi, out,
             _row_blocks(codes2, o, xq, half, HIGH, half, sums, half // 32)
         acc = np.float32(0.0)
         for g in range(groups):
-            acc += scales2[o, g] * scale[g] * np.float32(sums[g]) + biases2[o, g] * total[g]
+            weight_scale, offset = half_to_float(scales2[o, g]), half_to_float(biases2[o, g])
+            acc += weight_scale * scale[g] * np.float32(sums[g]) + offset * total[g]
         out[r, at + o] = acc
 
 
@@ -387,10 +413,12 @@ def int8_plane_rows(xq, scale, total, total16, codes2, scales2, biases2, bits, o
         # The common group sizes in loops LLVM vectorizes (contiguous, no inner loop): 16 and 32.
         if per_group == 0:
             for g in range(groups):
-                acc += scales2[o, g] * scale16[g] * np.float32(pieces[g]) + biases2[o, g] * total16[g]
+                weight_scale, offset = half_to_float(scales2[o, g]), half_to_float(biases2[o, g])
+                acc += weight_scale * scale16[g] * np.float32(pieces[g]) + offset * total16[g]
         elif per_group == 1:
             for g in range(groups):
-                acc += scales2[o, g] * scale[g] * np.float32(pieces[g]) + biases2[o, g] * total[g]
+                weight_scale, offset = half_to_float(scales2[o, g]), half_to_float(biases2[o, g])
+                acc += weight_scale * scale[g] * np.float32(pieces[g]) + offset * total[g]
         else:
             for b in range(blocks):
                 dots[b] = scale[b] * np.float32(pieces[b])
@@ -399,5 +427,5 @@ def int8_plane_rows(xq, scale, total, total16, codes2, scales2, biases2, bits, o
                 for b in range(g * per_group, (g + 1) * per_group):
                     dot += dots[b]
                     offset += total[b]
-                acc += scales2[o, g] * dot + biases2[o, g] * offset
+                acc += half_to_float(scales2[o, g]) * dot + half_to_float(biases2[o, g]) * offset
         out[r, at + o] = acc

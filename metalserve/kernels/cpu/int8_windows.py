@@ -33,7 +33,16 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from metalserve.kernels.cpu.int8_dot import has_vnni, llvm_function, masked_bytes, masked_load, pointer, prefetch, splat
+from metalserve.kernels.cpu.int8_dot import (
+    has_vnni,
+    llvm_function,
+    masked_bytes,
+    masked_load,
+    pointer,
+    prefetch,
+    splat,
+    widen_halves,
+)
 
 MIN_ROWS, MAX_ROWS = 4, 8  # the steps this kernel serves: fewer take int8_dot's, more the float tile
 # window_params columns: nibble bytes (offset in the row, the first `split` lanes, their shift; the rest
@@ -127,16 +136,16 @@ def window_codes(
     return builder.or_(nibbles, high)
 
 
-_F32, _I64 = ir.FloatType(), ir.IntType(64)
-_FLOATS = ir.VectorType(_F32, 16)
+_F32, _I64, _I16 = ir.FloatType(), ir.IntType(64), ir.IntType(16)
+_FLOATS, _HALVES = ir.VectorType(_F32, 16), ir.VectorType(_I16, 16)
 _BYTES = ir.VectorType(ir.IntType(8), 64)
 
 
 def _per_lane(builder: ir.IRBuilder, groups_at: ir.Value, first_group: ir.Value, groups_per_window: int) -> ir.Value:
-    """The window's group values (scales or offsets) from `groups_at`, spread over the 16 lanes."""
-    group_t = ir.VectorType(_F32, groups_per_window)
-    address = builder.add(groups_at, builder.mul(first_group, _I64(4)))
-    values = builder.load(pointer(builder, address, group_t), align=4)
+    """The window's group scales (float16 bits) from `groups_at`, as float32 spread over the 16 lanes."""
+    group_t = ir.VectorType(_I16, groups_per_window)
+    address = builder.add(groups_at, builder.mul(first_group, _I64(2)))
+    values = widen_halves(builder, builder.load(pointer(builder, address, group_t), align=2))
     pattern = [lane * groups_per_window // 16 for lane in range(16)]
     return builder.shuffle_vector(values, values, ir.Constant(ir.VectorType(ir.IntType(32), 16), pattern))
 
@@ -170,7 +179,8 @@ def _add_offset_terms(builder: ir.IRBuilder, args: Any, accs: list[ir.Value]) ->
     with cgutils.for_range(builder, chunks) as loop:
         first = builder.mul(loop.index, _I64(16))
         mask = builder.icmp_unsigned("<", lanes, splat(builder, builder.sub(groups, first), 16, 32))
-        offsets = masked_load(builder, builder.add(wb_at, builder.mul(first, _I64(4))), mask, _FLOATS)
+        offset_bits = masked_load(builder, builder.add(wb_at, builder.mul(first, _I64(2))), mask, _HALVES)
+        offsets = widen_halves(builder, offset_bits)  # masked-off lanes: 0 bits, 0.0
         for r, acc in enumerate(accs):
             row_at = builder.add(totals_at, builder.mul(builder.add(first, builder.mul(groups, _I64(r))), _I64(4)))
             builder.store(
@@ -194,10 +204,11 @@ def _output_accumulate(rows: int, groups_per_window: int) -> Any:
     (params_at, windows, row_at, x_at, x_stride, weight_scales_at, first_group_at, lane_scales_at,
     lanes_stride, weight_offsets_at, groups, group_totals_at, out_at, out_stride, nibble mask, high mask,
     ahead, window_bytes): window_params, the number of windows, the output row's codes, the first input row's
-    int8 codes (the next rows `x_stride` bytes on), the output row's weight scales, each window's first group
-    (int64), the first row's lane input scales (16 float32 a window; the next rows `lanes_stride` bytes on),
-    the output row's weight offsets and their number, the rows' sums of their dequantized input per group
-    (`[rows, groups]` float32, see group_totals), the first row's output (the next rows `out_stride` bytes on),
+    int8 codes (the next rows `x_stride` bytes on), the output row's weight scales (float16 bits), each
+    window's first group (int64), the first row's lane input scales (16 float32 a window; the next rows
+    `lanes_stride` bytes on), the output row's weight offsets (float16 bits) and their number, the rows' sums
+    of their dequantized input per group (`[rows, groups]` float32, see group_totals), the first row's output
+    (the next rows `out_stride` bytes on),
     how far on (bytes) the codes to prefetch lie, and a window's share of a row's bytes: window w asks for
     the line `ahead + w * window_bytes` on, so the windows of one output ask for a later output's whole row."""
 
@@ -330,8 +341,8 @@ def int8_window_rows(
     ahead = np.int64(codes2.shape[1]) * 4  # the codes of the output four on, prefetched window by window
     for o in range(o_lo, o_hi):
         row_at = np.int64(codes2.ctypes.data) + np.int64(o) * codes2.shape[1]
-        ws_at = np.int64(scales2.ctypes.data) + np.int64(o) * groups * 4
-        wb_at = np.int64(biases2.ctypes.data) + np.int64(o) * groups * 4
+        ws_at = np.int64(scales2.ctypes.data) + np.int64(o) * groups * 2  # float16 bits
+        wb_at = np.int64(biases2.ctypes.data) + np.int64(o) * groups * 2
         args = (
             params_at,
             windows,

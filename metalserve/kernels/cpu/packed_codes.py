@@ -11,6 +11,11 @@ and in every GGUF type metalserve reads (Q4_0 is `d * (q - 8)`: scale d, offset 
   column i + q * columns/8 in bit q (5 bits), or column i + q * columns/4 in bits 2q, 2q+1 (6 bits).
 - 8 bits: one byte a weight. Codes of 2, 3 and 7 bits are stored as 4 and 8 bits, unchanged.
 
+Scales and offsets are float16: a bit a weight for groups of 32 (fp32 took two, which put the coder 0.5B's
+weights at 497 MB against its GGUF's 469). A GGUF's scale is a float16 times a small integer (Q4_K's 6-bit
+sub-scale, Q6_K's int8), so rounding it to float16 errs by at most 2^-11 of itself; MLX's fp16 scales are
+kept exactly, its bf16 ones exactly within float16's normal range and to 2^-24 absolute below it.
+
 Plain NumPy here: the loader builds these, the numba kernels (packed_linear.py) read them.
 """
 
@@ -66,9 +71,26 @@ def _unpack(packed: np.ndarray, bits: int, columns: int) -> np.ndarray:
     return codes
 
 
+def to_half(values: np.ndarray) -> np.ndarray:
+    """`values` as contiguous float16; an error where one is beyond float16's range (65504)."""
+    with np.errstate(over="ignore"):
+        half = np.ascontiguousarray(values, np.float16)
+    if not np.isfinite(half).all() and np.isfinite(values).all():
+        raise ValueError("a scale or offset exceeds float16's range; these weights cannot be packed")
+    return half
+
+
+def half_bits(values: np.ndarray) -> np.ndarray:
+    """float16 values as their uint16 bits (the kernels' view of scales and offsets)."""
+    if values.dtype != np.float16:
+        raise ValueError(f"expected float16 values, got {values.dtype}")
+    return values.view(np.uint16)
+
+
 @dataclass(frozen=True)
 class PackedCodes:
-    """`codes` uint8 `[rows, row_bytes(bits, columns)]`; `scales`, `biases` float32 `[rows, groups]`."""
+    """`codes` uint8 `[rows, row_bytes(bits, columns)]`; `scales`, `biases` float16 `[rows, groups]` (the
+    kernels take them as their uint16 bits: numba has no float16)."""
 
     codes: np.ndarray
     scales: np.ndarray
@@ -86,16 +108,22 @@ class PackedCodes:
         bad_groups = not groups or self.columns % groups or (self.columns // groups) % 16
         if self.scales.shape != (rows, groups) or self.biases.shape != (rows, groups) or bad_groups:
             raise ValueError(f"scales {self.scales.shape} and biases {self.biases.shape} do not group {self.shape}")
-        if self.scales.dtype != np.float32 or self.biases.dtype != np.float32:
-            raise ValueError("scales and biases must be float32")
+        if self.scales.dtype != np.float16 or self.biases.dtype != np.float16:
+            raise ValueError("scales and biases must be float16")
 
     @staticmethod
     def pack(codes: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int) -> PackedCodes:
-        """From unpacked codes (`[rows, columns]`, each below 2**bits) and their fp32 scales and offsets."""
+        """From unpacked codes (`[rows, columns]`, each below 2**bits) and their scales and offsets (any
+        float type; rounded to float16)."""
         width = stored_bits(bits)
         packed = _pack(np.asarray(codes, np.uint8), width)
-        scales, biases = (np.ascontiguousarray(a, np.float32) for a in (scales, biases))
+        scales, biases = (to_half(a) for a in (scales, biases))
         return PackedCodes(packed, scales, biases, width, int(codes.shape[1]))
+
+    def kernel_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(codes, scales, biases) flat, the scales and offsets as their uint16 bits: what the kernels take."""
+        codes, scales, biases = (np.ascontiguousarray(a) for a in (self.codes, self.scales, self.biases))
+        return codes.reshape(-1), half_bits(scales).reshape(-1), half_bits(biases).reshape(-1)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -117,8 +145,8 @@ class PackedCodes:
         """The float32 weights these codes stand for."""
         rows, groups = self.scales.shape
         w = self.unpacked().reshape(rows, groups, -1).astype(np.float32)
-        w *= self.scales[:, :, None]
-        w += self.biases[:, :, None]
+        w *= self.scales.astype(np.float32)[:, :, None]
+        w += self.biases.astype(np.float32)[:, :, None]
         return w.reshape(rows, self.columns)
 
     def take_rows(self, index: np.ndarray) -> PackedCodes:

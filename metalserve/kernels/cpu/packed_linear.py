@@ -27,6 +27,7 @@ from numba.typed import List
 from metalserve.kernels.cpu import int8_dot, int8_segments
 from metalserve.kernels.cpu.arg_types import register_memoized_type
 from metalserve.kernels.cpu.gemm import host_gemm
+from metalserve.kernels.cpu.int8_dot import half_to_float
 from metalserve.kernels.cpu.numba_lock import launch_lock
 from metalserve.kernels.cpu.packed_codes import PackedCodes
 from metalserve.kernels.cpu.packed_gemm import GEMM_MIN_ROWS, segments_gemm_kernel
@@ -59,9 +60,8 @@ def segments_of(layers: list[list[PackedCodes]], bias: np.ndarray | None = None,
     for parts in layers:
         at = 0
         for part in parts:
-            data.append(np.ascontiguousarray(part.codes).reshape(-1))
-            scales.append(np.ascontiguousarray(part.scales).reshape(-1))
-            biases.append(np.ascontiguousarray(part.biases).reshape(-1))
+            for flat, into in zip(part.kernel_arrays(), (data, scales, biases), strict=True):
+                into.append(flat)
             rows.append(part.shape[0])
             bits.append(part.bits)
             out_at.append(at)
@@ -207,7 +207,7 @@ def segments_linear_kernel(x, seg, layer, chunks, out):  # noqa: ANN001, ANN202
                         o = min(local + j, outputs - 1)
                         for g in range(groups):
                             base = g * size
-                            s0, m0 = scales2[o, g], biases2[o, g]
+                            s0, m0 = half_to_float(scales2[o, g]), half_to_float(biases2[o, g])
                             for k in range(size):
                                 w[j, base + k] = s0 * np.float32(codes2[o, base + k]) + m0
                 elif whole:  # 4 bits whose half-rows hold whole groups
@@ -215,8 +215,8 @@ def segments_linear_kernel(x, seg, layer, chunks, out):  # noqa: ANN001, ANN202
                         o = min(local + j, outputs - 1)
                         for g in range(lower):
                             base, top = g * size, (lower + g) * size
-                            s0, m0 = scales2[o, g], biases2[o, g]
-                            s1, m1 = scales2[o, lower + g], biases2[o, lower + g]
+                            s0, m0 = half_to_float(scales2[o, g]), half_to_float(biases2[o, g])
+                            s1, m1 = half_to_float(scales2[o, lower + g]), half_to_float(biases2[o, lower + g])
                             for k in range(size):
                                 byte = np.int32(codes2[o, base + k])
                                 w[j, base + k] = s0 * np.float32(byte & 15) + m0
@@ -280,7 +280,7 @@ def gather_rows(codes: PackedCodes, ids: np.ndarray) -> np.ndarray:
     if ids.size and (ids.min() < 0 or ids.max() >= codes.shape[0]):
         raise ValueError(f"row ids must lie in [0, {codes.shape[0]})")
     out = np.empty((ids.size, codes.columns), np.float32)
-    data, scales, biases = (np.ascontiguousarray(a).reshape(-1) for a in (codes.codes, codes.scales, codes.biases))
+    data, scales, biases = codes.kernel_arrays()
     kernel = gather_few_rows_kernel if ids.size <= FEW_ROWS else gather_rows_kernel
     with launch_lock:
         kernel(data, scales, biases, codes.bits, codes.columns, codes.scales.shape[1], ids, out)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from metalserve.kernels.cpu.int8_dot import half_to_float
+
 
 @numba.njit(fastmath=True, cache=True, nogil=True, boundscheck=False)
 def _unpack_scaled(src, scales, biases, bits, size, out):  # noqa: ANN001, ANN202
@@ -13,14 +15,15 @@ def _unpack_scaled(src, scales, biases, bits, size, out):  # noqa: ANN001, ANN20
     if bits == 8:
         for g in range(scales.shape[0]):
             base = g * size
-            s, m = scales[g], biases[g]
+            s, m = half_to_float(scales[g]), half_to_float(biases[g])
             for k in range(size):
                 out[base + k] = s * np.float32(src[base + k]) + m
         return
     lower = scales.shape[0] // 2  # groups in the low nibbles; the same bytes' high nibbles hold the rest
     for g in range(lower):
         base, top = g * size, (lower + g) * size
-        s0, m0, s1, m1 = scales[g], biases[g], scales[lower + g], biases[lower + g]
+        s0, m0 = half_to_float(scales[g]), half_to_float(biases[g])
+        s1, m1 = half_to_float(scales[lower + g]), half_to_float(biases[lower + g])
         for k in range(size):
             byte = np.int32(src[base + k])
             out[base + k] = s0 * np.float32(byte & 15) + m0
@@ -67,7 +70,7 @@ def unpack_row(data, scales, biases, row, bits, columns, groups, w, j):  # noqa:
                 dest[i] = np.float32((np.int32(nibbles[i]) >> nibble_shift) & 15)
     for g in range(groups):
         base = g * size
-        s, m = row_scales[g], row_biases[g]
+        s, m = half_to_float(row_scales[g]), half_to_float(row_biases[g])
         for k in range(size):
             out[base + k] = out[base + k] * s + m
 
@@ -104,7 +107,7 @@ def unpack_planes(codes2, scales2, biases2, o, bits, size, w, j):  # noqa: ANN00
                 out[base + i] = np.float32((np.int32(row[start + i]) >> nibble_shift) & np.int32(15))
     step = np.uint64(size)
     for g in range(columns // size):
-        s, m = scales2[o, g], biases2[o, g]
+        s, m = half_to_float(scales2[o, g]), half_to_float(biases2[o, g])
         first = np.uint64(g) * step
         for k in range(step):
             out[first + k] = out[first + k] * s + m
