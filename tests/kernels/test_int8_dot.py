@@ -118,6 +118,26 @@ def test_vnni_is_emitted_where_the_cpu_has_it() -> None:
     assert "vpdpbusd" in "".join(chunk.inspect_asm().values())
 
 
+def test_half_bits_widen_to_float32_exactly() -> None:
+    """Packed codes' float16 scales, read as their uint16 bits: every class of value (subnormal, signed
+    zero, the largest, infinity) as NumPy widens it, in a loop LLVM vectorizes to F16C's conversion."""
+
+    @numba.njit(cache=False, fastmath=True)
+    def widen(bits, weights, out):  # type: ignore[no-untyped-def]
+        for i in range(bits.shape[0]):
+            out[i] = int8_dot.half_to_float(bits[i]) * weights[i]
+
+    special = np.array([1.5, -2.25, 6.1e-5, 3e-7, -6e-8, 65504, 0.0, -0.0, np.inf, -np.inf], np.float16)
+    values = np.concatenate([special, np.random.default_rng(0).standard_normal(246).astype(np.float16)])
+    out = np.empty(values.size, np.float32)
+    widen(values.view(np.uint16), np.ones(values.size, np.float32), out)
+    np.testing.assert_array_equal(out, values.astype(np.float32))
+    assert np.signbit(out[7]) and not np.signbit(out[6])
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists() and " f16c" in cpuinfo.read_text():  # x86-64 with F16C (arm64 converts natively)
+        assert "vcvtph2ps" in "".join(widen.inspect_asm().values())
+
+
 PORTABLE = """
 import numpy as np
 from metalserve.kernels.cpu import int8_dot
