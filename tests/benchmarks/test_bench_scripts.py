@@ -215,5 +215,7 @@ def test_cpu_int8_accuracy_bench_takes_another_gguf(tmp_path: Path) -> None:
         on = cpu_int8_accuracy.compare("on", cases, fp32.model, str(path))
     finally:
         int8_dot.set_mode("on" if before else "off")
-    assert off["steps"] == on["steps"] == 6 and off["max"] < 1e-3
-    assert 0 < on["max"] < 1.0
+    # int8 off: the float16 rounding of Q6_K's scales alone (2^-11 of each), which this random model's large
+    # logits carry to about 1e-2; int8 activations move it further.
+    assert off["steps"] == on["steps"] == 6 and off["max"] < 3e-2
+    assert off["max"] < on["max"] < 1.0

@@ -69,22 +69,9 @@ def test_the_kernel_reads_4_and_8_bit_codes_too(bits: int, group: int) -> None:
     params = int8_windows.window_params(bits, columns)
     lanes = int8_windows.lane_scales(scale)
     codes = packed.codes
+    scale_bits, offset_bits = half_bits(packed.scales), half_bits(packed.biases)
     int8_windows.int8_window_rows(
-        xq,
-        lanes,
-        total,
-        total16,
-        codes,
-        half_bits(packed.scales),
-        half_bits(packed.biases),
-        bits,
-        params,
-        0,
-        8,
-        0,
-        13,
-        out,
-        0,
+        xq, lanes, total, total16, codes, scale_bits, offset_bits, bits, params, 0, 8, 0, 13, out, 0
     )
     want = _int8_reference(x, packed.unpacked(), packed.scales, packed.biases)
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())

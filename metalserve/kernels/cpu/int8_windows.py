@@ -208,9 +208,9 @@ def _output_accumulate(rows: int, groups_per_window: int) -> Any:
     window's first group (int64), the first row's lane input scales (16 float32 a window; the next rows
     `lanes_stride` bytes on), the output row's weight offsets (float16 bits) and their number, the rows' sums
     of their dequantized input per group (`[rows, groups]` float32, see group_totals), the first row's output
-    (the next rows `out_stride` bytes on),
-    how far on (bytes) the codes to prefetch lie, and a window's share of a row's bytes: window w asks for
-    the line `ahead + w * window_bytes` on, so the windows of one output ask for a later output's whole row."""
+    (the next rows `out_stride` bytes on), how far on (bytes) the codes to prefetch lie, and a window's share
+    of a row's bytes: window w asks for the line `ahead + w * window_bytes` on, so the windows of one output
+    ask for a later output's whole row."""
 
     @intrinsic
     def accumulate(
