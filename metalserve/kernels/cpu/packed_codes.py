@@ -12,7 +12,7 @@ and in every GGUF type metalserve reads (Q4_0 is `d * (q - 8)`: scale d, offset 
 - 8 bits: one byte a weight. Codes of 2, 3 and 7 bits are stored as 4 and 8 bits, unchanged.
 
 Scales and offsets are float16: a bit a weight for groups of 32 (fp32 took two, which put the coder 0.5B's
-weights at 497 MB against its GGUF's 469). A GGUF's scale is a float16 times a small integer (Q4_K's 6-bit
+weights at 474 MiB against its GGUF's 469 MiB). A GGUF's scale is a float16 times a small integer (Q4_K's 6-bit
 sub-scale, Q6_K's int8), so rounding it to float16 errs by at most 2^-11 of itself; MLX's fp16 scales are
 kept exactly, its bf16 ones exactly within float16's normal range and to 2^-24 absolute below it.
 
