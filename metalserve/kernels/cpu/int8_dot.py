@@ -172,9 +172,9 @@ def masked_load(builder: ir.IRBuilder, address: ir.Value, mask: ir.Value, vector
     mask_t = ir.VectorType(ir.IntType(1), vector_t.count)
     fn_t = ir.FunctionType(vector_t, [vector_t.as_pointer(), ir.IntType(32), mask_t, vector_t])
     load = llvm_function(builder.module, name, fn_t)
-    pointer = builder.inttoptr(address, vector_t.as_pointer())
     align = 4 if kind == "f32" else 1
-    return builder.call(load, [pointer, ir.IntType(32)(align), mask, ir.Constant(vector_t, [0] * vector_t.count)])
+    zeros = ir.Constant(vector_t, [0] * vector_t.count)
+    return builder.call(load, [pointer(builder, address, vector_t), ir.IntType(32)(align), mask, zeros])
 
 
 def masked_bytes(builder: ir.IRBuilder, address: ir.Value, mask: ir.Value) -> ir.Value:

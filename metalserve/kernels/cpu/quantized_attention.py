@@ -19,6 +19,7 @@ import numba
 import numpy as np
 
 from metalserve.kernels.cpu.attention import _scores, _softmax_rows, _weighted_values
+from metalserve.kernels.cpu.int8_dot import half_to_float
 from metalserve.kernels.cpu.numba_lock import launch_lock
 from metalserve.kernels.cpu.work_split import short_long
 
@@ -27,21 +28,14 @@ from metalserve.kernels.cpu.work_split import short_long
 TILE_ROWS = 16
 
 
-# 2 ** (e - 25) for each float16 exponent field e (e = 0, subnormal, scales like e = 1): a table, since
-# a power per scale cost more than the decoding itself (q4 decodes four scales a vector and plane).
-_HALF_STEP = np.array([2.0 ** (max(e, 1) - 25) for e in range(32)], np.float32)
-
-
 @numba.njit(fastmath=True, cache=True, nogil=True)
 def _half(bits):  # noqa: ANN001, ANN202  (numba infers the types)
-    """A float16 given as its uint16 bits, as float32 (numba has no float16): the page scales."""
-    b = np.int32(bits)
-    exponent, mantissa = (b >> 10) & 0x1F, b & 0x3FF
-    if exponent == 31:
-        value = np.float32(np.inf)
-    else:
-        value = np.float32(mantissa + (1024 if exponent else 0)) * _HALF_STEP[exponent]
-    return -value if b & 0x8000 else value
+    """A float16 given as its uint16 bits, as float32 (numba has no float16): the page scales. The
+    conversion packed codes' scales take (half_to_float); exponent 31 reads as an infinity, NaN's bits too."""
+    b = np.uint16(bits)
+    if b & 0x7C00 == 0x7C00:
+        return np.float32(-np.inf) if b & 0x8000 else np.float32(np.inf)
+    return half_to_float(b)
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True)
